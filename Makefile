@@ -1,0 +1,50 @@
+# fastasr — every target works on a fresh clone (it creates .venv first).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CORPUS := data/synthetic/.complete
+ARGS ?=
+
+.PHONY: install data train test test-full lint bench matrix report clean help
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## create .venv and install fastasr with its dev extras
+
+$(CORPUS): $(STAMP)
+	$(PY) -m fastasr.data.synthetic --out data/synthetic
+
+data: $(CORPUS)  ## synthesise the built-in espeak-ng corpus under data/synthetic (offline)
+
+train: $(CORPUS)  ## train the default model (CPU if no GPU); extra overrides: make train ARGS="model.layers=9"
+	$(PY) train.py $(ARGS)
+
+test: $(STAMP)  ## the fast test suite (what CI runs); pytest's exit 5 (no tests collected) is not a failure
+	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+test-full: $(STAMP)  ## every test, slow ones included
+	$(PY) -m pytest -q -m "slow or not slow"
+
+lint: $(STAMP)  ## ruff
+	$(PY) -m ruff check src tests benchmarks train.py evaluate.py
+
+bench: $(STAMP)  ## attention speed/memory benchmark → benchmarks/results/
+	$(PY) benchmarks/attention_bench.py $(ARGS)
+
+matrix: $(CORPUS)  ## train-with-X / decode-with-Y table (conf/cross_eval.yaml)
+	$(PY) -m fastasr.cross_eval $(ARGS)
+
+report: $(STAMP)  ## static HTML report of a run or matrix dir: make report DIR=outputs/...
+	$(PY) -m fastasr.report $(DIR)
+
+clean:  ## remove the venv, generated data and outputs
+	rm -rf $(VENV) data/synthetic outputs multirun .pytest_cache

@@ -1,0 +1,165 @@
+"""The LightningModule: CTC loss, greedy decoding, PER/WER, optimiser and schedule.
+
+Everything needed to rebuild the model — its Hydra config, the tokenizer's vocabulary and
+the feature dimension — is stored in the checkpoint's hyper-parameters, and the global
+CMVN statistics are buffers of the model, so ``ASRLitModule.load_from_checkpoint(path)``
+alone gives a working recogniser.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+from lightning.pytorch.utilities import grad_norm, rank_zero_info
+
+from fastasr.data.tokenizer import Tokenizer
+from fastasr.decoding import ErrorRates, ctc_greedy
+from fastasr.model import CTCModel
+
+# Lightning keys of a scheduler config; the rest goes to the scheduler's constructor.
+_SCHEDULER_KEYS = ("monitor", "interval", "frequency")
+
+
+class ASRLitModule(L.LightningModule):
+    """Trains and scores a :class:`fastasr.model.CTCModel`.
+
+    Args:
+        model: the model's config mapping (``_target_`` plus constructor arguments, without
+            ``vocab_size`` and ``feat_in``, which come from the data).
+        tokenizer: ``Tokenizer.state_dict()`` of the training vocabulary.
+        feat_in: feature dimension.
+        features: the feature extractor's config (sample rate, bins, …), kept so evaluation
+            computes the same features the model was trained on.
+        optimizer: Hydra config of a partial optimiser (``_partial_: true``).
+        scheduler: Hydra config of a partial LR scheduler plus the Lightning keys
+            ``monitor``/``interval``/``frequency``; None for a constant rate.
+        log_examples: decoded dev examples printed after each validation.
+    """
+
+    def __init__(
+        self,
+        model: Mapping[str, Any],
+        tokenizer: Mapping[str, Any],
+        feat_in: int,
+        features: Mapping[str, Any] | None = None,
+        optimizer: Mapping[str, Any] | None = None,
+        scheduler: Mapping[str, Any] | None = None,
+        log_examples: int = 2,
+    ):
+        super().__init__()
+        self.save_hyperparameters()
+        self.tokenizer = Tokenizer.from_state_dict(dict(tokenizer))
+        self.model: CTCModel = instantiate(
+            dict(model), vocab_size=len(self.tokenizer.vocab), feat_in=feat_in, _convert_="all"
+        )
+        self.unit_metric = "per" if self.tokenizer.kind == "phoneme" else "cer"
+        self._rates: dict[str, ErrorRates] = {}
+        self._batch_start: float | None = None
+        self.test_result: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- forward / loss
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor):
+        return self.model(features, lengths)
+
+    def _loss(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        log_probs, out_lengths = self.model(batch["features"], batch["feature_lengths"])
+        per_utt = F.ctc_loss(
+            log_probs.transpose(0, 1).float(),
+            batch["targets"],
+            out_lengths,
+            batch["target_lengths"],
+            blank=self.tokenizer.blank_id,
+            reduction="none",
+            zero_infinity=True,
+        )
+        # Per-utterance loss over its label length, averaged over the batch (nats per label).
+        loss = (per_utt / batch["target_lengths"].clamp(min=1)).mean()
+        return loss, log_probs, out_lengths
+
+    def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
+        loss, _, _ = self._loss(batch)
+        bs = len(batch["ids"])
+        self.log("train/loss", loss, prog_bar=True, batch_size=bs)
+        self.log("train/frames", batch["feature_lengths"].sum().float(), reduce_fx="sum", batch_size=bs)
+        return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        norms = grad_norm(self.model, norm_type=2)
+        if "grad_2.0_norm_total" in norms:
+            self.log("train/grad_norm", norms["grad_2.0_norm_total"])
+
+    # ---------------------------------------------------------------- evaluation
+    def _eval_step(self, stage: str, batch: Mapping[str, Any]) -> None:
+        loss, log_probs, out_lengths = self._loss(batch)
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val", batch_size=len(batch["ids"]), sync_dist=True)
+        hyps = ctc_greedy(log_probs, out_lengths, self.tokenizer.blank_id)
+        self.score(stage, batch, hyps)
+
+    def score(self, stage: str, batch: Mapping[str, Any], hyps: list[list[int]]) -> None:
+        """Add a batch's hypotheses (unit ids) to the ``stage`` error-rate accumulator."""
+        tok = self.tokenizer
+        refs = [
+            tok.decode(t[:n].tolist())
+            for t, n in zip(batch["targets"], batch["target_lengths"].tolist())
+        ]
+        hyp_units = [tok.decode(h) for h in hyps]
+        rates = self._rates.setdefault(stage, ErrorRates())
+        rates.update(
+            [self._scored_units(u) for u in refs],
+            [self._scored_units(u) for u in hyp_units],
+            [tok.units_to_words(u) for u in refs],
+            [tok.units_to_words(u) for u in hyp_units],
+            keep_examples=self.hparams.log_examples,
+        )
+
+    def _scored_units(self, units: list[str]) -> list[str]:
+        # Word boundaries are scored by WER, not as units of the PER/CER.
+        return [u for u in units if u != self.tokenizer.word_boundary]
+
+    def _finish(self, stage: str) -> dict[str, float]:
+        rates = self._rates.pop(stage, ErrorRates())
+        result = rates.compute()
+        values = {self.unit_metric: result["uer"], "wer": result["wer"]}
+        # Error rates are accumulated over this process's share of the data.
+        for name, value in values.items():
+            self.log(f"{stage}/{name}", value, prog_bar=True, sync_dist=True)
+        for ref, hyp in rates.examples:
+            rank_zero_info(f"[{stage}] REF: {ref}\n[{stage}] HYP: {hyp}")
+        return {**values, "utterances": rates.utterances}
+
+    def validation_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self._eval_step("val", batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._finish("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._test_start = time.perf_counter()
+
+    def test_step(self, batch: Mapping[str, Any], batch_idx: int) -> None:
+        self._eval_step("test", batch)
+
+    def on_test_epoch_end(self) -> None:
+        result = self._finish("test")
+        result["decode_seconds"] = time.perf_counter() - self._test_start
+        result["attention"] = self.model.attention_spec
+        self.test_result = result
+
+    # ---------------------------------------------------------------- optimisation
+    def configure_optimizers(self):
+        if self.hparams.optimizer is None:
+            raise ValueError("no optimizer config: set optim=... (e.g. optim=radam)")
+        optimizer = instantiate(dict(self.hparams.optimizer))(params=self.parameters())
+        sched_cfg = self.hparams.scheduler
+        if not sched_cfg:
+            return optimizer
+        sched_cfg = dict(sched_cfg)
+        lightning_keys = {k: sched_cfg.pop(k) for k in _SCHEDULER_KEYS if k in sched_cfg}
+        scheduler = instantiate(sched_cfg)(optimizer=optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}

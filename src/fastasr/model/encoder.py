@@ -1,0 +1,146 @@
+"""Transformer encoder whose attention is a swappable, parameter-free inner attention.
+
+As in fast-transformers, the projections live in :class:`AttentionLayer`; the inner
+attention (``fastasr.attention``) holds no parameters, so a trained model can decode
+with any variant (``TransformerEncoder.set_attention``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastasr.attention import build_attention
+
+AttentionSpec = str | Mapping[str, Any]
+
+
+class AttentionLayer(nn.Module):
+    """Multi-head attention: projections + an inner attention built from a spec.
+
+    Args:
+        d_model: model width; ``heads * head_dim`` must equal it.
+        heads: number of heads.
+        attention: spec string or mapping for :func:`fastasr.attention.build_attention`.
+        shared_qk: one projection for queries and keys (the paper's "shared-full"; LSH needs it).
+        dropout: dropout on the output projection.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        attention: AttentionSpec = "full",
+        shared_qk: bool = False,
+        dropout: float = 0.0,
+    ):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
+        self.heads = heads
+        self.shared_qk = shared_qk
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = None if shared_qk else nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.inner = self._build(attention)
+        # When True, the last call's (q, k, lengths) are kept, detached, for attention-map images.
+        self.record = False
+        self.recorded: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+
+    def _build(self, attention: AttentionSpec) -> nn.Module:
+        inner = build_attention(attention)
+        if getattr(inner, "requires_shared_qk", False) and not self.shared_qk:
+            raise ValueError(
+                f"attention '{inner.spec}' needs shared queries and keys; "
+                "set model.shared_qk=true (and train with it)"
+            )
+        return inner
+
+    def set_attention(self, attention: AttentionSpec) -> None:
+        """Replace the inner attention (no parameters change)."""
+        self.inner = self._build(attention)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        """x: (B, N, D), lengths: (B,) or None -> (B, N, D)."""
+        q = self._split(self.q_proj(x))
+        k = q if self.k_proj is None else self._split(self.k_proj(x))
+        v = self._split(self.v_proj(x))
+        if self.record:
+            self.recorded = (q.detach(), k.detach(), None if lengths is None else lengths.detach())
+        out = self.inner(q, k, v, lengths)  # (B, H, N, E)
+        b, h, n, e = out.shape
+        return self.dropout(self.out_proj(out.transpose(1, 2).reshape(b, n, h * e)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention + feed-forward block with residuals (pre-norm by default)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ff_dim: int,
+        attention: AttentionSpec = "full",
+        shared_qk: bool = False,
+        dropout: float = 0.1,
+        norm_first: bool = True,
+    ):
+        super().__init__()
+        self.attn = AttentionLayer(d_model, heads, attention, shared_qk, dropout)
+        self.ff = nn.Sequential(
+            nn.Linear(d_model, ff_dim),
+            nn.GELU(),
+            nn.Dropout(dropout),
+            nn.Linear(ff_dim, d_model),
+            nn.Dropout(dropout),
+        )
+        self.norm1 = nn.LayerNorm(d_model)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        if self.norm_first:
+            x = x + self.attn(self.norm1(x), lengths)
+            return x + self.ff(self.norm2(x))
+        x = self.norm1(x + self.attn(x, lengths))
+        return self.norm2(x + self.ff(x))
+
+
+class TransformerEncoder(nn.Module):
+    """A stack of :class:`EncoderLayer` sharing one attention spec."""
+
+    def __init__(
+        self,
+        d_model: int,
+        heads: int,
+        ff_dim: int,
+        layers: int,
+        attention: AttentionSpec = "full",
+        shared_qk: bool = False,
+        dropout: float = 0.1,
+        norm_first: bool = True,
+    ):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            EncoderLayer(d_model, heads, ff_dim, attention, shared_qk, dropout, norm_first)
+            for _ in range(layers)
+        )
+        self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def set_attention(self, attention: AttentionSpec) -> None:
+        for layer in self.layers:
+            layer.attn.set_attention(attention)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, lengths)
+        return self.final_norm(x)

@@ -1,0 +1,124 @@
+"""The acoustic model: shapes, padding independence, attention swapping, overfitting a batch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastasr.model import CTCModel, SinusoidalPositionalEncoding
+from fastasr.model.subsampling import ConvSubsampling
+
+
+def small_model(**kw) -> CTCModel:
+    args = dict(vocab_size=11, feat_in=20, d_model=32, heads=2, ff_dim=64, layers=2, dropout=0.0)
+    args.update(kw)
+    return CTCModel(**args)
+
+
+def test_positional_encoding_values():
+    pe = SinusoidalPositionalEncoding(8)
+    tab = pe.table(5, torch.device("cpu"), torch.float32)
+    assert tab.shape == (5, 8)
+    # position 0: sin(0)=0 on even dims, cos(0)=1 on odd dims
+    assert torch.equal(tab[0, 0::2], torch.zeros(4)) and torch.equal(tab[0, 1::2], torch.ones(4))
+    # dim 0 is sin(pos) (frequency 1)
+    torch.testing.assert_close(tab[:, 0], torch.sin(torch.arange(5.0)))
+    # a longer request grows the table and keeps the values
+    torch.testing.assert_close(pe.table(3000, torch.device("cpu"), torch.float32)[:5], tab)
+
+
+@pytest.mark.parametrize("factor", [1, 2, 4, 8])
+def test_subsampling_lengths(factor):
+    sub = ConvSubsampling(feat_in=20, d_model=16, factor=factor)
+    x = torch.randn(2, 37, 20)
+    lengths = torch.tensor([37, 20])
+    y, out = sub(x, lengths)
+    assert y.shape == (2, out.max().item(), 16)
+    expected = lengths.clone()
+    for _ in range(factor.bit_length() - 1):
+        expected = (expected + 1) // 2
+    assert torch.equal(out, expected)
+
+
+def test_subsampling_rejects_bad_factor():
+    with pytest.raises(ValueError, match="subsampling"):
+        ConvSubsampling(20, 16, factor=3)
+
+
+def test_forward_shapes_and_log_probs():
+    model = small_model().eval()
+    feats = torch.randn(3, 25, 20)
+    lengths = torch.tensor([25, 10, 1])
+    log_probs, out_lengths = model(feats, lengths)
+    assert log_probs.shape == (3, 25, 11)
+    assert torch.equal(out_lengths, lengths)
+    torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(3, 25))
+
+
+@pytest.mark.parametrize("spec", ["full", "topk-4"])
+def test_padding_does_not_change_valid_outputs(spec):
+    """An utterance decoded in a padded batch gives what it gives alone."""
+    torch.manual_seed(0)
+    model = small_model(attention=spec).eval()
+    a, b = torch.randn(1, 30, 20), torch.randn(1, 12, 20)
+    batch = torch.zeros(2, 30, 20)
+    batch[0], batch[1, :12] = a[0], b[0]
+    lp, _ = model(batch, torch.tensor([30, 12]))
+    lp_b, _ = model(b, torch.tensor([12]))
+    torch.testing.assert_close(lp[1, :12], lp_b[0], atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(lp).all()
+
+
+def test_set_attention_swaps_every_layer_and_keeps_parameters():
+    model = small_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.set_attention("i-clustered-3")
+    assert model.attention_spec == "i-clustered-3"
+    assert all(layer.attn.inner.spec == "i-clustered-3" for layer in model.encoder.layers)
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_lsh_needs_shared_qk():
+    with pytest.raises(ValueError, match="shared_qk"):
+        small_model(attention="lsh-1")
+    model = small_model(attention="lsh-1", shared_qk=True)
+    assert model.encoder.layers[0].attn.k_proj is None
+    lp, _ = model(torch.randn(2, 40, 20), torch.tensor([40, 33]))
+    assert torch.isfinite(lp).all()
+
+
+def test_cmvn_stats_are_saved_in_state_dict():
+    model = small_model()
+    model.set_cmvn(torch.full((20,), 2.0), torch.full((20,), 4.0))
+    state = model.state_dict()
+    assert torch.equal(state["cmvn.mean"], torch.full((20,), 2.0))
+    fresh = small_model()
+    fresh.load_state_dict(state)
+    x = torch.full((1, 3, 20), 6.0)
+    lp1, _ = fresh.eval()(x, torch.tensor([3]))
+    lp2, _ = model.eval()(x, torch.tensor([3]))
+    torch.testing.assert_close(lp1, lp2)
+
+
+def test_overfits_a_tiny_batch():
+    """CTC loss on one fixed batch falls to near zero: the model, loss and lengths are wired right."""
+    torch.manual_seed(0)
+    model = small_model(spec_augment=None)
+    feats = torch.randn(2, 40, 20)
+    lengths = torch.tensor([40, 31])
+    targets = torch.tensor([[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 0, 0]])
+    target_lengths = torch.tensor([6, 4])
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        log_probs, out_lengths = model(feats, lengths)
+        loss = F.ctc_loss(log_probs.transpose(0, 1), targets, out_lengths, target_lengths)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.05
+    model.eval()
+    from fastasr.decoding import ctc_greedy
+
+    hyps = ctc_greedy(*model(feats, lengths))
+    assert hyps == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]]

@@ -1,0 +1,86 @@
+"""train.py / evaluate.py end to end on the tiny corpus: fast-dev-run, resume, evaluation."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from fastasr.config import CONFIG_DIR, PROJECT_ROOT
+from fastasr.training import train
+
+TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_dim=64"]
+
+
+def data_overrides(corpus: Path) -> list[str]:
+    return [
+        "data=manifest",
+        f"data.train_manifest={corpus / 'train.jsonl'}",
+        f"data.dev_manifest={corpus / 'dev.jsonl'}",
+        f"data.test_manifest={corpus / 'test.jsonl'}",
+        "data.num_workers=0",
+    ]
+
+
+def compose_train(corpus: Path, out: Path, *overrides: str):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose(
+            "train",
+            overrides=[*data_overrides(corpus), *TINY_MODEL, "logger=csv", "trainer.accelerator=cpu",
+                       "trainer.enable_progress_bar=false", f"paths.output_dir={out}", *overrides],
+        )
+
+
+def test_fast_dev_run(tiny_corpus, tmp_path):
+    result = train(compose_train(tiny_corpus, tmp_path, "debug=fast", "attention=i_clustered",
+                                 "attention.clusters=4"))
+    assert Path(result["run_dir"]).is_dir()
+    assert "test" not in result  # debug=fast skips testing
+
+
+def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
+    first = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=1", "test=false"))
+    last = Path(first["last_ckpt"])
+    state = torch.load(last, map_location="cpu", weights_only=False)
+    steps_after_one = state["global_step"]
+    assert state["epoch"] == 0 and steps_after_one > 0
+    assert "tokenizer" in state["hyper_parameters"] and "cmvn.mean" in {
+        k.removeprefix("model.") for k in state["state_dict"]
+    }
+
+    # a fresh start over an existing run is refused, not silently clobbered
+    with pytest.raises(FileExistsError, match="ckpt_path=last"):
+        train(compose_train(tiny_corpus, tmp_path, "name=r", "ckpt_path=null"))
+
+    # resume continues the optimisation where it stopped
+    second = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=2", "ckpt_path=last"))
+    resumed = torch.load(second["last_ckpt"], map_location="cpu", weights_only=False)
+    assert resumed["epoch"] == 1
+    assert resumed["global_step"] == 2 * steps_after_one
+    assert second["test"]["utterances"] == 2
+    assert set(second["test"]) >= {"per", "wer", "decode_seconds", "attention"}
+
+    # evaluate.py decodes the full-attention model with another attention
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "evaluate.py"), f"ckpt_path={second['last_ckpt']}",
+         *data_overrides(tiny_corpus), "attention=i_clustered", "attention.clusters=3",
+         f"paths.output_dir={tmp_path}", "hydra.run.dir=" + str(tmp_path / "eval_run")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    last_line = proc.stdout.strip().splitlines()[-1]
+    assert last_line.startswith("PER=") and " WER=" in last_line
+    results = json.loads((tmp_path / "eval_run" / "results.json").read_text())
+    assert results["attention"] == "i-clustered-3"
+    assert results["utterances"] == 2
+    assert f"PER={results['per']:.2f} WER={results['wer']:.2f}" == last_line
+
+
+def test_resume_last_without_checkpoint_is_a_clear_error(tiny_corpus, tmp_path):
+    with pytest.raises(FileNotFoundError, match="no last.ckpt"):
+        train(compose_train(tiny_corpus, tmp_path, "name=none", "ckpt_path=last"))

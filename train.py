@@ -1,0 +1,19 @@
+"""Train a CTC recogniser: `python train.py [hydra overrides]` (see conf/train.yaml)."""
+
+import hydra
+from omegaconf import DictConfig
+
+from fastasr.config import CONFIG_DIR
+from fastasr.training import train
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
+def main(cfg: DictConfig) -> None:
+    result = train(cfg)
+    test = result.get("test")
+    if test:
+        print(f"test: PER={test.get('per', float('nan')):.2f} WER={test['wer']:.2f} ({result['best_ckpt']})")
+
+
+if __name__ == "__main__":
+    main()
