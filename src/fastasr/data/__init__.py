@@ -1,0 +1,38 @@
+"""Data pipeline: manifests, audio, features, tokenizers, samplers, the DataModule,
+the synthetic espeak-ng corpus and converters for other corpora.
+
+Names are imported lazily, so ``python -m fastasr.data.synthetic`` (and its
+worker processes) do not pay for importing Lightning.
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "ASRDataModule": "datamodule",
+    "ASRDataset": "datamodule",
+    "collate": "datamodule",
+    "Fbank": "features",
+    "FeatureConfig": "features",
+    "GlobalCMVN": "features",
+    "SpecAugment": "features",
+    "compute_cmvn_stats": "features",
+    "ManifestError": "manifest",
+    "Utterance": "manifest",
+    "read_manifest": "manifest",
+    "write_manifest": "manifest",
+    "FrameBudgetBatchSampler": "sampler",
+    "Tokenizer": "tokenizer",
+    "UnknownUnitError": "tokenizer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(f"fastasr.data.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'fastasr.data' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,329 @@
+"""``ASRDataModule``: manifests → tokenizer, CMVN statistics and batches.
+
+A batch is a dict::
+
+    features         (B, T, F) float32   log-mel filterbanks, zero-padded (CMVN is in the model)
+    feature_lengths  (B,) int64          valid frames
+    targets          (B, S) int64        label ids, padded with 0 (the blank)
+    target_lengths   (B,) int64
+    ids              list[str]           utterance ids
+    texts            list[str]           reference words, in the tokenizer's word space
+                                         (char: the lower-cased text; phoneme: phonetic spellings)
+
+Filtering in ``setup()``: training utterances outside
+``[min_duration, max_duration]`` are dropped, and training and dev utterances
+whose labels cannot be aligned by CTC to their frames (``S + repeats >
+frames // subsampling_factor``, frames from the manifest duration) are dropped,
+each with an info log giving the count. Test utterances are never filtered;
+dev/test utterances with units unseen in training are dropped with a warning
+(``on_bad_utterance=skip``) or raise (``raise``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats
+from fastasr.data.manifest import Utterance, read_manifest
+from fastasr.data.sampler import FrameBudgetBatchSampler
+from fastasr.data.tokenizer import Tokenizer, UnknownUnitError
+
+log = logging.getLogger(__name__)
+
+
+class ASRDataset(Dataset):
+    """Utterances with precomputed label ids; ``__getitem__`` loads audio and computes features."""
+
+    def __init__(self, utterances: Sequence[Utterance], targets: Sequence[Sequence[int]],
+                 references: Sequence[str], fbank: Fbank, train: bool = False) -> None:
+        if not len(utterances) == len(targets) == len(references):
+            raise ValueError("ASRDataset: utterances, targets and references differ in length")
+        self.utterances = list(utterances)
+        self.targets = [torch.as_tensor(t, dtype=torch.long) for t in targets]
+        self.references = list(references)
+        self.fbank = fbank
+        self.train = train
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    def frame_lengths(self) -> list[int]:
+        """Frames per utterance from the manifest durations (no audio read)."""
+        return [self.fbank.config.frames_for_duration(u.duration) for u in self.utterances]
+
+    def __getitem__(self, i: int) -> dict:
+        utt = self.utterances[i]
+        return {
+            "features": self.fbank.from_file(utt.audio_filepath, train=self.train),
+            "targets": self.targets[i],
+            "id": utt.id,
+            "text": self.references[i],
+        }
+
+
+def collate(items: Sequence[dict]) -> dict:
+    """List of dataset items → the batch dict described in the module docstring."""
+    feats = [it["features"] for it in items]
+    targets = [it["targets"] for it in items]
+    batch_feats = torch.zeros(len(items), max(f.shape[0] for f in feats), feats[0].shape[1])
+    batch_targets = torch.zeros(len(items), max(max(t.shape[0] for t in targets), 1), dtype=torch.long)
+    for b, (f, t) in enumerate(zip(feats, targets)):
+        batch_feats[b, : f.shape[0]] = f
+        batch_targets[b, : t.shape[0]] = t
+    return {
+        "features": batch_feats,
+        "feature_lengths": torch.tensor([f.shape[0] for f in feats], dtype=torch.long),
+        "targets": batch_targets,
+        "target_lengths": torch.tensor([t.shape[0] for t in targets], dtype=torch.long),
+        "ids": [it["id"] for it in items],
+        "texts": [it["text"] for it in items],
+    }
+
+
+def ctc_min_frames(targets: Sequence[int]) -> int:
+    """Fewest output frames CTC needs for a label sequence: its length plus its repeats."""
+    return len(targets) + sum(1 for a, b in zip(targets, targets[1:]) if a == b)
+
+
+class ASRDataModule(pl.LightningDataModule):
+    """Manifests → tokenizer, CMVN statistics and length-bucketed batches.
+
+    After ``setup()``: ``.tokenizer`` (``Tokenizer``), ``.cmvn_stats``
+    (``(mean, std)`` float tensors ``(F,)``, or None outside fitting unless
+    given), ``.feature_dim``. ``dataloader_for(path)`` serves any manifest.
+
+    Args (Hydra ``conf/data/*.yaml``):
+        train_manifest, dev_manifest, test_manifest: ``.jsonl`` paths (None: not used).
+        tokenizer: ``phoneme`` or ``char``.
+        features: mapping with the ``FeatureConfig`` fields.
+        max_frames_per_batch: padded-frame budget per batch.
+        max_batch_size: optional cap on utterances per batch.
+        num_workers: dataloader worker processes.
+        min_duration, max_duration: training utterances outside are dropped (seconds; None: no bound).
+        on_bad_utterance: ``skip`` (warn and drop) or ``raise`` — bad manifest lines,
+            and dev/test utterances with units unknown to the tokenizer.
+        vocab: a tokenizer state (``{"kind", "vocab"}``), a ``Tokenizer``, or a unit
+            list, to use instead of building one from the training manifest.
+        cmvn_stats: ``{"mean": [...], "std": [...]}`` or ``(mean, std)``, instead of computing them.
+        subsampling_factor: the model's frame reduction, for the label-length filter.
+        seed: batch shuffling seed (per epoch: seed + epoch).
+        pin_memory: pin batches (for GPU training).
+    """
+
+    def __init__(
+        self,
+        train_manifest: str | None = None,
+        dev_manifest: str | None = None,
+        test_manifest: str | None = None,
+        tokenizer: str = "phoneme",
+        features: Mapping | FeatureConfig | None = None,
+        max_frames_per_batch: int = 16000,
+        max_batch_size: int | None = None,
+        num_workers: int = 0,
+        min_duration: float | None = None,
+        max_duration: float | None = None,
+        on_bad_utterance: str = "skip",
+        vocab: Mapping | Tokenizer | Sequence[str] | None = None,
+        cmvn_stats: Mapping | Sequence | None = None,
+        subsampling_factor: int = 1,
+        seed: int = 0,
+        pin_memory: bool = False,
+    ) -> None:
+        super().__init__()
+        if on_bad_utterance not in ("skip", "raise"):
+            raise ValueError(f"on_bad_utterance {on_bad_utterance!r}; expected 'skip' or 'raise'")
+        if tokenizer not in ("phoneme", "char"):
+            raise ValueError(f"tokenizer {tokenizer!r}; expected 'phoneme' or 'char'")
+        if subsampling_factor < 1:
+            raise ValueError(f"subsampling_factor {subsampling_factor}; expected ≥ 1")
+        self.manifests = {"train": train_manifest, "dev": dev_manifest, "test": test_manifest}
+        self.tokenizer_kind = tokenizer
+        self.feature_config = FeatureConfig.from_dict(features)
+        self.max_frames_per_batch = int(max_frames_per_batch)
+        self.max_batch_size = max_batch_size
+        self.num_workers = int(num_workers)
+        self.min_duration = min_duration
+        self.max_duration = max_duration
+        self.on_bad_utterance = on_bad_utterance
+        self.subsampling_factor = int(subsampling_factor)
+        self.seed = int(seed)
+        self.pin_memory = pin_memory
+        self.tokenizer: Tokenizer | None = self._tokenizer_from(vocab) if vocab is not None else None
+        self.cmvn_stats: tuple[torch.Tensor, torch.Tensor] | None = (
+            self._stats_from(cmvn_stats) if cmvn_stats is not None else None
+        )
+        self._utterances: dict[str, list[Utterance]] = {}
+        self.datasets: dict[str, ASRDataset] = {}
+
+    # ------------------------------------------------------------ helpers
+    def _tokenizer_from(self, vocab) -> Tokenizer:
+        if isinstance(vocab, Tokenizer):
+            tok = vocab
+        elif isinstance(vocab, Mapping):
+            tok = Tokenizer.from_state_dict(vocab)
+        else:
+            tok = Tokenizer(self.tokenizer_kind, list(vocab))
+        if tok.kind != self.tokenizer_kind:
+            log.info("tokenizer kind %r from the given vocab overrides tokenizer=%r", tok.kind, self.tokenizer_kind)
+            self.tokenizer_kind = tok.kind
+        return tok
+
+    @staticmethod
+    def _stats_from(stats) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, std = (stats["mean"], stats["std"]) if isinstance(stats, Mapping) else stats
+        return torch.as_tensor(mean, dtype=torch.float32), torch.as_tensor(std, dtype=torch.float32)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.feature_config.num_mel_bins
+
+    @property
+    def fbank(self) -> Fbank:
+        return Fbank(self.feature_config)
+
+    def _read(self, split: str) -> list[Utterance]:
+        if split not in self._utterances:
+            path = self.manifests[split]
+            if not path:
+                raise ValueError(f"data.{split}_manifest is not set; it is needed for this stage")
+            self._utterances[split] = read_manifest(path, on_error=self.on_bad_utterance)
+            log.info("%s: %d utterances from %s", split, len(self._utterances[split]), path)
+        return self._utterances[split]
+
+    def _encode(self, split: str, utterances: Sequence[Utterance], ctc_filter: bool,
+                ) -> tuple[list[Utterance], list[list[int]], list[str]]:
+        """Label ids and reference words; drops unknown-unit and (optionally) CTC-infeasible utterances."""
+        tok = self.tokenizer
+        kept, targets, refs = [], [], []
+        unknown: list[str] = []
+        too_long = 0
+        for utt in utterances:
+            try:
+                ids = tok.encode(utt)
+            except UnknownUnitError as e:
+                if self.on_bad_utterance == "raise" or split == "train":
+                    raise
+                unknown.append(str(e))
+                continue
+            if not ids:
+                unknown.append(f"utterance {utt.id!r} has no units")
+                continue
+            if ctc_filter:
+                frames = self.feature_config.frames_for_duration(utt.duration) // self.subsampling_factor
+                if ctc_min_frames(ids) > frames:
+                    too_long += 1
+                    continue
+            kept.append(utt)
+            targets.append(ids)
+            refs.append(" ".join(tok.units_to_words(tok.decode(ids))))
+        if unknown:
+            log.warning("%s: dropped %d utterance(s) the tokenizer cannot encode, e.g. %s",
+                        split, len(unknown), unknown[0])
+        if too_long:
+            log.info("%s: dropped %d of %d utterances whose labels are longer than their frames "
+                     "(CTC needs labels + repeats ≤ frames // %d)",
+                     split, too_long, len(utterances), self.subsampling_factor)
+        if not kept:
+            raise ValueError(f"{split}: no utterance left after filtering")
+        return kept, targets, refs
+
+    # ------------------------------------------------------------ Lightning hooks
+    def setup(self, stage: str | None = None) -> None:
+        """Read manifests, build the tokenizer (unless given), compute or load
+        CMVN statistics (when fitting, unless given) and build datasets."""
+        splits = {"fit": ("train", "dev"), "validate": ("dev",), "test": ("test",), "predict": ()}.get(
+            stage, ("train", "dev", "test") if stage is None else ()
+        )
+        splits = tuple(s for s in splits if self.manifests[s] or s == "train")
+        if self.tokenizer is None:
+            self.tokenizer = Tokenizer.build(self._read("train"), self.tokenizer_kind)
+            log.info("%s", self.tokenizer)
+        if "train" in splits and "train" not in self.datasets:
+            train = self._read("train")
+            lo = self.min_duration if self.min_duration is not None else 0.0
+            hi = self.max_duration if self.max_duration is not None else math.inf
+            in_range = [u for u in train if lo <= u.duration <= hi]
+            if len(in_range) < len(train):
+                log.info("train: dropped %d of %d utterances outside [%s, %s] s",
+                         len(train) - len(in_range), len(train), lo, hi)
+            utts, targets, refs = self._encode("train", in_range, ctc_filter=True)
+            self.datasets["train"] = ASRDataset(utts, targets, refs, self.fbank, train=True)
+            if self.cmvn_stats is None:
+                cache = cmvn_cache_path(self.manifests["train"], self.feature_config, [u.id for u in utts])
+                self.cmvn_stats = compute_cmvn_stats(utts, self.fbank, cache, num_workers=self.num_workers)
+        for split in ("dev", "test"):
+            if split in splits and split not in self.datasets:
+                utts, targets, refs = self._encode(split, self._read(split), ctc_filter=split == "dev")
+                self.datasets[split] = ASRDataset(utts, targets, refs, self.fbank, train=False)
+
+    def _replicas(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 1, 0
+        return int(trainer.world_size), int(trainer.global_rank)
+
+    def _loader(self, dataset: ASRDataset, shuffle: bool, distributed: bool = True) -> DataLoader:
+        replicas, rank = self._replicas() if distributed else (1, 0)
+        sampler = FrameBudgetBatchSampler(
+            dataset.frame_lengths(), self.max_frames_per_batch, self.max_batch_size, shuffle=shuffle,
+            seed=self.seed, num_replicas=replicas, rank=rank,
+        )
+        return DataLoader(
+            dataset, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
+            pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
+        )
+
+    def _dataset(self, split: str) -> ASRDataset:
+        if split not in self.datasets:
+            self.setup({"train": "fit", "dev": "validate", "test": "test"}[split])
+        return self.datasets[split]
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self._dataset("train"), shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self._dataset("dev"), shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self._dataset("test"), shuffle=False)
+
+    def dataloader_for(self, manifest_path: str | Path, max_frames_per_batch: int | None = None) -> DataLoader:
+        """An evaluation dataloader (no shuffling, no filtering, single process)
+        for any manifest, with this module's tokenizer and features."""
+        if self.tokenizer is None:
+            raise RuntimeError("dataloader_for: no tokenizer yet; give vocab= or call setup() first")
+        utts = read_manifest(manifest_path, on_error=self.on_bad_utterance)
+        utts, targets, refs = self._encode(Path(manifest_path).name, utts, ctc_filter=False)
+        dataset = ASRDataset(utts, targets, refs, self.fbank, train=False)
+        sampler = FrameBudgetBatchSampler(dataset.frame_lengths(), max_frames_per_batch or self.max_frames_per_batch,
+                                          self.max_batch_size, shuffle=False)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
+                          pin_memory=self.pin_memory)
+
+    def largest_train_batches(self, k: int = 1) -> list[dict]:
+        """The ``k`` training batches with the most padded frames (to try before training)."""
+        ds = self._dataset("train")
+        sampler = FrameBudgetBatchSampler(ds.frame_lengths(), self.max_frames_per_batch, self.max_batch_size)
+        return [collate([ds[i] for i in b]) for b in sampler.largest_batches(k)]
+
+    def state_dict(self) -> dict:
+        """Tokenizer and CMVN statistics (Lightning stores this in checkpoints)."""
+        state = {}
+        if self.tokenizer is not None:
+            state["tokenizer"] = self.tokenizer.state_dict()
+        if self.cmvn_stats is not None:
+            state["cmvn_stats"] = {"mean": self.cmvn_stats[0].tolist(), "std": self.cmvn_stats[1].tolist()}
+        return state
+
+    def load_state_dict(self, state: Mapping) -> None:
+        if "tokenizer" in state and self.tokenizer is None:
+            self.tokenizer = self._tokenizer_from(state["tokenizer"])
+        if "cmvn_stats" in state and self.cmvn_stats is None:
+            self.cmvn_stats = self._stats_from(state["cmvn_stats"])

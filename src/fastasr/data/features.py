@@ -1,0 +1,274 @@
+"""Acoustic front end: Kaldi-compatible log-mel filterbanks, global CMVN and
+SpecAugment.
+
+``Fbank`` runs in the dataset (CPU workers); ``GlobalCMVN`` and
+``SpecAugment`` are ``nn.Module``s that live in the model, so the statistics
+travel inside the checkpoint and augmentation follows ``model.train()``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torchaudio.compliance.kaldi as kaldi
+import torchaudio.functional as AF
+from torch import nn
+
+from fastasr.data.audio import load_audio
+
+log = logging.getLogger(__name__)
+
+INT16_SCALE = 32768.0  # Kaldi works on int16-scaled samples
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """Filterbank settings (``conf/features/*.yaml``)."""
+
+    sample_rate: int = 16000  # Hz; audio is resampled to it
+    num_mel_bins: int = 80  # filterbank channels (feature dim)
+    frame_length_ms: float = 25.0  # analysis window
+    frame_shift_ms: float = 10.0  # hop
+    dither: float = 0.0  # Gaussian dither in int16 units, applied in training only (Kaldi default 1.0)
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping | FeatureConfig | None) -> FeatureConfig:
+        """Build from a mapping (or DictConfig); unknown keys raise ``ValueError``."""
+        if cfg is None:
+            return cls()
+        if isinstance(cfg, FeatureConfig):
+            return cfg
+        known = {f.name for f in fields(cls)}
+        cfg = dict(cfg)
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(f"features: unknown key(s) {unknown}; expected some of {sorted(known)}")
+        return cls(**cfg)
+
+    @property
+    def window_samples(self) -> int:
+        return int(self.sample_rate * self.frame_length_ms / 1000)
+
+    @property
+    def shift_samples(self) -> int:
+        return int(self.sample_rate * self.frame_shift_ms / 1000)
+
+    def num_frames(self, num_samples: int) -> int:
+        """Frames Kaldi's fbank gives for ``num_samples`` (snip_edges; at least 1)."""
+        if num_samples < self.window_samples:
+            return 1  # Fbank pads such short input to one window
+        return 1 + (num_samples - self.window_samples) // self.shift_samples
+
+    def frames_for_duration(self, seconds: float) -> int:
+        """Frames for a duration in seconds (as in a manifest)."""
+        return self.num_frames(int(round(seconds * self.sample_rate)))
+
+
+class Fbank:
+    """Kaldi-compatible log-mel filterbank (``torchaudio.compliance.kaldi.fbank``).
+
+    Povey window, pre-emphasis 0.97, DC removal, power spectrum, log; samples
+    are scaled to the int16 range first, as Kaldi reads them. Dither (in int16
+    units) is added only when called with ``train=True``.
+    """
+
+    def __init__(self, config: FeatureConfig | Mapping | None = None, **overrides) -> None:
+        cfg = FeatureConfig.from_dict(config)
+        if overrides:
+            cfg = FeatureConfig(**{**asdict(cfg), **overrides})
+        self.config = cfg
+
+    @property
+    def dim(self) -> int:
+        return self.config.num_mel_bins
+
+    def num_frames(self, num_samples: int) -> int:
+        return self.config.num_frames(num_samples)
+
+    def __call__(self, waveform: torch.Tensor, train: bool = False) -> torch.Tensor:
+        """``waveform (T,)`` float in [-1, 1] at ``config.sample_rate`` → ``(frames, num_mel_bins)`` float32."""
+        c = self.config
+        wav = waveform.reshape(1, -1).to(torch.float32) * INT16_SCALE
+        if wav.shape[1] < c.window_samples:
+            wav = nn.functional.pad(wav, (0, c.window_samples - wav.shape[1]))
+        return kaldi.fbank(
+            wav,
+            num_mel_bins=c.num_mel_bins,
+            frame_length=c.frame_length_ms,
+            frame_shift=c.frame_shift_ms,
+            dither=c.dither if train else 0.0,
+            energy_floor=0.0,
+            sample_frequency=c.sample_rate,
+        )
+
+    def from_file(self, path: str | Path, train: bool = False) -> torch.Tensor:
+        """Load (mono, resampled) and compute features: ``(frames, num_mel_bins)``."""
+        return self(load_audio(path, self.config.sample_rate), train=train)
+
+
+# --------------------------------------------------------------------- CMVN
+
+
+def cmvn_cache_path(manifest_path: str | Path, config: FeatureConfig | Mapping,
+                    utterance_ids: Sequence[str] | None = None) -> Path:
+    """Where the CMVN statistics of a manifest are cached: next to it, named
+    by a hash of the manifest's bytes, the feature config (dither excluded:
+    statistics are computed without it) and the utterance ids used."""
+    manifest_path = Path(manifest_path)
+    cfg = asdict(FeatureConfig.from_dict(config))
+    cfg.pop("dither")
+    h = hashlib.sha256()
+    h.update(manifest_path.read_bytes())
+    h.update(json.dumps(cfg, sort_keys=True).encode())
+    if utterance_ids is not None:
+        h.update("\n".join(utterance_ids).encode())
+    return manifest_path.with_name(f"{manifest_path.stem}.cmvn-{h.hexdigest()[:16]}.json")
+
+
+class _FeatureSums(torch.utils.data.Dataset):
+    def __init__(self, paths: Sequence[str], fbank: Fbank) -> None:
+        self.paths, self.fbank = list(paths), fbank
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        x = self.fbank.from_file(self.paths[i]).to(torch.float64)
+        return x.sum(0), (x * x).sum(0), x.shape[0]
+
+
+def compute_cmvn_stats(utterances: Sequence, fbank: Fbank, cache_path: str | Path | None = None,
+                       num_workers: int = 0, min_std: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Global per-dimension mean and standard deviation of the features of
+    ``utterances`` (objects with ``audio_filepath``), without dither.
+
+    With ``cache_path``, statistics are read from it if it exists, else
+    computed and written there (JSON). Returns float32 ``(F,)`` mean and std
+    (std floored at ``min_std``).
+    """
+    if cache_path is not None and Path(cache_path).is_file():
+        stats = json.loads(Path(cache_path).read_text())
+        log.info("CMVN statistics from %s (%d frames)", cache_path, stats["frames"])
+        return torch.tensor(stats["mean"]), torch.tensor(stats["std"])
+    paths = [u.audio_filepath for u in utterances]
+    if not paths:
+        raise ValueError("compute_cmvn_stats: no utterances")
+    dim = fbank.dim
+    total = torch.zeros(dim, dtype=torch.float64)
+    total_sq = torch.zeros(dim, dtype=torch.float64)
+    frames = 0
+    loader = torch.utils.data.DataLoader(
+        _FeatureSums(paths, fbank), batch_size=None, num_workers=num_workers, shuffle=False
+    )
+    for s, sq, n in loader:
+        total += s
+        total_sq += sq
+        frames += int(n)
+    mean = total / frames
+    var = (total_sq / frames - mean * mean).clamp_min(0.0)
+    std = var.sqrt().clamp_min(min_std)
+    mean, std = mean.to(torch.float32), std.to(torch.float32)
+    if cache_path is not None:
+        cache_path = Path(cache_path)
+        tmp = cache_path.with_name(cache_path.name + f".tmp{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps({
+                "mean": mean.tolist(), "std": std.tolist(), "frames": frames,
+                "utterances": len(paths), "features": asdict(fbank.config),
+            }))
+            os.replace(tmp, cache_path)
+        except OSError as e:  # e.g. a read-only corpus directory: statistics are still returned
+            log.warning("CMVN statistics not cached (%s): %s", cache_path, e)
+        else:
+            log.info("CMVN statistics over %d utterances (%d frames) cached in %s", len(paths), frames, cache_path)
+    return mean, std
+
+
+class GlobalCMVN(nn.Module):
+    """``(x - mean) / std`` per feature dimension; ``mean``/``std`` are buffers,
+    so they are saved in (and restored from) the model's state dict."""
+
+    def __init__(self, dim: int | None = None, mean: torch.Tensor | Sequence[float] | None = None,
+                 std: torch.Tensor | Sequence[float] | None = None) -> None:
+        super().__init__()
+        if mean is None and dim is None:
+            raise ValueError("GlobalCMVN: give dim or mean/std")
+        mean = torch.as_tensor(mean, dtype=torch.float32) if mean is not None else torch.zeros(dim)
+        std = torch.as_tensor(std, dtype=torch.float32) if std is not None else torch.ones(mean.shape[0])
+        if mean.shape != std.shape or mean.dim() != 1:
+            raise ValueError(f"GlobalCMVN: mean {tuple(mean.shape)} and std {tuple(std.shape)}; expected equal (F,)")
+        if dim is not None and mean.shape[0] != dim:
+            raise ValueError(f"GlobalCMVN: statistics of dim {mean.shape[0]}; expected {dim}")
+        self.register_buffer("mean", mean.clone())
+        self.register_buffer("std", std.clone())
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``x (B, T, F)`` → normalised ``(B, T, F)``; frames at index ≥ ``lengths`` are set to 0."""
+        y = (x - self.mean) / self.std
+        if lengths is not None:
+            valid = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
+            y = y.masked_fill(~valid[..., None], 0.0)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"dim={self.mean.shape[0]}"
+
+
+# --------------------------------------------------------------- SpecAugment
+
+
+class SpecAugment(nn.Module):
+    """Frequency and time masking (Park et al. 2019) on ``(B, T, F)``; identity in eval mode.
+
+    Frequency masks: ``freq_masks`` bands of up to ``freq_width`` bins, drawn
+    independently per utterance (``torchaudio.functional.mask_along_axis_iid``).
+    Time masks: ``time_masks`` spans of up to ``min(time_width, max_time_ratio ×
+    length)`` frames per utterance, placed inside the utterance's valid frames
+    (the same sampling rule as torchaudio's, but with each utterance's own
+    length, so masks never fall on padding and short utterances are not wiped
+    out). Masked values are ``mask_value`` (0 = the mean after CMVN).
+    """
+
+    def __init__(self, freq_masks: int = 2, freq_width: int = 27, time_masks: int = 2, time_width: int = 40,
+                 max_time_ratio: float = 0.2, mask_value: float = 0.0) -> None:
+        super().__init__()
+        if not 0.0 <= max_time_ratio <= 1.0:
+            raise ValueError(f"SpecAugment: max_time_ratio {max_time_ratio}; expected within [0, 1]")
+        self.freq_masks, self.freq_width = int(freq_masks), int(freq_width)
+        self.time_masks, self.time_width = int(time_masks), int(time_width)
+        self.max_time_ratio, self.mask_value = float(max_time_ratio), float(mask_value)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``x (B, T, F)``, ``lengths (B,)`` valid frames → masked copy ``(B, T, F)`` (in training)."""
+        if not self.training:
+            return x
+        B, T, _ = x.shape
+        if self.freq_masks > 0 and self.freq_width > 0:
+            spec = x.transpose(1, 2)  # (B, F, T): mask_along_axis_iid wants (..., freq, time)
+            for _ in range(self.freq_masks):
+                spec = AF.mask_along_axis_iid(spec, self.freq_width, self.mask_value, axis=1)
+            x = spec.transpose(1, 2)
+        if self.time_masks > 0 and self.time_width > 0:
+            lengths = (torch.full((B,), T, device=x.device) if lengths is None else lengths.to(x.device)).float()
+            max_w = torch.minimum(torch.full_like(lengths, float(self.time_width)),
+                                  torch.floor(lengths * self.max_time_ratio))
+            frames = torch.arange(T, device=x.device, dtype=torch.float32)[None, :]
+            mask = torch.zeros(B, T, dtype=torch.bool, device=x.device)
+            for _ in range(self.time_masks):
+                width = torch.floor(torch.rand(B, device=x.device) * (max_w + 1)).clamp_max(max_w)
+                start = torch.floor(torch.rand(B, device=x.device) * (lengths - width + 1))
+                start = torch.minimum(start, (lengths - width).clamp_min(0))
+                mask |= (frames >= start[:, None]) & (frames < (start + width)[:, None])
+            x = x.masked_fill(mask[..., None], self.mask_value)
+        return x
+
+    def extra_repr(self) -> str:
+        return (f"freq_masks={self.freq_masks}, freq_width={self.freq_width}, time_masks={self.time_masks}, "
+                f"time_width={self.time_width}, max_time_ratio={self.max_time_ratio}")

@@ -1,0 +1,176 @@
+"""Manifests: JSON lines, one utterance a line (NeMo-style fields).
+
+Required fields: ``audio_filepath`` (absolute, or relative to the manifest's
+directory), ``duration`` (seconds, > 0, finite), ``text`` (words, non-empty).
+Optional: ``phonemes`` (space-separated units, ``|`` between words),
+``speaker``, ``id`` (defaults to the audio file's stem). Other fields are
+ignored when reading.
+
+Every line is validated; a bad line is reported as
+``manifest train.jsonl line 812: duration 0.0 s; expected > 0``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import soundfile as sf
+
+log = logging.getLogger(__name__)
+
+REQUIRED_FIELDS = ("audio_filepath", "duration", "text")
+MAX_WARNINGS = 10  # bad lines logged one by one in skip mode; the rest are only counted
+
+
+class ManifestError(ValueError):
+    """A manifest line is unusable (or nothing usable is left in a manifest)."""
+
+
+@dataclass(frozen=True)
+class Utterance:
+    """One manifest line. ``audio_filepath`` is resolved (absolute)."""
+
+    id: str
+    audio_filepath: str
+    duration: float
+    text: str
+    phonemes: str | None = None
+    speaker: str | None = None
+
+
+def _check_line(raw: str, base: Path, check_audio: bool) -> Utterance:
+    """Parse and validate one manifest line; raise ``ValueError`` with the reason."""
+    try:
+        rec = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg} at column {e.colno}); expected one JSON object") from None
+    if not isinstance(rec, dict):
+        raise ValueError(f"JSON {type(rec).__name__}; expected an object with fields {', '.join(REQUIRED_FIELDS)}")
+    for field in REQUIRED_FIELDS:
+        if field not in rec:
+            raise ValueError(f"missing field {field!r}; expected fields {', '.join(REQUIRED_FIELDS)}")
+
+    duration = rec["duration"]
+    if isinstance(duration, bool) or not isinstance(duration, int | float):
+        raise ValueError(f"duration {duration!r}; expected a number of seconds > 0")
+    if not math.isfinite(duration) or duration <= 0:
+        raise ValueError(f"duration {duration} s; expected > 0 and finite")
+
+    text = rec["text"]
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text {text!r}; expected non-empty words")
+
+    phonemes = rec.get("phonemes")
+    if phonemes is not None and (not isinstance(phonemes, str) or not phonemes.strip()):
+        raise ValueError(f"phonemes {phonemes!r}; expected non-empty space-separated units (or no field)")
+
+    speaker = rec.get("speaker")
+    if speaker is not None:
+        speaker = str(speaker)
+
+    rel = rec["audio_filepath"]
+    if not isinstance(rel, str) or not rel:
+        raise ValueError(f"audio_filepath {rel!r}; expected a path string")
+    path = Path(rel) if os.path.isabs(rel) else base / rel
+    if check_audio:
+        if not path.is_file():
+            raise ValueError(f"audio_filepath {rel!r}: no such file {str(path)!r}; expected an existing audio file")
+        try:
+            info = sf.info(str(path))
+        except Exception as e:  # soundfile raises LibsndfileError / RuntimeError
+            raise ValueError(
+                f"audio_filepath {rel!r}: not readable audio ({str(e).strip()}); "
+                "expected a file soundfile can read (wav, flac, ...)"
+            ) from None
+        if info.frames <= 0:
+            raise ValueError(f"audio_filepath {rel!r}: 0 samples; expected non-empty audio")
+
+    utt_id = rec.get("id")
+    utt_id = str(utt_id) if utt_id not in (None, "") else Path(rel).stem
+    return Utterance(
+        id=utt_id,
+        audio_filepath=str(path.resolve()) if check_audio else str(path),
+        duration=float(duration),
+        text=text.strip(),
+        phonemes=phonemes.strip() if phonemes is not None else None,
+        speaker=speaker,
+    )
+
+
+def read_manifest(path: str | Path, on_error: str = "skip", check_audio: bool = True) -> list[Utterance]:
+    """Read and validate a manifest.
+
+    Args:
+        path: the ``.jsonl`` file.
+        on_error: ``"skip"`` logs each bad line as a warning (the first
+            ``MAX_WARNINGS``, then a summary count) and drops it; ``"raise"``
+            raises ``ManifestError`` at the first bad line.
+        check_audio: check that every audio file exists and has a readable
+            header (``soundfile.info``).
+
+    Returns:
+        the valid utterances in file order. Raises ``ManifestError`` if the
+        manifest is missing or no valid line remains (in either mode).
+    """
+    if on_error not in ("skip", "raise"):
+        raise ValueError(f"on_error {on_error!r}; expected 'skip' or 'raise'")
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"manifest {path}: no such file")
+    base = path.parent
+    utterances: list[Utterance] = []
+    bad = 0
+    n_lines = 0
+    with open(path, encoding="utf-8") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            n_lines += 1
+            try:
+                utterances.append(_check_line(raw, base, check_audio))
+            except ValueError as e:
+                msg = f"manifest {path} line {lineno}: {e}"
+                if on_error == "raise":
+                    raise ManifestError(msg) from None
+                bad += 1
+                if bad <= MAX_WARNINGS:
+                    log.warning("%s (skipped)", msg)
+    if bad:
+        more = f"; only the first {MAX_WARNINGS} are shown above" if bad > MAX_WARNINGS else ""
+        log.warning("manifest %s: skipped %d of %d lines%s", path, bad, n_lines, more)
+    if not utterances:
+        raise ManifestError(
+            f"manifest {path}: no valid utterance ({n_lines} lines, {bad} bad); expected at least one"
+        )
+    return utterances
+
+
+def write_manifest(path: str | Path, records: Iterable[Mapping | Utterance], relative: bool = True) -> None:
+    """Write records (dicts or ``Utterance``) as JSON lines, atomically.
+
+    With ``relative``, absolute ``audio_filepath`` values below the manifest's
+    directory are written relative to it (others stay absolute).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    base = path.parent.resolve()
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rec in records:
+            if isinstance(rec, Utterance):
+                rec = {k: v for k, v in rec.__dict__.items() if v is not None}
+            rec = dict(rec)
+            audio = rec["audio_filepath"]
+            if relative and os.path.isabs(audio):
+                try:
+                    rec["audio_filepath"] = Path(audio).resolve().relative_to(base).as_posix()
+                except ValueError:
+                    pass
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,130 @@
+"""Length-bucketed batches capped by padded frames (icefall/lhotse style)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+from torch.utils.data import Sampler
+
+log = logging.getLogger(__name__)
+
+
+class _EpochForwarder:
+    """What Lightning finds at ``batch_sampler.sampler``: forwards ``set_epoch``."""
+
+    def __init__(self, owner: FrameBudgetBatchSampler) -> None:
+        self._owner = owner
+
+    def set_epoch(self, epoch: int) -> None:
+        self._owner.set_epoch(epoch)
+
+
+class FrameBudgetBatchSampler(Sampler[list[int]]):
+    """Batches of utterances of similar length whose padded size
+    ``len(batch) × longest_in_batch`` is at most ``max_frames``.
+
+    Utterances are sorted by length (ties broken randomly per epoch when
+    ``shuffle``) and cut greedily into batches; an utterance longer than
+    ``max_frames`` gets a batch of its own (with one warning). Then the order
+    of the batches is shuffled, reproducibly for ``seed`` + the epoch set with
+    ``set_epoch`` (Lightning calls it). Without shuffling, batches come
+    shortest first.
+
+    With ``num_replicas > 1`` (DDP), rank ``r`` gets batches ``r, r + R, ...``
+    of the shuffled list, so ranks see disjoint batches and the same number of
+    them: the list is first padded by repeating batches from its start (or,
+    with ``drop_last``, cut) to a multiple of ``num_replicas``. With one
+    replica every utterance appears exactly once per epoch and ``drop_last``
+    has no effect.
+
+    Args:
+        lengths: per-utterance lengths in frames (dataset index order).
+        max_frames: padded-frame budget of a batch.
+        max_batch_size: optional cap on utterances per batch.
+    """
+
+    def __init__(self, lengths: Sequence[int], max_frames: int, max_batch_size: int | None = None,
+                 shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
+                 drop_last: bool = False) -> None:
+        if max_frames <= 0:
+            raise ValueError(f"max_frames {max_frames}; expected > 0")
+        if max_batch_size is not None and max_batch_size <= 0:
+            raise ValueError(f"max_batch_size {max_batch_size}; expected > 0 or None")
+        if num_replicas < 1 or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} of {num_replicas} replicas; expected 0 ≤ rank < num_replicas")
+        if len(lengths) == 0:
+            raise ValueError("FrameBudgetBatchSampler: no utterances")
+        self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
+        if (self.lengths <= 0).any():
+            raise ValueError("FrameBudgetBatchSampler: lengths must be > 0")
+        self.max_frames = int(max_frames)
+        self.max_batch_size = max_batch_size
+        self.shuffle, self.seed = shuffle, int(seed)
+        self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
+        self.epoch = 0
+        # Lightning calls set_epoch on `dataloader.batch_sampler.sampler`, not on the batch sampler
+        self.sampler = _EpochForwarder(self)
+        too_long = int((self.lengths > self.max_frames).sum())
+        if too_long:
+            log.warning("%d utterance(s) longer than max_frames=%d (longest %d frames) get a batch of their own",
+                        too_long, self.max_frames, int(self.lengths.max()))
+        self._num_batches = len(self._make_batches(torch.Generator().manual_seed(0)))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose shuffle to produce (same seed + epoch → same batches)."""
+        self.epoch = int(epoch)
+
+    def _make_batches(self, gen: torch.Generator | None) -> list[list[int]]:
+        n = len(self.lengths)
+        if self.shuffle and gen is not None:
+            perm = torch.randperm(n, generator=gen)
+            order = perm[torch.argsort(self.lengths[perm], stable=True)]  # random tie-breaks
+        else:
+            order = torch.argsort(self.lengths, stable=True)
+        batches, cur, longest = [], [], 0
+        cap = self.max_batch_size or n
+        for i, length in zip(order.tolist(), self.lengths[order].tolist()):
+            new_longest = max(longest, length)
+            if cur and ((len(cur) + 1) * new_longest > self.max_frames or len(cur) >= cap):
+                batches.append(cur)
+                cur, new_longest = [], length
+            cur.append(i)
+            longest = new_longest
+        if cur:
+            batches.append(cur)
+        return batches
+
+    def _epoch_batches(self) -> list[list[int]]:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        batches = self._make_batches(gen if self.shuffle else None)
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+        return batches
+
+    def _per_rank_count(self) -> int:
+        if self.drop_last:
+            return self._num_batches // self.num_replicas
+        return math.ceil(self._num_batches / self.num_replicas)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._epoch_batches()
+        if self.num_replicas > 1:
+            total = self._per_rank_count() * self.num_replicas
+            if total > len(batches):  # pad by repeating from the start
+                batches = batches + [batches[i % len(batches)] for i in range(total - len(batches))]
+            batches = batches[:total][self.rank::self.num_replicas]
+        yield from batches
+
+    def __len__(self) -> int:
+        return self._per_rank_count() if self.num_replicas > 1 else self._num_batches
+
+    def largest_batches(self, k: int = 1) -> list[list[int]]:
+        """The ``k`` batches with the most padded frames: try them before training
+        so that an out-of-memory shows at once."""
+        batches = self._make_batches(None)
+        key = [len(b) * int(self.lengths[b].max()) for b in batches]
+        order = sorted(range(len(batches)), key=lambda i: -key[i])
+        return [batches[i] for i in order[:k]]

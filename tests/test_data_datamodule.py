@@ -1,0 +1,169 @@
+"""ASRDataModule on the tiny corpus: batches, filtering, vocab reuse, configs, Lightning."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fastasr.data.datamodule import ASRDataModule, ctc_min_frames
+from fastasr.data.tokenizer import Tokenizer
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def make_dm(corpus, **kw):
+    args = dict(train_manifest=str(corpus / "train.jsonl"), dev_manifest=str(corpus / "dev.jsonl"),
+                test_manifest=str(corpus / "test.jsonl"), features={"num_mel_bins": 40, "dither": 1.0},
+                max_frames_per_batch=2000)
+    args.update(kw)
+    return ASRDataModule(**args)
+
+
+def check_batch(batch, feat_dim, tok):
+    B, T, F = batch["features"].shape
+    assert F == feat_dim and batch["features"].dtype == torch.float32
+    assert batch["feature_lengths"].shape == (B,) and int(batch["feature_lengths"].max()) == T
+    assert batch["targets"].dtype == torch.long and batch["targets"].shape[0] == B
+    assert int(batch["target_lengths"].max()) == batch["targets"].shape[1]
+    assert len(batch["ids"]) == len(batch["texts"]) == B
+    assert B * T <= 2000 or B == 1
+    for b in range(B):
+        n, s = int(batch["feature_lengths"][b]), int(batch["target_lengths"][b])
+        assert torch.all(batch["features"][b, n:] == 0) and torch.all(batch["targets"][b, s:] == 0)
+        assert torch.all(batch["targets"][b, :s] > 0)
+        units = tok.decode(batch["targets"][b, :s].tolist())
+        assert " ".join(tok.units_to_words(units)) == batch["texts"][b]
+
+
+def test_batches_on_tiny_corpus(tiny_corpus):
+    dm = make_dm(tiny_corpus)
+    dm.setup("fit")
+    tok = dm.tokenizer
+    assert tok.kind == "phoneme" and tok.vocab[0] == "<blank>" and "|" in tok.vocab
+    assert dm.feature_dim == 40
+    mean, std = dm.cmvn_stats
+    assert mean.shape == std.shape == (40,) and torch.all(std > 0)
+    seen = []
+    for batch in dm.train_dataloader():
+        check_batch(batch, 40, tok)
+        seen += batch["ids"]
+    assert sorted(seen) == sorted(u.id for u in dm.datasets["train"].utterances)
+    for batch in dm.val_dataloader():
+        check_batch(batch, 40, tok)
+    dm.setup("test")
+    assert sum(len(b["ids"]) for b in dm.test_dataloader()) == 2
+    # the CMVN statistics were cached next to the manifest and are reused
+    assert list(tiny_corpus.glob("train.cmvn-*.json"))
+    dm2 = make_dm(tiny_corpus)
+    dm2.setup("fit")
+    torch.testing.assert_close(dm2.cmvn_stats[0], mean)
+
+
+def test_char_tokenizer_texts(tiny_corpus):
+    dm = make_dm(tiny_corpus, tokenizer="char")
+    dm.setup("validate")
+    batch = next(iter(dm.val_dataloader()))
+    utt = {u.id: u for u in dm.datasets["dev"].utterances}[batch["ids"][0]]
+    assert batch["texts"][0] == " ".join(utt.text.lower().split())
+
+
+def test_label_longer_than_frames_is_dropped(tiny_corpus, tmp_path, caplog):
+    lines = (tiny_corpus / "train.jsonl").read_text().splitlines()
+    recs = [json.loads(line) for line in lines]
+    for r in recs:
+        r["audio_filepath"] = str(tiny_corpus / r["audio_filepath"])
+    recs[0]["phonemes"] += " | t ə" * 600  # 1200 more labels, far more than its frames
+    recs[1]["duration"] = 0.1  # 8 frames: fewer than its labels
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    dm = make_dm(tiny_corpus, train_manifest=str(manifest))
+    with caplog.at_level(logging.INFO, logger="fastasr.data.datamodule"):
+        dm.setup("fit")
+    assert len(dm.datasets["train"]) == len(recs) - 2
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any(f"train: dropped 2 of {len(recs)} utterances whose labels are longer than their frames" in m
+               for m in msgs), msgs
+    # with a larger subsampling factor, more utterances are dropped
+    dm8 = make_dm(tiny_corpus, train_manifest=str(manifest), dev_manifest=None, subsampling_factor=8)
+    dm8.setup("fit")
+    assert len(dm8.datasets["train"]) < len(dm.datasets["train"])
+    assert ctc_min_frames([1, 1, 2, 2, 2, 3]) == 9
+
+
+def test_given_vocab_and_dataloader_for(tiny_corpus):
+    built = make_dm(tiny_corpus)
+    built.setup("fit")
+    dm = ASRDataModule(test_manifest=str(tiny_corpus / "test.jsonl"), vocab=built.tokenizer.state_dict(),
+                       features={"num_mel_bins": 40}, cmvn_stats={"mean": [0.0] * 40, "std": [1.0] * 40})
+    dm.setup("test")  # no train manifest needed
+    assert dm.tokenizer == built.tokenizer and dm.cmvn_stats[1].shape == (40,)
+    n = sum(len(b["ids"]) for b in dm.dataloader_for(tiny_corpus / "dev.jsonl"))
+    assert n == 2
+    with pytest.raises(ValueError, match="train_manifest is not set"):
+        ASRDataModule(dev_manifest=str(tiny_corpus / "dev.jsonl")).setup("validate")
+
+
+def test_unknown_units_in_eval_are_dropped_or_raise(tiny_corpus, caplog):
+    tiny_vocab = Tokenizer("phoneme", ["<blank>", "|", "ə"])
+    dm = make_dm(tiny_corpus, vocab=tiny_vocab, test_manifest=str(tiny_corpus / "dev.jsonl"))
+    with pytest.raises(ValueError, match="no utterance left"), caplog.at_level(logging.WARNING):
+        dm.setup("test")
+    assert any("cannot encode" in r.getMessage() for r in caplog.records)
+    strict = make_dm(tiny_corpus, vocab=tiny_vocab, on_bad_utterance="raise")
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        strict.setup("test")
+
+
+def test_hydra_configs_instantiate(tiny_corpus):
+    from hydra.utils import instantiate
+
+    for name in ("synthetic", "manifest"):
+        cfg = OmegaConf.create({
+            "paths": {"data_dir": str(tiny_corpus.parent)},
+            "features": OmegaConf.to_container(OmegaConf.load(CONF / "features" / "fbank40.yaml")),
+            "data": OmegaConf.to_container(OmegaConf.load(CONF / "data" / f"{name}.yaml")),
+        })
+        for split in ("train", "dev", "test"):
+            cfg.data[f"{split}_manifest"] = str(tiny_corpus / f"{split}.jsonl")
+        cfg.data.num_workers = 0
+        dm = instantiate(cfg.data)
+        assert isinstance(dm, ASRDataModule)
+        assert dm.feature_dim == 40 and dm.subsampling_factor == 1 and dm.tokenizer_kind == "phoneme"
+    assert OmegaConf.load(CONF / "features" / "fbank80.yaml").num_mel_bins == 80
+    synth = OmegaConf.load(CONF / "data" / "synthetic.yaml")
+    assert OmegaConf.to_container(synth)["train_manifest"] == "${paths.data_dir}/synthetic/train.jsonl"
+
+
+class _Consumer(pl.LightningModule):
+    """Stands in for the real module: checks the batches Lightning hands over."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.epochs_seen = []
+
+    def training_step(self, batch, _):
+        assert batch["features"].dim() == 3
+        return (self.w * batch["features"].mean()).sum()
+
+    def on_train_epoch_start(self):
+        self.epochs_seen.append(self.trainer.train_dataloader.batch_sampler.epoch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_lightning_sets_sampler_epoch(tiny_corpus):
+    dm = make_dm(tiny_corpus)
+    model = _Consumer()
+    trainer = pl.Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, accelerator="cpu",
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(model, datamodule=dm)
+    assert model.epochs_seen == [0, 1]
