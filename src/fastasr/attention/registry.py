@@ -1,0 +1,76 @@
+"""Name -> variant registry and :func:`build_attention`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fastasr.attention.base import InnerAttention
+from fastasr.attention.spec import check_params, parse_spec_string
+
+__all__ = ["register", "build_attention", "available", "ALIASES"]
+
+_REGISTRY: dict[str, type[InnerAttention]] = {}
+
+#: Spec strings that stand for another spec.
+ALIASES: dict[str, str] = {"oracle-top": "topk-32"}
+
+
+def register(cls: type[InnerAttention]) -> type[InnerAttention]:
+    """Class decorator: make ``cls`` buildable under ``cls.name``."""
+    if not cls.name or cls.name in _REGISTRY:
+        raise ValueError(f"cannot register attention {cls.__name__} under name {cls.name!r}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def available() -> dict[str, type[InnerAttention]]:
+    """The registered variants, by name."""
+    return dict(_REGISTRY)
+
+
+def build_attention(
+    spec: str | Mapping[str, Any] | InnerAttention, **overrides: Any
+) -> InnerAttention:
+    """Build an inner attention from a spec string or a config mapping.
+
+    Args:
+        spec: a spec string (``"i-clustered-100"``, ``"lsh-4"``, ``"oracle-top"``);
+            or a mapping with a ``name`` (a variant name or a whole spec string)
+            and the variant's own parameters (an OmegaConf ``DictConfig`` works);
+            or an already built module (returned as is unless overridden).
+        **overrides: parameters that replace those of ``spec``
+            (``build_attention("i-clustered-100", topk=64, bits=32)``).
+
+    Precedence: defaults < the spec string's number < mapping keys < overrides.
+
+    Raises:
+        ValueError: unknown spec/name, unknown parameter (the message lists the
+            accepted ones), or a value out of range (the message says what is
+            expected).
+    """
+    if isinstance(spec, InnerAttention):
+        if not overrides:
+            return spec
+        given: dict[str, Any] = {**spec.hparams, **overrides}
+        return type(spec)(**check_params(spec.name, spec.params, given))
+
+    known = {name: cls.number_param for name, cls in _REGISTRY.items()}
+    if isinstance(spec, Mapping):
+        if "name" not in spec:
+            raise ValueError(
+                f"attention config {dict(spec)!r} has no 'name'; expected one of: {', '.join(known)}"
+            )
+        text = spec["name"]
+        keys = {str(k): v for k, v in spec.items() if k != "name"}
+    else:
+        text, keys = spec, {}
+
+    parsed = parse_spec_string(text, known, ALIASES)
+    cls = _REGISTRY[parsed.name]
+    given = {}
+    if parsed.number is not None:
+        given[cls.number_param] = parsed.number
+    given.update(keys)
+    given.update(overrides)
+    return cls(**check_params(cls.name, cls.params, given))

@@ -1,0 +1,157 @@
+"""Padding: padded positions never influence valid ones, never get weight, stay finite."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastasr.attention import build_attention
+
+B, H, N, E = 4, 2, 24, 8
+LENGTHS = torch.tensor([24, 13, 3, 1])  # 3 and 1 are shorter than k (4, 8) and than C (6)
+
+VARIANTS = {
+    "full": lambda: build_attention("full"),
+    "topk-4": lambda: build_attention("topk-4", chunk=10),  # chunk < N: several query chunks
+    "topk-64": lambda: build_attention("topk-64"),
+    "clustered-6": lambda: build_attention("clustered-6", seed=1),
+    "i-clustered-6": lambda: build_attention("i-clustered-6", topk=8, seed=1),
+    "lsh-2": lambda: build_attention("lsh-2", chunk=4, buckets=4, seed=1),
+}
+
+
+def _inputs(seed=0, n=N, batch=B):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, H, n, E, generator=g) for _ in range(3)]
+
+
+def _call(attn, q, k, v, lengths=None):
+    if attn.requires_shared_qk:
+        k = q
+    return attn(q, k, v, lengths)
+
+
+def _dense(attn, q, k, lengths=None):
+    return attn.dense_weights(q, q if attn.requires_shared_qk else k, lengths)
+
+
+def _garbage_padding(x, length, value):
+    x = x.clone()
+    x[:, :, length:] = value
+    return x
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_valid_outputs_are_bitwise_independent_of_batch_and_padding_content(name):
+    attn = VARIANTS[name]()
+    q, k, v = _inputs()
+    out = _call(attn, q, k, v, LENGTHS)
+    g = torch.Generator().manual_seed(9)
+    for b, length in enumerate(LENGTHS.tolist()):
+        qb, kb, vb = (x[b : b + 1] for x in (q, k, v))
+        noise = 100 * torch.randn(1, H, N, E, generator=g)
+        qb = torch.where(torch.arange(N)[:, None] < length, qb, noise)
+        kb = _garbage_padding(kb, length, 1e3)
+        vb = _garbage_padding(vb, length, 1e4)
+        alone = _call(attn, qb, kb, vb, LENGTHS[b : b + 1])
+        assert torch.equal(alone[:, :, :length], out[b : b + 1, :, :length]), (
+            f"{name}: sequence {b}"
+        )
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_valid_outputs_match_the_unpadded_sequence_alone(name):
+    """Against the sequence cut to its length: equal up to float rounding (BLAS picks
+    different kernels for different N, so not bitwise for full/top-k)."""
+    attn = VARIANTS[name]()
+    q, k, v = _inputs(1)
+    out = _call(attn, q, k, v, LENGTHS)
+    for b, length in enumerate(LENGTHS.tolist()):
+        alone = _call(attn, *(x[b : b + 1, :, :length] for x in (q, k, v)))
+        torch.testing.assert_close(alone, out[b : b + 1, :, :length], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_padded_keys_get_zero_weight_and_padded_queries_zero_rows(name):
+    attn = VARIANTS[name]()
+    q, k, v = _inputs(2)
+    w = _dense(attn, q, k, LENGTHS)
+    assert w.shape == (B, H, N, N)
+    for b, length in enumerate(LENGTHS.tolist()):
+        assert bool((w[b, :, :, length:] == 0).all()), (
+            f"{name}: padded keys of sequence {b} got weight"
+        )
+        assert bool((w[b, :, length:, :] == 0).all()), (
+            f"{name}: padded queries of sequence {b} got weights"
+        )
+        torch.testing.assert_close(
+            w[b, :, :length].sum(-1), torch.ones(H, length), atol=1e-5, rtol=0
+        )
+    # forward applies exactly these weights
+    torch.testing.assert_close(_call(attn, q, k, v, LENGTHS), w @ v, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_padded_outputs_are_zero_and_finite_with_huge_padding(name):
+    attn = VARIANTS[name]()
+    q, k, v = _inputs(3)
+    mask = torch.arange(N)[None, None, :, None] >= LENGTHS[:, None, None, None]
+    q = torch.where(mask, 1e4, q)
+    k = torch.where(mask, -1e4, k)
+    v = torch.where(mask, 1e6, v)
+    out = _call(attn, q, k, v, LENGTHS)
+    assert bool(torch.isfinite(out).all())
+    assert bool((out.masked_select(mask) == 0).all())
+    assert float(out.masked_select(~mask).abs().max()) < 10  # no 1e6 value leaked in
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_empty_sequence_gives_zeros_and_finite_gradients(name):
+    attn = VARIANTS[name]()
+    q, k, v = (x.requires_grad_() for x in _inputs(4, batch=2))
+    lengths = torch.tensor([N, 0])
+    out = _call(attn, q, k, v, lengths)
+    assert bool((out[1] == 0).all()) and bool(torch.isfinite(out).all())
+    out.square().sum().backward()
+    for t in (q, k, v):
+        if t.grad is not None:
+            assert bool(torch.isfinite(t.grad).all())
+            assert bool((t.grad[1] == 0).all())
+
+
+@pytest.mark.parametrize("name", ["clustered-6", "i-clustered-6"])
+def test_padded_queries_are_never_clustered_with_valid_ones(name):
+    attn = VARIANTS[name]()
+    q, k, _ = _inputs(5)
+    q = torch.where(
+        torch.arange(N)[None, None, :, None] >= LENGTHS[:, None, None, None], q[:, :, :1], q
+    )
+    ca = attn.centroid_attention(q, k, LENGTHS)
+    for b, length in enumerate(LENGTHS.tolist()):
+        assert bool((ca.assignments[b, :, length:] == -1).all())
+        assert bool((ca.assignments[b, :, :length] >= 0).all())
+        assert ca.counts[b].sum(-1).tolist() == [length] * H
+        # a sequence shorter than C uses at most `length` clusters
+        assert int((ca.counts[b] > 0).sum(-1).max()) <= min(length, attn.clusters)
+
+
+def test_i_clustered_never_lets_padded_keys_into_the_topk_softmax():
+    """The bug of the paper's reference code: with a sequence shorter than topk, the
+    per-query softmax over the centroid's top keys included padded keys. Here the
+    padded keys are made maximally attractive; the result must still be full
+    attention over the valid keys (topk >= length)."""
+    g = torch.Generator().manual_seed(6)
+    n, length = 40, 5
+    q, k, v = (torch.randn(1, H, n, E, generator=g) for _ in range(3))
+    k = torch.where(torch.arange(n)[:, None] >= length, 50 * q.mean(2, keepdim=True), k)
+    v = _garbage_padding(v, length, 100.0)
+    lengths = torch.tensor([length])
+    attn = build_attention("i-clustered-3", topk=32, seed=0)  # 5 <= topk < n
+    out = attn(q, k, v, lengths)[:, :, :length]
+    full = build_attention("full")(*(x[:, :, :length] for x in (q, k, v)))
+    torch.testing.assert_close(out, full, atol=1e-5, rtol=1e-5)
+    w = attn.dense_weights(q, k, lengths)
+    assert bool((w[..., length:] == 0).all())
+    # the inputs are adversarial: letting padded keys in would change the result a lot
+    leaky = torch.softmax(q @ k.transpose(-1, -2) / E**0.5, -1) @ v
+    assert float((leaky[:, :, :length] - full).abs().max()) > 10

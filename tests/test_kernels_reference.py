@@ -1,0 +1,212 @@
+"""The PyTorch reference clustering ops: bit semantics, K-means rules, gathers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastasr.kernels import ops, reference
+
+
+def _lengths(*values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+# ------------------------------------------------------------------ bit helpers
+def test_popcount_matches_python():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 2**62, (500,), generator=g, dtype=torch.int64) * 2 + torch.randint(
+        0, 2, (500,), generator=g
+    )
+    x = torch.cat([x, torch.tensor([0, 1, 2**63 - 1, 2**62, 0x5555555555555555])])
+    expected = torch.tensor([bin(int(v)).count("1") for v in x])
+    assert torch.equal(reference.popcount(x), expected)
+
+
+def test_pack_unpack_roundtrip():
+    g = torch.Generator().manual_seed(1)
+    codes = torch.randint(0, 2**40, (3, 7), generator=g, dtype=torch.int64)
+    bits = reference.unpack_bits(codes, 40)
+    assert bits.shape == (3, 7, 40)
+    assert torch.equal(
+        bits[0, 0],
+        torch.tensor([(int(codes[0, 0]) >> i) & 1 for i in range(40)], dtype=torch.float32),
+    )
+    assert torch.equal(reference.pack_bits(bits), codes)
+
+
+# ------------------------------------------------------------------ hash codes
+@pytest.mark.parametrize("bits", [1, 13, 63])
+def test_hash_code_bits_are_signs_of_affine_projections(bits):
+    g = torch.Generator().manual_seed(bits)
+    B, H, N, E = 2, 3, 9, 5
+    x = torch.randn(B, H, N, E, generator=g, dtype=torch.float64)
+    planes = torch.randn(E + 1, bits, generator=g, dtype=torch.float64)
+    codes = reference.hash_codes(x, planes)
+    assert codes.dtype == torch.int64 and codes.shape == (B, H, N)
+    assert bool((codes >= 0).all()) and bool(((codes >> bits) == 0).all())
+    for b, h, n in [(0, 0, 0), (1, 2, 8), (0, 1, 4)]:
+        for i in range(bits):
+            side = float(x[b, h, n] @ planes[:E, i] + planes[E, i]) > 0
+            assert ((int(codes[b, h, n]) >> i) & 1) == side
+
+
+def test_hash_codes_offset_row_is_used_and_padding_is_zero():
+    E = 4
+    x = torch.zeros(1, 1, 3, E)
+    planes = torch.zeros(E + 1, 3)
+    planes[E] = torch.tensor([1.0, -1.0, 2.0])  # only the offsets decide: bits 0 and 2 set
+    codes = reference.hash_codes(x, planes, _lengths(2))
+    assert codes.tolist() == [[[0b101, 0b101, 0]]]
+
+
+def test_hash_codes_reject_too_many_bits():
+    with pytest.raises(ValueError, match="64 bits"):
+        reference.hash_codes(torch.zeros(1, 1, 2, 3), torch.zeros(4, 64))
+    with pytest.raises(ValueError, match=r"\(E\+1, bits\)"):
+        reference.hash_codes(torch.zeros(1, 1, 2, 3), torch.zeros(3, 8))
+
+
+# ------------------------------------------------------------------ k-means
+def _kmeans_python(codes: list[int], clusters: int, iterations: int, bits: int):
+    """The module docstring's K-means, written with Python ints, one sequence."""
+    L = len(codes)
+    c_eff = min(clusters, L)
+    cent = [codes[(c * L) // c_eff] for c in range(c_eff)]
+
+    def assign():
+        out = []
+        for x in codes:
+            d = [bin(x ^ c).count("1") for c in cent]
+            out.append(d.index(min(d)))  # first minimum
+        return out
+
+    for _ in range(iterations):
+        a = assign()
+        for c in range(c_eff):
+            members = [codes[i] for i in range(L) if a[i] == c]
+            if not members:
+                continue
+            new = 0
+            for bit in range(bits):
+                ones = sum((m >> bit) & 1 for m in members)
+                if 2 * ones > len(members):
+                    new |= 1 << bit
+            cent[c] = new
+    a = assign()
+    return a, [a.count(c) for c in range(clusters)]
+
+
+@pytest.mark.parametrize("clusters,iterations", [(1, 2), (4, 0), (4, 3), (7, 10), (40, 2)])
+def test_kmeans_matches_the_written_rules(clusters, iterations):
+    g = torch.Generator().manual_seed(clusters * 10 + iterations)
+    B, H, N, bits = 3, 2, 30, 12
+    # codes drawn around a few prototypes, so clusters are non-trivial
+    protos = torch.randint(0, 2**bits, (4,), generator=g)
+    noise = (torch.rand(B, H, N, bits, generator=g) < 0.1).long()
+    flips = reference.pack_bits(noise)
+    codes = protos[torch.randint(0, 4, (B, H, N), generator=g)] ^ flips
+    lengths = _lengths(30, 11, 3)
+    codes = codes.masked_fill(torch.arange(N)[None, None] >= lengths[:, None, None], 0)
+    assign, counts = reference.hamming_kmeans(codes, lengths, clusters, iterations, bits=bits)
+    assert assign.shape == (B, H, N) and counts.shape == (B, H, clusters)
+    for b in range(B):
+        L = int(lengths[b])
+        for h in range(H):
+            exp_a, exp_c = _kmeans_python(codes[b, h, :L].tolist(), clusters, iterations, bits)
+            assert assign[b, h, :L].tolist() == exp_a
+            assert counts[b, h].tolist() == exp_c
+            assert bool((assign[b, h, L:] == -1).all())
+            assert int(counts[b, h].sum()) == L
+
+
+def test_kmeans_assignment_is_nearest_final_centroid():
+    """After convergence the centroids are the members' majority codes and each
+    code sits with the nearest of them (Hamming distance)."""
+    g = torch.Generator().manual_seed(3)
+    bits = 20
+    codes = torch.randint(0, 2**bits, (1, 1, 64), generator=g)
+    assign, counts = reference.hamming_kmeans(codes, None, 5, 50, bits=bits)
+    cents = {}
+    for c in range(5):
+        members = codes[0, 0][assign[0, 0] == c]
+        if len(members):
+            ones = reference.unpack_bits(members, bits).sum(0)
+            cents[c] = int(reference.pack_bits((2 * ones > len(members)).long()))
+    for x, a in zip(codes[0, 0].tolist(), assign[0, 0].tolist()):
+        dists = {c: bin(x ^ v).count("1") for c, v in cents.items()}
+        assert dists[a] == min(dists.values())
+    assert torch.equal(counts[0, 0], torch.bincount(assign[0, 0], minlength=5))
+
+
+def test_kmeans_more_clusters_than_positions_and_empty_sequences():
+    codes = torch.tensor([[[5, 9, 3, 0, 0]], [[0, 0, 0, 0, 0]]])
+    assign, counts = reference.hamming_kmeans(codes, _lengths(3, 0), 100, 10, bits=4)
+    assert assign[0, 0].tolist() == [0, 1, 2, -1, -1]  # one cluster per distinct code
+    assert counts[0, 0, :3].tolist() == [1, 1, 1] and int(counts[0, 0, 3:].sum()) == 0
+    assert assign[1, 0].tolist() == [-1] * 5 and int(counts[1].sum()) == 0
+
+
+def test_kmeans_is_deterministic_and_ignores_generator():
+    codes = torch.randint(0, 2**63 - 1, (2, 2, 40), generator=torch.Generator().manual_seed(0))
+    a1, c1 = reference.hamming_kmeans(codes, None, 6, 5)
+    a2, c2 = reference.hamming_kmeans(codes, None, 6, 5, torch.Generator().manual_seed(99))
+    assert torch.equal(a1, a2) and torch.equal(c1, c2)
+    a3, c3 = ops.hamming_kmeans(codes, None, 6, 5)
+    assert torch.equal(a1, a3) and torch.equal(c1, c3)
+
+
+def test_kmeans_rejects_bad_arguments():
+    codes = torch.zeros(1, 1, 4, dtype=torch.int64)
+    with pytest.raises(ValueError, match="clusters=0"):
+        reference.hamming_kmeans(codes, None, 0, 1)
+    with pytest.raises(ValueError, match="iterations=-1"):
+        reference.hamming_kmeans(codes, None, 2, -1)
+
+
+# ------------------------------------------------------------------ gathers
+def _dense_per_query(topk_idx, assignments):
+    return topk_idx.gather(
+        2, assignments.clamp(min=0)[..., None].expand(*assignments.shape, topk_idx.shape[-1])
+    )
+
+
+def test_clustered_dot_and_weighted_sum_match_dense_gathers():
+    g = torch.Generator().manual_seed(5)
+    B, H, N, E, C, K = 2, 2, 11, 4, 3, 5
+    q = torch.randn(B, H, N, E, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H, N, E, generator=g, dtype=torch.float64)
+    v = torch.randn(B, H, N, 6, generator=g, dtype=torch.float64)
+    topk_idx = torch.stack([torch.randperm(N, generator=g)[:K] for _ in range(B * H * C)]).view(
+        B, H, C, K
+    )
+    assignments = torch.randint(0, C, (B, H, N), generator=g)
+    assignments[1, :, 7:] = -1
+    per_q = _dense_per_query(topk_idx, assignments)
+    kg = k[:, :, None].expand(B, H, N, N, E).gather(3, per_q[..., None].expand(B, H, N, K, E))
+    dots = (q[:, :, :, None] * kg).sum(-1).masked_fill((assignments < 0)[..., None], 0)
+    torch.testing.assert_close(ops.clustered_dot(q, k, topk_idx, assignments), dots)
+    w = torch.randn(B, H, N, K, generator=g, dtype=torch.float64)
+    vg = v[:, :, None].expand(B, H, N, N, 6).gather(3, per_q[..., None].expand(B, H, N, K, 6))
+    sums = (w[..., None] * vg).sum(-2).masked_fill((assignments < 0)[..., None], 0)
+    torch.testing.assert_close(ops.clustered_weighted_sum(w, v, topk_idx, assignments), sums)
+
+
+def test_gather_ops_gradcheck(monkeypatch):
+    monkeypatch.setattr(reference, "_GATHER_ROWS", 7)  # exercise the row blocking
+    g = torch.Generator().manual_seed(6)
+    B, H, N, E, C, K = 1, 2, 9, 3, 2, 4
+    q = torch.randn(B, H, N, E, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(B, H, N, E, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(B, H, N, K, generator=g, dtype=torch.float64, requires_grad=True)
+    topk_idx = torch.randint(
+        0, N, (B, H, C, K), generator=g
+    )  # repeats allowed: index_add accumulates
+    assignments = torch.randint(0, C, (B, H, N), generator=g)
+    assignments[..., -2:] = -1
+    assert torch.autograd.gradcheck(
+        lambda a, b: ops.clustered_dot(a, b, topk_idx, assignments), (q, k)
+    )
+    assert torch.autograd.gradcheck(
+        lambda a, b: ops.clustered_weighted_sum(a, b, topk_idx, assignments), (w, k)
+    )
