@@ -1,0 +1,9 @@
+"""Clustering kernels for the attention modules, and their PyTorch references.
+
+``ops`` is what callers use (it picks the implementation for the tensors' device);
+``reference`` is the ground truth every other implementation is tested against.
+"""
+
+from fastasr.kernels import ops, reference
+
+__all__ = ["ops", "reference"]

@@ -1,0 +1,209 @@
+"""Can the Triton kernels run here, and if not, why not.
+
+The Triton kernels (``triton_hashing``, ``triton_kmeans``, ``triton_clustered``) run
+in one of two ways:
+
+* compiled, on a CUDA device (tensors on ``cuda``, ``torch.cuda.is_available()``);
+* interpreted, on the CPU, when ``TRITON_INTERPRET=1`` was set *before* Triton and
+  the kernel modules were imported (``triton.jit`` reads the variable when it
+  decorates a function — Triton's own library functions included — so setting it
+  later has no effect on functions already defined).
+
+Every public kernel entry point calls :func:`require_triton` first, so a kernel
+that cannot run fails at its first call with a :class:`TritonUnavailableError`
+naming the missing piece, instead of a missing symbol or an obscure pointer error
+deep inside Triton. Nothing here falls back silently: choosing the PyTorch
+reference instead is the dispatcher's job (``fastasr.kernels.ops``), and it only
+does so by rule (CPU tensors) or by request (``FASTASR_KERNELS=reference``).
+
+This module imports neither Triton nor the kernel modules at import time.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+
+import torch
+
+__all__ = [
+    "TritonUnavailableError",
+    "ensure_interpreter_compat",
+    "interpreter_requested",
+    "kernels_interpreted",
+    "require_triton",
+    "import_kernel_module",
+    "triton_import_error",
+    "unavailable_reason",
+]
+
+_TRUE = {"1", "true", "yes", "on", "y"}
+
+
+class TritonUnavailableError(RuntimeError):
+    """The Triton kernels cannot run for the given tensors; the message says why."""
+
+
+@functools.lru_cache(maxsize=1)
+def triton_import_error() -> str | None:
+    """``None`` if ``import triton`` works, else the reason it failed (cached)."""
+    try:
+        importlib.import_module("triton")
+        importlib.import_module("triton.language")
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def interpreter_requested() -> bool:
+    """True when the environment asks for the Triton interpreter (``TRITON_INTERPRET``)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
+
+
+def kernels_interpreted(kernel) -> bool:
+    """True if ``kernel`` (a ``@triton.jit`` object) was built for the interpreter."""
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except Exception:
+        return False
+    return isinstance(kernel, InterpretedFunction)
+
+
+def _triton_stdlib_interpreted() -> bool:
+    """Whether Triton's own ``@jit`` library (``tl.sum``, ...) was built for the interpreter.
+
+    Interpreted kernels can only call interpreted library functions; ``triton.jit``
+    fixes the mode of each when its module is first imported.
+    """
+    from triton.language import standard
+
+    return kernels_interpreted(standard.sum)
+
+
+@functools.cache
+def _capability_reason(index: int) -> str | None:
+    """Why GPU ``index`` is too old for Triton, or None (cached: kernels ask at every call)."""
+    major, minor = torch.cuda.get_device_capability(index)
+    if (major, minor) < (7, 5):
+        name = torch.cuda.get_device_name(index)
+        return f"GPU {name} has compute capability {major}.{minor}; Triton needs >= 7.5"
+    return None
+
+
+def _cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def unavailable_reason(device: torch.device | str, interpreted: bool) -> str | None:
+    """Why Triton kernels cannot run on ``device``, or ``None`` if they can.
+
+    Args:
+        device: the device of the kernel's input tensors.
+        interpreted: whether the kernels were defined under ``TRITON_INTERPRET=1``
+            (see :func:`kernels_interpreted`).
+    """
+    err = triton_import_error()
+    if err is not None:
+        return (
+            f"`import triton` failed ({err}); Triton ships with the CUDA build of "
+            "torch (pip install 'torch==2.11.*')"
+        )
+    device = torch.device(device)
+    if interpreted:
+        if not _triton_stdlib_interpreted():
+            return (
+                "the kernels were defined for the Triton interpreter but Triton itself was "
+                "imported before TRITON_INTERPRET=1 was set (something, e.g. `import lightning`, "
+                "loaded triton.language compiled); set TRITON_INTERPRET=1 before anything "
+                "imports triton"
+            )
+        return None  # the interpreter runs any tensor on the CPU (CUDA ones are copied)
+    if device.type == "cuda":
+        if not _cuda_available():
+            return "tensors are on cuda but torch.cuda.is_available() is False"
+        return _capability_reason(device.index if device.index is not None else torch.cuda.current_device())
+    cuda = "available" if _cuda_available() else "not available (torch.cuda.is_available() is False)"
+    env = "set" if interpreter_requested() else "not set"
+    return (
+        f"tensors are on {device.type}; compiled Triton kernels need CUDA tensors "
+        f"(CUDA is {cuda}), and the Triton interpreter is off (TRITON_INTERPRET is "
+        f"{env}; it must be 1 before Triton is first imported)"
+    )
+
+
+def require_triton(op: str, device: torch.device | str, interpreted: bool) -> None:
+    """Raise :class:`TritonUnavailableError` if the Triton kernel ``op`` cannot run.
+
+    Args:
+        op: the kernel's public name, used in the message (``"hash_codes"``).
+        device: device of the kernel's inputs.
+        interpreted: whether the kernel module was built for the interpreter.
+    """
+    reason = unavailable_reason(device, interpreted)
+    if reason is not None:
+        raise TritonUnavailableError(
+            f"fastasr.kernels Triton kernel {op!r} cannot run: {reason}. "
+            "Move the inputs to a CUDA device, set TRITON_INTERPRET=1 before importing "
+            "fastasr, or use the PyTorch reference (FASTASR_KERNELS=reference)."
+        )
+
+
+def import_kernel_module(name: str):
+    """Import ``fastasr.kernels.<name>`` (a Triton kernel module), failing clearly.
+
+    Raises :class:`TritonUnavailableError` naming Triton when it cannot be imported,
+    so callers never see a bare ``ModuleNotFoundError`` from inside a kernel module.
+    """
+    err = triton_import_error()
+    if err is not None:
+        raise TritonUnavailableError(
+            f"fastasr.kernels.{name} needs Triton, but `import triton` failed ({err}). "
+            "Install the CUDA build of torch, which ships Triton, or use the PyTorch "
+            "reference (FASTASR_KERNELS=reference)."
+        )
+    return importlib.import_module(f"fastasr.kernels.{name}")
+
+
+_COMPAT_DONE = False
+
+
+def ensure_interpreter_compat() -> None:
+    """Make Triton 3.6's interpreter work with NumPy >= 2.4 (idempotent, no-op if not needed).
+
+    The interpreter holds every scalar as a one-element array and converts it to a
+    Python int with ``int(array)``, which NumPy 2.4 turned into a ``TypeError``: any
+    kernel looping to a run-time bound (``for i in range(0, n, BLOCK)``) then fails
+    under ``TRITON_INTERPRET=1`` (triton-lang/triton#9171, fixed upstream by #9172 after
+    3.6.0). This applies the same one-line fix, only when Triton still has the bug;
+    compiled kernels are untouched. Called by the kernel modules at import.
+    """
+    global _COMPAT_DONE
+    if _COMPAT_DONE or triton_import_error() is not None:
+        return
+    _COMPAT_DONE = True
+    import inspect
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None:
+        return
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return  # this NumPy still converts one-element arrays: nothing to fix
+    except TypeError:
+        pass
+    try:
+        source = inspect.getsource(original)
+    except (OSError, TypeError):
+        return
+    if "int(self.handle.data)" not in source:
+        return  # Triton already fixed
+
+    def _patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = _patch_lang_tensor

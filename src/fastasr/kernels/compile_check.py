@@ -1,0 +1,143 @@
+"""Compile every Triton kernel for a CUDA architecture without a GPU.
+
+    python -m fastasr.kernels.compile_check            # sm_90 (H100/H200)
+    python -m fastasr.kernels.compile_check --arch 80 --verbose
+
+The interpreter (``TRITON_INTERPRET=1``) checks what the kernels compute, but not
+that they compile: dtype rules, ``tl.dot`` shapes and register pressure only show
+in the real compiler. Triton compiles to a cubin with its bundled ``ptxas`` and no
+GPU present, so this builds each kernel in the configurations the launchers use
+(the same block-size functions) and reads ptxas' resource report with the bundled
+``cuobjdump``: registers per thread and stack (spill) bytes. Exit status 1 if a
+kernel fails to compile or spills. Run it in a process where ``TRITON_INTERPRET``
+is unset (the kernels must be defined as compiled ``JITFunction`` objects).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+__all__ = ["KernelReport", "compile_all", "main"]
+
+
+@dataclass
+class KernelReport:
+    name: str
+    ok: bool
+    registers: int | None = None
+    stack_bytes: int | None = None
+    error: str = ""
+
+
+def _configs():
+    """(label, kernel, pointer dtypes, constexprs, launch options) as the launchers use them."""
+    import triton.language as tl
+
+    from fastasr.kernels import triton_clustered as tc
+    from fastasr.kernels import triton_hashing as th
+    from fastasr.kernels import triton_kmeans as tk
+
+    out = []
+    for x_t, p_t, acc in (("*fp32", "*fp32", tl.float32), ("*bf16", "*fp32", tl.float32),
+                          ("*fp64", "*fp64", tl.float64)):
+        out.append((f"hash {x_t[1:]}", th._hash_kernel,
+                    {"x_ptr": x_t, "planes_ptr": p_t, "len_ptr": "*i64", "out_ptr": "*i64"},
+                    {"HAS_LENGTHS": True, "ACC_DTYPE": acc, "BLOCK_N": th.BLOCK_N, "BLOCK_E": 32,
+                     "BLOCK_BITS": 64}, {}))
+    km_ptrs = {"codes_ptr": "*i64", "cent_ptr": "*i64", "len_ptr": "*i64", "ceff_ptr": "*i64",
+               "assign_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32", "BITMASK": "i64"}
+    for accumulate in (True, False):
+        out.append((f"kmeans step bits={accumulate}", tk._kmeans_step_kernel, km_ptrs,
+                    {"ACCUMULATE_BITS": accumulate, "BLOCK_N": tk.STEP_BLOCK_N,
+                     "BLOCK_C": tk.STEP_BLOCK_C, "BLOCK_BITS": 64}, tk.STEP_OPTIONS))
+    out.append(("kmeans update", tk._kmeans_update_kernel,
+                {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32"},
+                {"BLOCK_C": tk.UPDATE_BLOCK_C, "BLOCK_BITS": 64}, {}))
+    idx = {"idx_ptr": "*i64", "perm_ptr": "*i64", "skey_ptr": "*i64"}
+    for t in ("fp32", "bf16", "fp16"):
+        for E in (32, 64):
+            dot_dtype, precision = tc._dot_config(
+                {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
+            block_n, block_k, block_e = tc._blocks(32, E, dot_dtype)
+            consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "BLOCK_N": block_n,
+                      "BLOCK_K": block_k, "BLOCK_E": block_e}
+            tag = f"{t} K=32 E={E}"
+            out.append((f"gather_dot {tag}", tc._gather_dot_kernel,
+                        {**idx, "x_ptr": f"*{t}", "m_ptr": f"*{t}", "out_ptr": f"*{t}"}, consts, {}))
+            out.append((f"gather_wsum {tag}", tc._gather_wsum_kernel,
+                        {**idx, "w_ptr": f"*{t}", "m_ptr": f"*{t}", "out_ptr": f"*{t}"}, consts, {}))
+            out.append((f"scatter_outer {tag}", tc._scatter_outer_kernel,
+                        {**idx, "a_ptr": f"*{t}", "x_ptr": f"*{t}", "dm_ptr": "*fp32"}, consts, {}))
+    return out
+
+
+def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", f.name],
+                              capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", text)
+    stack = re.search(r"STACK:(\d+)", text)
+    return (int(regs.group(1)) if regs else None, int(stack.group(1)) if stack else None)
+
+
+def compile_all(arch: int = 90, only: str | None = None) -> list[KernelReport]:
+    """Compile the kernels for ``sm_<arch>``; one report per configuration."""
+    if os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}:
+        raise RuntimeError("compile_check needs compiled kernels: unset TRITON_INTERPRET")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", arch, 32)
+    reports = []
+    for label, kernel, types, consts, options in _configs():
+        if only and only not in label:
+            continue
+        names = kernel.arg_names
+        signature = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}
+        constexprs = {(names.index(n),): v for n, v in consts.items()}
+        try:
+            compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                      target=target, options={"num_warps": 4, **options})
+            regs, stack = _resource_usage(compiled.asm["cubin"])
+            reports.append(KernelReport(label, True, regs, stack))
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
+            reports.append(KernelReport(label, False, error=f"{type(exc).__name__}: {exc}"))
+    return reports
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90 = H100/H200)")
+    parser.add_argument("--only", default=None, help="compile only configurations whose name contains this")
+    parser.add_argument("--verbose", action="store_true", help="print compiler errors in full")
+    args = parser.parse_args(argv)
+    reports = compile_all(args.arch, args.only)
+    bad = 0
+    for r in reports:
+        if not r.ok:
+            bad += 1
+            err = r.error if args.verbose else r.error.splitlines()[0][:200]
+            print(f"FAIL  {r.name}: {err}")
+        elif r.stack_bytes:
+            bad += 1
+            print(f"SPILL {r.name}: {r.registers} registers, {r.stack_bytes} stack bytes")
+        else:
+            print(f"ok    {r.name}: {r.registers} registers, no spills")
+    print(f"sm_{args.arch}: {len(reports) - bad} of {len(reports)} kernel configurations compile without spills")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

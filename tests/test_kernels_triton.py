@@ -1,0 +1,450 @@
+"""The Triton kernels against the PyTorch reference (``fastasr.kernels.reference``).
+
+Runs on the CPU through the Triton interpreter. ``TRITON_INTERPRET=1`` must be set
+before Triton is first imported (``triton.jit`` fixes each function's mode, Triton's
+own library included, when it decorates it), so this module sets it at import unless
+the caller already chose or Triton is already loaded. With ``TRITON_INTERPRET=0`` on a
+CUDA machine the same tests run the compiled kernels on the GPU.
+
+In a full test session another module may import Triton first, compiled (``import
+lightning`` does). The kernels cannot be interpreted in that process, so the kernel
+tests here skip and ``test_kernel_tests_in_fresh_process`` runs them in a child
+process where this module comes first. The variable, once set, stays set: Triton
+imports parts of itself lazily and checks it again then. It does not change which
+implementation ``fastasr.kernels.ops`` picks (only ``FASTASR_KERNELS`` does).
+
+Sizes are small and odd on purpose: lengths not divisible by the block sizes, padded
+batches, more clusters than positions, ``K`` larger than a sequence's length.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+if "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton and the kernels load
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton")
+
+from fastasr.kernels import availability, reference  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    """Import a kernel module; re-import it if it was first built in the other mode."""
+    module = importlib.import_module(f"fastasr.kernels.{name}")
+    kernel = next(v for k, v in vars(module).items() if k.startswith("_") and k.endswith("_kernel"))
+    if availability.kernels_interpreted(kernel) != availability.interpreter_requested():
+        module = importlib.reload(module)
+    return module
+
+
+th = _load("triton_hashing")
+tk = _load("triton_kmeans")
+tc = _load("triton_clustered")
+
+INTERPRETED = availability.kernels_interpreted(th._hash_kernel)
+DEVICE = "cpu" if INTERPRETED else "cuda"
+#: Why the kernels cannot run in this process (None: they can).
+NOT_HERE = availability.unavailable_reason(DEVICE, INTERPRETED)
+# Tests that need no kernel launch in this process.
+_ANY_PROCESS = {
+    "test_kernel_tests_in_fresh_process",
+    "test_unavailable_without_cuda_or_interpreter_says_why",
+    "test_unavailable_without_triton_says_why",
+    "test_kernels_compile_for_sm90_without_spills",
+    "test_gpu_bench_quick_cpu_smoke",
+    "test_gpu_bench_quick_cpu_full",
+    "test_ops_dispatch_rules",
+}
+
+
+@pytest.fixture(autouse=True)
+def _kernels_runnable_here(request):
+    if NOT_HERE is not None and request.node.originalname not in _ANY_PROCESS:
+        pytest.skip(f"Triton kernels cannot run in this process ({NOT_HERE}); "
+                    "test_kernel_tests_in_fresh_process runs them")
+
+
+def test_kernel_tests_in_fresh_process():
+    """When Triton was loaded compiled before this module, run the kernel tests in a child."""
+    if NOT_HERE is None:
+        pytest.skip("the kernel tests ran in this process")
+    env = {k: v for k, v in os.environ.items() if k != "FASTASR_KERNELS"}
+    env["TRITON_INTERPRET"] = "1"
+    deselect = "not fresh_process and not compile_for and not gpu_bench"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", deselect],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert " skipped" not in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _lengths(B: int, N: int, g: torch.Generator, full_first: bool = True) -> torch.Tensor:
+    lengths = torch.randint(1, N + 1, (B,), generator=g)
+    if full_first:
+        lengths[0] = N
+    return lengths
+
+
+def _dev(*tensors):
+    return [t.to(DEVICE) for t in tensors]
+
+
+# ------------------------------------------------------------------ hashing
+@pytest.mark.parametrize(
+    "B,H,N,E,bits,dtype,padded",
+    [
+        (2, 3, 37, 20, 63, torch.float32, True),  # N, E not multiples of the blocks
+        (1, 2, 130, 64, 13, torch.float32, False),  # several N blocks
+        (3, 1, 5, 96, 1, torch.float32, True),  # several E chunks, one bit
+        (2, 2, 33, 32, 63, torch.float16, True),
+        (2, 2, 33, 32, 63, torch.bfloat16, True),
+        (2, 1, 19, 24, 40, torch.float64, True),
+    ],
+)
+def test_hash_codes_equal_reference(B, H, N, E, bits, dtype, padded):
+    g = _gen(N * E + bits)
+    x = torch.randn(B, H, N, E, generator=g).to(dtype)
+    planes = torch.randn(E + 1, bits, generator=g, dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    lengths = _lengths(B, N, g) if padded else None
+    expected = reference.hash_codes(x, planes, lengths)
+    got = th.hash_codes(*_dev(x, planes), None if lengths is None else lengths.to(DEVICE))
+    assert got.dtype == torch.int64 and got.shape == (B, H, N)
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_hash_codes_noncontiguous_input_and_offsets_only():
+    g = _gen(5)
+    x = torch.randn(2, 29, 3, 16, generator=g).transpose(1, 2)  # (B, H, N, E) view of (B, N, H, E)
+    planes = torch.randn(17, 63, generator=g)
+    lengths = torch.tensor([29, 11])
+    assert torch.equal(th.hash_codes(*_dev(x, planes, lengths)).cpu(), reference.hash_codes(x, planes, lengths))
+    # Zero vectors: only the offset row decides (bits 0 and 2 set); padding is 0.
+    planes = torch.zeros(5, 3)
+    planes[4] = torch.tensor([1.0, -1.0, 2.0])
+    codes = th.hash_codes(*_dev(torch.zeros(1, 1, 3, 4), planes, torch.tensor([2])))
+    assert codes.cpu().tolist() == [[[0b101, 0b101, 0]]]
+
+
+def test_hash_codes_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="bits"):
+        th.hash_codes(*_dev(torch.zeros(1, 1, 2, 3), torch.zeros(4, 64)))
+    with pytest.raises(ValueError, match="E \\+ 1"):
+        th.hash_codes(*_dev(torch.zeros(1, 1, 2, 3), torch.zeros(3, 8)))
+
+
+# ------------------------------------------------------------------ K-means
+def _codes(B, H, N, bits, g, lengths):
+    x = torch.randn(B, H, N, 16, generator=g)
+    return reference.hash_codes(x, torch.randn(17, bits, generator=g), lengths)
+
+
+@pytest.mark.parametrize(
+    "B,H,N,C,iterations,bits,padded",
+    [
+        (2, 3, 37, 5, 3, 63, True),
+        (2, 2, 100, 10, 10, 16, True),
+        (3, 1, 7, 20, 2, 63, True),  # more clusters than positions
+        (1, 2, 150, 100, 2, 63, False),  # C over one BLOCK_C chunk
+        (2, 2, 90, 12, 4, 3, True),  # 3 bits: many equal codes, many distance ties
+        (2, 1, 50, 3, 0, 63, True),  # no Lloyd iteration: initial centroids only
+        (1, 1, 16, 1, 3, 63, False),  # one cluster
+    ],
+)
+def test_kmeans_equals_reference(B, H, N, C, iterations, bits, padded):
+    g = _gen(N + C + iterations + bits)
+    lengths = _lengths(B, N, g) if padded else None
+    codes = _codes(B, H, N, bits, g, lengths)
+    ref_a, ref_c = reference.hamming_kmeans(codes, lengths, C, iterations, bits=bits)
+    got_a, got_c = tk.hamming_kmeans(
+        codes.to(DEVICE), None if lengths is None else lengths.to(DEVICE), C, iterations, bits=bits
+    )
+    assert got_a.dtype == torch.int64 and got_c.dtype == torch.int64
+    assert torch.equal(got_a.cpu(), ref_a)
+    assert torch.equal(got_c.cpu(), ref_c)
+
+
+def test_kmeans_several_programs_per_sequence_and_empty_sequence(monkeypatch):
+    """Spans shorter than the sequence (several programs add into one centroid) and length 0."""
+    monkeypatch.setattr(tk, "SPAN_TARGET", 64)
+    g = _gen(11)
+    lengths = torch.tensor([200, 0, 77])
+    codes = _codes(3, 2, 200, 63, g, lengths)
+    ref_a, ref_c = reference.hamming_kmeans(codes, lengths, 7, 5)
+    got_a, got_c = tk.hamming_kmeans(*_dev(codes, lengths), 7, 5)
+    assert torch.equal(got_a.cpu(), ref_a) and torch.equal(got_c.cpu(), ref_c)
+    assert bool((got_a[1] == -1).all()) and int(got_c[1].sum()) == 0
+
+
+def test_kmeans_ignores_bits_above_bits_and_validates():
+    g = _gen(12)
+    codes = torch.randint(0, 2**62, (1, 2, 40), generator=g)
+    ref = reference.hamming_kmeans(codes, None, 4, 3, bits=10)
+    got = tk.hamming_kmeans(codes.to(DEVICE), None, 4, 3, bits=10)
+    assert torch.equal(got[0].cpu(), ref[0]) and torch.equal(got[1].cpu(), ref[1])
+    with pytest.raises(ValueError, match="clusters"):
+        tk.hamming_kmeans(codes.to(DEVICE), None, 0, 3)
+    with pytest.raises(ValueError, match="iterations"):
+        tk.hamming_kmeans(codes.to(DEVICE), None, 2, -1)
+
+
+# ------------------------------------------------------------------ clustered products
+def _clustered_inputs(B, H, N, E, C, K, g, dtype=torch.float32, realistic=True):
+    """q, k, v, lengths, assignments (-1 padded) and per-cluster top-k indices.
+
+    ``realistic``: indices are the top-K of random masked logits, as improved clustered
+    attention selects them (all valid keys first; padded keys fill when K > length);
+    otherwise uniform random indices with repeats.
+    """
+    lengths = _lengths(B, N, g)
+    valid = torch.arange(N)[None, :] < lengths[:, None]
+    q, k, v = (torch.randn(B, H, N, E, generator=g).to(dtype) for _ in range(3))
+    assign = torch.randint(0, C, (B, H, N), generator=g)
+    assign = torch.minimum(assign, (lengths - 1).clamp(min=0)[:, None, None])  # C > length: fewer used
+    assign = assign.masked_fill(~valid[:, None, :], -1)
+    if realistic:
+        logits = torch.randn(B, H, C, N, generator=g).masked_fill(~valid[:, None, None, :], float("-inf"))
+        topk_idx = logits.topk(K, dim=-1).indices
+    else:
+        topk_idx = torch.randint(0, N, (B, H, C, K), generator=g)
+    return q, k, v, lengths, assign, topk_idx
+
+
+def _dot_and_sum(ops_module, q, k, v, w, topk_idx, assign, g_s, g_o):
+    """Forward both ops, then gradients of a random linear function of their outputs."""
+    s = ops_module.clustered_dot(q, k, topk_idx, assign)
+    o = ops_module.clustered_weighted_sum(w, v, topk_idx, assign)
+    grads = torch.autograd.grad((s * g_s).sum() + (o * g_o).sum(), (q, k, v, w))
+    return s, o, grads
+
+
+CLUSTERED_CASES = [
+    # B, H, N, E, C, K, realistic
+    (2, 2, 37, 16, 5, 8, True),
+    (2, 3, 100, 32, 10, 32, True),  # several N blocks, K > the shortest length
+    (1, 2, 20, 24, 30, 16, True),  # more clusters than positions
+    (2, 1, 45, 64, 3, 20, False),  # repeated indices; K not a power of two
+]
+
+
+@pytest.mark.parametrize("B,H,N,E,C,K,realistic", CLUSTERED_CASES)
+def test_clustered_products_and_gradients_equal_reference_fp32(B, H, N, E, C, K, realistic):
+    g = _gen(B * N + E + C + K)
+    q, k, v, lengths, assign, topk_idx = _clustered_inputs(B, H, N, E, C, K, g, realistic=realistic)
+    w = torch.randn(B, H, N, K, generator=g)
+    g_s = torch.randn(B, H, N, K, generator=g)
+    g_o = torch.randn(B, H, N, E, generator=g)
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, w)]
+    ref_s, ref_o, ref_g = _dot_and_sum(reference, *leaves[:3], leaves[3], topk_idx, assign, g_s, g_o)
+    dev = [t.to(DEVICE).requires_grad_() for t in (q, k, v, w)]
+    s, o, grads = _dot_and_sum(tc, *dev[:3], dev[3], *_dev(topk_idx, assign, g_s, g_o))
+
+    torch.testing.assert_close(s.detach().cpu(), ref_s.detach(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o.detach().cpu(), ref_o.detach(), atol=1e-4, rtol=1e-4)
+    for name, got, want in zip("qkvw", grads, ref_g):
+        torch.testing.assert_close(got.cpu(), want, atol=1e-3, rtol=1e-3, msg=lambda m, n=name: f"d{n}: {m}")
+    padded = (assign < 0).to(DEVICE)
+    assert bool((s.detach()[padded] == 0).all()) and bool((o.detach()[padded] == 0).all())
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-3), (torch.bfloat16, 1e-2)])
+def test_clustered_products_half_precision(dtype, tol):
+    """fp16/bf16 inputs, fp32 accumulation: relative L2 error to float64 within ``tol``."""
+    B, H, N, E, C, K = 2, 2, 70, 32, 4, 16
+    g = _gen(99)
+    q, k, v, lengths, assign, topk_idx = _clustered_inputs(B, H, N, E, C, K, g, dtype=dtype)
+    w = torch.softmax(torch.randn(B, H, N, K, generator=g), -1).to(dtype)
+    g_s = torch.randn(B, H, N, K, generator=g).to(dtype)
+    g_o = torch.randn(B, H, N, E, generator=g).to(dtype)
+
+    exact = [t.double().requires_grad_() for t in (q, k, v, w)]
+    ref_s, ref_o, ref_g = _dot_and_sum(reference, *exact, topk_idx, assign, g_s.double(), g_o.double())
+    dev = [t.to(DEVICE).requires_grad_() for t in (q, k, v, w)]
+    s, o, grads = _dot_and_sum(tc, *dev, *_dev(topk_idx, assign, g_s, g_o))
+    assert s.dtype == dtype and o.dtype == dtype and all(t.dtype == dtype for t in grads)
+    assert _rel(s.detach().cpu(), ref_s) < tol
+    assert _rel(o.detach().cpu(), ref_o) < tol
+    for name, got, want in zip("qkvw", grads, ref_g):
+        assert _rel(got.cpu(), want) < tol, f"d{name}"
+
+
+def test_clustered_products_noncontiguous_and_all_padded():
+    g = _gen(7)
+    B, H, N, E, C, K = 2, 3, 40, 16, 6, 8
+    q, k, v, lengths, assign, topk_idx = _clustered_inputs(B, H, N, E, C, K, g)
+    assign[1] = -1  # a sequence with no valid query at all
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, H, N, E) views of (B, N, H, E)
+    kt = k.transpose(1, 2).contiguous().transpose(1, 2)
+    w = torch.randn(B, H, K, N, generator=g).transpose(-1, -2)
+    ref_s = reference.clustered_dot(qt, kt, topk_idx, assign)
+    ref_o = reference.clustered_weighted_sum(w, v, topk_idx, assign)
+    s = tc.clustered_dot(*_dev(qt, kt, topk_idx, assign))
+    o = tc.clustered_weighted_sum(*_dev(w, v, topk_idx, assign))
+    torch.testing.assert_close(s.cpu(), ref_s, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o.cpu(), ref_o, atol=1e-4, rtol=1e-4)
+    assert bool((s[1] == 0).all()) and bool((o[1] == 0).all())
+
+
+def test_clustered_products_reject_bad_inputs():
+    q = torch.zeros(1, 1, 4, 8, device=DEVICE)
+    idx = torch.zeros(1, 1, 2, 3, dtype=torch.int64, device=DEVICE)
+    a = torch.zeros(1, 1, 4, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(TypeError, match="float64"):
+        tc.clustered_dot(q.double(), q.double(), idx, a)
+    with pytest.raises(ValueError, match="assignments"):
+        tc.clustered_dot(q, q, idx, a[..., :3])
+    with pytest.raises(ValueError, match="K="):
+        tc.clustered_weighted_sum(torch.zeros(1, 1, 4, 5, device=DEVICE), q, idx, a)
+
+
+# ------------------------------------------------------------------ availability
+def test_unavailable_without_cuda_or_interpreter_says_why(monkeypatch):
+    monkeypatch.setattr(availability, "_cuda_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    reason = availability.unavailable_reason("cpu", interpreted=False)
+    assert reason is not None and "CUDA" in reason and "TRITON_INTERPRET" in reason
+    with pytest.raises(availability.TritonUnavailableError, match="hash_codes.*TRITON_INTERPRET"):
+        availability.require_triton("hash_codes", "cpu", interpreted=False)
+    # A kernel says so at its first call, before touching Triton.
+    monkeypatch.setattr(th, "kernels_interpreted", lambda kernel: False)
+    with pytest.raises(availability.TritonUnavailableError, match="CUDA"):
+        th.hash_codes(torch.zeros(1, 1, 2, 3), torch.zeros(4, 8))
+    monkeypatch.setattr(tc, "kernels_interpreted", lambda kernel: False)
+    with pytest.raises(availability.TritonUnavailableError, match="clustered_dot"):
+        tc.clustered_dot(torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3),
+                         torch.zeros(1, 1, 1, 1, dtype=torch.int64), torch.zeros(1, 1, 2, dtype=torch.int64))
+    # A CUDA tensor on a machine where CUDA is gone is also named.
+    assert "cuda" in availability.unavailable_reason("cuda", interpreted=False)
+
+
+def test_unavailable_without_triton_says_why(monkeypatch):
+    monkeypatch.setattr(availability, "triton_import_error", lambda: "ModuleNotFoundError: No module named 'triton'")
+    with pytest.raises(availability.TritonUnavailableError, match="import triton"):
+        availability.require_triton("hamming_kmeans", "cuda", interpreted=True)
+    with pytest.raises(availability.TritonUnavailableError, match="import triton"):
+        availability.import_kernel_module("triton_kmeans")
+
+
+def test_available_here():
+    assert availability.unavailable_reason(DEVICE, interpreted=INTERPRETED) is None
+    assert availability.triton_import_error() is None
+
+
+# ------------------------------------------------------------------ dispatch (ops.py)
+def test_ops_dispatch_rules(monkeypatch):
+    from fastasr.kernels import ops
+
+    cpu = torch.zeros(1)
+    monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
+    assert ops.kernel_backend(cpu) == "reference"
+    if torch.cuda.is_available():
+        cuda = cpu.cuda()
+        assert ops.kernel_backend(cuda, "clustered_dot") == "triton"
+        assert ops.kernel_backend(cuda.double(), "clustered_dot") == "reference"
+        assert ops.kernel_backend(cuda.double(), "hash_codes") == "triton"
+    monkeypatch.setenv(ops.KERNELS_ENV, "Reference")
+    assert ops.kernel_backend(cpu) == "reference"
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    assert ops.kernel_backend(cpu) == "triton"
+    monkeypatch.setenv(ops.KERNELS_ENV, "cuda")
+    with pytest.raises(ValueError, match="FASTASR_KERNELS='cuda'.*auto, reference, triton"):
+        ops.kernel_backend(cpu)
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    monkeypatch.setattr(availability, "triton_import_error", lambda: "ModuleNotFoundError: No module named 'triton'")
+    with pytest.raises(availability.TritonUnavailableError, match="import triton"):
+        ops.hash_codes(torch.zeros(1, 1, 2, 3), torch.zeros(4, 8))
+
+
+def test_i_clustered_attention_through_triton_equals_reference(monkeypatch):
+    """End to end: i-clustered attention with every op on Triton vs on the reference."""
+    from fastasr.attention import build_attention
+    from fastasr.kernels import ops
+
+    g = _gen(21)
+    B, H, N, E = 2, 2, 45, 16
+    q, k, v = (torch.randn(B, H, N, E, generator=g) for _ in range(3))
+    lengths = torch.tensor([45, 30])
+    grad = torch.randn(B, H, N, E, generator=g)
+    results = {}
+    for backend in ("reference", "triton"):
+        monkeypatch.setenv(ops.KERNELS_ENV, backend)
+        attn = build_attention("i-clustered-6", topk=12, bits=31, iterations=4, seed=3)
+        leaves = [t.clone().to(DEVICE).requires_grad_() for t in (q, k, v)]
+        out = attn(*leaves, lengths.to(DEVICE))
+        results[backend] = (out.detach().cpu(), *(t.cpu() for t in torch.autograd.grad(out, leaves, grad.to(DEVICE))))
+    assert ops.kernel_backend(q.to(DEVICE), "clustered_dot") == "triton"
+    ref, got = results["reference"], results["triton"]
+    torch.testing.assert_close(got[0], ref[0], atol=1e-4, rtol=1e-4)
+    for name, a, b in zip("qkv", got[1:], ref[1:]):
+        torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+# ------------------------------------------------------------------ compiled for the GPU
+def test_kernels_compile_for_sm90_without_spills(tmp_path):
+    """The real compiler (bundled ptxas, no GPU needed) accepts every kernel configuration.
+
+    The interpreter checks values, not that the kernels compile: dtype rules, dot shapes
+    and register spills only show here.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    proc = subprocess.run(
+        [sys.executable, "-m", "fastasr.kernels.compile_check", "--arch", "90"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "compile without spills" in proc.stdout
+
+
+def _run_gpu_bench_quick(tmp_path, *extra):
+    script = ROOT / "benchmarks" / "gpu_bench.py"
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FASTASR_KERNELS")}
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--device", "cpu", "--out-dir", str(tmp_path), *extra],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "check ok" in proc.stdout
+    import csv
+
+    rows = list(csv.DictReader((tmp_path / "gpu_cpu-interpreter.csv").open()))
+    assert rows and all(r["status"] == "ok" and float(r["median_ms"]) > 0 for r in rows), rows
+    assert {r["kernels"] for r in rows if r["variant"].startswith("i-clustered")} == {"triton", "reference"}
+    md = (tmp_path / "gpu_cpu-interpreter.md").read_text()
+    assert "torch" in md and "triton" in md and "| 32 |" in md
+    assert (tmp_path / "gpu_cpu-interpreter.png").stat().st_size > 0
+    return rows
+
+
+def test_gpu_bench_quick_cpu_smoke(tmp_path):
+    """benchmarks/gpu_bench.py plumbing on the CPU: check, time, write csv/md/png (one N, fp32)."""
+    rows = _run_gpu_bench_quick(tmp_path, "--ns", "32", "--dtypes", "float32")
+    assert {r["dtype"] for r in rows} == {"float32"}
+
+
+@pytest.mark.slow
+def test_gpu_bench_quick_cpu_full(tmp_path):
+    """The whole --quick sweep: both dtypes, both lengths."""
+    rows = _run_gpu_bench_quick(tmp_path)
+    assert {r["dtype"] for r in rows} == {"float32", "bfloat16"}
+    assert {int(r["n"]) for r in rows} == {32, 64}
