@@ -78,6 +78,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     lit = load_model(cfg.ckpt_path, attention)
     # The checkpoint's own feature settings win over the composed defaults.
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
+    for split in ("train_manifest", "dev_manifest"):  # not needed to decode: the vocabulary is the checkpoint's
+        if OmegaConf.is_missing(cfg.data, split):
+            data_cfg[split] = None
     data_cfg["features"] = dict(lit.hparams.get("features") or data_cfg["features"])
     result = decode_manifest(lit, data_cfg, cfg.data.test_manifest, cfg.accelerator, cfg.seed)
     result["ckpt_path"] = str(cfg.ckpt_path)

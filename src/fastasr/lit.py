@@ -60,7 +60,6 @@ class ASRLitModule(L.LightningModule):
         )
         self.unit_metric = "per" if self.tokenizer.kind == "phoneme" else "cer"
         self._rates: dict[str, ErrorRates] = {}
-        self._batch_start: float | None = None
         self.test_result: dict[str, Any] = {}
 
     # ---------------------------------------------------------------- forward / loss

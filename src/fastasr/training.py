@@ -74,7 +74,7 @@ def _wandb_run_id(run_dir: Path) -> str:
 
 def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
     loggers = []
-    for key, lcfg in (cfg.get("logger") or {}).items():
+    for lcfg in (cfg.get("logger") or {}).values():
         if lcfg is None or "_target_" not in lcfg:
             continue
         extra: dict[str, Any] = {"save_dir": str(run_dir)}
@@ -82,13 +82,15 @@ def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
             extra["id"] = _wandb_run_id(run_dir)
             extra["resume"] = "allow"
             extra["config"] = OmegaConf.to_container(cfg, resolve=True)
-        loggers.append(instantiate(lcfg, **extra))
+        # `config` cannot go through instantiate(**kwargs) (it is instantiate's own first
+        # parameter), so build a partial and call it with the keyword arguments.
+        loggers.append(instantiate(lcfg, _partial_=True)(**extra))
     return loggers
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
     callbacks = []
-    for key, ccfg in (cfg.get("callbacks") or {}).items():
+    for ccfg in (cfg.get("callbacks") or {}).values():
         if ccfg is None or "_target_" not in ccfg:
             continue
         extra = {"dirpath": str(run_dir / "checkpoints")} if "ModelCheckpoint" in ccfg._target_ else {}
