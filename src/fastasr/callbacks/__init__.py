@@ -1,0 +1,37 @@
+"""Lightning callbacks for the dashboards and the matrix.
+
+    ThroughputLogger      seconds per training batch, samples/frames per second, peak memory
+    AttentionMapLogger    attention maps of one fixed dev utterance at each validation (PNG + loggers)
+    RunInfoLogger         the attention variant, its parameters and the run config, to every logger
+    FitCompletionMarker   ``fit_done.json`` in the run directory once ``fit`` has finished
+    LargestBatchProbe     forward+backward on the largest training batches before training (OOM at minute one)
+
+Names are imported on first use, so ``fastasr.report`` (which only reads ``fit_done.json``)
+does not pay for importing torch and Lightning.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "AttentionMapLogger": "attention_maps",
+    "render_attention_maps": "attention_maps",
+    "FIT_DONE_FILE": "fit_done",
+    "FitCompletionMarker": "completion",
+    "LargestBatchProbe": "largest_batches",
+    "read_fit_done": "fit_done",
+    "RunInfoLogger": "run_info",
+    "attention_info": "run_info",
+    "ThroughputLogger": "throughput",
+    "peak_memory_mb": "throughput",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
