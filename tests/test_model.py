@@ -122,3 +122,30 @@ def test_overfits_a_tiny_batch():
 
     hyps = ctc_greedy(*model(feats, lengths))
     assert hyps == [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10]]
+
+
+@pytest.mark.parametrize(
+    "spec,shared_qk",
+    [("full", False), ("full", True), ("lsh-1", True), ("lsh-4", True), ("clustered-4", False),
+     ("i-clustered-4", False), ("topk-8", False), ("oracle-top", False)],
+)
+def test_every_variant_trains_a_few_steps_without_nan(spec, shared_qk):
+    """Smoke: each attention trains the model (mixed lengths, shorter than k and C) and the loss falls."""
+    torch.manual_seed(0)
+    model = small_model(attention=spec, shared_qk=shared_qk, spec_augment=None)
+    feats = torch.randn(3, 48, 20)
+    lengths = torch.tensor([48, 30, 6])
+    targets = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 0], [8, 9, 0, 0]])
+    target_lengths = torch.tensor([4, 3, 2])
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        log_probs, out_lengths = model(feats, lengths)
+        loss = F.ctc_loss(log_probs.transpose(0, 1), targets, out_lengths, target_lengths)
+        opt.zero_grad()
+        loss.backward()
+        assert torch.isfinite(loss)
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
