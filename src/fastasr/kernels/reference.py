@@ -120,6 +120,29 @@ def hash_codes(
     return codes.masked_fill(~valid[:, None, :], 0)
 
 
+def initial_centroids(
+    codes: torch.Tensor, lens: torch.Tensor, clusters: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic K-means initialisation, shared by the reference and the Triton kernels.
+
+    Args:
+        codes: ``(B, H, N)`` int64, ``N >= 1``; lens: ``(B,)`` int64 valid lengths.
+        clusters: ``C``.
+
+    Returns:
+        ``centroids`` ``(B, H, C)`` int64 — centroid ``c`` starts at the code of valid
+        position ``floor(c * lens[b] / C_b)`` with ``C_b = min(C, lens[b])`` (evenly spaced
+        valid positions) — and ``c_eff`` ``(B,)`` int64, the number of used centroids ``C_b``.
+    """
+    B, H, N = codes.shape
+    c_eff = torch.clamp(lens, max=clusters)
+    cidx = torch.arange(clusters, device=codes.device)
+    init_pos = (cidx[None, :] * lens[:, None]) // c_eff.clamp(min=1)[:, None]
+    init_pos = init_pos.clamp(max=N - 1)
+    centroids = codes.gather(2, init_pos[:, None, :].expand(B, H, clusters))
+    return centroids.contiguous(), c_eff
+
+
 @torch.no_grad()
 def hamming_kmeans(
     codes: torch.Tensor,
@@ -173,14 +196,8 @@ def hamming_kmeans(
         else lengths.to(device=device, dtype=torch.int64)
     )
     valid = valid_mask(lens, B, N, device)[:, None, :]  # (B,1,N)
-    c_eff = torch.clamp(lens, max=C)  # (B,)
-    cidx = torch.arange(C, device=device)
-    used = cidx[None, :] < c_eff[:, None]  # (B,C)
-
-    # Deterministic initialisation: evenly spaced valid positions.
-    init_pos = (cidx[None, :] * lens[:, None]) // c_eff.clamp(min=1)[:, None]  # (B,C)
-    init_pos = init_pos.clamp(max=N - 1)
-    centroid_codes = codes.gather(2, init_pos[:, None, :].expand(B, H, C))  # (B,H,C)
+    centroid_codes, c_eff = initial_centroids(codes, lens, C)  # (B,H,C), (B,)
+    used = torch.arange(C, device=device)[None, :] < c_eff[:, None]  # (B,C)
 
     bits01 = unpack_bits(codes, bits)  # (B,H,N,bits)
     feats = torch.cat([bits01 * 2 - 1, torch.ones_like(bits01[..., :1])], dim=-1)

@@ -31,7 +31,7 @@ A final step launch writes the assignments (``-1`` for padded positions) and the
 member counts. ``P`` splits long sequences over several programs (about
 ``SPAN_TARGET`` positions each) so that a few long utterances still fill the GPU,
 while keeping the atomics to ``C × 64`` per program. The centroid initialisation is
-host-side torch, the same formula as the reference's (:func:`initial_centroids`).
+host-side torch: the reference's own :func:`fastasr.kernels.reference.initial_centroids`.
 Tile sizes: see ``STEP_BLOCK_N`` below (chosen from ptxas' register report,
 ``python -m fastasr.kernels.compile_check``; not yet tuned on a GPU).
 """
@@ -47,10 +47,11 @@ from fastasr.kernels.availability import (
     kernels_interpreted,
     require_triton,
 )
+from fastasr.kernels.reference import initial_centroids
 
 ensure_interpreter_compat()
 
-__all__ = ["hamming_kmeans", "initial_centroids"]
+__all__ = ["hamming_kmeans"]
 
 MAX_BITS = 63
 SPAN_TARGET = 2048  # positions per program in the step kernel (rounded to BLOCK_N)
@@ -166,29 +167,6 @@ def _kmeans_update_kernel(
     tl.store(cent_ptr + crow + offs_c, tl.where(cnt > 0, new, old), mask=mask_c)
     tl.store(ones_ptrs, tl.zeros((BLOCK_C, BLOCK_BITS), dtype=tl.int32), mask=mask_c[:, None])
     tl.store(counts_ptr + crow + offs_c, tl.zeros((BLOCK_C,), dtype=tl.int32), mask=mask_c)
-
-
-def initial_centroids(
-    codes: torch.Tensor, lens: torch.Tensor, clusters: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference's deterministic initialisation (host-side torch).
-
-    Args:
-        codes: ``(B, H, N)`` int64, ``N >= 1``; lens: ``(B,)`` int64 valid lengths.
-        clusters: ``C``.
-
-    Returns:
-        ``centroids`` ``(B, H, C)`` int64 — centroid ``c`` starts at the code of valid
-        position ``floor(c * lens[b] / C_b)`` with ``C_b = min(C, lens[b])`` — and
-        ``c_eff`` ``(B,)`` int64, the number of used centroids ``C_b``.
-    """
-    B, H, N = codes.shape
-    c_eff = torch.clamp(lens, max=clusters)
-    cidx = torch.arange(clusters, device=codes.device)
-    init_pos = (cidx[None, :] * lens[:, None]) // c_eff.clamp(min=1)[:, None]
-    init_pos = init_pos.clamp(max=N - 1)
-    centroids = codes.gather(2, init_pos[:, None, :].expand(B, H, clusters))
-    return centroids.contiguous(), c_eff
 
 
 # Step-kernel tiles: (BLOCK_N, BLOCK_C) = (32, 32) with 4 warps and no software
