@@ -162,7 +162,7 @@ def test_paper_sized_member_takes_nothing_from_the_cpu_sizing():
 
 
 # ----------------------------------------------------------------------------- the smoke matrix
-def _smoke_cfg(corpus: Path, out: Path):
+def _smoke_cfg(corpus: Path, out: Path, *extra: str):
     return compose_cfg(
         "cross_eval",
         "matrix=smoke",
@@ -174,6 +174,7 @@ def _smoke_cfg(corpus: Path, out: Path):
                 f"data.dev_manifest={corpus / 'dev.jsonl'}",
                 f"data.test_manifest={corpus / 'test.jsonl'}",
                 "data.num_workers=0",
+                *extra,
             )) + "]",
     )
 
@@ -239,3 +240,7 @@ def test_smoke_matrix_is_complete_and_resumable(tiny_corpus, tmp_path, monkeypat
     third = ce.run_matrix(cfg)
     assert third.trained == [] and third.decoded == [("lsh-1", "i-clustered-8")]
     assert third.cells[("lsh-1", "i-clustered-8")].status == ce.OK
+
+    # The same matrix name with another model config is refused, not silently mixed
+    with pytest.raises(ce.MatrixError, match="model.layers"):
+        ce.run_matrix(_smoke_cfg(tiny_corpus, tmp_path, "model.layers=1"))

@@ -425,14 +425,27 @@ class Member:
         saved_file = self.run_dir / "config.yaml"
         if not saved_file.is_file():
             return
-        saved = OmegaConf.to_container(OmegaConf.load(saved_file).get("model", {}), resolve=False)
-        wanted = OmegaConf.to_container(self.cfg.model, resolve=True)
-        diffs = _diff(saved, wanted)
+        saved = OmegaConf.to_container(OmegaConf.load(saved_file), resolve=False)
+        wanted = OmegaConf.to_container(self.cfg, resolve=True)
+        diffs = []
+        for key in _IDENTITY_KEYS:
+            diffs += _diff(_select(saved, key), _select(wanted, key), key)
         if diffs:
             raise MatrixError(
-                f"{self.run_dir} was trained with another model config ({'; '.join(diffs[:5])}); "
+                f"{self.run_dir} was trained with another config ({'; '.join(diffs[:5])}); "
                 "delete that run directory or give this matrix another matrix.name"
             )
+
+
+# What makes two trainings "the same model" for reuse: its architecture and what it learnt from.
+_IDENTITY_KEYS = ("model", "data.train_manifest", "data.tokenizer", "data.features")
+
+
+def _select(cfg: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
 
 
 def _diff(a: Any, b: Any, prefix: str = "model") -> list[str]:
