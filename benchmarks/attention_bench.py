@@ -28,7 +28,6 @@ Writes ``benchmarks/results/attention_<machine>_<device>.{csv,md,png}``.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -38,9 +37,10 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,13 +180,6 @@ def _load() -> str:
         return "n/a"
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return (
-        isinstance(exc, (torch.OutOfMemoryError, MemoryError))
-        or "out of memory" in str(exc).lower()
-    )
-
-
 def run(args) -> tuple[list[Row], dict]:
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
@@ -230,7 +223,7 @@ def run(args) -> tuple[list[Row], dict]:
                 if spec in too_slow:
                     row.status = "ok (1 run: slow)"
             except Exception as exc:  # noqa: BLE001 - record OOM and go on
-                if not _is_oom(exc):
+                if not bench_io.is_oom(exc):
                     raise
                 row.status = "out of memory"
                 too_slow[spec] = f"skipped: out of memory at N={n}"
@@ -305,13 +298,7 @@ def memory_growth(rows: list[Row]) -> dict[str, str]:
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        w.writeheader()
-        for r in rows:
-            w.writerow(
-                {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in asdict(r).items()}
-            )
+    bench_io.write_csv(rows, path, digits=5)
 
 
 def write_markdown(rows, info, args, meta, path: Path) -> None:

@@ -40,15 +40,16 @@ so "bf16" changes their inputs and full attention's kernel, not their inner arit
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import platform
 import re
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -234,12 +235,6 @@ def check_kernels(args, device, log) -> list[str]:
 
 
 # ------------------------------------------------------------------------ timing
-def _is_oom(exc: BaseException) -> bool:
-    import torch
-
-    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in str(exc).lower()
-
-
 class _KernelsEnv:
     """Temporarily set FASTASR_KERNELS (read by fastasr.kernels.ops at every call)."""
 
@@ -374,7 +369,7 @@ def run_sweep(args, device, versions, log, started):
                                 row.bytes_per_element = peak / (B * H * N)
                             last_ms[key] = med
                         except Exception as exc:  # noqa: BLE001 - an OOM is a result, anything else is not
-                            if not _is_oom(exc):
+                            if not bench_io.is_oom(exc):
                                 raise
                             row.status = "out of memory"
                             stopped[key] = f"skipped: out of memory at N={N}"
@@ -396,11 +391,7 @@ def _row_line(r: Row) -> str:
 
 # ------------------------------------------------------------------------ outputs
 def write_csv(rows: list[Row], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.5g}" if isinstance(v, float) else v) for k, v in asdict(r).items()})
+    bench_io.write_csv(rows, path, digits=4)
 
 
 def write_markdown(rows, checks, args, versions, elapsed, path: Path) -> None:
