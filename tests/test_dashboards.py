@@ -111,6 +111,44 @@ def test_attention_map_callback_leaves_the_training_rng_alone():
         AttentionMapLogger(layer=7).compute_maps(model, features)
 
 
+def _val_batch(ids: list[str], lengths: list[int]) -> dict:
+    feats = torch.zeros(len(ids), max(lengths), 4)
+    for i, n in enumerate(lengths):
+        feats[i, :n] = float(n)  # each utterance's frames hold its length, to tell them apart
+    return {"ids": ids, "features": feats, "feature_lengths": torch.tensor(lengths)}
+
+
+@pytest.mark.parametrize("pick,expected", [("longest", ("c", 12)), ("first", ("a", 5))])
+def test_attention_map_utterance_is_chosen_over_the_first_validation_epoch(pick, expected, monkeypatch):
+    from types import SimpleNamespace
+
+    cb = AttentionMapLogger(pick=pick)
+    rendered = []
+    monkeypatch.setattr(cb, "log_maps", lambda trainer, module: rendered.append(cb._utterance[0]))
+    trainer = SimpleNamespace(sanity_checking=True, is_global_zero=True, current_epoch=0)
+
+    def validation(batches):
+        for idx, batch in enumerate(batches):
+            cb.on_validation_batch_start(trainer, None, batch, idx)
+        cb.on_validation_epoch_end(trainer, None)
+
+    validation([_val_batch(["s"], [30])])  # the sanity check chooses nothing and renders nothing
+    assert cb._utterance is None and rendered == []
+    trainer.sanity_checking = False
+    # sorted validation batches: the first one holds the short utterances
+    validation([_val_batch(["a", "b"], [5, 7]), _val_batch(["c", "d"], [12, 9]), _val_batch(["e"], [11])])
+    utt_id, feats = cb._utterance
+    assert (utt_id, feats.shape[0]) == expected and torch.all(feats == expected[1])
+    assert rendered == [expected[0]]
+    trainer.current_epoch = 1
+    validation([_val_batch(["z"], [40])])  # later epochs keep the chosen utterance
+    assert rendered == [expected[0]] * 2
+    resumed = AttentionMapLogger(pick=pick)
+    resumed.load_state_dict(cb.state_dict())
+    resumed.on_validation_batch_start(trainer, None, _val_batch(["z"], [40]), 0)
+    assert resumed._utterance[0] == expected[0]
+
+
 def test_attention_info_names_the_variant_and_its_parameters():
     info = attention_info(_model("i-clustered-8"))
     assert info["spec"] == "i-clustered-8" and info["clusters"] == 8 and info["topk"] == 32

@@ -76,16 +76,18 @@ def render_attention_maps(
 class AttentionMapLogger(L.Callback):
     """Logs attention maps of one dev utterance after each validation epoch.
 
-    The utterance is taken from the first validation batch the callback sees (the sanity
-    check, or the first validation) — the longest one of that batch, or the first with
-    ``pick="first"`` — and kept for the rest of the run, so every image shows the same input.
+    The utterance is chosen during the first validation epoch (not the sanity check) — the
+    longest dev utterance of that whole pass, or the first of its first batch with
+    ``pick="first"`` — and kept for the rest of the run (and across a resume), so every image
+    shows the same input. The longest is the default because a short utterance says nothing
+    about an approximation: with fewer positions than clusters, clustered attention is exact.
 
     Args:
         layer: encoder layer index (negative counts from the end); None = the middle layer.
         heads: how many heads (the first ``heads``), or a list of head indices.
         compare_full: add the full-attention map beside a non-full variant's own map.
         every_n_epochs: log every n-th validation.
-        pick: "longest" | "first" utterance of the first validation batch.
+        pick: "longest" utterance of the first validation epoch | "first" of its first batch.
         max_frames: crop longer utterances to their first ``max_frames`` (after subsampling)
             so the matrices stay legible and small; None keeps all.
         seed: seed of the randomised variants' hashing for the image (the training RNG
@@ -120,6 +122,7 @@ class AttentionMapLogger(L.Callback):
         self.panel_size = panel_size
         self.dpi = dpi
         self._utterance: tuple[str, torch.Tensor] | None = None
+        self._chosen = False  # True once a whole validation epoch has been seen (or restored)
         self.last_image: np.ndarray | None = None
         self.last_path: Path | None = None
 
@@ -130,22 +133,30 @@ class AttentionMapLogger(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if "features" in state_dict:
             self._utterance = (state_dict["id"], state_dict["features"])
+            self._chosen = True
 
     # ------------------------------------------------------------------ hooks
     def on_validation_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if self._utterance is not None or batch_idx != 0 or dataloader_idx != 0 or not isinstance(batch, Mapping):
+        if self._chosen or trainer.sanity_checking or dataloader_idx != 0 or not isinstance(batch, Mapping):
+            return
+        if self.pick == "first" and (batch_idx != 0 or self._utterance is not None):
             return
         lengths = batch["feature_lengths"]
         i = int(lengths.argmax()) if self.pick == "longest" else 0
+        if self._utterance is not None and int(lengths[i]) <= self._utterance[1].shape[0]:
+            return  # not longer than the one kept so far
         ids = batch.get("ids")
-        utt_id = str(ids[i]) if ids is not None else f"dev[{i}]"
+        utt_id = str(ids[i]) if ids is not None else f"dev[{batch_idx}:{i}]"
         feats = batch["features"][i, : int(lengths[i])]
         self._utterance = (utt_id, feats.detach().to("cpu", copy=True).clone())
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.sanity_checking or self._utterance is None or not trainer.is_global_zero:
+        if trainer.sanity_checking or self._utterance is None:
+            return
+        self._chosen = True
+        if not trainer.is_global_zero:
             return
         if trainer.current_epoch % self.every_n_epochs:
             return
