@@ -42,6 +42,36 @@ def test_fast_dev_run(tiny_corpus, tmp_path):
     assert "test" not in result  # debug=fast skips testing
 
 
+def test_sigterm_stops_training_with_a_failure_status(tiny_corpus, tmp_path, monkeypatch, caplog):
+    """A real SIGTERM mid-training (a cluster preempting the job) ends ``train`` with exit
+    status 143, not Lightning's 0, and names the checkpoint to resume from."""
+    import signal
+
+    import lightning as L
+
+    import fastasr.training
+
+    class SendSigterm(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    build = fastasr.training.build_callbacks
+    monkeypatch.setattr(fastasr.training, "build_callbacks",
+                        lambda cfg, run_dir: [*build(cfg, run_dir), SendSigterm()])
+    # a no-op handler under Lightning's: should Lightning not catch the signal, the test
+    # fails instead of pytest dying
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            train(compose_train(tiny_corpus, tmp_path, "trainer.max_epochs=50",
+                                "callbacks.step_checkpoint.every_n_train_steps=1"))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stop.value.code == fastasr.training.SIGTERM_EXIT_STATUS == 143
+    assert "SIGTERM: training stopped at step" in caplog.text and "step-last.ckpt" in caplog.text
+
+
 def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     first = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=1", "test=false"))
     last = Path(first["last_ckpt"])

@@ -14,12 +14,15 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (registers resolvers)
 from fastasr.lit import ASRLitModule
 
 log = logging.getLogger(__name__)
+
+SIGTERM_EXIT_STATUS = 143  # 128 + SIGTERM: what a shell reports for a job terminated by SIGTERM
 
 _RESUME_NAMES = ("last.ckpt", "step-last.ckpt")
 
@@ -134,7 +137,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         logger=build_loggers(cfg, run_dir) or False,
         default_root_dir=str(run_dir),
     )
-    trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path)
+    try:
+        trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path)
+    except SIGTERMException:
+        # Lightning stops after the batch it is in and raises SystemExit *without* a code,
+        # i.e. exit status 0: a cluster job script could not tell a preempted run from a
+        # finished one. Say where to resume and exit as a terminated process does.
+        last = latest_checkpoint(run_dir / "checkpoints")
+        log.warning("SIGTERM: training stopped at step %d; rerun the same command to resume from %s",
+                    trainer.global_step, last or "the start (no checkpoint was written yet)")
+        raise SystemExit(SIGTERM_EXIT_STATUS) from None
 
     result: dict[str, Any] = {
         "run_dir": str(run_dir),
