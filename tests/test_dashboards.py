@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from fastasr.callbacks import (
     AttentionMapLogger,
     attention_info,
+    mean_l1_distance,
     peak_memory_mb,
     render_attention_maps,
 )
@@ -147,6 +148,15 @@ def test_attention_map_utterance_is_chosen_over_the_first_validation_epoch(pick,
     resumed.load_state_dict(cb.state_dict())
     resumed.on_validation_batch_start(trainer, None, _val_batch(["z"], [40]), 0)
     assert resumed._utterance[0] == expected[0]
+
+
+def test_mean_l1_distance_between_attention_rows():
+    import numpy as np
+
+    eye, flip = np.eye(3), np.eye(3)[::-1]  # rows 0 and 2 disjoint, row 1 equal
+    assert mean_l1_distance(eye, eye) == 0.0
+    assert mean_l1_distance(eye, flip) == pytest.approx(4 / 3)
+    assert mean_l1_distance(np.full((2, 4), 0.25), np.eye(4)[:2]) == pytest.approx(1.5)
 
 
 def test_attention_info_names_the_variant_and_its_parameters():

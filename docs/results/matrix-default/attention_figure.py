@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 import matplotlib.image
-import numpy as np
 
-from fastasr.callbacks import AttentionMapLogger, render_attention_maps
+from fastasr.callbacks import AttentionMapLogger, mean_l1_distance, render_attention_maps
 from fastasr.data.features import Fbank
 from fastasr.evaluation import load_model
 
@@ -27,7 +26,7 @@ for spec in ["clustered-100", "i-clustered-100"]:
     features = Fbank(lit.hparams.features).from_file(Path("data/synthetic") / utt["audio_filepath"])
     maps, heads, layer = AttentionMapLogger(heads=3).compute_maps(lit.model, features)
     (_, own), (_, full) = maps
-    l1 = [round(float(np.abs(own[h] - full[h]).sum(-1).mean()), 3) for h in range(len(heads))]
+    l1 = [round(mean_l1_distance(own[h], full[h]), 3) for h in range(len(heads))]
     title = f"{Path(utt['audio_filepath']).stem} ({features.shape[0]} frames) · model trained with full · layer {layer}"
     path = out / f"attention_full-model_{spec}.png"
     matplotlib.image.imsave(path, render_attention_maps(maps, heads, title, 3.2, 60))

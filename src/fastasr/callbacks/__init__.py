@@ -18,6 +18,7 @@ from typing import Any
 _EXPORTS = {
     "AttentionMapLogger": "attention_maps",
     "render_attention_maps": "attention_maps",
+    "mean_l1_distance": "attention_maps",
     "FIT_DONE_FILE": "fit_done",
     "FitCompletionMarker": "completion",
     "LargestBatchProbe": "largest_batches",

@@ -28,6 +28,11 @@ from fastasr.attention import build_attention
 log = logging.getLogger(__name__)
 
 
+def mean_l1_distance(weights: np.ndarray, reference: np.ndarray) -> float:
+    """Mean over queries of the L1 distance between two attention rows (0: equal, 2: disjoint)."""
+    return float(np.abs(weights - reference).sum(-1).mean())
+
+
 def render_attention_maps(
     maps: Sequence[tuple[str, np.ndarray]],
     heads: Sequence[int],
@@ -57,8 +62,7 @@ def render_attention_maps(
             ax.imshow(w, aspect="auto", interpolation="nearest", cmap="viridis", norm=PowerNorm(0.5, 0, max(float(w.max()), 1e-9)))
             name = f"{label} · head {head}"
             if reference is not None and c < cols - 1:
-                l1 = float(np.abs(w - reference[r]).sum(-1).mean())
-                name += f"\nL1 to full {l1:.3f}"
+                name += f"\nL1 to full {mean_l1_distance(w, reference[r]):.3f}"
             ax.set_title(name, fontsize=8)
             ax.tick_params(labelsize=6)
             if r == rows - 1:
