@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats
 from fastasr.data.manifest import Utterance, read_manifest
+from fastasr.data.resumable import ResumableDataLoader, training_position
 from fastasr.data.sampler import FrameBudgetBatchSampler
 from fastasr.data.tokenizer import Tokenizer, UnknownUnitError
 
@@ -275,10 +276,11 @@ class ASRDataModule(pl.LightningDataModule):
             dataset.frame_lengths(), self.max_frames_per_batch, self.max_batch_size, shuffle=shuffle,
             seed=self.seed, num_replicas=replicas, rank=rank,
         )
-        return DataLoader(
-            dataset, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
-            pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
-        )
+        kwargs = dict(batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
+                      pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
+        if shuffle:  # training: the position in the epoch travels in checkpoints (mid-epoch resume)
+            return ResumableDataLoader(dataset, position=lambda: training_position(self.trainer), **kwargs)
+        return DataLoader(dataset, **kwargs)
 
     def _dataset(self, split: str) -> ASRDataset:
         if split not in self.datasets:

@@ -35,10 +35,15 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
 
     With ``num_replicas > 1`` (DDP), rank ``r`` gets batches ``r, r + R, ...``
     of the shuffled list, so ranks see disjoint batches and the same number of
-    them: the list is first padded by repeating batches from its start (or,
-    with ``drop_last``, cut) to a multiple of ``num_replicas``. With one
-    replica every utterance appears exactly once per epoch and ``drop_last``
-    has no effect.
+    them: the list is first padded (``pad="repeat"``: by repeating batches from
+    its start; ``pad="empty"``: with empty batches, so that evaluation scores
+    every utterance exactly once) or, with ``drop_last``, cut to a multiple of
+    ``num_replicas``. With one replica every utterance appears exactly once per
+    epoch and ``drop_last`` has no effect.
+
+    Mid-epoch resumption: :meth:`resume_at` makes the next pass over an epoch
+    skip the batches this rank has already trained on (``len`` stays the
+    whole epoch's count, as Lightning counts the skipped batches as done).
 
     Args:
         lengths: per-utterance lengths in frames (dataset index order).
@@ -48,7 +53,9 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
 
     def __init__(self, lengths: Sequence[int], max_frames: int, max_batch_size: int | None = None,
                  shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
-                 drop_last: bool = False) -> None:
+                 drop_last: bool = False, pad: str = "repeat") -> None:
+        if pad not in ("repeat", "empty"):
+            raise ValueError(f"pad {pad!r}; expected 'repeat' or 'empty'")
         if max_frames <= 0:
             raise ValueError(f"max_frames {max_frames}; expected > 0")
         if max_batch_size is not None and max_batch_size <= 0:
@@ -63,8 +70,9 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         self.max_frames = int(max_frames)
         self.max_batch_size = max_batch_size
         self.shuffle, self.seed = shuffle, int(seed)
-        self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
+        self.num_replicas, self.rank, self.drop_last, self.pad = num_replicas, rank, drop_last, pad
         self.epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches of it to skip), see resume_at
         # Lightning calls set_epoch on `dataloader.batch_sampler.sampler`, not on the batch sampler
         self.sampler = _EpochForwarder(self)
         too_long = int((self.lengths > self.max_frames).sum())
@@ -76,6 +84,18 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose shuffle to produce (same seed + epoch → same batches)."""
         self.epoch = int(epoch)
+
+    def resume_at(self, epoch: int, batches_done: int) -> None:
+        """Make the next pass start at batch ``batches_done`` (this rank's count) of ``epoch``.
+
+        Selects ``epoch`` at once (Lightning creates the iterator, and DataLoader workers
+        prefetch from it, before it calls ``set_epoch``); the skip applies to one pass only,
+        and only if that pass is over ``epoch``.
+        """
+        if batches_done < 0:
+            raise ValueError(f"resume_at: batches_done {batches_done}; expected ≥ 0")
+        self.set_epoch(epoch)
+        self._resume = (int(epoch), int(batches_done))
 
     def _make_batches(self, gen: torch.Generator | None) -> list[list[int]]:
         n = len(self.lengths)
@@ -113,10 +133,18 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         batches = self._epoch_batches()
         if self.num_replicas > 1:
             total = self._per_rank_count() * self.num_replicas
-            if total > len(batches):  # pad by repeating from the start
-                batches = batches + [batches[i % len(batches)] for i in range(total - len(batches))]
+            if total > len(batches):  # pad by repeating from the start, or with empty batches
+                extra = total - len(batches)
+                batches = batches + ([batches[i % len(batches)] for i in range(extra)]
+                                     if self.pad == "repeat" else [[] for _ in range(extra)])
             batches = batches[:total][self.rank::self.num_replicas]
-        yield from batches
+        skip = 0
+        if self._resume is not None:
+            epoch, skip = self._resume
+            self._resume = None
+            if epoch != self.epoch:
+                skip = 0
+        yield from batches[skip:]
 
     def __len__(self) -> int:
         return self._per_rank_count() if self.num_replicas > 1 else self._num_batches
