@@ -18,6 +18,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (registers resolvers)
+from fastasr.callbacks.bad_audio import BadAudioReport
 from fastasr.lit import ASRLitModule
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,8 @@ def decode_manifest(
     accelerator: str = "auto",
     seed: int = 1234,
 ) -> dict[str, Any]:
-    """Score ``lit`` on ``manifest``; returns per/cer, wer, utterances, decode_seconds, attention."""
+    """Score ``lit`` on ``manifest``; returns per/cer, wer, utterances, decode_seconds, attention and
+    ``skipped_audio`` (``{"id", "path", "reason", "stage"}`` of each utterance left out for unusable audio)."""
     L.seed_everything(seed, workers=True)
     model_cfg = lit.hparams.model
     datamodule = instantiate(
@@ -52,6 +54,7 @@ def decode_manifest(
         _convert_="all",
     )
     loader = datamodule.dataloader_for(str(manifest))
+    bad_audio = BadAudioReport(summary_file=None)  # unusable audio: skipped, logged, listed in the result
     trainer = L.Trainer(
         accelerator=accelerator,
         devices=1,
@@ -59,9 +62,11 @@ def decode_manifest(
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        callbacks=[bad_audio],
     )
     trainer.test(lit, dataloaders=loader, verbose=False)
-    return dict(lit.test_result, manifest=str(manifest))
+    return dict(lit.test_result, manifest=str(manifest), skipped_audio=sorted(bad_audio.skipped.values(),
+                                                                             key=lambda r: r["id"]))
 
 
 def format_result_line(result: Mapping[str, Any]) -> str:

@@ -20,6 +20,7 @@ from lightning.pytorch.utilities import grad_norm, rank_zero_info
 
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding import ErrorRates, ctc_greedy
+from fastasr.distributed import loss_without_update
 from fastasr.model import CTCModel
 
 # Lightning keys of a scheduler config; the rest goes to the scheduler's constructor.
@@ -81,7 +82,9 @@ class ASRLitModule(L.LightningModule):
         loss = (per_utt / batch["target_lengths"].clamp(min=1)).mean()
         return loss, log_probs, out_lengths
 
-    def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor | None:
+        if not batch["ids"]:  # every utterance skipped for bad audio (fastasr.data.bad_audio)
+            return loss_without_update(self)
         loss, _, _ = self._loss(batch)
         bs = len(batch["ids"])
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
@@ -95,6 +98,11 @@ class ASRLitModule(L.LightningModule):
 
     # ---------------------------------------------------------------- evaluation
     def _eval_step(self, stage: str, batch: Mapping[str, Any]) -> None:
+        if not batch["ids"]:  # all skipped for bad audio, or a DDP rank's empty padding batch:
+            # log with weight 0, so that every rank joins the epoch-end sync of the loss
+            self.log(f"{stage}/loss", torch.zeros((), device=self.device), prog_bar=stage == "val", batch_size=0,
+                     sync_dist=True)
+            return
         loss, log_probs, out_lengths = self._loss(batch)
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", batch_size=len(batch["ids"]), sync_dist=True)
         hyps = ctc_greedy(log_probs, out_lengths, self.tokenizer.blank_id)

@@ -5,6 +5,7 @@
     RunInfoLogger         the attention variant, its parameters and the run config, to every logger
     FitCompletionMarker   ``fit_done.json`` in the run directory once ``fit`` has finished
     LargestBatchProbe     forward+backward on the largest training batches before training (OOM at minute one)
+    BadAudioReport        counts utterances skipped for unusable audio; one summary naming every file
 
 Names are imported on first use, so ``fastasr.report`` (which only reads ``fit_done.json``)
 does not pay for importing torch and Lightning.
@@ -16,6 +17,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "BadAudioReport": "bad_audio",
     "AttentionMapLogger": "attention_maps",
     "render_attention_maps": "attention_maps",
     "mean_l1_distance": "attention_maps",

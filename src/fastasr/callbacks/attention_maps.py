@@ -148,6 +148,8 @@ class AttentionMapLogger(L.Callback):
         if self.pick == "first" and (batch_idx != 0 or self._utterance is not None):
             return
         lengths = batch["feature_lengths"]
+        if len(lengths) == 0:  # every utterance skipped for bad audio
+            return
         i = int(lengths.argmax()) if self.pick == "longest" else 0
         if self._utterance is not None and int(lengths[i]) <= self._utterance[1].shape[0]:
             return  # not longer than the one kept so far

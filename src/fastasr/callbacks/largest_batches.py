@@ -37,6 +37,8 @@ class LargestBatchProbe(L.Callback):
         was_training = pl_module.training
         pl_module.train()
         for batch in datamodule.largest_train_batches(self.batches):
+            if not batch["ids"]:  # every utterance of it skipped for bad audio
+                continue
             batch = pl_module.transfer_batch_to_device(batch, pl_module.device, 0)
             shape = tuple(batch["features"].shape)
             start = time.perf_counter()

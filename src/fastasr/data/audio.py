@@ -1,5 +1,5 @@
 """Audio I/O: read any soundfile-readable file as a mono float waveform at a
-chosen sample rate, and write 16-bit PCM wavs."""
+chosen sample rate (checking that the samples are usable), and write 16-bit PCM wavs."""
 
 from __future__ import annotations
 
@@ -12,18 +12,56 @@ import torch
 import torchaudio.functional as AF
 import torchaudio.transforms as AT
 
+# A file is "truncated" when it holds less audio than its manifest duration by more than this.
+TRUNCATION_TOLERANCE_S = 0.1
+TRUNCATION_TOLERANCE_FRACTION = 0.1
 
-def load_audio(path: str | Path, sample_rate: int | None = None) -> torch.Tensor:
-    """Read an audio file as a mono waveform.
+
+class BadAudioError(ValueError):
+    """An audio file whose samples cannot be used. ``path`` is the file, ``reason`` says what
+    was found and what was expected (``str()`` gives both)."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = str(path), reason
+
+
+def load_audio(path: str | Path, sample_rate: int | None = None, channels: int | None = None,
+               expected_seconds: float | None = None) -> torch.Tensor:
+    """Read an audio file as a mono waveform, checking that its samples are usable.
 
     Multi-channel audio is mixed down by averaging the channels; when
     ``sample_rate`` is given and differs from the file's rate, the waveform is
     resampled with ``torchaudio.functional.resample``.
 
+    Args:
+        channels: the channel count the file must have (None: any, mixed down).
+        expected_seconds: the duration the manifest gives; a file shorter by more than
+            ``max(TRUNCATION_TOLERANCE_S, TRUNCATION_TOLERANCE_FRACTION × expected)`` is truncated.
+
     Returns:
         float32 tensor of shape ``(T,)`` with values in [-1, 1].
+
+    Raises:
+        BadAudioError: the file cannot be decoded (corrupt, truncated FLAC, unknown format),
+            has 0 samples, NaN or infinite samples, another channel count than ``channels``,
+            or less audio than ``expected_seconds``.
     """
-    data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # (T, C)
+    try:
+        data, rate = sf.read(str(path), dtype="float32", always_2d=True)  # (T, C)
+    except (RuntimeError, OSError, EOFError, ValueError) as err:  # soundfile: LibsndfileError (a RuntimeError)
+        raise BadAudioError(path, f"unreadable ({str(err).strip()}); expected audio soundfile can decode") from None
+    if data.shape[0] == 0:
+        raise BadAudioError(path, "0 samples; expected non-empty audio")
+    if channels is not None and data.shape[1] != channels:
+        raise BadAudioError(path, f"{data.shape[1]} channels; expected {channels} (features.channels)")
+    finite = np.isfinite(data)
+    if not finite.all():
+        raise BadAudioError(path, f"{int((~finite).sum())} NaN or infinite sample(s) of {data.size}; expected finite samples")
+    if expected_seconds is not None:
+        seconds = data.shape[0] / rate
+        if seconds < expected_seconds - max(TRUNCATION_TOLERANCE_S, TRUNCATION_TOLERANCE_FRACTION * expected_seconds):
+            raise BadAudioError(path, f"truncated: {seconds:.2f} s of audio; the manifest says {expected_seconds:.2f} s")
     wav = torch.from_numpy(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0])
     if sample_rate is not None and rate != sample_rate:
         wav = resample(wav, rate, sample_rate)

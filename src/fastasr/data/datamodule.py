@@ -9,6 +9,8 @@ A batch is a dict::
     ids              list[str]           utterance ids
     texts            list[str]           reference words, in the tokenizer's word space
                                          (char: the lower-cased text; phoneme: phonetic spellings)
+    skipped          list[SkippedUtterance]  utterances of this batch left out for unusable audio
+                                         (``fastasr.data.bad_audio``); a batch may have no utterance left
 
 Filtering in ``setup()``: training utterances outside
 ``[min_duration, max_duration]`` are dropped, and training and dev utterances
@@ -30,6 +32,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fastasr.data.audio import BadAudioError
+from fastasr.data.bad_audio import SKIPPED_KEY, skipped_item, split_skipped
 from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats
 from fastasr.data.manifest import Utterance, read_manifest
 from fastasr.data.resumable import ResumableDataLoader, training_position
@@ -61,8 +65,12 @@ class ASRDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         utt = self.utterances[i]
+        try:
+            features = self.fbank.from_file(utt.audio_filepath, train=self.train, expected_seconds=utt.duration)
+        except BadAudioError as err:  # skipped and reported, not fatal (fastasr.data.bad_audio)
+            return skipped_item(utt.id, utt.audio_filepath, err.reason)
         return {
-            "features": self.fbank.from_file(utt.audio_filepath, train=self.train),
+            "features": features,
             "targets": self.targets[i],
             "id": utt.id,
             "text": self.references[i],
@@ -71,6 +79,11 @@ class ASRDataset(Dataset):
 
 def collate(items: Sequence[dict]) -> dict:
     """List of dataset items → the batch dict described in the module docstring."""
+    items, skipped = split_skipped(items)
+    if not items:  # every utterance skipped (or an empty padding batch): the steps skip it
+        return {"features": torch.zeros(0, 0, 0), "feature_lengths": torch.zeros(0, dtype=torch.long),
+                "targets": torch.zeros(0, 1, dtype=torch.long), "target_lengths": torch.zeros(0, dtype=torch.long),
+                "ids": [], "texts": [], SKIPPED_KEY: skipped}
     feats = [it["features"] for it in items]
     targets = [it["targets"] for it in items]
     batch_feats = torch.zeros(len(items), max(f.shape[0] for f in feats), feats[0].shape[1])
@@ -85,6 +98,7 @@ def collate(items: Sequence[dict]) -> dict:
         "target_lengths": torch.tensor([t.shape[0] for t in targets], dtype=torch.long),
         "ids": [it["id"] for it in items],
         "texts": [it["text"] for it in items],
+        SKIPPED_KEY: skipped,
     }
 
 
@@ -258,7 +272,8 @@ class ASRDataModule(pl.LightningDataModule):
             self.datasets["train"] = ASRDataset(utts, targets, refs, self.fbank, train=True)
             if self.cmvn_stats is None:
                 cache = cmvn_cache_path(self.manifests["train"], self.feature_config, [u.id for u in utts])
-                self.cmvn_stats = compute_cmvn_stats(utts, self.fbank, cache, num_workers=self.num_workers)
+                self.cmvn_stats = compute_cmvn_stats(utts, self.fbank, cache, num_workers=self.num_workers,
+                                                     on_bad_audio=self.on_bad_utterance)
         for split in ("dev", "test"):
             if split in splits and split not in self.datasets:
                 utts, targets, refs = self._encode(split, self._read(split), ctc_filter=split == "dev")

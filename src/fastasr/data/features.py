@@ -21,7 +21,8 @@ import torchaudio.compliance.kaldi as kaldi
 import torchaudio.functional as AF
 from torch import nn
 
-from fastasr.data.audio import load_audio
+from fastasr.data.audio import BadAudioError, load_audio
+from fastasr.data.bad_audio import SkippedUtterance, all_bad_error, describe_skipped
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class FeatureConfig:
     frame_length_ms: float = 25.0  # analysis window
     frame_shift_ms: float = 10.0  # hop
     dither: float = 0.0  # Gaussian dither in int16 units, applied in training only (Kaldi default 1.0)
+    channels: int | None = None  # channels a file must have (others are bad audio); None: any, mixed down
 
     @classmethod
     def from_dict(cls, cfg: Mapping | FeatureConfig | None) -> FeatureConfig:
@@ -108,9 +110,13 @@ class Fbank:
             sample_frequency=c.sample_rate,
         )
 
-    def from_file(self, path: str | Path, train: bool = False) -> torch.Tensor:
-        """Load (mono, resampled) and compute features: ``(frames, num_mel_bins)``."""
-        return self(load_audio(path, self.config.sample_rate), train=train)
+    def from_file(self, path: str | Path, train: bool = False, expected_seconds: float | None = None) -> torch.Tensor:
+        """Load (mono, resampled) and compute features: ``(frames, num_mel_bins)``.
+
+        Raises ``fastasr.data.audio.BadAudioError`` for unusable audio (see ``load_audio``;
+        ``expected_seconds``, the manifest duration, detects truncated files)."""
+        wav = load_audio(path, self.config.sample_rate, self.config.channels, expected_seconds)
+        return self(wav, train=train)
 
 
 # --------------------------------------------------------------------- CMVN
@@ -133,44 +139,73 @@ def cmvn_cache_path(manifest_path: str | Path, config: FeatureConfig | Mapping,
 
 
 class _FeatureSums(torch.utils.data.Dataset):
-    def __init__(self, paths: Sequence[str], fbank: Fbank) -> None:
-        self.paths, self.fbank = list(paths), fbank
+    """Per-utterance feature sums, or a ``SkippedUtterance`` for unusable audio."""
+
+    def __init__(self, utterances: Sequence, fbank: Fbank) -> None:
+        self.utterances, self.fbank = list(utterances), fbank
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.utterances)
 
     def __getitem__(self, i: int):
-        x = self.fbank.from_file(self.paths[i]).to(torch.float64)
+        utt = self.utterances[i]
+        try:
+            x = self.fbank.from_file(utt.audio_filepath, expected_seconds=getattr(utt, "duration", None))
+        except BadAudioError as err:
+            return SkippedUtterance(str(getattr(utt, "id", i)), str(utt.audio_filepath), err.reason)
+        x = x.to(torch.float64)
         return x.sum(0), (x * x).sum(0), x.shape[0]
 
 
+def _as_is(item):
+    return item  # no default_convert: keep SkippedUtterance records as they are
+
+
 def compute_cmvn_stats(utterances: Sequence, fbank: Fbank, cache_path: str | Path | None = None,
-                       num_workers: int = 0, min_std: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
+                       num_workers: int = 0, min_std: float = 1e-5,
+                       on_bad_audio: str = "skip") -> tuple[torch.Tensor, torch.Tensor]:
     """Global per-dimension mean and standard deviation of the features of
     ``utterances`` (objects with ``audio_filepath``), without dither.
 
     With ``cache_path``, statistics are read from it if it exists, else
     computed and written there (JSON). Returns float32 ``(F,)`` mean and std
     (std floored at ``min_std``).
+
+    Utterances with unusable audio (``BadAudioError``) are left out with a warning naming each
+    (``on_bad_audio="skip"``) or stop the computation (``"raise"``); if none is usable,
+    ``AllAudioBadError`` names them.
     """
     if cache_path is not None and Path(cache_path).is_file():
         stats = json.loads(Path(cache_path).read_text())
         log.info("CMVN statistics from %s (%d frames)", cache_path, stats["frames"])
         return torch.tensor(stats["mean"]), torch.tensor(stats["std"])
-    paths = [u.audio_filepath for u in utterances]
-    if not paths:
+    if not utterances:
         raise ValueError("compute_cmvn_stats: no utterances")
     dim = fbank.dim
     total = torch.zeros(dim, dtype=torch.float64)
     total_sq = torch.zeros(dim, dtype=torch.float64)
     frames = 0
+    skipped: list[SkippedUtterance] = []
     loader = torch.utils.data.DataLoader(
-        _FeatureSums(paths, fbank), batch_size=None, num_workers=num_workers, shuffle=False
+        _FeatureSums(utterances, fbank), batch_size=None, num_workers=num_workers, shuffle=False,
+        collate_fn=_as_is,
     )
-    for s, sq, n in loader:
+    for item in loader:
+        if isinstance(item, SkippedUtterance):
+            if on_bad_audio == "raise":
+                raise BadAudioError(item.path, f"{item.reason} (utterance {item.id}; data.on_bad_utterance=raise)")
+            skipped.append(item)
+            continue
+        s, sq, n = item
         total += s
         total_sq += sq
         frames += int(n)
+    if skipped:
+        if len(skipped) == len(utterances):
+            raise all_bad_error("CMVN statistics (training set)", skipped)
+        log.warning("CMVN statistics: skipped %d of %d utterances with unusable audio (training skips "
+                    "them too):\n%s", len(skipped), len(utterances), describe_skipped(skipped))
+    used = len(utterances) - len(skipped)
     mean = total / frames
     var = (total_sq / frames - mean * mean).clamp_min(0.0)
     std = var.sqrt().clamp_min(min_std)
@@ -181,13 +216,13 @@ def compute_cmvn_stats(utterances: Sequence, fbank: Fbank, cache_path: str | Pat
         try:
             tmp.write_text(json.dumps({
                 "mean": mean.tolist(), "std": std.tolist(), "frames": frames,
-                "utterances": len(paths), "features": asdict(fbank.config),
+                "utterances": used, "features": asdict(fbank.config),
             }))
             os.replace(tmp, cache_path)
         except OSError as e:  # e.g. a read-only corpus directory: statistics are still returned
             log.warning("CMVN statistics not cached (%s): %s", cache_path, e)
         else:
-            log.info("CMVN statistics over %d utterances (%d frames) cached in %s", len(paths), frames, cache_path)
+            log.info("CMVN statistics over %d utterances (%d frames) cached in %s", used, frames, cache_path)
     return mean, std
 
 
