@@ -1,9 +1,12 @@
 """Train a CTC recogniser: `python train.py [hydra overrides]` (see conf/train.yaml)."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
+from fastasr.distributed import hydra_overrides_for_rank
 from fastasr.training import train
 
 
@@ -16,4 +19,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv += hydra_overrides_for_rank(sys.argv[1:])  # ranks > 0 (torchrun) write nothing to the run dir
     main()

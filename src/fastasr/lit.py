@@ -131,9 +131,10 @@ class ASRLitModule(L.LightningModule):
 
     def _finish(self, stage: str) -> dict[str, float]:
         rates = self._rates.pop(stage, ErrorRates())
+        # edit counts summed over DDP ranks: corpus-level rates (the same value on every rank)
+        rates = rates.summed_over_processes(lambda t: self.trainer.strategy.reduce(t.to(self.device), reduce_op="sum"))
         result = rates.compute()
         values = {self.unit_metric: result["uer"], "wer": result["wer"]}
-        # Error rates are accumulated over this process's share of the data.
         for name, value in values.items():
             self.log(f"{stage}/{name}", value, prog_bar=True, sync_dist=True)
         for ref, hyp in rates.examples:

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (registers resolvers)
+from fastasr.distributed import is_rank_zero_process
 from fastasr.lit import ASRLitModule
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,13 @@ def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
 def _wandb_run_id(run_dir: Path) -> str:
     """A wandb run id kept in the run directory, so a resumed run continues the same wandb run."""
     id_file = run_dir / "wandb_run_id.txt"
-    if id_file.is_file():
+    if id_file.is_file() and id_file.read_text().strip():
         return id_file.read_text().strip()
     run_id = uuid.uuid4().hex[:12]
-    id_file.write_text(run_id + "\n")
+    if is_rank_zero_process():  # other ranks' loggers log nothing; torchrun starts all ranks at once
+        tmp = id_file.with_name(id_file.name + ".tmp")
+        tmp.write_text(run_id + "\n")
+        tmp.replace(id_file)  # a kill never leaves an empty id file
     return run_id
 
 
@@ -125,7 +129,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    if is_rank_zero_process():  # DDP: only global rank 0 writes the run's files
+        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
 
     datamodule = instantiate(cfg.data, subsampling_factor=cfg.model.subsampling, _convert_="all")
     datamodule.setup("fit")

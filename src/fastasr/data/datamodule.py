@@ -290,6 +290,7 @@ class ASRDataModule(pl.LightningDataModule):
         sampler = FrameBudgetBatchSampler(
             dataset.frame_lengths(), self.max_frames_per_batch, self.max_batch_size, shuffle=shuffle,
             seed=self.seed, num_replicas=replicas, rank=rank,
+            pad="repeat" if shuffle else "empty",  # evaluation scores every utterance exactly once
         )
         kwargs = dict(batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
                       pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import jiwer
+import torch
 
 
 def _edits(refs: list[str], hyps: list[str]) -> tuple[int, int]:
@@ -53,6 +55,20 @@ class ErrorRates:
             if len(self.examples) >= keep_examples:
                 break
             self.examples.append((" ".join(r), " ".join(h)))
+
+    def summed_over_processes(self, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> ErrorRates:
+        """These counts summed over every process (DDP rank), so that :meth:`compute` gives the
+        corpus-level rates of all ranks' utterances, not a mean of per-rank rates.
+
+        Args:
+            all_reduce_sum: sums an int64 tensor ``(5,)`` over processes (e.g.
+                ``lambda t: trainer.strategy.reduce(t, reduce_op="sum")``).
+        The examples stay this process's own.
+        """
+        counts = torch.tensor([self.unit_edits, self.unit_total, self.word_edits, self.word_total,
+                               self.utterances], dtype=torch.int64)
+        total = [int(x) for x in all_reduce_sum(counts).tolist()]
+        return ErrorRates(*total, examples=list(self.examples))
 
     def compute(self) -> dict[str, float]:
         def rate(e: int, n: int) -> float:
