@@ -6,6 +6,7 @@
     FitCompletionMarker   ``fit_done.json`` in the run directory once ``fit`` has finished
     LargestBatchProbe     forward+backward on the largest training batches before training (OOM at minute one)
     BadAudioReport        counts utterances skipped for unusable audio; one summary naming every file
+    NonFiniteLossGuard    skips the update of a batch with a NaN/inf loss; stops after several in a row
 
 Names are imported on first use, so ``fastasr.report`` (which only reads ``fit_done.json``)
 does not pay for importing torch and Lightning.
@@ -18,6 +19,8 @@ from typing import Any
 
 _EXPORTS = {
     "BadAudioReport": "bad_audio",
+    "NonFiniteLossError": "nonfinite_loss",
+    "NonFiniteLossGuard": "nonfinite_loss",
     "AttentionMapLogger": "attention_maps",
     "render_attention_maps": "attention_maps",
     "mean_l1_distance": "attention_maps",
