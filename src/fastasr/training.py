@@ -18,6 +18,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (registers resolvers)
+from fastasr.config_check import check_train_config
 from fastasr.distributed import is_rank_zero_process
 from fastasr.lit import ASRLitModule
 
@@ -125,6 +126,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     Returns ``{"run_dir", "best_ckpt", "last_ckpt", "val": {...}, "test": {...}}``.
     """
+    check_train_config(cfg)  # config mistakes fail here, naming the key, before any audio is read
     L.seed_everything(cfg.seed, workers=True)
     run_dir = run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,177 @@
+"""Start-up check of a training config: every mistake found at once, before any audio is read.
+
+``train()`` calls :func:`check_train_config` first, so a typo in an attention name, a
+parameter out of range, a missing manifest or a phoneme model over a manifest without
+``phonemes`` fails in a second with a message naming the config key, not minutes later
+(after the manifest's audio headers and the CMVN pass) or hours later (at the first
+validation). Manifests are read as JSON lines only.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from fastasr.attention import build_attention
+from fastasr.data.features import FeatureConfig
+
+
+class ConfigError(ValueError):
+    """One or more config values are unusable; the message lists each with its key."""
+
+
+def _precisions() -> set[str]:
+    from lightning.fabric.connector import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+
+    return set(typing.get_args(_PRECISION_INPUT_STR)) | set(typing.get_args(_PRECISION_INPUT_STR_ALIAS))
+
+
+def _container(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def _check_attention(cfg: DictConfig, errors: list[str]) -> None:
+    spec = _container(cfg.model.get("attention"))
+    if isinstance(spec, Mapping):
+        # first the name alone, then each parameter, so the message names the faulty key
+        try:
+            build_attention({"name": spec.get("name")})
+        except ValueError as err:
+            errors.append(f"attention.name={spec.get('name')!r}: {err}")
+            return
+        for key, value in spec.items():
+            if key == "name":
+                continue
+            try:
+                build_attention({"name": spec["name"], key: value})
+            except ValueError as err:
+                errors.append(f"attention.{key}={value!r}: {err}")
+    else:
+        try:
+            build_attention(spec)
+        except ValueError as err:
+            errors.append(f"model.attention={spec!r}: {err}")
+
+
+def _check_model(cfg: DictConfig, feat_in: int, errors: list[str]) -> None:
+    """Build the model on the meta device (no memory, no weights): its own checks run."""
+    try:
+        with torch.device("meta"):
+            instantiate(_container(cfg.model), vocab_size=2, feat_in=feat_in, _convert_="all")
+    except (InstantiationException, ValueError, TypeError) as err:
+        errors.append(f"model: {err.__cause__ or err}")  # the model's own message, not Hydra's wrapper
+
+
+def _check_features(cfg: DictConfig, errors: list[str]) -> FeatureConfig | None:
+    try:
+        fc = FeatureConfig.from_dict(_container(cfg.data.features))
+    except (ValueError, TypeError) as err:
+        errors.append(f"data.features: {err}")
+        return None
+    for key in ("sample_rate", "num_mel_bins", "frame_length_ms", "frame_shift_ms"):
+        if not getattr(fc, key) > 0:
+            errors.append(f"features.{key}={getattr(fc, key)}; expected > 0")
+    if fc.channels is not None and fc.channels < 1:
+        errors.append(f"features.channels={fc.channels}; expected ≥ 1, or null for any")
+    return fc
+
+
+def _manifest_path(cfg: DictConfig, split: str, errors: list[str]) -> Path | None:
+    key = f"{split}_manifest"
+    if OmegaConf.is_missing(cfg.data, key) or cfg.data.get(key) in (None, ""):
+        errors.append(f"data.{key} is not set; expected the path of a JSON-lines manifest")
+        return None
+    path = Path(str(cfg.data.get(key)))
+    if not path.is_file():
+        errors.append(f"data.{key}={path}: no such file")
+        return None
+    return path
+
+
+def _check_phonemes(path: Path, key: str, errors: list[str]) -> None:
+    """Every line of a phoneme model's manifest needs ``phonemes`` (JSON only, no audio)."""
+    lines = missing = 0
+    first = None
+    with open(path, encoding="utf-8") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            lines += 1
+            try:
+                record = json.loads(raw)
+            except json.JSONDecodeError:
+                continue  # the manifest reader reports and skips it
+            if not isinstance(record, dict) or not record.get("phonemes"):
+                missing += 1
+                first = first or lineno
+    if missing:
+        errors.append(
+            f"tokenizer=phoneme (data.tokenizer) needs a 'phonemes' field, but data.{key}={path} has none on "
+            f"{missing} of {lines} lines (first: line {first}); add phonemes or use tokenizer=char"
+        )
+
+
+def _check_data(cfg: DictConfig, errors: list[str]) -> None:
+    data = cfg.data
+    splits = ["train", "dev"] + (["test"] if cfg.get("test") else [])
+    paths = {split: _manifest_path(cfg, split, errors) for split in splits}
+    if data.get("tokenizer") not in ("phoneme", "char"):
+        errors.append(f"tokenizer={data.get('tokenizer')!r} (data.tokenizer); expected 'phoneme' or 'char'")
+    elif data.get("tokenizer") == "phoneme" and data.get("vocab") is None:
+        for split, path in paths.items():
+            if path is not None:
+                _check_phonemes(path, f"{split}_manifest", errors)
+    if not int(data.get("max_frames_per_batch", 1)) > 0:
+        errors.append(f"data.max_frames_per_batch={data.max_frames_per_batch}; expected > 0")
+    if data.get("max_batch_size") is not None and not int(data.max_batch_size) > 0:
+        errors.append(f"data.max_batch_size={data.max_batch_size}; expected > 0 or null")
+    if int(data.get("num_workers", 0)) < 0:
+        errors.append(f"data.num_workers={data.num_workers}; expected ≥ 0")
+    if data.get("on_bad_utterance", "skip") not in ("skip", "raise"):
+        errors.append(f"data.on_bad_utterance={data.on_bad_utterance!r}; expected 'skip' or 'raise'")
+
+
+def _check_trainer(cfg: DictConfig, errors: list[str]) -> None:
+    trainer = cfg.get("trainer") or {}
+    precision = str(trainer.get("precision", "32-true"))
+    if precision not in _precisions():
+        errors.append(f"trainer.precision={precision!r}; expected one of {sorted(_precisions())}")
+    if int(trainer.get("num_nodes", 1)) < 1:
+        errors.append(f"trainer.num_nodes={trainer.num_nodes}; expected ≥ 1")
+
+
+def _check_callbacks(cfg: DictConfig, errors: list[str]) -> None:
+    callbacks = cfg.get("callbacks") or {}
+    guard = callbacks.get("nonfinite_loss") or {}
+    if guard and int(guard.get("max_consecutive", 1)) < 1:
+        errors.append(f"callbacks.nonfinite_loss.max_consecutive={guard.max_consecutive}; expected ≥ 1")
+    step_ckpt = callbacks.get("step_checkpoint") or {}
+    if step_ckpt and step_ckpt.get("every_n_train_steps") is not None and int(step_ckpt.every_n_train_steps) < 1:
+        errors.append(f"callbacks.step_checkpoint.every_n_train_steps={step_ckpt.every_n_train_steps}; expected ≥ 1")
+
+
+def check_train_config(cfg: DictConfig) -> None:
+    """Check a composed training config without reading audio.
+
+    Raises:
+        ConfigError: listing every problem found, each with its config key, the value and
+            what was expected.
+    """
+    errors: list[str] = []
+    _check_attention(cfg, errors)
+    features = _check_features(cfg, errors)
+    if not errors:  # the model check repeats attention errors less clearly
+        _check_model(cfg, features.num_mel_bins if features else 80, errors)
+    _check_data(cfg, errors)
+    _check_trainer(cfg, errors)
+    _check_callbacks(cfg, errors)
+    if errors:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

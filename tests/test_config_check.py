@@ -1,0 +1,81 @@
+"""Config mistakes fail at start-up, naming the key, before any audio is read."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import soundfile
+from test_train_eval import compose_train
+
+from fastasr.config_check import ConfigError, check_train_config
+from fastasr.training import train
+
+
+@pytest.fixture
+def no_audio_reads(monkeypatch):
+    """Any audio access fails the test: the check must not need it."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("audio was read before the config was checked")
+
+    monkeypatch.setattr(soundfile, "read", forbidden)
+    monkeypatch.setattr(soundfile, "info", forbidden)
+
+
+def test_the_default_config_passes(tiny_corpus, tmp_path, no_audio_reads):
+    check_train_config(compose_train(tiny_corpus, tmp_path))
+    check_train_config(compose_train(tiny_corpus, tmp_path, "attention=i_clustered", "trainer=ddp"))
+
+
+@pytest.mark.parametrize("overrides, key, expected", [
+    (["attention.name=clusterd"], "attention.name='clusterd'", "unknown attention spec"),
+    (["attention=clustered", "attention.clusters=0"], "attention.clusters=0", "expected an integer >= 1"),
+    (["attention=i_clustered", "attention.clusters=-3"], "attention.clusters=-3", "out of range"),
+    (["attention=clustered", "attention.bits=64"], "attention.bits=64", r"\[1, 63\]"),
+    (["attention=i_clustered", "+attention.cluster=8"], "attention.cluster=8", "unknown parameter 'cluster'"),
+    (["attention=lsh"], "model:", "set model.shared_qk=true"),
+    (["model.heads=5"], "model:", "d_model=32 is not divisible by heads=5"),
+    (["model.subsampling=3"], "model:", "model.subsampling must be one of"),
+    (["features.channels=0"], "features.channels=0", "expected ≥ 1"),
+    (["data.max_frames_per_batch=0"], "data.max_frames_per_batch=0", "expected > 0"),
+    (["trainer.precision=fp8"], "trainer.precision='fp8'", "expected one of"),
+    (["callbacks.nonfinite_loss.max_consecutive=0"], "callbacks.nonfinite_loss.max_consecutive=0", "≥ 1"),
+])
+def test_a_bad_value_names_its_key(tiny_corpus, tmp_path, no_audio_reads, overrides, key, expected):
+    with pytest.raises(ConfigError) as err:
+        check_train_config(compose_train(tiny_corpus, tmp_path, *overrides))
+    line = next(ln for ln in str(err.value).splitlines() if key in ln)
+    assert re.search(expected, line), line
+
+
+def test_missing_manifests_and_every_problem_at_once(tiny_corpus, tmp_path, no_audio_reads):
+    cfg = compose_train(tiny_corpus, tmp_path, "attention=clustered", "attention.bits=99",
+                        f"data.dev_manifest={tmp_path / 'nope.jsonl'}")
+    with pytest.raises(ConfigError) as err:
+        check_train_config(cfg)
+    message = str(err.value)
+    assert "attention.bits=99" in message and f"data.dev_manifest={tmp_path / 'nope.jsonl'}: no such file" in message
+    # the test manifest is checked only when the run tests
+    cfg = compose_train(tiny_corpus, tmp_path, f"data.test_manifest={tmp_path / 'nope.jsonl'}", "test=false")
+    check_train_config(cfg)
+
+
+def test_a_phoneme_model_needs_phonemes_in_the_manifest(tiny_corpus, tmp_path, no_audio_reads):
+    lines = [json.loads(ln) for ln in (tiny_corpus / "train.jsonl").read_text().splitlines()]
+    for r in lines:
+        r.pop("phonemes")
+        r["audio_filepath"] = str(tiny_corpus / r["audio_filepath"])
+    manifest = tmp_path / "chars_only.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    with pytest.raises(ConfigError, match=r"tokenizer=phoneme.*data.train_manifest=.*chars_only.jsonl has none "
+                                          r"on 10 of 10 lines \(first: line 1\); add phonemes or use tokenizer=char"):
+        check_train_config(compose_train(tiny_corpus, tmp_path, f"data.train_manifest={manifest}"))
+    check_train_config(compose_train(tiny_corpus, tmp_path, f"data.train_manifest={manifest}", "tokenizer=char"))
+
+
+def test_train_checks_the_config_first(tiny_corpus, tmp_path, no_audio_reads):
+    with pytest.raises(ConfigError, match="attention.clusters=0"):
+        train(compose_train(tiny_corpus, tmp_path, "name=cfg", "attention=clustered", "attention.clusters=0"))
+    assert not (tmp_path / "runs" / "cfg").exists()
