@@ -78,11 +78,12 @@ class CTCModel(nn.Module):
     def forward(
         self, features: torch.Tensor, lengths: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """features: (B, T, F) raw filterbanks, lengths: (B,) → (log_probs (B, T', V), lengths (B,))."""
+        """features: (B, T, F) raw filterbanks, lengths: (B,) → (log_probs (B, T', V) float32, lengths (B,))."""
         x = self.cmvn(features, lengths)
         if self.spec_augment is not None and self.training:
             x = self.spec_augment(x, lengths)
         x, lengths = self.frontend(x, lengths)
         x = self.positions(x)
         x = self.encoder(x, lengths)
-        return self.head(x).log_softmax(dim=-1), lengths
+        # float32 log-probabilities under mixed precision too: CTC sums over many alignments
+        return self.head(x).float().log_softmax(dim=-1), lengths

@@ -1,0 +1,82 @@
+"""Mixed precision trains with every attention variant; CTC is computed in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_train_eval import compose_train
+
+from fastasr.model import CTCModel
+from fastasr.training import train
+
+# (spec for the model, config overrides for train.py)
+VARIANTS = {
+    "full": ("full", ["attention=full"]),
+    "lsh": ("lsh-1", ["attention=lsh", "model.shared_qk=true"]),
+    "clustered": ("clustered-4", ["attention=clustered", "attention.clusters=4"]),
+    "i-clustered": ("i-clustered-4", ["attention=i_clustered", "attention.clusters=4", "attention.topk=8"]),
+    "topk": ("topk-8", ["attention=topk", "attention.k=8"]),
+    "oracle-top": ("oracle-top", ["attention=oracle_top"]),
+}
+
+
+@pytest.fixture
+def ctc_dtypes(monkeypatch) -> list[torch.dtype]:
+    """The dtypes of the log-probabilities every ``F.ctc_loss`` call receives."""
+    seen: list[torch.dtype] = []
+    real = F.ctc_loss
+
+    def spy(log_probs, *args, **kwargs):
+        seen.append(log_probs.dtype)
+        return real(log_probs, *args, **kwargs)
+
+    monkeypatch.setattr(F, "ctc_loss", spy)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_model_under_autocast_gives_float32_log_probs_and_finite_gradients(variant, dtype):
+    torch.manual_seed(0)
+    spec = VARIANTS[variant][0]
+    model = CTCModel(12, 40, d_model=32, heads=2, ff_dim=64, layers=2, attention=spec,
+                     shared_qk=spec.startswith("lsh"), subsampling=2)
+    x, lengths = torch.randn(3, 160, 40), torch.tensor([160, 120, 64])
+    targets, target_lengths = torch.randint(1, 12, (3, 10)), torch.tensor([10, 8, 5])
+    with torch.autocast("cpu", dtype=dtype):
+        log_probs, out_lengths = model(x, lengths)
+        loss = F.ctc_loss(log_probs.transpose(0, 1), targets, out_lengths, target_lengths)
+    assert log_probs.dtype == torch.float32
+    assert torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_bf16_mixed_training_with_every_attention(tiny_corpus, tmp_path, variant, ctc_dtypes):
+    """A few steps of the tiny model with ``trainer.precision=bf16-mixed`` on the CPU."""
+    result = train(compose_train(
+        tiny_corpus, tmp_path, f"name=bf16-{variant}", *VARIANTS[variant][1], "trainer.precision=bf16-mixed",
+        "trainer.max_epochs=1", "data.max_batch_size=4", "model.subsampling=2", "test=false",
+        "callbacks.attention_maps.every_n_epochs=100",
+    ))
+    ckpt = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] >= 3
+    assert ckpt["callbacks"]["NonFiniteLossGuard"] == {"skipped": 0}  # no NaN/inf loss or gradient
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+    assert result["val"]["val/loss"] == pytest.approx(result["val"]["val/loss"])  # finite, not NaN
+    assert ctc_dtypes and set(ctc_dtypes) == {torch.float32}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed (float16 + gradient scaling) needs a GPU")
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_16_mixed_training_on_gpu_with_every_attention(tiny_corpus, tmp_path, variant, ctc_dtypes):
+    result = train(compose_train(
+        tiny_corpus, tmp_path, f"name=fp16-{variant}", *VARIANTS[variant][1], "trainer.accelerator=gpu",
+        "trainer.precision=16-mixed", "trainer.max_epochs=2", "data.max_batch_size=4", "test=false",
+    ))
+    ckpt = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+    assert set(ctc_dtypes) == {torch.float32}
