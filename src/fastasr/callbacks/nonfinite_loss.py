@@ -51,7 +51,7 @@ class NonFiniteLossGuard(L.Callback):
         self.skipped = 0
         self._in_a_row: list[tuple[int, list[str]]] = []  # (step, utterance ids) of the current run of bad batches
         self._ids: list[str] = []
-        self._loss_finite = True
+        self._loss_finite: torch.Tensor | None = None  # on the device: read once per step, below
 
     def state_dict(self) -> dict[str, Any]:
         return {"skipped": self.skipped}
@@ -61,21 +61,22 @@ class NonFiniteLossGuard(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._ids = [str(i) for i in batch.get("ids", [])] if isinstance(batch, dict) else []
-        self._loss_finite = True
+        self._loss_finite = None
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
-        self._loss_finite = bool(torch.isfinite(loss.detach()).all())
+        self._loss_finite = torch.isfinite(loss.detach()).all()
 
-    def _gradients_finite(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
-        if _uses_grad_scaler(trainer):
-            return True
+    def _finite(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+        """Loss and gradients finite on this rank: one host sync per step."""
+        finite = self._loss_finite if self._loss_finite is not None else torch.tensor(True)
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        if not grads:
-            return True
-        return bool(torch.isfinite(torch.nn.utils.get_total_norm(grads, norm_type=2.0)))
+        if grads and not _uses_grad_scaler(trainer):
+            norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+            finite = finite.to(norm.device) & torch.isfinite(norm)
+        return bool(finite)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        finite = self._loss_finite and self._gradients_finite(trainer, pl_module)
+        finite = self._finite(trainer, pl_module)
         skip = trainer.strategy.reduce_boolean_decision(not finite, all=False)  # any rank
         if not skip:
             self._in_a_row.clear()
@@ -85,7 +86,7 @@ class NonFiniteLossGuard(L.Callback):
         self.skipped += 1
         step = trainer.global_step
         self._in_a_row.append((step, self._ids))
-        what = "loss" if not self._loss_finite else "gradient"
+        what = "loss" if self._loss_finite is not None and not bool(self._loss_finite) else "gradient"
         log.warning("step %d: non-finite %s on rank %d; update skipped (%d skipped so far, %d in a row); "
                     "utterances: %s", step, what, trainer.global_rank, self.skipped, len(self._in_a_row),
                     " ".join(self._ids) or "?")
