@@ -1,5 +1,6 @@
 """Train a CTC recogniser: `python train.py [hydra overrides]` (see conf/train.yaml)."""
 
+import os
 import sys
 
 import hydra
@@ -20,4 +21,7 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv += hydra_overrides_for_rank(sys.argv[1:])  # ranks > 0 (torchrun) write nothing to the run dir
+    # A wandb service inherited from the Python process that started this one would still hold
+    # the run id of a killed training, and the resumed one could not reattach: use our own.
+    os.environ.pop("WANDB_SERVICE", None)
     main()
