@@ -18,10 +18,35 @@ def unit_metric(tokenizer_kind: str) -> str:
     return "per" if tokenizer_kind == "phoneme" else "cer"
 
 
+def matrix_attention(member: str) -> str:
+    """The attention spec of the matrix member trained for train spec ``member``
+    (``shared-full`` → ``full``); the rule is :func:`fastasr.matrix.rules.member_attention`."""
+    from fastasr.matrix.rules import member_attention
+
+    return member_attention(member)
+
+
+def matrix_shared_qk(member: str) -> bool:
+    """Whether the matrix member trained for train spec ``member`` shares Q/K (``shared-full``
+    and LSH); the rule is :func:`fastasr.matrix.rules.member_shared_qk`."""
+    from fastasr.matrix.rules import member_shared_qk
+
+    return member_shared_qk(member)
+
+
+_RESOLVERS = {
+    "unit_metric": unit_metric,            # ${unit_metric:${data.tokenizer}} -> per | cer
+    "matrix_attention": matrix_attention,  # ${matrix_attention:${member}} -> attention spec
+    "matrix_shared_qk": matrix_shared_qk,  # ${matrix_shared_qk:${member}} -> model.shared_qk
+}
+
+
 def register_resolvers() -> None:
-    """Register fastasr's resolvers once (``${unit_metric:${data.tokenizer}}``)."""
-    if not OmegaConf.has_resolver("unit_metric"):
-        OmegaConf.register_new_resolver("unit_metric", unit_metric)
+    """Register fastasr's OmegaConf resolvers once (``unit_metric``, ``matrix_attention``,
+    ``matrix_shared_qk``)."""
+    for name, resolver in _RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
     os.environ.setdefault("PROJECT_ROOT", str(PROJECT_ROOT))
 
 

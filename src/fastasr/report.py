@@ -288,15 +288,8 @@ def run_report(run_dir: str | Path) -> str:
 
 # ----------------------------------------------------------------------------- matrix report
 def matrix_report(matrix_dir: str | Path) -> str:
-    from fastasr.cross_eval import (
-        CSV_COLUMNS,
-        CSV_FILE,
-        MD_FILE,
-        PNG_FILE,
-        cell_notes,
-        html_table,
-        read_cells,
-    )
+    from fastasr.matrix.cells import CSV_COLUMNS, CSV_FILE, MD_FILE, PNG_FILE, read_cells
+    from fastasr.matrix.render import cell_notes, html_table
 
     matrix_dir = Path(matrix_dir)
     cells = read_cells(matrix_dir / CSV_FILE)

@@ -116,13 +116,15 @@ def build_module(cfg: DictConfig, datamodule) -> ASRLitModule:
     return lit
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Fit (or resume) a model, then score the best checkpoint on the test split.
 
+    ``run_dir``: where the run lives (checkpoints, logs, config.yaml); None: the running
+    Hydra job's output directory, else ``cfg.paths.run_dir`` (:func:`run_dir_of`).
     Returns ``{"run_dir", "best_ckpt", "last_ckpt", "val": {...}, "test": {...}}``.
     """
     L.seed_everything(cfg.seed, workers=True)
-    run_dir = run_dir_of(cfg)
+    run_dir = Path(run_dir) if run_dir is not None else run_dir_of(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
