@@ -1,6 +1,7 @@
 """train.py / evaluate.py end to end on the tiny corpus: fast-dev-run, resume, evaluation."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -9,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from fastasr.attention import build_attention
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
 from fastasr.training import train
 
@@ -36,9 +39,19 @@ def compose_train(corpus: Path, out: Path, *overrides: str):
 
 
 def test_fast_dev_run(tiny_corpus, tmp_path):
-    result = train(compose_train(tiny_corpus, tmp_path, "debug=fast", "attention=i_clustered",
-                                 "attention.clusters=4"))
-    assert Path(result["run_dir"]).is_dir()
+    """debug=fast: one training step and one validation batch, with the configured attention,
+    in the run directory given to ``train`` (not ``paths.run_dir``), and no test pass."""
+    cfg = compose_train(tiny_corpus, tmp_path, "debug=fast", "attention=i_clustered", "attention.clusters=4")
+    result = train(cfg, run_dir=tmp_path / "given")
+    assert result["run_dir"] == str(tmp_path / "given")
+    assert not Path(cfg.paths.run_dir).exists()
+    assert OmegaConf.load(tmp_path / "given" / "config.yaml").model.attention.clusters == 4
+    state = torch.load(result["last_ckpt"], map_location="cpu", weights_only=False)
+    assert Path(result["last_ckpt"]).parent == tmp_path / "given" / "checkpoints"
+    assert state["global_step"] == 1  # exactly one optimiser step
+    assert build_attention(state["hyper_parameters"]["model"]["attention"]).spec == "i-clustered-4"
+    assert set(result["val"]) >= {"val/loss", "val/per", "val/wer"}
+    assert all(math.isfinite(v) for v in result["val"].values()) and result["val"]["val/loss"] > 0
     assert "test" not in result  # debug=fast skips testing
 
 
@@ -72,6 +85,7 @@ def test_sigterm_stops_training_with_a_failure_status(tiny_corpus, tmp_path, mon
     assert "SIGTERM: training stopped at step" in caplog.text and "step-last.ckpt" in caplog.text
 
 
+@pytest.mark.slow
 def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     first = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=1", "test=false"))
     last = Path(first["last_ckpt"])
