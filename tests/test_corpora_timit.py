@@ -9,7 +9,7 @@ from corpus_fixtures import tone, write_sphere
 from fastasr.corpora import timit
 from fastasr.corpora.paths import CorpusLayoutError
 from fastasr.data.manifest import read_manifest
-from fastasr.data.phone_sets import TIMIT_61, TIMIT_61_TO_48, TIMIT_48_TO_39, fold
+from fastasr.data.phone_sets import TIMIT_48_TO_39, TIMIT_61, TIMIT_61_TO_48, fold
 
 
 def write_utt(root, split, region, speaker, sent, words, upper=True, between=()):

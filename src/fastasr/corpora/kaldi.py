@@ -153,7 +153,7 @@ def convert(src: str | Path, out: str | Path, name: str | None = None, allow_pip
             samples, rate = load_recording(spec, src)
         except Exception as e:  # a failing command or unreadable audio: skip its utterances
             for u in utts:
-                skipped.add(f"{rec} ({spec})", "recording unreadable", str(e).strip())
+                skipped.add(f"{u} of {rec} ({spec})", "recording unreadable", str(e).strip())
             continue
         wav_dir.mkdir(parents=True, exist_ok=True)
         for u in utts:
