@@ -75,5 +75,5 @@ def test_kaldi_layout_errors(tmp_path):
     with pytest.raises(CorpusLayoutError, match="no text; expected a Kaldi data directory"):
         kaldi.convert(tmp_path / "d", tmp_path / "m")
     (tmp_path / "d" / "text").write_text("a HELLO\n")
-    with pytest.raises(CorpusLayoutError, match="no usable utterance .*audio missing"):
+    with pytest.raises(CorpusLayoutError, match="no usable d utterance .*audio missing"):
         kaldi.convert(tmp_path / "d", tmp_path / "m")

@@ -21,7 +21,6 @@ normalisation are reported and skipped.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import logging
 import sys
@@ -30,11 +29,12 @@ from pathlib import Path
 
 import soundfile as sf
 
+from fastasr.corpora import command
+from fastasr.corpora.command import write_split
 from fastasr.corpora.paths import CorpusLayoutError, require_dir
 from fastasr.corpora.skipped import Skipped, duration_or_skip
 from fastasr.corpora.text import normalize_transcript
 from fastasr.data.audio import load_audio, write_wav
-from fastasr.data.manifest import write_manifest
 
 log = logging.getLogger(__name__)
 LAYOUT = "a Common Voice language directory with train.tsv, dev.tsv, test.tsv and clips/"
@@ -124,28 +124,16 @@ def convert(src: str | Path, out: str | Path, sample_rate: int | None = None) ->
         records = read_split(lang / f"{split}.tsv", lang / "clips", skipped)
         if sample_rate:
             records = to_wav(records, Path(out) / "wav" / split, sample_rate, skipped)
-        if not records:
-            raise CorpusLayoutError(f"{lang / f'{split}.tsv'}: no usable clip ({skipped.summary()})")
-        manifest = Path(out) / f"{split}.jsonl"
-        write_manifest(manifest, records)
-        print(f"{split}: {len(records)} clips, {sum(r['duration'] for r in records) / 3600:.2f} h → {manifest}; "
-              f"{skipped.summary()}")
+        write_split(out, split, records, skipped, lang / f"{split}.tsv")
         written[split] = records
     return written
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastasr.corpora.commonvoice", description=__doc__.split("\n\n")[0])
-    p.add_argument("src", help="the language directory (train/dev/test.tsv, clips/)")
-    p.add_argument("out", help="output directory for train/dev/test.jsonl")
+    p = command.parser("commonvoice", __doc__, "the language directory (train/dev/test.tsv, clips/)",
+                       "output directory for train/dev/test.jsonl")
     p.add_argument("--sample-rate", type=int, help="decode the clips once to 16-bit WAV at this rate")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    try:
-        convert(args.src, args.out, args.sample_rate)
-    except CorpusLayoutError as e:
-        p.exit(2, f"error: {e}\n")
-    return 0
+    return command.run(p, argv, lambda a: convert(a.src, a.out, a.sample_rate))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ Unreadable or silent recordings are counted, reported and skipped.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import sys
@@ -36,8 +35,9 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from fastasr.corpora import command
 from fastasr.corpora.digit_sources import DigitSource, find_source
-from fastasr.corpora.marker import clear, is_complete, mark_complete
+from fastasr.corpora.marker import mark_complete, needs_build
 from fastasr.corpora.paths import CorpusLayoutError
 from fastasr.corpora.skipped import Skipped
 
@@ -170,13 +170,8 @@ def build(src: str | Path, out: str | Path, sample_rate: int | None = None, seed
     settings = {"generator_version": GENERATOR_VERSION, "corpus": source.corpus, "files": source.num_files,
                 "seed": seed, "counts": counts, "speakers": splits, "sample_rate": sample_rate}
     out = Path(out)
-    done = None if force else is_complete(out, settings, [f"{s}.jsonl" for s in SPLITS])
-    if done:
-        print(f"digits corpus in {out} is complete ({counts}, seed {seed}); nothing to do")
+    if not needs_build(out, settings, [f"{s}.jsonl" for s in SPLITS], force, "digits corpus"):
         return False
-    if done is False:
-        print(f"digits corpus in {out} was built with other settings; rebuilding")
-    clear(out)
     t0 = time.time()
     skipped = Skipped("recording")
     records: dict[str, list[dict]] = {}
@@ -212,9 +207,7 @@ def _speakers_arg(value: str) -> int | list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastasr.corpora.digits", description=__doc__.split("\n\n")[0])
-    p.add_argument("src", help="local copy of AudioMNIST or FSDD")
-    p.add_argument("out", help="output directory (manifests + wav/)")
+    p = command.parser("digits", __doc__, "local copy of AudioMNIST or FSDD", "output directory (manifests + wav/)")
     p.add_argument("--sample-rate", type=int, help="output rate in Hz (default: the source's)")
     p.add_argument("--seed", type=int, default=0, help="same seed → same corpus")
     for split in SPLITS:
@@ -222,18 +215,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dev-speakers", type=_speakers_arg, help="dev speakers: a count or comma-separated names")
     p.add_argument("--test-speakers", type=_speakers_arg, help="test speakers: a count or comma-separated names")
     p.add_argument("--force", action="store_true", help="rebuild even if complete")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    counts = {s: getattr(args, s) for s in SPLITS if getattr(args, s) is not None}
-    for split, n in counts.items():
-        if n < 1:
-            p.error(f"--{split} {n}; expected ≥ 1")
-    try:
+
+    def run(args):
+        counts = {s: getattr(args, s) for s in SPLITS if getattr(args, s) is not None}
+        for split, n in counts.items():
+            if n < 1:
+                raise ValueError(f"--{split} {n}; expected ≥ 1")
         build(args.src, args.out, args.sample_rate, args.seed, counts, args.dev_speakers, args.test_speakers,
               args.force)
-    except (CorpusLayoutError, ValueError) as e:
-        p.exit(2, f"error: {e}\n")
-    return 0
+
+    return command.run(p, argv, run)
 
 
 if __name__ == "__main__":

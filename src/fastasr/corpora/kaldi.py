@@ -23,7 +23,6 @@ unreadable audio and empty segments are reported and skipped.
 
 from __future__ import annotations
 
-import argparse
 import io
 import logging
 import subprocess
@@ -35,11 +34,12 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from fastasr.corpora import command
+from fastasr.corpora.command import write_split
 from fastasr.corpora.paths import CorpusLayoutError, require_dir
 from fastasr.corpora.skipped import Skipped, duration_or_skip
 from fastasr.corpora.text import normalize_transcript
 from fastasr.data.audio import write_wav
-from fastasr.data.manifest import write_manifest
 
 log = logging.getLogger(__name__)
 LAYOUT = "a Kaldi data directory with wav.scp and text (optional segments, utt2spk)"
@@ -166,28 +166,17 @@ def convert(src: str | Path, out: str | Path, name: str | None = None, allow_pip
             path = wav_dir / f"{u}.wav"
             write_wav(path, samples[a:b], rate)
             records.append(base[u] | {"audio_filepath": str(path.resolve()), "duration": round((b - a) / rate, 6)})
-    if not records:
-        raise CorpusLayoutError(f"{src}: no usable utterance ({skipped.summary()}); expected {LAYOUT}")
-    manifest = Path(out) / f"{name}.jsonl"
-    write_manifest(manifest, sorted(records, key=lambda r: r["id"]))
-    print(f"{name}: {len(records)} utterances, {sum(r['duration'] for r in records) / 3600:.2f} h → {manifest}; "
-          f"{skipped.summary()}")
+    records.sort(key=lambda r: r["id"])
+    write_split(out, name, records, skipped, src)
     return records
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastasr.corpora.kaldi", description=__doc__.split("\n\n")[0])
-    p.add_argument("src", help="the Kaldi data directory (wav.scp, text, [segments, utt2spk])")
-    p.add_argument("out", help="output directory (OUT/<name>.jsonl, OUT/wav/<name>/ for cut audio)")
+    p = command.parser("kaldi", __doc__, "the Kaldi data directory (wav.scp, text, [segments, utt2spk])",
+                       "output directory (OUT/<name>.jsonl, OUT/wav/<name>/ for cut audio)")
     p.add_argument("--name", help="manifest name (default: SRC's directory name)")
     p.add_argument("--allow-pipes", action="store_true", help="run the 'cmd |' entries of wav.scp")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    try:
-        convert(args.src, args.out, args.name, args.allow_pipes)
-    except CorpusLayoutError as e:
-        p.exit(2, f"error: {e}\n")
-    return 0
+    return command.run(p, argv, lambda a: convert(a.src, a.out, a.name, a.allow_pipes))
 
 
 if __name__ == "__main__":

@@ -16,17 +16,17 @@ number of such utterances and the most frequent missing words are reported.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from fastasr.corpora import command
+from fastasr.corpora.command import write_split
 from fastasr.corpora.paths import CorpusLayoutError, require_dir
 from fastasr.corpora.skipped import Skipped, duration_or_skip
 from fastasr.corpora.text import normalize_transcript
-from fastasr.data.manifest import write_manifest
 
 log = logging.getLogger(__name__)
 LAYOUT = "a LibriSpeech directory: <part>/<speaker>/<chapter>/<speaker>-<chapter>.trans.txt + .flac files"
@@ -113,13 +113,8 @@ def convert(src: str | Path, out: str | Path, parts: Sequence[str] | None = None
     written = {}
     for name, part in found.items():
         skipped = Skipped("utterance")
-        records = read_part(part, skipped, lexicon)
-        if not records:
-            raise CorpusLayoutError(f"{part}: no usable utterance ({skipped.summary()}); expected {LAYOUT}")
-        write_manifest(Path(out) / f"{name}.jsonl", records)
-        hours = sum(r["duration"] for r in records) / 3600
-        print(f"{name}: {len(records)} utterances, {hours:.2f} h → {Path(out) / f'{name}.jsonl'}; {skipped.summary()}")
-        written[name] = records
+        written[name] = read_part(part, skipped, lexicon)
+        write_split(out, name, written[name], skipped, part)
     if lexicon is not None and lexicon.oov:
         top = ", ".join(f"{w} ({n})" for w, n in lexicon.oov.most_common(10))
         print(f"{len(lexicon.oov)} distinct words not in CMUdict, {sum(lexicon.oov.values())} occurrences; "
@@ -128,18 +123,11 @@ def convert(src: str | Path, out: str | Path, parts: Sequence[str] | None = None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastasr.corpora.librispeech", description=__doc__.split("\n\n")[0])
-    p.add_argument("src", help="the LibriSpeech directory (or one part of it)")
-    p.add_argument("out", help="output directory for <part>.jsonl")
+    p = command.parser("librispeech", __doc__, "the LibriSpeech directory (or one part of it)",
+                       "output directory for <part>.jsonl")
     p.add_argument("--parts", nargs="+", help="only these parts (default: every part found)")
     p.add_argument("--phonemes", action="store_true", help="add CMUdict phonemes (ARPAbet, no stress)")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    try:
-        convert(args.src, args.out, args.parts, args.phonemes)
-    except CorpusLayoutError as e:
-        p.exit(2, f"error: {e}\n")
-    return 0
+    return command.run(p, argv, lambda a: convert(a.src, a.out, a.parts, a.phonemes))
 
 
 if __name__ == "__main__":

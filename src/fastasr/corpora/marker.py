@@ -33,3 +33,16 @@ def clear(out: str | Path) -> None:
 def mark_complete(out: str | Path, settings: Mapping) -> None:
     """Write the marker (the settings as JSON): the last step of a successful build."""
     (Path(out) / MARKER).write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def needs_build(out: str | Path, settings: Mapping, outputs: Iterable[str], force: bool, what: str) -> bool:
+    """Whether ``out`` must be (re)built; says why on stdout. When it must, the old marker
+    is removed first. ``what`` names the corpus in the messages."""
+    done = None if force else is_complete(out, settings, outputs)
+    if done:
+        print(f"{what} in {out} is complete (same settings); nothing to do")
+        return False
+    if done is False:
+        print(f"{what} in {out} was built with other settings; rebuilding")
+    clear(out)
+    return True

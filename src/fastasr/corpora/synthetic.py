@@ -53,7 +53,7 @@ import numpy as np
 
 from fastasr.corpora.espeak import Espeak
 from fastasr.corpora.lexicon import make_sentence
-from fastasr.corpora.marker import clear, is_complete, mark_complete
+from fastasr.corpora.marker import mark_complete, needs_build
 
 log = logging.getLogger(__name__)
 
@@ -210,13 +210,8 @@ def build_corpus(out: str | Path, seed: int = 0, counts: Mapping[str, int] | Non
     out = Path(out)
     counts = dict(counts or {"train": 3000, "dev": 300, "test": 300})
     settings = _settings(seed, counts)
-    done = None if force else is_complete(out, settings, [f"{s}.jsonl" for s in SPLITS])
-    if done:
-        print(f"synthetic corpus in {out} is complete ({counts}, seed {seed}); nothing to do")
+    if not needs_build(out, settings, [f"{s}.jsonl" for s in SPLITS], force, "synthetic corpus"):
         return False
-    if done is False:
-        print(f"synthetic corpus in {out} was built with other settings; rebuilding")
-    clear(out)
     for split in SPLITS:
         shutil.rmtree(out / "wav" / split, ignore_errors=True)
         (out / "wav" / split).mkdir(parents=True, exist_ok=True)

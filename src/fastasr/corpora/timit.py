@@ -22,16 +22,16 @@ for training and the 48 to the standard 39 for scoring PER (``fastasr.data.phone
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from fastasr.corpora import command
+from fastasr.corpora.command import write_split
 from fastasr.corpora.paths import CorpusLayoutError, child_ci, require_dir
 from fastasr.corpora.skipped import Skipped, duration_or_skip
 from fastasr.corpora.text import normalize_transcript
-from fastasr.data.manifest import write_manifest
 from fastasr.data.phone_sets import TIMIT_61
 
 log = logging.getLogger(__name__)
@@ -160,29 +160,16 @@ def convert(src: str | Path, out: str | Path, partial: bool = False) -> dict[str
     written = {}
     for split, speakers in split_speakers(train_dir, test_dir, partial).items():
         skipped = Skipped("utterance")
-        records = [r for spk, d in speakers.items() for r in read_speaker(spk, d, skipped)]
-        if not records:
-            raise CorpusLayoutError(f"{src}: no usable {split} utterance ({skipped.summary()}); expected {LAYOUT}")
-        write_manifest(Path(out) / f"{split}.jsonl", records)
-        print(f"{split}: {len(records)} utterances of {len(speakers)} speakers, "
-              f"{sum(r['duration'] for r in records) / 3600:.2f} h → {Path(out) / f'{split}.jsonl'}; "
-              f"{skipped.summary()}")
-        written[split] = records
+        written[split] = [r for spk, d in speakers.items() for r in read_speaker(spk, d, skipped)]
+        write_split(out, split, written[split], skipped, src)
     return written
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastasr.corpora.timit", description=__doc__.split("\n\n")[0])
-    p.add_argument("src", help="the TIMIT directory (holding TRAIN/ and TEST/)")
-    p.add_argument("out", help="output directory for train/dev/test.jsonl")
+    p = command.parser("timit", __doc__, "the TIMIT directory (holding TRAIN/ and TEST/)",
+                       "output directory for train/dev/test.jsonl")
     p.add_argument("--partial", action="store_true", help="build even if speakers of a split are missing")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    try:
-        convert(args.src, args.out, args.partial)
-    except CorpusLayoutError as e:
-        p.exit(2, f"error: {e}\n")
-    return 0
+    return command.run(p, argv, lambda a: convert(a.src, a.out, a.partial))
 
 
 if __name__ == "__main__":
