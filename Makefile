@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)  ## create .venv and install fastasr with its dev extras
 
 $(CORPUS): $(STAMP)
-	$(PY) -m fastasr.data.synthetic --out data/synthetic
+	$(PY) -m fastasr.corpora.synthetic --out data/synthetic
 
 data: $(CORPUS)  ## synthesise the built-in espeak-ng corpus under data/synthetic (offline)
 

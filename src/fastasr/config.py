@@ -12,9 +12,11 @@ PROJECT_ROOT = CONFIG_DIR.parent
 
 
 def unit_metric(tokenizer_kind: str) -> str:
-    """Name of the unit error rate for a tokenizer kind: ``per`` (phonemes) or ``cer`` (chars)."""
-    if tokenizer_kind not in ("phoneme", "char"):
-        raise ValueError(f"data.tokenizer: '{tokenizer_kind}'; expected 'phoneme' or 'char'")
+    """Name of the unit error rate for a tokenizer kind: ``per`` (phonemes) or ``cer``
+    (chars, and subwords, which are scored on their characters)."""
+    kinds = ("phoneme", "char", "bpe", "unigram")
+    if tokenizer_kind not in kinds:
+        raise ValueError(f"data.tokenizer: '{tokenizer_kind}'; expected one of {', '.join(kinds)}")
     return "per" if tokenizer_kind == "phoneme" else "cer"
 
 
@@ -34,16 +36,23 @@ def matrix_shared_qk(member: str) -> bool:
     return member_shared_qk(member)
 
 
+def fallback(value, default):
+    """``value`` unless it is null, else ``default`` (``${fallback:${oc.select:tokenizer,null},char}``:
+    the top-level choice, else the data config's own default)."""
+    return default if value is None else value
+
+
 _RESOLVERS = {
     "unit_metric": unit_metric,            # ${unit_metric:${data.tokenizer}} -> per | cer
     "matrix_attention": matrix_attention,  # ${matrix_attention:${member}} -> attention spec
     "matrix_shared_qk": matrix_shared_qk,  # ${matrix_shared_qk:${member}} -> model.shared_qk
+    "fallback": fallback,                  # ${fallback:a,b} -> a unless null, else b
 }
 
 
 def register_resolvers() -> None:
     """Register fastasr's OmegaConf resolvers once (``unit_metric``, ``matrix_attention``,
-    ``matrix_shared_qk``)."""
+    ``matrix_shared_qk``, ``fallback``)."""
     for name, resolver in _RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

@@ -118,8 +118,8 @@ class ASRLitModule(L.LightningModule):
         )
 
     def _scored_units(self, units: list[str]) -> list[str]:
-        # Word boundaries are scored by WER, not as units of the PER/CER.
-        return [u for u in units if u != self.tokenizer.word_boundary]
+        # Word boundaries are scored by WER, not as units of the PER/CER (and foldings apply).
+        return self.tokenizer.scored_units(units)
 
     def _finish(self, stage: str) -> dict[str, float]:
         rates = self._rates.pop(stage, ErrorRates())
