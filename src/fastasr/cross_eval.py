@@ -48,8 +48,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from fastasr.callbacks.fit_done import read_fit_done
 from fastasr.config import CONFIG_DIR
+from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +396,7 @@ class Member:
 
     def finished(self) -> dict[str, Any] | None:
         """The ``fit_done.json`` record when training is complete for the configured budget."""
-        done = read_fit_done(self.run_dir)
+        done = RunDir(self.run_dir).read_fit_done()
         if done is None:
             return None
         wanted = self.cfg.trainer.get("max_epochs")
@@ -519,7 +519,7 @@ def train_member_model(member: Member) -> dict[str, Any]:
             train(member.cfg)
     finally:
         _finish_wandb()
-    done = read_fit_done(member.run_dir)
+    done = RunDir(member.run_dir).read_fit_done()
     if done is None:
         raise MatrixError(
             f"{member.run_dir}: training returned but wrote no fit_done.json; "

@@ -24,6 +24,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from fastasr.attention import build_attention
+from fastasr.rundir import ATTENTION_MAPS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class AttentionMapLogger(L.Callback):
         pick: str = "longest",
         max_frames: int | None = 800,
         seed: int = 0,
-        dirname: str = "attention_maps",
+        dirname: str = ATTENTION_MAPS_DIR,
         panel_size: float = 3.2,
         dpi: int = 100,
     ):

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
+
+from fastasr.rundir import RunDir
 
 _SCALARS = (bool, int, float, str)
 
@@ -37,7 +38,7 @@ class RunInfoLogger(L.Callback):
         if not trainer.is_global_zero:
             return
         info = attention_info(pl_module.model)
-        config_file = Path(trainer.default_root_dir) / "config.yaml"
+        config_file = RunDir(trainer.default_root_dir).config_file
         config_text = config_file.read_text() if config_file.is_file() else None
         for logger in trainer.loggers:
             logger.log_hyperparams({"attention": info})
