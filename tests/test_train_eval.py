@@ -11,6 +11,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
+from fastasr.recogniser import decode_manifest, load_recogniser
 from fastasr.training import train
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_dim=64"]
@@ -75,12 +76,16 @@ def test_sigterm_stops_training_with_a_failure_status(tiny_corpus, tmp_path, mon
 def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     first = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=1", "test=false"))
     last = Path(first["last_ckpt"])
-    state = torch.load(last, map_location="cpu", weights_only=False)
+    state = torch.load(last, map_location="cpu", weights_only=True)  # tensors and plain data only
     steps_after_one = state["global_step"]
     assert state["epoch"] == 0 and steps_after_one > 0
-    assert "tokenizer" in state["hyper_parameters"] and "cmvn.mean" in {
+    # the recogniser bundle is written once, as plain data; CMVN is in the model's weights only
+    assert "tokenizer" in state["recogniser"] and "cmvn.mean" in {
         k.removeprefix("model.") for k in state["state_dict"]
     }
+    assert json.loads(json.dumps(state["recogniser"])) == state["recogniser"]
+    assert "tokenizer" not in state.get("hyper_parameters", {})
+    assert not [k for k in state if "DataModule" in k]
 
     # a fresh start over an existing run is refused, not silently clobbered
     with pytest.raises(FileExistsError, match="ckpt_path=last"):
@@ -95,6 +100,11 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     assert resumed["global_step"] == 2 * steps_after_one
     assert second["test"]["utterances"] == 2
     assert set(second["test"]) >= {"per", "wer", "decode_seconds", "attention"}
+
+    # the checkpoint alone plus the manifest decodes, and gives the training's own test score
+    alone = decode_manifest(load_recogniser(second["best_ckpt"]), tiny_corpus / "test.jsonl", accelerator="cpu")
+    assert alone["utterances"] == 2 and alone["attention"] == second["test"]["attention"] == "full"
+    assert alone["per"] == pytest.approx(second["test"]["per"]) and alone["wer"] == pytest.approx(second["test"]["wer"])
 
     # evaluate.py decodes the full-attention model with another attention
     env = dict(os.environ, PYTHONUNBUFFERED="1")

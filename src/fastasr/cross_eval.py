@@ -536,20 +536,19 @@ def _relative(path: Path, base: Path) -> str:
         return str(path)
 
 
-def decode_cell(member: Member, lit, eval_spec: str, manifest: str, cfg: DictConfig) -> Cell:
-    """Decode ``manifest`` with ``lit`` swapped to ``eval_spec``; the cell is ok or failed."""
-    from fastasr.evaluation import decode_manifest
+def decode_cell(member: Member, recogniser, eval_spec: str, manifest: str, cfg: DictConfig) -> Cell:
+    """Decode ``manifest`` with ``recogniser`` swapped to ``eval_spec``; the cell is ok or failed."""
+    from fastasr.recogniser import decode_manifest, decoding_options
 
     cell = Cell(member.spec, eval_spec)
     attention, reason = eval_attention(eval_spec, member.shared_qk)
     if attention is None:
         cell.status, cell.reason = NA, reason
         return cell
-    data_cfg = OmegaConf.to_container(member.cfg.data, resolve=True)
-    data_cfg["features"] = dict(lit.hparams.get("features") or data_cfg["features"])
     try:
-        lit.model.set_attention(attention)
-        result = decode_manifest(lit, data_cfg, manifest, cfg.matrix.accelerator, cfg.seed)
+        recogniser.model.set_attention(attention)
+        result = decode_manifest(recogniser, manifest, accelerator=cfg.matrix.accelerator, seed=cfg.seed,
+                                 **decoding_options(member.cfg.data))
     except Exception as err:  # one broken cell must not stop the matrix
         log.exception("cell %s / %s failed", member.spec, eval_spec)
         cell.status, cell.reason = FAILED, f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
@@ -676,7 +675,7 @@ def _todo(member: Member, cells: Mapping[tuple[str, str], Cell], evals: Sequence
 
 def _run_member(cfg: DictConfig, member: Member, manifest: str, result: MatrixResult, save) -> None:
     """Bring one column of the matrix up to date: n/a cells, training if needed, decoding."""
-    from fastasr.evaluation import load_model
+    from fastasr.recogniser import load_recogniser
 
     cells, evals, matrix_dir = result.cells, list(cfg.matrix.eval), result.matrix_dir
     for e in evals:  # n/a cells need no model
@@ -716,11 +715,11 @@ def _run_member(cfg: DictConfig, member: Member, manifest: str, result: MatrixRe
         save()
         return
     log.info("%s: decoding %s with %s (%s)", member.spec, manifest, ", ".join(todo), ckpt)
-    lit = load_model(ckpt)
+    recogniser = load_recogniser(ckpt)
     ckpt_rel, step = _relative(ckpt, matrix_dir), int(done["global_step"])
     for e in todo:
         start = time.perf_counter()
-        cell = decode_cell(member, lit, e, manifest, cfg)
+        cell = decode_cell(member, recogniser, e, manifest, cfg)
         cell.checkpoint, cell.train_step = ckpt_rel, step
         cells[cell.key] = cell
         result.decoded.append(cell.key)

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 import fastasr.config  # noqa: F401  (registers resolvers)
 from fastasr.lit import ASRLitModule
 from fastasr.loggers import build_loggers, finish_wandb
+from fastasr.recogniser import Recogniser
 from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -44,12 +45,12 @@ def build_callbacks(cfg: DictConfig, run_dir: RunDir) -> list[L.Callback]:
 
 
 def build_module(cfg: DictConfig, datamodule) -> ASRLitModule:
-    """The LightningModule for ``cfg.model`` with the data's vocabulary, dims and CMVN stats."""
+    """The LightningModule for ``cfg.model`` with the data's tokenizer, features and CMVN stats."""
+    recogniser = Recogniser.from_model_config(
+        OmegaConf.to_container(cfg.model, resolve=True), datamodule.tokenizer, datamodule.feature_config
+    )
     lit = ASRLitModule(
-        model=OmegaConf.to_container(cfg.model, resolve=True),
-        tokenizer=datamodule.tokenizer.state_dict(),
-        feat_in=datamodule.feature_dim,
-        features=OmegaConf.to_container(cfg.data.features, resolve=True),
+        recogniser,
         optimizer=OmegaConf.to_container(cfg.optim, resolve=True),
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None,
     )
@@ -68,7 +69,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     ckpt_path = run_dir.resolve_ckpt_path(cfg.get("ckpt_path"))
     OmegaConf.save(cfg, run_dir.config_file, resolve=True)
 
-    datamodule = instantiate(cfg.data, subsampling_factor=cfg.model.subsampling, _convert_="all")
+    # the subsampling factor's one home is the model config; the label-length filter needs it
+    datamodule = instantiate(cfg.data, subsampling_factor=cfg.model.get("subsampling", 1), _convert_="all")
     datamodule.setup("fit")
     lit = build_module(cfg, datamodule)
 
