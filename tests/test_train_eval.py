@@ -93,7 +93,7 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
 
     # resume continues the optimisation where it stopped
     second = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=2", "ckpt_path=last"))
-    resumed = torch.load(second["last_ckpt"], map_location="cpu", weights_only=False)
+    resumed = torch.load(second["last_ckpt"], map_location="cpu", weights_only=True)
     # saved at the end of epoch 1's validation (epoch=1) or at train end (epoch=2, Lightning's on_train_end)
     assert resumed["epoch"] in (1, 2)
     # the optimisation continued from the first run's step instead of starting over

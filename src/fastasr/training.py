@@ -81,7 +81,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         default_root_dir=str(run_dir.path),
     )
     try:
-        trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path)
+        # checkpoints hold tensors and plain data only (the recogniser bundle included)
+        trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
         # Lightning stops after the batch it is in and raises SystemExit *without* a code,
         # i.e. exit status 0: a cluster job script could not tell a preempted run from a
@@ -100,7 +101,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     last = run_dir.latest_checkpoint()
     result["last_ckpt"] = str(last) if last else None
     if cfg.get("test") and not trainer.fast_dev_run:
-        trainer.test(lit, datamodule=datamodule, ckpt_path=best or None)
+        trainer.test(lit, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
         result["test"] = lit.test_result
         log.info("test: %s", lit.test_result)
     finish_wandb()
