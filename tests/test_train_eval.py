@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from fastasr.attention import build_attention
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
+from fastasr.recogniser import decode_manifest, load_recogniser
 from fastasr.training import train
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_dim=64"]
@@ -46,10 +47,10 @@ def test_fast_dev_run(tiny_corpus, tmp_path):
     assert result["run_dir"] == str(tmp_path / "given")
     assert not Path(cfg.paths.run_dir).exists()
     assert OmegaConf.load(tmp_path / "given" / "config.yaml").model.attention.clusters == 4
-    state = torch.load(result["last_ckpt"], map_location="cpu", weights_only=False)
+    state = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
     assert Path(result["last_ckpt"]).parent == tmp_path / "given" / "checkpoints"
     assert state["global_step"] == 1  # exactly one optimiser step
-    assert build_attention(state["hyper_parameters"]["model"]["attention"]).spec == "i-clustered-4"
+    assert build_attention(state["recogniser"]["attention"]).spec == "i-clustered-4"
     assert set(result["val"]) >= {"val/loss", "val/per", "val/wer"}
     assert all(math.isfinite(v) for v in result["val"].values()) and result["val"]["val/loss"] > 0
     assert "test" not in result  # debug=fast skips testing
@@ -89,12 +90,16 @@ def test_sigterm_stops_training_with_a_failure_status(tiny_corpus, tmp_path, mon
 def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     first = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=1", "test=false"))
     last = Path(first["last_ckpt"])
-    state = torch.load(last, map_location="cpu", weights_only=False)
+    state = torch.load(last, map_location="cpu", weights_only=True)  # tensors and plain data only
     steps_after_one = state["global_step"]
     assert state["epoch"] == 0 and steps_after_one > 0
-    assert "tokenizer" in state["hyper_parameters"] and "cmvn.mean" in {
+    # the recogniser bundle is written once, as plain data; CMVN is in the model's weights only
+    assert "tokenizer" in state["recogniser"] and "cmvn.mean" in {
         k.removeprefix("model.") for k in state["state_dict"]
     }
+    assert json.loads(json.dumps(state["recogniser"])) == state["recogniser"]
+    assert "tokenizer" not in state.get("hyper_parameters", {})
+    assert not [k for k in state if "DataModule" in k]
 
     # a fresh start over an existing run is refused, not silently clobbered
     with pytest.raises(FileExistsError, match="ckpt_path=last"):
@@ -102,13 +107,18 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
 
     # resume continues the optimisation where it stopped
     second = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=2", "ckpt_path=last"))
-    resumed = torch.load(second["last_ckpt"], map_location="cpu", weights_only=False)
+    resumed = torch.load(second["last_ckpt"], map_location="cpu", weights_only=True)
     # saved at the end of epoch 1's validation (epoch=1) or at train end (epoch=2, Lightning's on_train_end)
     assert resumed["epoch"] in (1, 2)
     # the optimisation continued from the first run's step instead of starting over
     assert resumed["global_step"] == 2 * steps_after_one
     assert second["test"]["utterances"] == 2
     assert set(second["test"]) >= {"per", "wer", "decode_seconds", "attention"}
+
+    # the checkpoint alone plus the manifest decodes, and gives the training's own test score
+    alone = decode_manifest(load_recogniser(second["best_ckpt"]), tiny_corpus / "test.jsonl", accelerator="cpu")
+    assert alone["utterances"] == 2 and alone["attention"] == second["test"]["attention"] == "full"
+    assert alone["per"] == pytest.approx(second["test"]["per"]) and alone["wer"] == pytest.approx(second["test"]["wer"])
 
     # evaluate.py decodes the full-attention model with another attention
     env = dict(os.environ, PYTHONUNBUFFERED="1")

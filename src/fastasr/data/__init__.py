@@ -13,8 +13,6 @@ _EXPORTS = {
     "collate": "datamodule",
     "Fbank": "features",
     "FeatureConfig": "features",
-    "GlobalCMVN": "features",
-    "SpecAugment": "features",
     "compute_cmvn_stats": "features",
     "ManifestError": "manifest",
     "Utterance": "manifest",

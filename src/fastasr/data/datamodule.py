@@ -115,7 +115,8 @@ class ASRDataModule(pl.LightningDataModule):
         vocab: a tokenizer state (``{"kind", "vocab"}``), a ``Tokenizer``, or a unit
             list, to use instead of building one from the training manifest.
         cmvn_stats: ``{"mean": [...], "std": [...]}`` or ``(mean, std)``, instead of computing them.
-        subsampling_factor: the model's frame reduction, for the label-length filter.
+        subsampling_factor: the model's frame reduction (``model.subsampling``, given by whoever
+            builds this module from the model config), for the label-length filter.
         seed: batch shuffling seed (per epoch: seed + epoch).
         pin_memory: pin batches (for GPU training).
     """
@@ -320,18 +321,3 @@ class ASRDataModule(pl.LightningDataModule):
         ds = self._dataset("train")
         sampler = FrameBudgetBatchSampler(ds.frame_lengths(), self.max_frames_per_batch, self.max_batch_size)
         return [collate([ds[i] for i in b]) for b in sampler.largest_batches(k)]
-
-    def state_dict(self) -> dict:
-        """Tokenizer and CMVN statistics (Lightning stores this in checkpoints)."""
-        state = {}
-        if self.tokenizer is not None:
-            state["tokenizer"] = self.tokenizer.state_dict()
-        if self.cmvn_stats is not None:
-            state["cmvn_stats"] = {"mean": self.cmvn_stats[0].tolist(), "std": self.cmvn_stats[1].tolist()}
-        return state
-
-    def load_state_dict(self, state: Mapping) -> None:
-        if "tokenizer" in state and self.tokenizer is None:
-            self.tokenizer = self._tokenizer_from(state["tokenizer"])
-        if "cmvn_stats" in state and self.cmvn_stats is None:
-            self.cmvn_stats = self._stats_from(state["cmvn_stats"])

@@ -7,17 +7,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from fastasr.loggers import finish_wandb
 from fastasr.matrix.cells import CSV_COLUMNS, OK, PNG_FILE, Cells, ordered
-
-
-def finish_wandb() -> None:
-    """Close the process's current wandb run, if any, so the next one starts its own."""
-    try:
-        import wandb
-    except ImportError:  # pragma: no cover - wandb is a dependency
-        return
-    if wandb.run is not None:
-        wandb.finish()
 
 
 def log_to_wandb(cfg: DictConfig, matrix_dir: Path, cells: Cells) -> Path | None:

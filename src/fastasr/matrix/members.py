@@ -18,9 +18,9 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from fastasr.callbacks.fit_done import read_fit_done
-from fastasr.matrix.dashboard import finish_wandb
+from fastasr.loggers import finish_wandb
 from fastasr.matrix.rules import MatrixError, train_member
+from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Member:
 
     def finished(self) -> dict[str, Any] | None:
         """The ``fit_done.json`` record when training is complete for the configured budget."""
-        done = read_fit_done(self.run_dir)
+        done = RunDir(self.run_dir).read_fit_done()
         if done is None:
             return None
         wanted = self.cfg.trainer.get("max_epochs")
@@ -56,19 +56,7 @@ class Member:
 
     def checkpoint(self, done: Mapping[str, Any]) -> Path:
         """The checkpoint the matrix decodes: the best by validation error, else the last."""
-        ckpt_dir = self.run_dir / "checkpoints"
-        for key in ("best_ckpt", "last_ckpt"):
-            if done.get(key):
-                path = Path(done[key])
-                for candidate in (path, ckpt_dir / path.name):
-                    if candidate.is_file():
-                        return candidate
-        best = sorted(ckpt_dir.glob("best-*.ckpt"))
-        if best:
-            return best[-1]
-        if (ckpt_dir / "last.ckpt").is_file():
-            return ckpt_dir / "last.ckpt"
-        raise FileNotFoundError(f"{self.run_dir}: fit_done.json present but no checkpoint in {ckpt_dir}")
+        return RunDir(self.run_dir).finished_checkpoint(done)
 
     def check_saved_config(self) -> None:
         """Refuse to reuse/resume a run directory trained with a different model config."""
@@ -157,7 +145,7 @@ def train_member_model(member: Member) -> dict[str, Any]:
         train(member.cfg, run_dir=member.run_dir)
     finally:
         finish_wandb()
-    done = read_fit_done(member.run_dir)
+    done = RunDir(member.run_dir).read_fit_done()
     if done is None:
         raise MatrixError(
             f"{member.run_dir}: training returned but wrote no fit_done.json; "

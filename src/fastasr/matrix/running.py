@@ -64,32 +64,33 @@ class MatrixResult:
 
 # ----------------------------------------------------------------------------- decoding
 def load_checkpoint(ckpt: Path):
-    """The LightningModule of a member's checkpoint, on the CPU, in eval mode."""
-    from fastasr.evaluation import load_model
+    """The recogniser of a member's checkpoint (:func:`fastasr.recogniser.load_recogniser`),
+    on the CPU, in eval mode."""
+    from fastasr.recogniser import load_recogniser
 
-    return load_model(ckpt)
-
-
-def decode_with(member: Member, lit, manifest: str, cfg: DictConfig) -> dict[str, Any]:
-    """Decode ``manifest`` with ``lit`` as it is (its attention already swapped); returns
-    per/cer, wer (%), utterances, decode_seconds. Features follow the checkpoint."""
-    from fastasr.evaluation import decode_manifest
-
-    data_cfg = OmegaConf.to_container(member.cfg.data, resolve=True)
-    data_cfg["features"] = dict(lit.hparams.get("features") or data_cfg["features"])
-    return decode_manifest(lit, data_cfg, manifest, cfg.matrix.accelerator, cfg.seed)
+    return load_recogniser(ckpt)
 
 
-def decode_cell(member: Member, lit, eval_spec: str, manifest: str, cfg: DictConfig) -> Cell:
-    """Decode ``manifest`` with ``lit`` swapped to ``eval_spec``; the cell is ok, n/a or failed."""
+def decode_with(member: Member, recogniser, manifest: str, cfg: DictConfig) -> dict[str, Any]:
+    """Decode ``manifest`` with ``recogniser`` as it is (its attention already swapped); returns
+    per/cer, wer (%), utterances, decode_seconds. Tokenizer and features are the checkpoint's;
+    batching follows the member's data config."""
+    from fastasr.recogniser import decode_manifest, decoding_options
+
+    return decode_manifest(recogniser, manifest, accelerator=cfg.matrix.accelerator, seed=cfg.seed,
+                           **decoding_options(member.cfg.data))
+
+
+def decode_cell(member: Member, recogniser, eval_spec: str, manifest: str, cfg: DictConfig) -> Cell:
+    """Decode ``manifest`` with ``recogniser`` swapped to ``eval_spec``; the cell is ok, n/a or failed."""
     cell = Cell(member.spec, eval_spec)
     attention, reason = eval_attention(eval_spec, member.shared_qk)
     if attention is None:
         cell.status, cell.reason = NA, reason
         return cell
     try:
-        lit.model.set_attention(attention)
-        result = decode_with(member, lit, manifest, cfg)
+        recogniser.model.set_attention(attention)
+        result = decode_with(member, recogniser, manifest, cfg)
     except Exception as err:  # one broken cell must not stop the matrix
         log.exception("cell %s / %s failed", member.spec, eval_spec)
         cell.status, cell.reason = FAILED, f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
@@ -161,11 +162,11 @@ def _run_member(cfg: DictConfig, member: Member, manifest: str, result: MatrixRe
         save()
         return
     log.info("%s: decoding %s with %s (%s)", member.spec, manifest, ", ".join(todo), ckpt)
-    lit = load_checkpoint(ckpt)
+    recogniser = load_checkpoint(ckpt)
     ckpt_rel, step = _relative(ckpt, matrix_dir), int(done["global_step"])
     for e in todo:
         start = time.perf_counter()
-        cell = decode_cell(member, lit, e, manifest, cfg)
+        cell = decode_cell(member, recogniser, e, manifest, cfg)
         cell.checkpoint, cell.train_step = ckpt_rel, step
         cells[cell.key] = cell
         result.decoded.append(cell.key)
