@@ -1,5 +1,5 @@
-"""Data pipeline: manifests, audio, features, tokenizers, samplers, the DataModule,
-the synthetic espeak-ng corpus and converters for other corpora.
+"""Data pipeline: manifests, audio, features, the feature cache, augmentation, tokenizers,
+samplers, the DataModule, the synthetic espeak-ng corpus and converters for other corpora.
 
 Names are imported lazily, so ``python -m fastasr.data.synthetic`` (and its
 worker processes) do not pay for importing Lightning.
@@ -11,6 +11,10 @@ _EXPORTS = {
     "ASRDataModule": "datamodule",
     "ASRDataset": "datamodule",
     "collate": "datamodule",
+    "AugmentConfig": "augment",
+    "WaveformAugment": "augment",
+    "CacheConfig": "feature_cache",
+    "FeatureCache": "feature_cache",
     "Fbank": "features",
     "FeatureConfig": "features",
     "GlobalCMVN": "features",
