@@ -248,3 +248,26 @@ def test_command_line_builds_the_config_caches(tiny_corpus, tmp_path, capsys):
     assert {n: (tmp_path / n / "index.json").stat().st_mtime_ns for n in names} == stamps
     index = json.loads((tmp_path / names[0] / "index.json").read_text())
     assert index["settings"]["features"]["num_mel_bins"] == 40 and "dither" not in index["settings"]["features"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_feature_cache_bench_runs_on_the_tiny_corpus(tiny_corpus, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "benchmarks" / "feature_cache_bench.py"), "--out-dir", str(tmp_path / "out"),
+           f"data.train_manifest={tiny_corpus / 'train.jsonl'}", f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}",
+           f"data.test_manifest={tiny_corpus / 'test.jsonl'}", f"data.cache.dir={tmp_path / 'cache'}",
+           "data.num_workers=0"]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=170)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = (tmp_path / "out").glob("feature_cache_*.json")
+    data = json.loads(result.read_text())
+    fly, cached = data["epochs"]["on_the_fly"][0], data["epochs"]["cached"][0]
+    assert fly["utterances"] == cached["utterances"] == 10 and fly["frames"] == cached["frames"]
+    assert data["ratio_first_epoch"] == pytest.approx(fly["seconds"] / cached["seconds"])
+    assert (tmp_path / "out" / result.name.replace(".json", ".md")).is_file()
