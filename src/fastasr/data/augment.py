@@ -27,13 +27,14 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
 import soundfile as sf
 import torch
 
+from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import resample
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,7 @@ class AugmentConfig:
     @classmethod
     def from_dict(cls, cfg: Mapping | AugmentConfig | None) -> AugmentConfig:
         """Build from a mapping (or DictConfig); unknown keys raise ``ValueError``."""
-        if cfg is None:
-            return cls()
-        if isinstance(cfg, AugmentConfig):
-            return cfg
-        known = {f.name for f in fields(cls)}
-        cfg = dict(cfg)
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"data.augment: unknown key(s) {unknown}; expected some of {sorted(known)}")
-        return cls(**cfg)
+        return dataclass_from_mapping(cls, cfg, "data.augment")
 
     @property
     def enabled(self) -> bool:

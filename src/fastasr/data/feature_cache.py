@@ -43,13 +43,14 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import load_audio
 from fastasr.data.augment import speed_perturb
 from fastasr.data.features import Fbank, FeatureConfig
@@ -87,15 +88,7 @@ class CacheConfig:
     @classmethod
     def from_dict(cls, cfg: Mapping | CacheConfig | None) -> CacheConfig:
         """Build from a mapping (or DictConfig); unknown keys raise ``ValueError``."""
-        if cfg is None:
-            return cls()
-        if isinstance(cfg, CacheConfig):
-            return cfg
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"data.cache: unknown key(s) {unknown}; expected some of {sorted(known)}")
-        return cls(**dict(cfg))
+        return dataclass_from_mapping(cls, cfg, "data.cache")
 
     @property
     def enabled(self) -> bool:
