@@ -317,8 +317,8 @@ def open_feature_cache(utterances: Sequence[Utterance], manifest_path: str | Pat
         log.info("building the feature cache of %s%s in %s", manifest_path,
                  f" (speed {speed:g})" if speed != 1.0 else "", directory)
         return build_feature_cache(utterances, config, directory, key, speed, cache.dtype, num_workers)
-    log.info("no feature cache of %s%s under %s: features are computed on the fly "
-             "(`make features` or data.cache.mode=build builds it)", manifest_path,
+    log.info("no feature cache of %s%s under %s: features are computed on the fly (`make features "
+             "ARGS=\"<this run's overrides>\"` or data.cache.mode=build builds it)", manifest_path,
              f" (speed {speed:g})" if speed != 1.0 else "", cache.dir)
     return None
 
