@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CORPUS := data/synthetic/.complete
 ARGS ?=
 
-.PHONY: install data train test test-slow test-full lint bench matrix report clean help
+.PHONY: install data features train test test-slow test-full lint bench matrix report clean help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -24,6 +24,9 @@ $(CORPUS): $(STAMP)
 	$(PY) -m fastasr.corpora.synthetic --out data/synthetic
 
 data: $(CORPUS)  ## synthesise the built-in espeak-ng corpus under data/synthetic (offline)
+
+features: $(CORPUS)  ## filterbank caches of the config's manifests under data/feature_cache; overrides as train: make features ARGS="features=fbank80"
+	$(PY) -m fastasr.data.feature_cache $(ARGS)
 
 train: $(CORPUS)  ## train the default model (CPU if no GPU); extra overrides: make train ARGS="model.layers=9"
 	$(PY) train.py $(ARGS)
@@ -50,4 +53,4 @@ report: $(STAMP)  ## static HTML report of a run or matrix dir: make report DIR=
 	$(PY) -m fastasr.report $(DIR)
 
 clean:  ## remove the venv, generated data and outputs
-	rm -rf $(VENV) data/synthetic outputs multirun .pytest_cache
+	rm -rf $(VENV) data/synthetic data/feature_cache outputs multirun .pytest_cache

@@ -1,8 +1,9 @@
-"""Hydra/OmegaConf glue: custom resolvers and the config directory."""
+"""Hydra/OmegaConf glue: custom resolvers, the config directory, config sections → dataclasses."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import fields
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -40,6 +41,22 @@ def fallback(value, default):
     """``value`` unless it is null, else ``default`` (``${fallback:${oc.select:tokenizer,null},char}``:
     the top-level choice, else the data config's own default)."""
     return default if value is None else value
+
+
+def dataclass_from_mapping(cls: type, cfg, section: str):
+    """An instance of the dataclass ``cls`` from a config section: a mapping (or DictConfig)
+    → ``cls(**cfg)``; None → ``cls()``; an instance → itself. Unknown keys raise
+    ``ValueError`` naming ``section`` (e.g. ``data.augment``) and the accepted keys."""
+    if cfg is None:
+        return cls()
+    if isinstance(cfg, cls):
+        return cfg
+    known = {f.name for f in fields(cls)}
+    cfg = dict(cfg)
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise ValueError(f"{section}: unknown key(s) {unknown}; expected some of {sorted(known)}")
+    return cls(**cfg)
 
 
 _RESOLVERS = {

@@ -30,6 +30,9 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from fastasr.data.augment import AugmentConfig, EpochListeners, WaveformAugment
+from fastasr.data.feature_cache import CacheConfig
+from fastasr.data.feature_sources import AudioFeatures, FeatureSource, feature_source
 from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats
 from fastasr.data.manifest import Utterance, read_manifest
 from fastasr.data.sampler import FrameBudgetBatchSampler
@@ -39,10 +42,12 @@ log = logging.getLogger(__name__)
 
 
 class ASRDataset(Dataset):
-    """Utterances with precomputed label ids; ``__getitem__`` loads audio and computes features."""
+    """Utterances with precomputed label ids; ``__getitem__`` gets features from ``source``
+    (default: load the audio and compute them; see ``fastasr.data.feature_sources``)."""
 
     def __init__(self, utterances: Sequence[Utterance], targets: Sequence[Sequence[int]],
-                 references: Sequence[str], fbank: Fbank, train: bool = False) -> None:
+                 references: Sequence[str], fbank: Fbank, train: bool = False,
+                 source: FeatureSource | None = None) -> None:
         if not len(utterances) == len(targets) == len(references):
             raise ValueError("ASRDataset: utterances, targets and references differ in length")
         self.utterances = list(utterances)
@@ -50,18 +55,24 @@ class ASRDataset(Dataset):
         self.references = list(references)
         self.fbank = fbank
         self.train = train
+        self.source = source if source is not None else AudioFeatures(fbank)
 
     def __len__(self) -> int:
         return len(self.utterances)
 
     def frame_lengths(self) -> list[int]:
-        """Frames per utterance from the manifest durations (no audio read)."""
-        return [self.fbank.config.frames_for_duration(u.duration) for u in self.utterances]
+        """Frames per utterance from the manifest durations (no audio read); with speed
+        perturbation, those of its longest version, so a batch never exceeds its budget."""
+        return [self.source.frame_range(u.duration)[1] for u in self.utterances]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Augmentation draws follow the epoch (``EpochListeners`` calls this)."""
+        self.source.set_epoch(epoch)
 
     def __getitem__(self, i: int) -> dict:
         utt = self.utterances[i]
         return {
-            "features": self.fbank.from_file(utt.audio_filepath, train=self.train),
+            "features": self.source(utt, train=self.train),
             "targets": self.targets[i],
             "id": utt.id,
             "text": self.references[i],
@@ -119,6 +130,8 @@ class ASRDataModule(pl.LightningDataModule):
             builds this module from the model config), for the label-length filter.
         seed: batch shuffling seed (per epoch: seed + epoch).
         pin_memory: pin batches (for GPU training).
+        cache: ``data.cache`` (``CacheConfig`` fields: dir, mode, dtype): the feature cache.
+        augment: ``data.augment`` (``AugmentConfig`` fields): training-only augmentation.
     """
 
     def __init__(
@@ -141,6 +154,8 @@ class ASRDataModule(pl.LightningDataModule):
         subsampling_factor: int = 1,
         seed: int = 0,
         pin_memory: bool = False,
+        cache: Mapping | None = None,
+        augment: Mapping | None = None,
     ) -> None:
         super().__init__()
         if on_bad_utterance not in ("skip", "raise"):
@@ -163,6 +178,8 @@ class ASRDataModule(pl.LightningDataModule):
         self.subsampling_factor = int(subsampling_factor)
         self.seed = int(seed)
         self.pin_memory = pin_memory
+        self.cache_config = CacheConfig.from_dict(cache)
+        self.augment_config = AugmentConfig.from_dict(augment)
         self.tokenizer: Tokenizer | None = self._tokenizer_from(vocab) if vocab is not None else None
         self.cmvn_stats: tuple[torch.Tensor, torch.Tensor] | None = (
             self._stats_from(cmvn_stats) if cmvn_stats is not None else None
@@ -206,7 +223,7 @@ class ASRDataModule(pl.LightningDataModule):
         return self._utterances[split]
 
     def _encode(self, split: str, utterances: Sequence[Utterance], ctc_filter: bool,
-                ) -> tuple[list[Utterance], list[list[int]], list[str]]:
+                source: FeatureSource | None = None) -> tuple[list[Utterance], list[list[int]], list[str]]:
         """Label ids and reference words; drops unknown-unit and (optionally) CTC-infeasible utterances."""
         tok = self.tokenizer
         kept, targets, refs = [], [], []
@@ -224,7 +241,8 @@ class ASRDataModule(pl.LightningDataModule):
                 unknown.append(f"utterance {utt.id!r} has no units")
                 continue
             if ctc_filter:
-                frames = self.feature_config.frames_for_duration(utt.duration) // self.subsampling_factor
+                frames = (source.frame_range(utt.duration)[0] if source is not None  # shortest speed factor
+                          else self.feature_config.frames_for_duration(utt.duration)) // self.subsampling_factor
                 if ctc_min_frames(ids) > frames:
                     too_long += 1
                     continue
@@ -262,15 +280,29 @@ class ASRDataModule(pl.LightningDataModule):
             if len(in_range) < len(train):
                 log.info("train: dropped %d of %d utterances outside [%s, %s] s",
                          len(train) - len(in_range), len(train), lo, hi)
-            utts, targets, refs = self._encode("train", in_range, ctc_filter=True)
-            self.datasets["train"] = ASRDataset(utts, targets, refs, self.fbank, train=True)
+            source = self._feature_source("train", train)
+            utts, targets, refs = self._encode("train", in_range, ctc_filter=True, source=source)
+            self.datasets["train"] = ASRDataset(utts, targets, refs, self.fbank, train=True, source=source)
             if self.cmvn_stats is None:
                 cache = cmvn_cache_path(self.manifests["train"], self.feature_config, [u.id for u in utts])
                 self.cmvn_stats = compute_cmvn_stats(utts, self.fbank, cache, num_workers=self.num_workers)
         for split in ("dev", "test"):
             if split in splits and split not in self.datasets:
+                source = self._feature_source(split, self._read(split))
                 utts, targets, refs = self._encode(split, self._read(split), ctc_filter=split == "dev")
-                self.datasets[split] = ASRDataset(utts, targets, refs, self.fbank, train=False)
+                self.datasets[split] = ASRDataset(utts, targets, refs, self.fbank, train=False, source=source)
+
+    def _feature_source(self, split: str, utterances: list[Utterance],
+                        manifest: str | Path | None = None) -> FeatureSource:
+        """Audio or feature cache for a split (``feature_sources.feature_source``), with the
+        ``data.augment`` augmentation for ``train`` only."""
+        augment = None
+        if split == "train" and self.augment_config.enabled:
+            augment = WaveformAugment(self.augment_config, self.feature_config.sample_rate, self.seed)
+            log.info("train: augmentation %s", self.augment_config)
+        manifest = manifest if manifest is not None else self.manifests.get(split)
+        return feature_source(split, manifest, utterances, self.feature_config, self.cache_config, augment,
+                              self.num_workers)
 
     def _replicas(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
@@ -284,6 +316,8 @@ class ASRDataModule(pl.LightningDataModule):
             dataset.frame_lengths(), self.max_frames_per_batch, self.max_batch_size, shuffle=shuffle,
             seed=self.seed, num_replicas=replicas, rank=rank,
         )
+        if shuffle:  # Lightning's per-epoch set_epoch also reaches the dataset's augmentation draws
+            sampler.sampler = EpochListeners(sampler.sampler, dataset)
         return DataLoader(
             dataset, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
             pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
@@ -309,8 +343,9 @@ class ASRDataModule(pl.LightningDataModule):
         if self.tokenizer is None:
             raise RuntimeError("dataloader_for: no tokenizer yet; give vocab= or call setup() first")
         utts = read_manifest(manifest_path, on_error=self.on_bad_utterance)
+        source = self._feature_source(Path(manifest_path).name, utts, manifest_path)
         utts, targets, refs = self._encode(Path(manifest_path).name, utts, ctc_filter=False)
-        dataset = ASRDataset(utts, targets, refs, self.fbank, train=False)
+        dataset = ASRDataset(utts, targets, refs, self.fbank, train=False, source=source)
         sampler = FrameBudgetBatchSampler(dataset.frame_lengths(), max_frames_per_batch or self.max_frames_per_batch,
                                           self.max_batch_size, shuffle=False)
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
