@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CORPUS := data/synthetic/.complete
 ARGS ?=
 
-.PHONY: install data train test test-full lint bench matrix report clean help
+.PHONY: install data lm train test test-full lint bench matrix report clean help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -24,6 +24,13 @@ $(CORPUS): $(STAMP)
 	$(PY) -m fastasr.data.synthetic --out data/synthetic
 
 data: $(CORPUS)  ## synthesise the built-in espeak-ng corpus under data/synthetic (offline)
+
+LM := data/synthetic/lm/words-3gram.arpa
+
+$(LM): $(CORPUS)
+	$(PY) -m fastasr.lm build --manifest data/synthetic/train.jsonl --order 3 --out $(LM) --dev data/synthetic/dev.jsonl
+
+lm: $(LM)  ## word 3-gram LM (ARPA, modified Kneser-Ney) of the built-in corpus's training transcripts
 
 train: $(CORPUS)  ## train the default model (CPU if no GPU); extra overrides: make train ARGS="model.layers=9"
 	$(PY) train.py $(ARGS)

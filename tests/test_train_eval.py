@@ -11,6 +11,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
+from fastasr.decoding.tune import tune
+from fastasr.evaluation import evaluate
+from fastasr.lm.__main__ import build as lm_build
 from fastasr.training import train
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_dim=64"]
@@ -113,6 +116,27 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     assert results["attention"] == "i-clustered-3"
     assert results["utterances"] == 2
     assert f"PER={results['per']:.2f} WER={results['wer']:.2f}" == last_line
+    # no training manifest given: no lexicon, so the words are phonetic; per-utterance files beside
+    assert results["words"] == "phonetic" and results["wer_breakdown"]["reference"] > 0
+    assert (tmp_path / "eval_run" / "errs-test-greedy.txt").is_file()
+
+    # beam search with the training manifest's lexicon and a word LM, on the average of both epochs
+    lm = tmp_path / "words.arpa"
+    lm_build([tiny_corpus / "train.jsonl"], lm, order=2)
+    ckpt = f"ckpt_path={second['last_ckpt']}"
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[ckpt, *data_overrides(tiny_corpus), "decoding=beam",
+                                             f"decoding.lm.path={lm}", "average.last=2", f"paths.output_dir={tmp_path}"])
+        tune_cfg = compose("tune_decoding", overrides=[ckpt, *data_overrides(tiny_corpus), f"decoding.lm.path={lm}",
+                                                       "tune.lm_weight=[0,1]", "tune.word_score=[0]",
+                                                       f"paths.output_dir={tmp_path}"])
+    beam = evaluate(cfg)
+    assert beam["words"] == "real" and beam["decoding"]["name"] == "beam" and beam["decoding"]["lm"] == str(lm)
+    assert [Path(p).name[:8] for p in beam["averaged_checkpoints"]] == ["epoch000", "epoch001"]
+    assert (Path(beam["run_dir"]) / "recogs-test-beam.txt").is_file() and "oov" in beam
+    tuned = tune(tune_cfg)
+    assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
+    assert (tmp_path / "tune.json").is_file()
 
 
 def test_resume_last_without_checkpoint_is_a_clear_error(tiny_corpus, tmp_path):
