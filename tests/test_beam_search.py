@@ -93,12 +93,16 @@ def test_tuning_grid_finds_the_lm_weight_that_helps(lexicon, xa_lm):
     assert points[-1]["lm_weight"] == 0.0 and points[-1]["wer"] == 100.0
 
 
-def test_config_errors_are_clear(lexicon):
+def test_config_errors_are_clear(lexicon, tmp_path):
     with pytest.raises(ValueError, match="expected one of"):
         build_decoder({"name": "viterbi"}, PHONES)
     with pytest.raises(ValueError, match="unknown key"):
         build_decoder({"name": "beam", "beam": 3, "lexicon": {"source": "none"}}, PHONES)
     with pytest.raises(FileNotFoundError, match="make lm"):
         BeamSearchDecoder(PHONES, lexicon, "/nonexistent/lm.arpa")
+    bad = tmp_path / "bad.arpa"
+    bad.write_text("garbage\n")
+    with pytest.raises(ValueError, match="KenLM cannot read it"):
+        BeamSearchDecoder(PHONES, lexicon, bad)
     with pytest.raises(ValueError, match="word boundary"):
         BeamSearchDecoder(Tokenizer("phoneme", ["<blank>", "a"]), None)

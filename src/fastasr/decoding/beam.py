@@ -111,12 +111,18 @@ class BeamSearchDecoder:
                     f"{w} {' '.join(p)} {boundary}\n" for w in sorted(self.lexicon.entries)
                     for p in self.lexicon.pronunciations(w)), encoding="utf-8")
             opts = asdict(self.options)
-            with _quiet_stderr() if self.lm_path else contextlib.nullcontext():
-                self._decoder = ctc_decoder(
-                    lexicon=None if lexicon_file is None else str(lexicon_file),
-                    tokens=self.vocab,
-                    lm=None if self.lm_path is None else str(self.lm_path),
-                    blank_token=BLANK, sil_token=boundary, unk_word=UNK_WORD, nbest=1, **opts)
+            try:
+                with _quiet_stderr() if self.lm_path else contextlib.nullcontext():
+                    self._decoder = ctc_decoder(
+                        lexicon=None if lexicon_file is None else str(lexicon_file),
+                        tokens=self.vocab,
+                        lm=None if self.lm_path is None else str(self.lm_path),
+                        blank_token=BLANK, sil_token=boundary, unk_word=UNK_WORD, nbest=1, **opts)
+            except RuntimeError as err:
+                if self.lm_path is None:
+                    raise
+                raise ValueError(f"decoding.lm.path={self.lm_path}: KenLM cannot read it as an ARPA or "
+                                 f"KenLM binary file: {err}") from None
 
     @property
     def real_words(self) -> bool:
