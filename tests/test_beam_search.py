@@ -7,7 +7,7 @@ from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
 from fastasr.decoding.builder import build_decoder
 from fastasr.decoding.greedy import GreedyDecoder
-from fastasr.decoding.lexicon import Lexicon
+from fastasr.decoding.lexicon import Lexicon, spelling_lexicon
 from fastasr.decoding.transcribe import Emission
 from fastasr.decoding.tune import grid_search
 from fastasr.lm import estimate, write_arpa
@@ -73,6 +73,14 @@ def test_lexicon_free_char_decoding():
     hyp = beam(frames(chars, "a", "b", "<blank>", "b", "|", "|", "c"))
     assert hyp.units == ["a", "b", "b", "|", "c"] and hyp.words == ["abb", "c"]
     assert beam.real_words  # a char model's words are real words
+
+
+def test_char_model_with_a_spelling_lexicon():
+    chars = Tokenizer("char", ["<blank>", "a", "b", "c", "|"])
+    beam = BeamSearchDecoder(chars, spelling_lexicon(["ab", "c", "cab"]))
+    # no boundary between the words: "abc" is no word, "ab c" is the best spelling with words
+    assert beam(frames(chars, "a", "b", "<blank>", "c", "c")).words == ["ab", "c"]
+    assert beam(frames(chars, "c", "a", "b")).words == ["cab"]
 
 
 def test_greedy_maps_phonetic_words_through_the_lexicon(lexicon):

@@ -65,9 +65,9 @@ def decode_manifest(
     L.seed_everything(seed, workers=True)
     loader = manifest_loader(lit, data_cfg, manifest)
     device = "cuda" if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
-    decoder, lexicon = build_decoder(decoding, lit.tokenizer, data_cfg.get("train_manifest"))
+    decoder, _ = build_decoder(decoding, lit.tokenizer, data_cfg.get("train_manifest"))
     result = decode_and_score(lit.model, loader, lit.tokenizer, decoder, device, out_dir,
-                              f"{Path(manifest).stem}-{decoder.describe()['name']}", lexicon)
+                              f"{Path(manifest).stem}-{decoder.describe()['name']}")
     return dict(result, attention=lit.model.attention_spec, manifest=str(manifest))
 
 

@@ -29,6 +29,7 @@ class Decoder(Protocol):
     """What :func:`transcribe` needs of a decoder (``GreedyDecoder``, ``BeamSearchDecoder``)."""
 
     real_words: bool
+    lexicon: Lexicon | None  # the words it can emit (None: any)
 
     def __call__(self, log_probs: torch.Tensor) -> Hypothesis: ...
 
@@ -112,8 +113,8 @@ def score(transcripts: Sequence[Transcript], unit_metric: str = "per",
 
 
 def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer: Tokenizer, decoder: Decoder,
-                     device: str | torch.device = "cpu", out_dir: str | Path | None = None, tag: str = "test",
-                     lexicon: Lexicon | None = None) -> dict[str, Any]:
+                     device: str | torch.device = "cpu", out_dir: str | Path | None = None,
+                     tag: str = "test") -> dict[str, Any]:
     """Emissions → decoder → error rates (→ recogs/errs files in ``out_dir`` when given).
 
     Returns the :func:`score` result plus ``words`` ("real" | "phonetic"), ``decoding``
@@ -129,8 +130,8 @@ def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer:
     result, words, units = score(transcripts, unit_metric, keep_chunks=out_dir is not None)
     result.update(words="real" if decoder.real_words else "phonetic", decoding=decoder.describe(),
                   forward_seconds=forward, search_seconds=search, decode_seconds=forward + search)
-    if lexicon is not None and decoder.real_words:
-        oov = lexicon.oov(t.ref_words for t in transcripts)
+    if decoder.lexicon is not None and decoder.real_words:
+        oov = decoder.lexicon.oov(t.ref_words for t in transcripts)
         result["oov"] = {"words": oov.tokens, "missing": oov.oov_tokens, "rate": oov.rate,
                          "most_frequent": dict(oov.missing.most_common(20))}
         if oov.missing:
