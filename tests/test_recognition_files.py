@@ -6,9 +6,13 @@ from fastasr.decoding.transcribe import Transcript, score
 
 
 def test_breakdown_and_files(tmp_path):
+    def transcript(uid, ref_words, hyp_words, ref_units, hyp_units):
+        return Transcript(uid, ref_words, hyp_words, list(ref_units), list(hyp_units),
+                          list(ref_units.replace("|", "")), list(hyp_units.replace("|", "")))
+
     transcripts = [
-        Transcript("u1", ["the", "cat", "sat"], ["the", "cap", "sat", "down"], list("ðə|kæt|sæt"), list("ðə|kæp|sæt")),
-        Transcript("u2", ["a", "dog"], ["dog"], list("ə|dɒɡ"), list("dɒɡ")),
+        transcript("u1", ["the", "cat", "sat"], ["the", "cap", "sat", "down"], "ðə|kæt|sæt", "ðə|kæp|sæt"),
+        transcript("u2", ["a", "dog"], ["dog"], "ə|dɒɡ", "dɒɡ"),
     ]
     result, words, units = score(transcripts, "per", keep_chunks=True)
     assert result["wer_breakdown"] == {"substitutions": 1, "deletions": 1, "insertions": 1, "reference": 5,

@@ -135,11 +135,6 @@ class Tokenizer:
         return isinstance(other, Tokenizer) and self.state_dict() == other.state_dict()
 
 
-def words_of(text: str) -> list[str]:
-    """The words of a transcript as they are scored: lower-cased, split on whitespace."""
-    return text.lower().split()
-
-
 def units_of(utt, kind: str) -> list[str]:
     """Units of an ``Utterance`` or a string for a tokenizer kind."""
     if kind == "phoneme":
@@ -150,5 +145,5 @@ def units_of(utt, kind: str) -> list[str]:
         return s.split()
     if kind == "char":
         s = utt if isinstance(utt, str) else utt.text
-        return list(WORD_BOUNDARY.join(words_of(s)))
+        return list(WORD_BOUNDARY.join(s.lower().split()))
     raise ValueError(f"tokenizer kind {kind!r}; expected one of {KINDS}")

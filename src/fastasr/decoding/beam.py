@@ -127,7 +127,7 @@ class BeamSearchDecoder:
     @property
     def real_words(self) -> bool:
         """Whether ``Hypothesis.words`` are real words (lexicon words, or a char model's), not phonetic words."""
-        return self.lexicon is not None or self.tokenizer.kind == "char"
+        return self.lexicon is not None or self.tokenizer.kind != "phoneme"
 
     def describe(self) -> dict:
         """The settings, for results.json."""

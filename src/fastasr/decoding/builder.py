@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fastasr.data.manifest import read_manifest
-from fastasr.data.tokenizer import BLANK, WORD_BOUNDARY, Tokenizer, words_of
+from fastasr.data.tokenizer import BLANK, WORD_BOUNDARY, Tokenizer
 from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
 from fastasr.decoding.greedy import GreedyDecoder
 from fastasr.decoding.lexicon import (
@@ -31,6 +31,7 @@ from fastasr.decoding.lexicon import (
     lexicon_from_manifests,
     read_lexicon,
     spelling_lexicon,
+    words_of,
 )
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,11 @@ def _has_phonemes(manifest: str | Path) -> bool:
     return bool(utts) and all(u.phonemes is not None for u in utts)
 
 
+def _training_words(manifest: str | Path) -> list[str]:
+    """The distinct words of a manifest's transcripts, sorted."""
+    return sorted({w for u in read_manifest(manifest, on_error="skip", check_audio=False) for w in words_of(u.text)})
+
+
 def resolve_source(source: str, tokenizer: Tokenizer, train_manifest: str | Path | None) -> str:
     """The lexicon source ``auto`` stands for (see the module docstring); others unchanged."""
     if source not in SOURCES:
@@ -63,6 +69,8 @@ def resolve_source(source: str, tokenizer: Tokenizer, train_manifest: str | Path
         train_manifest = None
     if tokenizer.kind == "char":
         return "spelling" if train_manifest else "none"
+    if tokenizer.kind != "phoneme":  # subword units: no lexicon source spells words in them
+        return "none"
     if train_manifest and _has_phonemes(train_manifest):
         return "train"
     return "cmudict" if _is_arpabet(tokenizer) else "none"
@@ -81,15 +89,11 @@ def build_lexicon(spec: Mapping[str, Any] | None, tokenizer: Tokenizer,
                          "set it, or use source=cmudict / none / a lexicon file (decoding.lexicon.path)")
     lexicon: Lexicon | None = None
     if source == "train":
-        lexicon, _ = lexicon_from_manifests([train_manifest])
+        lexicon, _ = lexicon_from_manifests([train_manifest], tokenizer)
     elif source == "spelling":
-        words = {w for u in read_manifest(train_manifest, on_error="skip", check_audio=False) for w in words_of(u.text)}
-        lexicon = spelling_lexicon(sorted(words))
+        lexicon = spelling_lexicon(_training_words(train_manifest))
     elif source == "cmudict":
-        words = None
-        if train_manifest:
-            words = {w for u in read_manifest(train_manifest, on_error="skip", check_audio=False)
-                     for w in words_of(u.text)}
+        words = _training_words(train_manifest) if train_manifest else None
         lower = all(u == u.lower() for u in tokenizer.vocab if u not in (BLANK, WORD_BOUNDARY))
         lexicon = cmudict_lexicon(words, lowercase=lower)
     if user:

@@ -49,7 +49,7 @@ class GreedyDecoder:
     @property
     def real_words(self) -> bool:
         """Whether ``Hypothesis.words`` are real words, not phonetic words."""
-        return self._words is not None or self.tokenizer.kind == "char"
+        return self._words is not None or self.tokenizer.kind != "phoneme"
 
     def describe(self) -> dict:
         """The settings, for results.json."""

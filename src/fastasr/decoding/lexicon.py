@@ -13,7 +13,7 @@ Sources:
 * :func:`read_lexicon` — a user file, one pronunciation a line: ``word unit unit ...``
   (optionally ``word<TAB>units<TAB>count``), which :meth:`Lexicon.override` lays over another.
 
-Words are lower-cased (:func:`fastasr.data.tokenizer.words_of`); a pronunciation holds no
+Words are lower-cased (:func:`words_of`); a pronunciation holds no
 word boundary (the decoder adds it). Missing words are counted by :meth:`Lexicon.oov`.
 """
 
@@ -27,12 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastasr.data.manifest import read_manifest
-from fastasr.data.tokenizer import WORD_BOUNDARY, words_of
+from fastasr.data.tokenizer import WORD_BOUNDARY, Tokenizer
 
 log = logging.getLogger(__name__)
 
 Pronunciation = tuple[str, ...]
 MAX_EXAMPLES = 10  # examples kept in reports
+
+
+def words_of(text: str) -> list[str]:
+    """The words of a transcript as they are scored and looked up: lower-cased, split on whitespace."""
+    return text.lower().split()
 
 
 @dataclass
@@ -157,12 +162,15 @@ class Lexicon:
         return out
 
 
-def lexicon_from_manifests(paths: Iterable[str | Path]) -> tuple[Lexicon, LexiconReport]:
+def lexicon_from_manifests(paths: Iterable[str | Path],
+                            tokenizer: Tokenizer | None = None) -> tuple[Lexicon, LexiconReport]:
     """Every (word, pronunciation) pair spoken in the manifests, counted.
 
     The ``text`` words and the ``phonemes`` groups (split on ``|``) are paired in order; an
-    utterance where their numbers differ is skipped and reported. Raises ``ValueError`` when
-    a manifest has no ``phonemes``."""
+    utterance where their numbers differ is skipped and reported. With a phoneme
+    ``tokenizer`` the phonemes are its units (``tokenizer.units``, so a phone folding it
+    applies in training applies here too). Raises ``ValueError`` when a manifest has no
+    ``phonemes``."""
     lexicon, report = Lexicon(), LexiconReport()
     for path in paths:
         for line, utt in enumerate(read_manifest(path, on_error="skip", check_audio=False), 1):
@@ -171,7 +179,8 @@ def lexicon_from_manifests(paths: Iterable[str | Path]) -> tuple[Lexicon, Lexico
                                  "from manifests needs it (use lexicon.source=cmudict or a lexicon file)")
             report.utterances += 1
             words = words_of(utt.text)
-            groups = [g.split() for g in f" {utt.phonemes} ".split(f" {WORD_BOUNDARY} ")]
+            units = tokenizer.units(utt) if tokenizer is not None else utt.phonemes.split()
+            groups = [g.split() for g in f" {' '.join(units)} ".split(f" {WORD_BOUNDARY} ")]
             groups = [g for g in groups if g]
             if len(words) != len(groups):
                 report.skipped.append(f"{Path(path).name} utterance {line} ({utt.id}): {len(words)} words, "

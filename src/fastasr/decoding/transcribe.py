@@ -16,9 +16,10 @@ from typing import Any, Protocol
 
 import torch
 
-from fastasr.data.tokenizer import Tokenizer, words_of
+from fastasr.config import unit_metric as unit_metric_of
+from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.hypothesis import Hypothesis
-from fastasr.decoding.lexicon import Lexicon
+from fastasr.decoding.lexicon import Lexicon, words_of
 from fastasr.decoding.metrics import Alignment, align
 from fastasr.decoding.recognition_files import write_recognition_files
 
@@ -49,23 +50,21 @@ class Emission:
 
 @dataclass
 class Transcript:
-    """One decoded utterance beside its reference; units keep their word boundaries."""
+    """One decoded utterance beside its reference. ``*_units`` keep their word boundaries (for
+    reading); ``*_scored_units`` are what the unit error rate scores (:func:`scored_units`)."""
 
     id: str
     ref_words: list[str]
     hyp_words: list[str]
     ref_units: list[str]
     hyp_units: list[str]
-    boundary: str = "|"
+    ref_scored_units: list[str]
+    hyp_scored_units: list[str]
 
-    @property
-    def ref_scored_units(self) -> list[str]:
-        """Reference units without word boundaries (what PER/CER scores)."""
-        return [u for u in self.ref_units if u != self.boundary]
 
-    @property
-    def hyp_scored_units(self) -> list[str]:
-        return [u for u in self.hyp_units if u != self.boundary]
+def scored_units(tokenizer: Tokenizer, units: list[str]) -> list[str]:
+    """The units PER/CER is computed on: word boundaries dropped (as training's scoring)."""
+    return [u for u in units if u != tokenizer.word_boundary]
 
 
 @torch.inference_mode()
@@ -96,7 +95,8 @@ def transcribe(emissions: Sequence[Emission], decoder: Decoder, tokenizer: Token
     for e in emissions:
         hyp = decoder(e.log_probs)
         ref_words = words_of(e.transcript) if decoder.real_words else tokenizer.units_to_words(e.units)
-        out.append(Transcript(e.id, ref_words, hyp.words, e.units, hyp.units, tokenizer.word_boundary))
+        out.append(Transcript(e.id, ref_words, hyp.words, e.units, hyp.units,
+                              scored_units(tokenizer, e.units), scored_units(tokenizer, hyp.units)))
     return out
 
 
@@ -120,7 +120,7 @@ def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer:
     Returns the :func:`score` result plus ``words`` ("real" | "phonetic"), ``decoding``
     (the decoder's settings), ``oov`` (when a lexicon is given: reference words it lacks),
     ``forward_seconds``, ``search_seconds`` and ``decode_seconds`` (their sum)."""
-    unit_metric = "per" if tokenizer.kind == "phoneme" else "cer"
+    unit_metric = unit_metric_of(tokenizer.kind)
     start = time.perf_counter()
     emissions = compute_emissions(model, batches, tokenizer, device)
     forward = time.perf_counter() - start

@@ -24,6 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fastasr.config import CONFIG_DIR
+from fastasr.config import unit_metric as unit_metric_of
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.builder import build_decoder, build_lexicon
 from fastasr.decoding.lexicon import Lexicon
@@ -40,7 +41,7 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer, decoding: M
     spec = dict(decoding, name="beam")
     if lexicon is None:
         lexicon = build_lexicon(spec.get("lexicon"), tokenizer, train_manifest)
-    unit_metric = "per" if tokenizer.kind == "phoneme" else "cer"
+    unit_metric = unit_metric_of(tokenizer.kind)
     points = []
     for lm_weight in lm_weights:
         for word_score in word_scores:

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fastasr.data.manifest import read_manifest
-from fastasr.data.tokenizer import units_of, words_of
+from fastasr.data.tokenizer import units_of
+from fastasr.decoding.lexicon import words_of
 from fastasr.lm.arpa import read_arpa, write_arpa
 from fastasr.lm.kneser_ney import estimate
 
