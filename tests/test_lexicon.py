@@ -42,6 +42,16 @@ def test_variants_are_counted_and_mismatches_reported(tmp_path):
     assert "1 skipped" in report.summary()
 
 
+def test_words_are_the_char_tokenizers_word_space():
+    from fastasr.data.tokenizer import units_of
+    from fastasr.decoding.lexicon import words_of
+
+    text = "The  Cat\tsat"
+    assert words_of(text) == ["the", "cat", "sat"]
+    assert Tokenizer("char", ["<blank>", *"abcdefghijklmnopqrstuvwxyz", "|"]).units_to_words(
+        units_of(text, "char")) == words_of(text)
+
+
 def test_oov_report_counts_every_missing_word():
     lexicon = spelling_lexicon(["the", "cat"])
     report = lexicon.oov([["the", "cat", "sat"], ["the", "dog", "sat"]])

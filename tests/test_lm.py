@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from fastasr.config import corpus_lm
 from fastasr.lm import estimate, read_arpa, write_arpa
 from fastasr.lm.__main__ import main as lm_main
 from fastasr.lm.kneser_ney import adjusted_counts, count_ngrams, discounts_from_counts
@@ -75,6 +76,11 @@ def test_build_command_writes_arpa_from_manifest(tmp_path, capsys):
     arpa = read_arpa(out)
     assert arpa.order == 2 and ("the", "cat") in arpa.logprob  # lower-cased words
     assert math.isfinite(arpa.perplexity([["the", "cat"]]))
+    # without --out: the corpus's LM, lm/words-<order>gram.arpa beside the manifest, where
+    # conf/decoding/beam_lm.yaml (the corpus_lm resolver) and training's final decoding look
+    assert lm_main(["build", "--manifest", str(manifest)]) == 0
+    assert read_arpa(tmp_path / "lm" / "words-3gram.arpa").order == 3
+    assert corpus_lm(str(manifest)) == str(tmp_path / "lm" / "words-3gram.arpa") and corpus_lm(None) is None
 
 
 def test_bad_input_is_a_clear_error(tmp_path):

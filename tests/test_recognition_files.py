@@ -3,6 +3,7 @@
 from fastasr.decoding.metrics import align
 from fastasr.decoding.recognition_files import aligned_text, write_recognition_files
 from fastasr.decoding.transcribe import Transcript, score
+from fastasr.rundir import RunDir
 
 
 def test_breakdown_and_files(tmp_path):
@@ -21,7 +22,8 @@ def test_breakdown_and_files(tmp_path):
     # units without boundaries: ðəkætsæt / ðəkæpsæt (1 sub of 8), ədɒɡ / dɒɡ (1 del of 4)
     assert (units.substitutions, units.deletions, units.insertions, units.reference_length) == (1, 1, 0, 12)
 
-    paths = write_recognition_files(tmp_path, "test-beam", transcripts, words, units, "PER")
+    paths = write_recognition_files(RunDir(tmp_path).recognition_files("test-beam"), transcripts, words, units, "PER")
+    assert paths["errs"] == tmp_path / "errs-test-beam.txt" and paths["recogs"].name == "recogs-test-beam.txt"
     recogs = paths["recogs"].read_text()
     assert "u1:\tref=the cat sat" in recogs and "u1:\thyp=the cap sat down" in recogs
     errs = paths["errs"].read_text()

@@ -1,41 +1,41 @@
 """Checkpoint averaging: the element-wise mean of several checkpoints' weights (as NeMo,
 icefall, ESPnet and SpeechBrain average the last or best N epochs before decoding).
 
-Training keeps the weights of every epoch as ``epochNNN-scoreX.ckpt`` (the
-``epoch_checkpoint`` callback; X is the validation unit error rate, lower is better), so
+Training keeps the weights of every epoch as ``checkpoints/epochNNN-scoreX.ckpt`` (the
+``epoch_checkpoint`` callback; X is the validation unit error rate, lower is better; the
+names are read by :meth:`fastasr.rundir.RunDir.epoch_checkpoints`), so
 ``python evaluate.py ckpt_path=... average.last=5`` (or ``average.best=5``) decodes the
-average of the 5 newest (or best-scoring) epochs found beside ``ckpt_path``.
+average of the 5 newest (or best-scoring) epochs of the run ``ckpt_path`` belongs to.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from fastasr.rundir import RunDir
+
 log = logging.getLogger(__name__)
 
-EPOCH_FILE = re.compile(r"^epoch(?P<epoch>\d+)-score(?P<score>[-+0-9.eE]+|nan|inf)\.ckpt$")
+MODEL_PREFIX = "model."  # the LightningModule's name for the CTCModel's weights
 
 
-def _load_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The weights of a Lightning checkpoint (``state_dict``) or of a bare state dict."""
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # an old or foreign checkpoint with pickled objects
-        log.warning("%s: cannot be read with weights_only=True (%s); reading it in full", path, err)
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+def _load_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The weights of a Lightning checkpoint (``state_dict``) or of a bare state dict
+    (``torch.load(weights_only=True)``: tensors and plain data only)."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
     state = ckpt.get("state_dict", ckpt) if isinstance(ckpt, dict) else None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path}: no state_dict of tensors; expected a Lightning checkpoint or a state dict")
     return state
 
 
-def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
+def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, torch.Tensor]:
     """Average the weights of ``paths``.
 
     Floating-point tensors are averaged (accumulated in float64, returned in their own
@@ -60,28 +60,18 @@ def average_checkpoints(paths: Sequence[str | Path]) -> dict[str, torch.Tensor]:
     return {k: (sums[k] / len(paths)).to(v.dtype) if k in sums else v.clone() for k, v in last.items()}
 
 
-def epoch_checkpoints(ckpt_dir: str | Path) -> list[tuple[int, float, Path]]:
-    """``(epoch, score, path)`` of every ``epochNNN-scoreX.ckpt`` in ``ckpt_dir``, by epoch."""
-    found = []
-    for path in Path(ckpt_dir).glob("epoch*.ckpt"):
-        m = EPOCH_FILE.match(path.name)
-        if m:
-            found.append((int(m["epoch"]), float(m["score"]), path))
-    return sorted(found)
-
-
-def select_checkpoints(ckpt_dir: str | Path, last: int | None = None, best: int | None = None) -> list[Path]:
-    """The ``last`` newest or ``best`` lowest-scoring epoch checkpoints of ``ckpt_dir``
+def select_checkpoints(run_dir: RunDir, last: int | None = None, best: int | None = None) -> list[Path]:
+    """The ``last`` newest or ``best`` lowest-scoring epoch checkpoints of ``run_dir``
     (exactly one of the two), oldest epoch first."""
     if (last is None) == (best is None):
         raise ValueError(f"average: give exactly one of last=N and best=N (got last={last}, best={best})")
     n = last if last is not None else best
     if n < 1:
         raise ValueError(f"average: N={n}; expected >= 1")
-    found = epoch_checkpoints(ckpt_dir)
+    found = run_dir.epoch_checkpoints()
     if len(found) < n:
         raise FileNotFoundError(
-            f"average: {n} epoch checkpoints wanted, {len(found)} in {ckpt_dir} (epochNNN-scoreX.ckpt, "
+            f"average: {n} epoch checkpoints wanted, {len(found)} in {run_dir.checkpoints} (epochNNN-scoreX.ckpt, "
             "written by the epoch_checkpoint callback of conf/callbacks/default.yaml)")
     if last is not None:
         chosen = found[-n:]
@@ -90,13 +80,22 @@ def select_checkpoints(ckpt_dir: str | Path, last: int | None = None, best: int 
     return [p for _, _, p in sorted(chosen)]
 
 
-def average_into(module: torch.nn.Module, ckpt_path: str | Path, last: int | None = None,
+def average_into(model: torch.nn.Module, ckpt_path: str | os.PathLike, last: int | None = None,
                  best: int | None = None) -> list[Path]:
-    """Load into ``module`` (a LightningModule) the average of the ``last``/``best`` N epoch
-    checkpoints beside ``ckpt_path``; nothing when both are None. Returns the averaged files."""
+    """Load into ``model`` (a recogniser's ``CTCModel``) the average of the ``last``/``best``
+    N epoch checkpoints of the run ``ckpt_path`` lies in; nothing when both are None.
+    Returns the averaged files."""
     if last is None and best is None:
         return []
-    paths = select_checkpoints(Path(ckpt_path).parent, last=last, best=best)
-    module.load_state_dict(average_checkpoints(paths), strict=True)
+    paths = select_checkpoints(RunDir.of_checkpoint(ckpt_path), last=last, best=best)
+    state = average_checkpoints(paths)
+    weights = {k.removeprefix(MODEL_PREFIX): v for k, v in state.items() if k.startswith(MODEL_PREFIX)}
+    if not weights:
+        raise ValueError(f"{paths[-1]}: no '{MODEL_PREFIX}*' weights; expected checkpoints written by fastasr training")
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as err:
+        raise ValueError(f"the epoch checkpoints of {paths[-1].parent} do not fit the model of {ckpt_path}: "
+                         f"{err}") from err
     log.info("averaged %d checkpoints: %s", len(paths), ", ".join(p.name for p in paths))
     return paths

@@ -6,8 +6,8 @@
     FitCompletionMarker   ``fit_done.json`` in the run directory once ``fit`` has finished
     LargestBatchProbe     forward+backward on the largest training batches before training (OOM at minute one)
 
-Names are imported on first use, so ``fastasr.report`` (which only reads ``fit_done.json``)
-does not pay for importing torch and Lightning.
+Names are imported on first use, so importing one callback does not import the others.
+Where their files go in a run directory is :mod:`fastasr.rundir`'s business.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ _EXPORTS = {
     "AttentionMapLogger": "attention_maps",
     "render_attention_maps": "attention_maps",
     "mean_l1_distance": "attention_maps",
-    "FIT_DONE_FILE": "fit_done",
     "FitCompletionMarker": "completion",
     "LargestBatchProbe": "largest_batches",
-    "read_fit_done": "fit_done",
     "RunInfoLogger": "run_info",
     "attention_info": "run_info",
     "ThroughputLogger": "throughput",

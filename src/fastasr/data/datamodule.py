@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats
 from fastasr.data.manifest import Utterance, read_manifest
 from fastasr.data.sampler import FrameBudgetBatchSampler
-from fastasr.data.tokenizer import Tokenizer, UnknownUnitError
+from fastasr.data.tokenizer import KINDS, Tokenizer, UnknownUnitError
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,10 @@ class ASRDataModule(pl.LightningDataModule):
 
     Args (Hydra ``conf/data/*.yaml``):
         train_manifest, dev_manifest, test_manifest: ``.jsonl`` paths (None: not used).
-        tokenizer: ``phoneme`` or ``char``.
+        tokenizer: ``phoneme``, ``char``, ``bpe`` or ``unigram``.
+        vocab_size: ``bpe`` / ``unigram`` units including the blank (sentencepiece, learnt on train).
+        phone_folding: ``phoneme`` only: a named folding of ``phone_sets`` (``timit``: 61 → 48
+            phones for training, 48 → 39 for scoring), or None.
         features: mapping with the ``FeatureConfig`` fields.
         max_frames_per_batch: padded-frame budget per batch.
         max_batch_size: optional cap on utterances per batch.
@@ -115,7 +118,8 @@ class ASRDataModule(pl.LightningDataModule):
         vocab: a tokenizer state (``{"kind", "vocab"}``), a ``Tokenizer``, or a unit
             list, to use instead of building one from the training manifest.
         cmvn_stats: ``{"mean": [...], "std": [...]}`` or ``(mean, std)``, instead of computing them.
-        subsampling_factor: the model's frame reduction, for the label-length filter.
+        subsampling_factor: the model's frame reduction (``model.subsampling``, given by whoever
+            builds this module from the model config), for the label-length filter.
         seed: batch shuffling seed (per epoch: seed + epoch).
         pin_memory: pin batches (for GPU training).
     """
@@ -126,6 +130,8 @@ class ASRDataModule(pl.LightningDataModule):
         dev_manifest: str | None = None,
         test_manifest: str | None = None,
         tokenizer: str = "phoneme",
+        vocab_size: int | None = None,
+        phone_folding: str | None = None,
         features: Mapping | FeatureConfig | None = None,
         max_frames_per_batch: int = 16000,
         max_batch_size: int | None = None,
@@ -142,12 +148,14 @@ class ASRDataModule(pl.LightningDataModule):
         super().__init__()
         if on_bad_utterance not in ("skip", "raise"):
             raise ValueError(f"on_bad_utterance {on_bad_utterance!r}; expected 'skip' or 'raise'")
-        if tokenizer not in ("phoneme", "char"):
-            raise ValueError(f"tokenizer {tokenizer!r}; expected 'phoneme' or 'char'")
+        if tokenizer not in KINDS:
+            raise ValueError(f"tokenizer {tokenizer!r}; expected one of {KINDS}")
         if subsampling_factor < 1:
             raise ValueError(f"subsampling_factor {subsampling_factor}; expected ≥ 1")
         self.manifests = {"train": train_manifest, "dev": dev_manifest, "test": test_manifest}
         self.tokenizer_kind = tokenizer
+        self.vocab_size = vocab_size
+        self.phone_folding = phone_folding
         self.feature_config = FeatureConfig.from_dict(features)
         self.max_frames_per_batch = int(max_frames_per_batch)
         self.max_batch_size = max_batch_size
@@ -246,7 +254,8 @@ class ASRDataModule(pl.LightningDataModule):
         )
         splits = tuple(s for s in splits if self.manifests[s] or s == "train")
         if self.tokenizer is None:
-            self.tokenizer = Tokenizer.build(self._read("train"), self.tokenizer_kind)
+            self.tokenizer = Tokenizer.build(self._read("train"), self.tokenizer_kind,
+                                             vocab_size=self.vocab_size, phone_folding=self.phone_folding)
             log.info("%s", self.tokenizer)
         if "train" in splits and "train" not in self.datasets:
             train = self._read("train")
@@ -315,18 +324,3 @@ class ASRDataModule(pl.LightningDataModule):
         ds = self._dataset("train")
         sampler = FrameBudgetBatchSampler(ds.frame_lengths(), self.max_frames_per_batch, self.max_batch_size)
         return [collate([ds[i] for i in b]) for b in sampler.largest_batches(k)]
-
-    def state_dict(self) -> dict:
-        """Tokenizer and CMVN statistics (Lightning stores this in checkpoints)."""
-        state = {}
-        if self.tokenizer is not None:
-            state["tokenizer"] = self.tokenizer.state_dict()
-        if self.cmvn_stats is not None:
-            state["cmvn_stats"] = {"mean": self.cmvn_stats[0].tolist(), "std": self.cmvn_stats[1].tolist()}
-        return state
-
-    def load_state_dict(self, state: Mapping) -> None:
-        if "tokenizer" in state and self.tokenizer is None:
-            self.tokenizer = self._tokenizer_from(state["tokenizer"])
-        if "cmvn_stats" in state and self.cmvn_stats is None:
-            self.cmvn_stats = self._stats_from(state["cmvn_stats"])

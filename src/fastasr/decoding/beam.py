@@ -86,8 +86,9 @@ class BeamSearchDecoder:
         self.vocab = list(tokenizer.vocab)
         boundary = tokenizer.word_boundary
         if boundary not in self.vocab:
-            raise ValueError(f"word boundary {boundary!r} is not in the model's vocabulary; the beam search "
-                             "needs it between words")
+            raise ValueError(f"word boundary {boundary!r} is not in the {tokenizer.kind} model's vocabulary; the "
+                             "beam search needs it between words (it decodes phoneme and char models; "
+                             "decode bpe/unigram models with decoding=greedy)")
         self.boundary = boundary
         self.options = options or BeamSearchOptions()
         self.lm_path = None if lm_path is None else Path(lm_path)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastasr.data.manifest import read_manifest
-from fastasr.data.tokenizer import WORD_BOUNDARY, Tokenizer
+from fastasr.data.tokenizer import WORD_BOUNDARY, Tokenizer, normalize_text
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,10 @@ MAX_EXAMPLES = 10  # examples kept in reports
 
 
 def words_of(text: str) -> list[str]:
-    """The words of a transcript as they are scored and looked up: lower-cased, split on whitespace."""
-    return text.lower().split()
+    """The words of a transcript as they are scored and looked up: the char tokenizer's word
+    space (``normalize_text``: lower-cased, split on whitespace). Punctuation and tags are the
+    corpus converters' business (``fastasr.corpora.text.normalize_transcript``), not decoding's."""
+    return normalize_text(text).split()
 
 
 @dataclass

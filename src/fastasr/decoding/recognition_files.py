@@ -1,5 +1,5 @@
 """Per-utterance results a researcher can read, beside results.json (as icefall's
-``recogs-*.txt`` / ``errs-*.txt``):
+``recogs-*.txt`` / ``errs-*.txt``; the names are :meth:`fastasr.rundir.RunDir.recognition_files`):
 
 * ``recogs-<tag>.txt``: for every utterance its reference and hypothesis words, and units;
 * ``errs-<tag>.txt``: the word error rate with its substitutions, deletions and insertions,
@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from fastasr.decoding.metrics import Alignment
@@ -69,26 +69,29 @@ def format_errors(title: str, ids: Sequence[str], refs: Sequence[Sequence[str]],
     return "\n".join(lines) + "\n"
 
 
-def write_recognition_files(out_dir: str | Path, tag: str, transcripts: Sequence,
-                            words: Alignment, units: Alignment, unit_name: str = "PER") -> dict[str, Path]:
-    """Write ``recogs-<tag>.txt``, ``errs-<tag>.txt`` and ``errs-units-<tag>.txt`` to ``out_dir``.
+def write_recognition_files(paths: Mapping[str, Path], transcripts: Sequence, words: Alignment,
+                            units: Alignment, unit_name: str = "PER") -> dict[str, Path]:
+    """Write the ``recogs``, ``errs`` and ``errs_units`` files of one decoding.
 
     Args:
+        paths: where each goes, by kind (:meth:`fastasr.rundir.RunDir.recognition_files`).
         transcripts: :class:`fastasr.decoding.transcribe.Transcript` per utterance.
         words / units: their alignments (``keep_chunks=True``), in the same order.
         unit_name: PER or CER, for the units' header.
 
-    Returns the paths by kind (``recogs``, ``errs``, ``errs_units``).
+    Returns ``paths``.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    missing = {"recogs", "errs", "errs_units"} - set(paths)
+    if missing:
+        raise ValueError(f"write_recognition_files: no path for {sorted(missing)}")
+    paths = {k: Path(p) for k, p in paths.items()}
+    for p in paths.values():
+        p.parent.mkdir(parents=True, exist_ok=True)
     ids = [t.id for t in transcripts]
     recogs = []
     for t in transcripts:
         recogs += [f"{t.id}:\tref={' '.join(t.ref_words)}", f"{t.id}:\thyp={' '.join(t.hyp_words)}",
                    f"{t.id}:\tref_units={' '.join(t.ref_units)}", f"{t.id}:\thyp_units={' '.join(t.hyp_units)}", ""]
-    paths = {"recogs": out / f"recogs-{tag}.txt", "errs": out / f"errs-{tag}.txt",
-             "errs_units": out / f"errs-units-{tag}.txt"}
     paths["recogs"].write_text("\n".join(recogs), encoding="utf-8")
     paths["errs"].write_text(format_errors("WER", ids, [t.ref_words for t in transcripts],
                                            [t.hyp_words for t in transcripts], words), encoding="utf-8")

@@ -1,15 +1,18 @@
-"""Decode and score a manifest: the model's log-probabilities once (:func:`compute_emissions`),
-then any decoder over them (:func:`transcribe`), error rates with their breakdown
-(:func:`score`) and the per-utterance files (:func:`decode_and_score` does all four).
+"""Decode and score a manifest: the model's log-probabilities (:func:`iter_emissions`), any
+decoder over them (:func:`transcribe`), error rates with their breakdown (:func:`score`) and
+the per-utterance files; :func:`decode_and_score` does all of it, one batch at a time, and is
+what :func:`fastasr.recogniser.decode_manifest` (so evaluate.py, the matrix and training's
+final decoding) runs.
 
-Computing the emissions once lets a tuning grid re-run only the search.
+A tuning grid keeps the emissions (:func:`compute_emissions`) and re-runs only the search.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,7 +54,8 @@ class Emission:
 @dataclass
 class Transcript:
     """One decoded utterance beside its reference. ``*_units`` keep their word boundaries (for
-    reading); ``*_scored_units`` are what the unit error rate scores (:func:`scored_units`)."""
+    reading); ``*_scored_units`` are what the unit error rate scores (``Tokenizer.scored_units``:
+    no boundaries, the scoring phone folding, a subword model's characters)."""
 
     id: str
     ref_words: list[str]
@@ -62,42 +66,60 @@ class Transcript:
     hyp_scored_units: list[str]
 
 
-def scored_units(tokenizer: Tokenizer, units: list[str]) -> list[str]:
-    """The units PER/CER is computed on: word boundaries dropped (as training's scoring)."""
-    return [u for u in units if u != tokenizer.word_boundary]
+def decoding_device(accelerator: str = "auto") -> torch.device:
+    """The device to decode on: ``cpu``; ``gpu``/``cuda`` (an error without one); ``auto``:
+    the GPU when there is one, else the CPU."""
+    if accelerator == "cpu":
+        return torch.device("cpu")
+    if accelerator in ("gpu", "cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"accelerator={accelerator}: no CUDA device; use accelerator=cpu or auto")
+        return torch.device("cuda")
+    if accelerator == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    raise ValueError(f"accelerator={accelerator!r}; expected cpu, gpu or auto")
 
 
-@torch.inference_mode()
-def compute_emissions(model: torch.nn.Module, batches: Iterable[dict], tokenizer: Tokenizer,
-                      device: str | torch.device = "cpu") -> list[Emission]:
+def iter_emissions(model: torch.nn.Module, batches: Iterable[dict], tokenizer: Tokenizer,
+                   device: str | torch.device = "cpu") -> Iterator[Emission]:
     """Run ``model`` (``forward(features, lengths) -> (log_probs (B,T',V), lengths (B,))``) over
-    ``batches`` (the DataModule's batch dicts) and keep each utterance's log-probabilities."""
+    ``batches`` (the DataModule's batch dicts) and yield each utterance's log-probabilities,
+    one batch at a time (the model is put in eval mode on ``device`` and restored after)."""
     was_training = model.training
     model.eval().to(device)
-    out: list[Emission] = []
     try:
         for batch in batches:
-            log_probs, lengths = model(batch["features"].to(device), batch["feature_lengths"].to(device))
-            log_probs, lengths = log_probs.float().cpu(), lengths.cpu()
+            with torch.inference_mode():
+                log_probs, lengths = model(batch["features"].to(device), batch["feature_lengths"].to(device))
+                log_probs, lengths = log_probs.float().cpu(), lengths.cpu()
             for b, uid in enumerate(batch["ids"]):
                 n = int(batch["target_lengths"][b])
-                out.append(Emission(uid, batch["transcripts"][b], tokenizer.decode(batch["targets"][b, :n].tolist()),
-                                    log_probs[b, : int(lengths[b])].clone()))
+                yield Emission(uid, batch["transcripts"][b], tokenizer.decode(batch["targets"][b, :n].tolist()),
+                               log_probs[b, : int(lengths[b])].clone())
     finally:
         model.train(was_training)
-    return out
 
 
-def transcribe(emissions: Sequence[Emission], decoder: Decoder, tokenizer: Tokenizer) -> list[Transcript]:
-    """Decode every emission. References are real words (``words_of(transcript)``) when the
-    decoder gives real words, else phonetic words (the reference units between boundaries)."""
-    out = []
-    for e in emissions:
-        hyp = decoder(e.log_probs)
-        ref_words = words_of(e.transcript) if decoder.real_words else tokenizer.units_to_words(e.units)
-        out.append(Transcript(e.id, ref_words, hyp.words, e.units, hyp.units,
-                              scored_units(tokenizer, e.units), scored_units(tokenizer, hyp.units)))
-    return out
+def compute_emissions(model: torch.nn.Module, batches: Iterable[dict], tokenizer: Tokenizer,
+                      device: str | torch.device = "cpu") -> list[Emission]:
+    """Every utterance's :class:`Emission` (:func:`iter_emissions`), kept in memory for a
+    search repeated over a grid (``(T, V)`` float32 each)."""
+    return list(iter_emissions(model, batches, tokenizer, device))
+
+
+def transcribe_one(emission: Emission, decoder: Decoder, tokenizer: Tokenizer) -> Transcript:
+    """Decode one emission. The reference words are real words (``words_of(transcript)``) when
+    the decoder gives real words, else phonetic words (the reference units between boundaries)."""
+    e = emission
+    hyp = decoder(e.log_probs)
+    ref_words = words_of(e.transcript) if decoder.real_words else tokenizer.units_to_words(e.units)
+    return Transcript(e.id, ref_words, hyp.words, e.units, hyp.units,
+                      tokenizer.scored_units(e.units), tokenizer.scored_units(hyp.units))
+
+
+def transcribe(emissions: Iterable[Emission], decoder: Decoder, tokenizer: Tokenizer) -> list[Transcript]:
+    """:func:`transcribe_one` of every emission."""
+    return [transcribe_one(e, decoder, tokenizer) for e in emissions]
 
 
 def score(transcripts: Sequence[Transcript], unit_metric: str = "per",
@@ -113,21 +135,29 @@ def score(transcripts: Sequence[Transcript], unit_metric: str = "per",
 
 
 def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer: Tokenizer, decoder: Decoder,
-                     device: str | torch.device = "cpu", out_dir: str | Path | None = None,
-                     tag: str = "test") -> dict[str, Any]:
-    """Emissions → decoder → error rates (→ recogs/errs files in ``out_dir`` when given).
+                     device: str | torch.device = "cpu",
+                     recognition_files: Mapping[str, str | os.PathLike] | None = None) -> dict[str, Any]:
+    """Emissions → decoder → error rates, a batch at a time (→ the per-utterance files at
+    ``recognition_files``, by kind, when given: :meth:`fastasr.rundir.RunDir.recognition_files`).
 
     Returns the :func:`score` result plus ``words`` ("real" | "phonetic"), ``decoding``
     (the decoder's settings), ``oov`` (when a lexicon is given: reference words it lacks),
-    ``forward_seconds``, ``search_seconds`` and ``decode_seconds`` (their sum)."""
+    ``forward_seconds`` (model, features and data loading), ``search_seconds`` and
+    ``decode_seconds`` (their sum)."""
     unit_metric = unit_metric_of(tokenizer.kind)
-    start = time.perf_counter()
-    emissions = compute_emissions(model, batches, tokenizer, device)
-    forward = time.perf_counter() - start
-    start = time.perf_counter()
-    transcripts = transcribe(emissions, decoder, tokenizer)
-    search = time.perf_counter() - start
-    result, words, units = score(transcripts, unit_metric, keep_chunks=out_dir is not None)
+    emissions = iter_emissions(model, batches, tokenizer, device)
+    transcripts: list[Transcript] = []
+    forward = search = 0.0
+    while True:
+        start = time.perf_counter()
+        emission = next(emissions, None)
+        forward += time.perf_counter() - start
+        if emission is None:
+            break
+        start = time.perf_counter()
+        transcripts.append(transcribe_one(emission, decoder, tokenizer))
+        search += time.perf_counter() - start
+    result, words, units = score(transcripts, unit_metric, keep_chunks=recognition_files is not None)
     result.update(words="real" if decoder.real_words else "phonetic", decoding=decoder.describe(),
                   forward_seconds=forward, search_seconds=search, decode_seconds=forward + search)
     if decoder.lexicon is not None and decoder.real_words:
@@ -136,7 +166,8 @@ def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer:
                          "most_frequent": dict(oov.missing.most_common(20))}
         if oov.missing:
             log.warning("reference words: %s", oov.summary())
-    if out_dir is not None:
-        paths = write_recognition_files(out_dir, tag, transcripts, words, units, unit_metric.upper())
+    if recognition_files is not None:
+        paths = write_recognition_files({k: Path(p) for k, p in recognition_files.items()}, transcripts,
+                                        words, units, unit_metric.upper())
         result["files"] = {k: str(p) for k, p in paths.items()}
     return result

@@ -14,12 +14,10 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -28,7 +26,14 @@ from fastasr.config import unit_metric as unit_metric_of
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.builder import build_decoder, build_lexicon
 from fastasr.decoding.lexicon import Lexicon
-from fastasr.decoding.transcribe import Emission, compute_emissions, score, transcribe
+from fastasr.decoding.transcribe import (
+    Emission,
+    compute_emissions,
+    decoding_device,
+    score,
+    transcribe,
+)
+from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +62,33 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer, decoding: M
 
 
 def tune(cfg: DictConfig) -> dict[str, Any]:
-    """Load ``cfg.ckpt_path``, compute the emissions of ``cfg.tune.manifest`` once, search the grid."""
+    """Load ``cfg.ckpt_path`` (averaged with ``cfg.average``), compute the emissions of
+    ``cfg.tune.manifest`` once, search the grid; writes ``tune.json`` to the run directory."""
     from fastasr.checkpoint_averaging import average_into
-    from fastasr.evaluation import data_config_for, load_model, manifest_loader
+    from fastasr.recogniser import (
+        decoding_loader,
+        decoding_options,
+        load_recogniser,
+        training_manifest,
+    )
 
     L.seed_everything(cfg.seed, workers=True)
     attention = OmegaConf.to_container(cfg.attention, resolve=True) if cfg.get("attention") else None
-    lit = load_model(cfg.ckpt_path, attention)
-    average_into(lit, cfg.ckpt_path, **(cfg.get("average") or {}))
-    data_cfg = data_config_for(cfg, lit)
+    recogniser = load_recogniser(cfg.ckpt_path, attention)
+    average_into(recogniser.model, cfg.ckpt_path, **(cfg.get("average") or {}))
     manifest = cfg.tune.manifest
-    device = "cuda" if cfg.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available() else "cpu"
+    loader = decoding_loader(recogniser, manifest, **decoding_options(cfg.data))
     start = time.perf_counter()
-    emissions = compute_emissions(lit.model, manifest_loader(lit, data_cfg, manifest), lit.tokenizer, device)
+    emissions = compute_emissions(recogniser.model, loader, recogniser.tokenizer, decoding_device(cfg.accelerator))
     log.info("emissions of %d utterances of %s in %.1f s", len(emissions), manifest, time.perf_counter() - start)
     decoding = OmegaConf.to_container(cfg.decoding, resolve=True)
-    points = grid_search(emissions, lit.tokenizer, decoding, list(cfg.tune.lm_weight), list(cfg.tune.word_score),
-                         data_cfg.get("train_manifest"))
+    points = grid_search(emissions, recogniser.tokenizer, decoding, list(cfg.tune.lm_weight),
+                         list(cfg.tune.word_score), training_manifest(cfg.data))
     out = {"manifest": str(manifest), "ckpt_path": str(cfg.ckpt_path), "lm": decoding.get("lm", {}).get("path"),
            "best": points[0], "points": points}
-    run_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path(cfg.paths.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "tune.json").write_text(json.dumps(out, indent=2) + "\n")
+    run_dir = RunDir(HydraConfig.get().runtime.output_dir if HydraConfig.initialized()
+                     else cfg.paths.output_dir).create()
+    run_dir.tune_file.write_text(json.dumps(out, indent=2) + "\n")
     return out
 
 

@@ -1,6 +1,6 @@
 """``python -m fastasr.lm build``: an n-gram LM (ARPA) from the transcripts of manifests.
 
-    python -m fastasr.lm build --manifest data/synthetic/train.jsonl --out data/synthetic/lm/words-3gram.arpa
+    python -m fastasr.lm build --manifest data/synthetic/train.jsonl     # -> data/synthetic/lm/words-3gram.arpa
     python -m fastasr.lm build --manifest T.jsonl --units chars --order 6 --out chars-6gram.arpa --dev D.jsonl
 
 Word LMs serve lexicon decoding; character LMs (tokens = the char tokenizer's units, ``|``
@@ -18,7 +18,7 @@ from pathlib import Path
 from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import units_of
 from fastasr.decoding.lexicon import words_of
-from fastasr.lm.arpa import read_arpa, write_arpa
+from fastasr.lm.arpa import corpus_lm_path, read_arpa, write_arpa
 from fastasr.lm.kneser_ney import estimate
 
 log = logging.getLogger("fastasr.lm")
@@ -61,13 +61,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="estimate an ARPA n-gram LM from manifests' transcripts")
     b.add_argument("--manifest", action="append", required=True, help="training manifest (repeatable)")
-    b.add_argument("--out", required=True, help="ARPA file to write")
+    b.add_argument("--out", help="ARPA file to write (default: lm/<units>-<order>gram.arpa beside the first manifest)")
     b.add_argument("--order", type=int, default=3, help="n-gram order (default 3)")
     b.add_argument("--units", choices=("words", "chars"), default="words", help="LM tokens (default words)")
     b.add_argument("--dev", action="append", default=[], help="manifest to report the perplexity on")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    info = build(args.manifest, args.out, args.order, args.units, args.dev)
+    out = args.out or corpus_lm_path(args.manifest[0], args.order, args.units)
+    info = build(args.manifest, out, args.order, args.units, args.dev)
     counts = ", ".join(f"{k}-grams {n}" for k, n in info["ngrams"].items())
     print(f"wrote {info['path']}: {info['sentences']} sentences, {counts}; discounts {info['discounts']}")
     if info["dev_perplexity"] is not None:

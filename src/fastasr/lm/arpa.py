@@ -22,6 +22,13 @@ def _log10(p: float) -> float:
     return math.log10(p) if p > 0 else NEVER
 
 
+def corpus_lm_path(train_manifest: str | Path, order: int = 3, units: str = "words") -> Path:
+    """Where a corpus's n-gram LM lives: ``lm/<units>-<order>gram.arpa`` beside its training
+    manifest (``make lm`` writes ``data/synthetic/lm/words-3gram.arpa``; ``python -m fastasr.lm
+    build`` without ``--out``; the ``${corpus_lm:${data.train_manifest}}`` config resolver)."""
+    return Path(train_manifest).parent / "lm" / f"{units}-{order}gram.arpa"
+
+
 def write_arpa(model: NGramModel, path: str | Path) -> Path:
     """Write ``model`` as an ARPA file (n-grams sorted within each order)."""
     path = Path(path)
