@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 CORPUS := data/synthetic/.complete
 ARGS ?=
 
-.PHONY: install data features train test test-slow test-full lint bench matrix report clean help
+.PHONY: install data features lm train test test-slow test-full lint bench matrix report clean help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -28,7 +28,14 @@ data: $(CORPUS)  ## synthesise the built-in espeak-ng corpus under data/syntheti
 features: $(CORPUS)  ## filterbank caches of the config's manifests under data/feature_cache; overrides as train: make features ARGS="features=fbank80"
 	$(PY) -m fastasr.data.feature_cache $(ARGS)
 
-train: $(CORPUS)  ## train the default model (CPU if no GPU); extra overrides: make train ARGS="model.layers=9"
+LM := data/synthetic/lm/words-3gram.arpa
+
+$(LM): $(CORPUS)
+	$(PY) -m fastasr.lm build --manifest data/synthetic/train.jsonl --order 3 --out $(LM) --dev data/synthetic/dev.jsonl
+
+lm: $(LM)  ## word 3-gram LM (ARPA, modified Kneser-Ney) of the built-in corpus's training transcripts (seconds)
+
+train: $(LM)  ## train the default model (CPU if no GPU), then beam-decode its test split with the LM; extra overrides: make train ARGS="model.layers=9"
 	$(PY) train.py $(ARGS)
 
 test: $(STAMP)  ## the fast tier (under a minute on 2 cores); CI runs it, then test-slow. No test collected = failure

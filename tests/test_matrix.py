@@ -112,6 +112,24 @@ def test_csv_round_trip(tmp_path):
     assert len(na) == 9 and all(c.reason for c in na)
 
 
+def test_a_cell_is_current_for_one_model_and_one_decoder():
+    from fastasr.matrix.cells import decoding_label, is_current
+
+    greedy = decoding_label(None)
+    assert greedy.startswith("greedy-") and decoding_label({"name": "greedy"}) == greedy
+    beam = {"name": "beam", "lm": {"path": "/data/a/lm/words-3gram.arpa"}, "lm_weight": 2.0}
+    assert decoding_label(beam).startswith("beam-")
+    assert decoding_label(dict(beam, lm_weight=1.0)) != decoding_label(beam)  # any setting counts
+    # files by their names: the same LM in a moved data directory keeps the cells
+    assert decoding_label(dict(beam, lm={"path": "/moved/lm/words-3gram.arpa"})) == decoding_label(beam)
+    cell = mx.Cell("full", "full", mx.OK, per=1.0, checkpoint="runs/full/best.ckpt", train_step=9, decoding=greedy)
+    assert is_current(cell, "runs/full/best.ckpt", 9, greedy)
+    assert not is_current(cell, "runs/full/best.ckpt", 9, decoding_label(beam))
+    assert not is_current(cell, "runs/full/best.ckpt", 10, greedy)
+    old = mx.Cell("full", "full", mx.OK, per=1.0, checkpoint="runs/full/best.ckpt", train_step=9)
+    assert not is_current(old, "runs/full/best.ckpt", 9, greedy)  # matrix.csv from before the column
+
+
 def test_markdown_is_table_1(tmp_path):
     train, evals = DEFAULT_TRAIN, DEFAULT_EVAL
     cells = _cells(train, evals)

@@ -80,6 +80,7 @@ def test_smoke_matrix_is_complete_and_resumable(tiny_corpus, tmp_path, monkeypat
         else:
             assert float(r["per"]) >= 0 and float(r["wer"]) >= 0 and int(r["utterances"]) == 2
             assert float(r["decode_seconds"]) > 0 and r["checkpoint"] and int(r["train_step"]) >= 1
+            assert r["decoding"].startswith("greedy-")  # the default decoder, by name and settings
     na = [(r["train"], r["eval"]) for r in rows if r["status"] == "n/a"]
     assert na == [("full", "lsh-1")]
 
@@ -123,6 +124,17 @@ def test_smoke_matrix_is_complete_and_resumable(tiny_corpus, tmp_path, monkeypat
     third = mx.run_matrix(cfg)
     assert third.trained == [] and third.decoded == [("lsh-1", "i-clustered-8")]
     assert third.cells[("lsh-1", "i-clustered-8")].status == mx.OK
+
+    # Another decoder (matrix.decoding): every decoded cell is recomputed with it, nothing retrained
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        beam_cfg = compose("cross_eval", overrides=[*_smoke_overrides(tiny_corpus, tmp_path),
+                                                    "decoding@matrix.decoding=beam", "matrix.decoding.beam_size=8"])
+    beam = mx.run_matrix(beam_cfg)
+    ok = [k for k, c in beam.cells.items() if c.status == mx.OK]
+    assert beam.trained == [] and sorted(beam.decoded) == sorted(ok) and len(ok) == 5
+    assert all(beam.cells[k].decoding.startswith("beam-") for k in ok)
+    assert "CTC beam search (beam 8, lexicon auto, no LM)" in (mdir / "matrix.md").read_text()
+    assert mx.run_matrix(beam_cfg).decoded == []  # and kept while the decoder is the same
 
     # The same matrix name with another model config is refused, not silently mixed
     with pytest.raises(mx.MatrixError, match="model.layers"):

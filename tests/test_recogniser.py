@@ -18,6 +18,7 @@ from fastasr.recogniser import (
     decoding_loader,
     decoding_options,
     load_recogniser,
+    training_manifest,
 )
 
 MODEL = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2,
@@ -117,11 +118,41 @@ def test_decoding_uses_the_checkpoints_tokenizer_and_features(tokenizer, tiny_co
     assert batch["features"].shape[0] == 2 and batch["features"].shape[2] == 23
     # only the checkpoint and the manifest: no composed data config
     result = decode_manifest(rec, tiny_corpus / "test.jsonl", accelerator="cpu", seed=3)
-    assert set(result) == {"per", "wer", "utterances", "decode_seconds", "attention", "manifest"}
+    assert set(result) >= {"per", "wer", "utterances", "decode_seconds", "attention", "manifest"}
+    # no training manifest, so no lexicon: greedy decoding, WER over phonetic words, no files
+    assert result["decoding"]["name"] == "greedy" and result["words"] == "phonetic" and "files" not in result
+    assert result["per_breakdown"]["reference"] > 0 and "oov" not in result
     assert result["utterances"] == 2 and result["attention"] == "clustered-3" and result["per"] >= 0
     assert result["manifest"] == str(tiny_corpus / "test.jsonl")
     again = decode_manifest(rec, tiny_corpus / "test.jsonl", accelerator="cpu", seed=3)
     assert (again["per"], again["wer"]) == (result["per"], result["wer"])  # the seed fixes the hashing
+
+
+def test_greedy_decode_manifest_scores_as_the_training_test_loop(tokenizer, tiny_corpus, tmp_path):
+    """decode_manifest (model → greedy decoder → jiwer alignment) gives the numbers of the
+    LightningModule's own test loop (batched greedy → ErrorRates) on the same model."""
+    import lightning as L
+
+    save_checkpoint(recogniser(tokenizer), tmp_path / "a.ckpt")
+    rec = load_recogniser(tmp_path / "a.ckpt", attention="full")  # deterministic
+    result = decode_manifest(rec, tiny_corpus / "test.jsonl", accelerator="cpu", out_dir=tmp_path / "run")
+    lit = ASRLitModule(rec)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.test(lit, dataloaders=decoding_loader(rec, tiny_corpus / "test.jsonl"), verbose=False)
+    assert result["per"] == pytest.approx(lit.test_result["per"]) and result["wer"] == pytest.approx(lit.test_result["wer"])
+    assert result["utterances"] == lit.test_result["utterances"] == 2
+    # the per-utterance files go to out_dir, tagged by manifest and decoder
+    assert (tmp_path / "run" / "errs-test-greedy.txt").read_text().startswith("%WER")
+    assert result["files"]["recogs"] == str(tmp_path / "run" / "recogs-test-greedy.txt")
+
+
+def test_training_manifest_of_a_data_config():
+    from omegaconf import OmegaConf
+
+    assert training_manifest({"train_manifest": "/c/train.jsonl"}) == "/c/train.jsonl"
+    assert training_manifest({"train_manifest": None}) is None and training_manifest({}) is None
+    assert training_manifest(OmegaConf.create({"train_manifest": "???"})) is None  # unset in an evaluation config
 
 
 def test_decode_needs_a_model_and_options_come_from_a_data_config(tokenizer, tiny_corpus):

@@ -14,7 +14,11 @@ from omegaconf import OmegaConf
 
 from fastasr.attention import build_attention
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
+from fastasr.decoding.tune import tune
+from fastasr.evaluation import evaluate
+from fastasr.lm.__main__ import build as lm_build
 from fastasr.recogniser import decode_manifest, load_recogniser
+from fastasr.rundir import RunDir
 from fastasr.training import train
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_dim=64"]
@@ -114,6 +118,13 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     assert resumed["global_step"] == 2 * steps_after_one
     assert second["test"]["utterances"] == 2
     assert set(second["test"]) >= {"per", "wer", "decode_seconds", "attention"}
+    # then the test split again by beam search over the training lexicon (no LM file here: left out)
+    final = second["final_decoding"]
+    assert final["decoding"]["name"] == "beam" and final["decoding"]["lm"] is None and final["words"] == "real"
+    assert final["utterances"] == 2 and final["ckpt_path"] == second["best_ckpt"]
+    run = RunDir(second["run_dir"])
+    assert run.read_results()["wer"] == pytest.approx(final["wer"])
+    assert all(p.is_file() for p in run.recognition_files("test-beam").values())
 
     # the checkpoint alone plus the manifest decodes, and gives the training's own test score
     alone = decode_manifest(load_recogniser(second["best_ckpt"]), tiny_corpus / "test.jsonl", accelerator="cpu")
@@ -137,6 +148,27 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     assert results["attention"] == "i-clustered-3"
     assert results["utterances"] == 2
     assert f"PER={results['per']:.2f} WER={results['wer']:.2f}" == last_line
+    # no training manifest given: no lexicon, so the words are phonetic; per-utterance files beside
+    assert results["words"] == "phonetic" and results["wer_breakdown"]["reference"] > 0
+    assert (tmp_path / "eval_run" / "errs-test-greedy.txt").is_file()
+
+    # beam search with the training manifest's lexicon and a word LM, on the average of both epochs
+    lm = tmp_path / "words.arpa"
+    lm_build([tiny_corpus / "train.jsonl"], lm, order=2)
+    ckpt = f"ckpt_path={second['last_ckpt']}"
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[ckpt, *data_overrides(tiny_corpus), "decoding=beam",
+                                             f"decoding.lm.path={lm}", "average.last=2", f"paths.output_dir={tmp_path}"])
+        tune_cfg = compose("tune_decoding", overrides=[ckpt, *data_overrides(tiny_corpus), f"decoding.lm.path={lm}",
+                                                       "tune.lm_weight=[0,1]", "tune.word_score=[0]",
+                                                       f"paths.output_dir={tmp_path}"])
+    beam = evaluate(cfg)
+    assert beam["words"] == "real" and beam["decoding"]["name"] == "beam" and beam["decoding"]["lm"] == str(lm)
+    assert [Path(p).name[:8] for p in beam["averaged_checkpoints"]] == ["epoch000", "epoch001"]
+    assert (Path(beam["run_dir"]) / "recogs-test-beam.txt").is_file() and "oov" in beam
+    tuned = tune(tune_cfg)
+    assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
+    assert (tmp_path / "tune.json").is_file()
 
 
 def test_resume_last_without_checkpoint_is_a_clear_error(tiny_corpus, tmp_path):

@@ -37,6 +37,15 @@ def matrix_shared_qk(member: str) -> bool:
     return member_shared_qk(member)
 
 
+def corpus_lm(train_manifest: str | None) -> str | None:
+    """The word 3-gram LM of the corpus whose training manifest is ``train_manifest``:
+    ``lm/words-3gram.arpa`` beside it (:func:`fastasr.lm.corpus_lm_path`; ``make lm`` builds it);
+    None without a training manifest."""
+    from fastasr.lm.arpa import corpus_lm_path
+
+    return None if train_manifest in (None, "???") else str(corpus_lm_path(train_manifest))
+
+
 def fallback(value, default):
     """``value`` unless it is null, else ``default`` (``${fallback:${oc.select:tokenizer,null},char}``:
     the top-level choice, else the data config's own default)."""
@@ -64,12 +73,13 @@ _RESOLVERS = {
     "matrix_attention": matrix_attention,  # ${matrix_attention:${member}} -> attention spec
     "matrix_shared_qk": matrix_shared_qk,  # ${matrix_shared_qk:${member}} -> model.shared_qk
     "fallback": fallback,                  # ${fallback:a,b} -> a unless null, else b
+    "corpus_lm": corpus_lm,                # ${corpus_lm:<train manifest>} -> <its dir>/lm/words-3gram.arpa
 }
 
 
 def register_resolvers() -> None:
     """Register fastasr's OmegaConf resolvers once (``unit_metric``, ``matrix_attention``,
-    ``matrix_shared_qk``, ``fallback``)."""
+    ``matrix_shared_qk``, ``fallback``, ``corpus_lm``)."""
     for name, resolver in _RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

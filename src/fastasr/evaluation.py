@@ -1,10 +1,12 @@
-"""Evaluation entry: decode a manifest with a trained checkpoint, optionally with another attention.
+"""Evaluation entry: decode a manifest with a trained checkpoint, optionally with another
+attention, another decoder (``decoding=beam``) or the average of several epochs.
 
-``python evaluate.py ckpt_path=PATH [attention=...] [data.test_manifest=...]`` calls
-:func:`evaluate`, prints ``PER=<x> WER=<y>`` as its last line and writes ``results.json``.
+``python evaluate.py ckpt_path=PATH [attention=...] [decoding=beam] [data.test_manifest=...]``
+calls :func:`evaluate`, prints ``PER=<x> WER=<y>`` as its last line and writes
+``results.json`` and the per-utterance ``recogs-*`` / ``errs-*`` files to its run directory.
 The checkpoint carries the tokenizer, features, CMVN and model config
-(:func:`fastasr.recogniser.load_recogniser`); the data config only names the manifest and
-the batching.
+(:func:`fastasr.recogniser.load_recogniser`); the data config names the manifest to decode,
+the batching and the training manifest (the lexicon's source).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (registers resolvers)
-from fastasr.recogniser import decode_manifest, decoding_options, load_recogniser
+from fastasr.checkpoint_averaging import average_into
+from fastasr.recogniser import decode_manifest, decoding_options, load_recogniser, training_manifest
 from fastasr.rundir import RunDir
 
 
@@ -30,14 +33,19 @@ def format_result_line(result: Mapping[str, Any]) -> str:
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
-    """Decode ``cfg.data.test_manifest`` with ``cfg.ckpt_path``; write results.json in the run dir."""
+    """Decode ``cfg.data.test_manifest`` with ``cfg.ckpt_path`` (averaged over epochs with
+    ``cfg.average``) and ``cfg.decoding``; write results.json and the recogs/errs files in the run dir."""
     attention = OmegaConf.to_container(cfg.attention, resolve=True) if cfg.get("attention") else None
     recogniser = load_recogniser(cfg.ckpt_path, attention)
-    result = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=cfg.accelerator, seed=cfg.seed,
-                             **decoding_options(cfg.data))
-    result["ckpt_path"] = str(cfg.ckpt_path)
+    averaged = average_into(recogniser.model, cfg.ckpt_path, **(cfg.get("average") or {}))
     run_dir = RunDir(HydraConfig.get().runtime.output_dir if HydraConfig.initialized()
                      else Path(cfg.paths.output_dir) / "eval").create()
+    decoding = OmegaConf.to_container(cfg.decoding, resolve=True) if cfg.get("decoding") else None
+    result = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=cfg.accelerator, seed=cfg.seed,
+                             decoding=decoding, train_manifest=training_manifest(cfg.data), out_dir=run_dir.path,
+                             **decoding_options(cfg.data))
+    result["ckpt_path"] = str(cfg.ckpt_path)
+    result["averaged_checkpoints"] = [str(p) for p in averaged]
     run_dir.write_results(result)
     result["run_dir"] = str(run_dir.path)
     return result

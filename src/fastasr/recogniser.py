@@ -12,7 +12,8 @@ in the checkpoint's weights and nowhere else.
 * :func:`load_recogniser` reads a checkpoint with ``torch.load(weights_only=True)`` and
   returns the bundle with its model (weights loaded, eval mode).
 * :func:`decoding_loader` builds the dataloader of any manifest with the bundle's tokenizer,
-  features and subsampling; :func:`decode_manifest` scores a manifest.
+  features and subsampling; :func:`decode_manifest` decodes (greedy or beam search,
+  ``fastasr.decoding``) and scores a manifest.
 
 A checkpoint plus a manifest is all decoding needs::
 
@@ -196,6 +197,14 @@ def decoding_options(data_cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {k: data_cfg[k] for k in _LOADER_KEYS if data_cfg.get(k) is not None}
 
 
+def training_manifest(data_cfg: Mapping[str, Any]) -> str | None:
+    """The training manifest of a data config (``data.train_manifest``), or None when it is
+    unset (null or ``???``): decoding reads the lexicon's words and pronunciations from it
+    (``decoding.lexicon.source`` auto/train/spelling); the vocabulary is the checkpoint's."""
+    value = data_cfg.get("train_manifest")
+    return None if value in (None, "???") else str(value)
+
+
 def decoding_loader(recogniser: Recogniser, manifest: str | os.PathLike, *, max_frames_per_batch: int = 16000,
                     max_batch_size: int | None = None, num_workers: int = 0,
                     on_bad_utterance: str = "skip") -> torch.utils.data.DataLoader:
@@ -213,23 +222,42 @@ def decoding_loader(recogniser: Recogniser, manifest: str | os.PathLike, *, max_
 
 
 def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, accelerator: str = "auto",
-                    seed: int = 1234, **loader_options: Any) -> dict[str, Any]:
-    """Greedy-decode and score ``manifest`` with ``recogniser.model`` (its current attention).
+                    seed: int = 1234, decoding: Mapping[str, Any] | None = None,
+                    train_manifest: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
+                    **loader_options: Any) -> dict[str, Any]:
+    """Decode and score ``manifest`` with ``recogniser.model`` (its current attention): the one
+    decoding path of evaluate.py, the decoding tuner, the matrix and training's final decoding.
 
-    ``seed`` fixes the randomised attentions' hashing; ``loader_options`` are the batching
-    keyword arguments of :func:`decoding_loader`. Returns ``{"per" (or "cer"), "wer"`` (%),
-    ``"utterances", "decode_seconds", "attention"`` (spec string), ``"manifest"}``.
+    Args:
+        accelerator: ``cpu``, ``gpu`` or ``auto`` (the GPU when there is one).
+        seed: fixes the randomised attentions' hashing.
+        decoding: a ``conf/decoding`` mapping (``{"name": "beam", "lexicon": ..., "lm": ...,
+            "beam_size": ...}``); None: greedy.
+        train_manifest: where the lexicon of ``lexicon.source: auto | train | spelling`` comes
+            from (the words and pronunciations spoken in training); None: no such lexicon.
+        out_dir: a run directory to write the per-utterance ``recogs-*`` / ``errs-*`` files
+            to (tag: the manifest's stem and the decoder's name, e.g. ``test-beam``); None: none.
+        loader_options: the batching keyword arguments of :func:`decoding_loader`.
+
+    Returns ``{"per" (or "cer"), "wer"`` (%), their ``*_breakdown`` (substitutions, deletions,
+    insertions, reference length), ``"words"`` (``real`` or ``phonetic``), ``"decoding"`` (the
+    decoder's settings), ``"oov"`` (with a lexicon), ``"utterances", "forward_seconds",
+    "search_seconds", "decode_seconds", "attention"`` (spec string), ``"manifest"``, and
+    ``"files"`` (with ``out_dir``)``}``.
     """
     import lightning as L
 
-    from fastasr.lit import ASRLitModule
+    from fastasr.decoding.builder import build_decoder
+    from fastasr.decoding.transcribe import decode_and_score, decoding_device
+    from fastasr.rundir import RunDir
 
     if recogniser.model is None:
         raise ValueError("decode_manifest: the recogniser has no model; get one from load_recogniser(ckpt_path)")
     L.seed_everything(seed, workers=True)
+    device = decoding_device(accelerator)
+    decoder, _ = build_decoder(decoding, recogniser.tokenizer, train_manifest)
     loader = decoding_loader(recogniser, manifest, **loader_options)
-    lit = ASRLitModule(recogniser)
-    trainer = L.Trainer(accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
-    trainer.test(lit, dataloaders=loader, verbose=False)
-    return dict(lit.test_result, manifest=str(manifest))
+    tag = f"{Path(manifest).stem}-{decoder.describe()['name']}"
+    files = RunDir(out_dir).recognition_files(tag) if out_dir is not None else None
+    result = decode_and_score(recogniser.model, loader, recogniser.tokenizer, decoder, device, files)
+    return dict(result, attention=recogniser.model.attention_spec, manifest=str(manifest))

@@ -3,13 +3,17 @@
 A training run (``outputs/runs/<name>``, or a matrix member's ``.../runs/<spec>``) holds::
 
     config.yaml          the resolved config it was trained with (written by training.train)
-    checkpoints/         best-*.ckpt, last.ckpt (end of validation), step-last.ckpt (every N steps)
+    checkpoints/         best-*.ckpt, last.ckpt (end of validation), step-last.ckpt (every N steps),
+                         epochNNN-scoreX.ckpt (every epoch's weights, X the validation PER/CER; averaging)
     fit_done.json        written once fit ended normally (callbacks.FitCompletionMarker)
     wandb_run_id.txt     the wandb run id, so a resumed run continues the same wandb run
     csv/version_*/metrics.csv   the CSV logger's metrics (one version per (re)start)
     tensorboard/ wandb/  the other loggers' files
     attention_maps/      PNGs of the attention-map callback
     results.json         evaluate.py's result, in an evaluation's run directory
+    recogs-<tag>.txt errs-<tag>.txt errs-units-<tag>.txt   beside it: per-utterance hypotheses and
+                         aligned errors of one decoding (tag = manifest stem and decoder, e.g. test-beam)
+    tune.json            the decoding tuner's grid (python -m fastasr.decoding.tune), in its run directory
 
 Everything that reads or writes these names goes through :class:`RunDir`. This module
 imports neither torch nor Lightning at import time (``fastasr.report`` uses it).
@@ -35,8 +39,13 @@ WANDB_RUN_ID_FILE = "wandb_run_id.txt"
 CSV_DIR = "csv"
 ATTENTION_MAPS_DIR = "attention_maps"
 RESULTS_FILE = "results.json"
+TUNE_FILE = "tune.json"
 # Checkpoints a run resumes from: last.ckpt (end of validation), step-last.ckpt (every N steps).
 RESUME_NAMES = ("last.ckpt", "step-last.ckpt")
+# Every epoch's weights, named by the epoch_checkpoint callback (conf/callbacks/default.yaml).
+EPOCH_CHECKPOINT = re.compile(r"^epoch(?P<epoch>\d+)-score(?P<score>[-+0-9.eE]+|nan|inf)\.ckpt$")
+# Per-utterance files of one decoding, by kind (fastasr.decoding.recognition_files writes them).
+RECOGNITION_FILES = {"recogs": "recogs-{tag}.txt", "errs": "errs-{tag}.txt", "errs_units": "errs-units-{tag}.txt"}
 
 
 def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
@@ -60,6 +69,15 @@ class RunDir:
 
     def __fspath__(self) -> str:
         return str(self.path)
+
+    @classmethod
+    def of_checkpoint(cls, ckpt_path: str | os.PathLike) -> RunDir:
+        """The run directory a checkpoint file lies in (the parent of its ``checkpoints/``)."""
+        path = Path(ckpt_path)
+        if path.parent.name != CHECKPOINTS_DIR:
+            raise ValueError(f"{ckpt_path}: not in a run directory's {CHECKPOINTS_DIR}/ folder; expected "
+                             f"<run dir>/{CHECKPOINTS_DIR}/<name>.ckpt as training writes it")
+        return cls(path.parent.parent)
 
     def create(self) -> RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -94,6 +112,15 @@ class RunDir:
     def results_file(self) -> Path:
         return self.path / RESULTS_FILE
 
+    @property
+    def tune_file(self) -> Path:
+        return self.path / TUNE_FILE
+
+    def recognition_files(self, tag: str) -> dict[str, Path]:
+        """The per-utterance files of one decoding tagged ``tag``, by kind: ``recogs``,
+        ``errs`` (word alignment) and ``errs_units`` (unit alignment)."""
+        return {kind: self.path / name.format(tag=tag) for kind, name in RECOGNITION_FILES.items()}
+
     def metrics_files(self) -> list[Path]:
         """Every ``csv/version_*/metrics.csv`` (a resumed run adds a version), in version order."""
         def version(path: Path) -> int:
@@ -119,6 +146,16 @@ class RunDir:
         if (self.checkpoints / "last.ckpt").is_file():
             return self.checkpoints / "last.ckpt"
         raise FileNotFoundError(f"{self.path}: no checkpoint to decode in {self.checkpoints}")
+
+    def epoch_checkpoints(self) -> list[tuple[int, float, Path]]:
+        """``(epoch, score, path)`` of every ``epochNNN-scoreX.ckpt`` in ``checkpoints/``, by
+        epoch (X: the validation unit error rate, lower is better; nan when it was not logged)."""
+        found = []
+        for path in self.checkpoints.glob("epoch*.ckpt"):
+            match = EPOCH_CHECKPOINT.match(path.name)
+            if match:
+                found.append((int(match["epoch"]), float(match["score"]), path))
+        return sorted(found)
 
     def latest_checkpoint(self) -> Path | None:
         """Newest of ``last.ckpt`` and ``step-last.ckpt`` by training step, or None.

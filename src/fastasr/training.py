@@ -106,5 +106,56 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         trainer.test(lit, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
         result["test"] = lit.test_result
         log.info("test: %s", lit.test_result)
+        if cfg.get("final_decoding") and trainer.is_global_zero:
+            try:
+                result["final_decoding"] = final_decoding(cfg, best or result["last_ckpt"], run_dir)
+            except Exception:  # the model is trained and tested; a decoding setting must not lose that
+                log.exception("final decoding failed; the run is complete: decode it with "
+                              "python evaluate.py ckpt_path=%s decoding=...", best or result["last_ckpt"])
     finish_wandb()
     return result
+
+
+def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[str, Any] | None:
+    """Decode the test split with ``ckpt`` by ``cfg.final_decoding`` (a ``conf/decoding``
+    option; beam search by default), through the decoding path evaluate.py takes, so that a
+    training ends with the word error rate over real words.
+
+    Skipped (None) when no lexicon can be had for the model (a subword model, or a phoneme model
+    whose training manifest has no phonemes): beam search would give phonetic words only. An LM
+    file that does not exist (``make lm`` not run) is left out with a warning. Writes
+    ``results.json`` and the recogs/errs files to the run directory.
+    """
+    from fastasr.decoding.builder import resolve_source
+    from fastasr.recogniser import (
+        decode_manifest,
+        decoding_options,
+        load_recogniser,
+        training_manifest,
+    )
+
+    if not ckpt:
+        return None
+    spec = OmegaConf.to_container(cfg.final_decoding, resolve=True)
+    recogniser = load_recogniser(ckpt)
+    train_manifest = training_manifest(cfg.data)
+    lexicon = spec.get("lexicon") or {}
+    if not lexicon.get("path") and resolve_source(lexicon.get("source", "auto"), recogniser.tokenizer,
+                                                  train_manifest) == "none":
+        log.info("final decoding skipped: no lexicon for this %s model (final_decoding.lexicon)",
+                 recogniser.tokenizer.kind)
+        return None
+    lm = (spec.get("lm") or {}).get("path")
+    if lm and not Path(lm).is_file():
+        log.warning("final decoding without an LM: %s does not exist (`make lm` builds the built-in corpus's)", lm)
+        spec["lm"] = {"path": None}
+    accelerator = cfg.trainer.get("accelerator")  # decode where training ran
+    accelerator = accelerator if accelerator in ("cpu", "gpu", "cuda") else "auto"
+    decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,
+                              decoding=spec, train_manifest=train_manifest, out_dir=run_dir.path,
+                              **decoding_options(cfg.data))
+    decoded["ckpt_path"] = str(ckpt)
+    run_dir.write_results(decoded)
+    log.info("test, %s decoding (%s words): %s", decoded["decoding"]["name"], decoded["words"],
+             {k: decoded.get(k) for k in ("per", "cer", "wer", "decode_seconds")})
+    return decoded

@@ -9,6 +9,7 @@ A batch is a dict::
     ids              list[str]           utterance ids
     texts            list[str]           reference words, in the tokenizer's word space
                                          (char: the lower-cased text; phoneme: phonetic spellings)
+    transcripts      list[str]           the manifest's ``text`` as it is (real words, for word decoding)
 
 Filtering in ``setup()``: training utterances outside
 ``[min_duration, max_duration]`` are dropped, and training and dev utterances
@@ -76,6 +77,7 @@ class ASRDataset(Dataset):
             "targets": self.targets[i],
             "id": utt.id,
             "text": self.references[i],
+            "transcript": utt.text,
         }
 
 
@@ -95,6 +97,7 @@ def collate(items: Sequence[dict]) -> dict:
         "target_lengths": torch.tensor([t.shape[0] for t in targets], dtype=torch.long),
         "ids": [it["id"] for it in items],
         "texts": [it["text"] for it in items],
+        "transcripts": [it["transcript"] for it in items],
     }
 
 

@@ -3,12 +3,15 @@
 A cell's ``status`` is ``ok`` (decoded: PER or CER, WER, utterances, decode seconds), ``n/a``
 (the pair cannot run; ``reason`` says why), ``failed`` (``reason`` holds the exception) or
 ``missing`` (not computed yet). ``checkpoint`` and ``train_step`` name the model an ``ok``
-cell was computed with, so a re-run keeps it only while that model is unchanged.
+cell was computed with and ``decoding`` the decoder (:func:`decoding_label`), so a re-run keeps
+it only while that model and that decoder are unchanged.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from fastasr.matrix.rules import MatrixError
 CSV_FILE, MD_FILE, PNG_FILE = "matrix.csv", "matrix.md", "matrix.png"
 CSV_COLUMNS = (
     "train", "eval", "status", "per", "cer", "wer", "utterances", "decode_seconds",
-    "reason", "checkpoint", "train_step",
+    "reason", "checkpoint", "train_step", "decoding",
 )
 OK, NA, FAILED, MISSING = "ok", "n/a", "failed", "missing"
 
@@ -43,6 +46,7 @@ class Cell:
     reason: str = ""
     checkpoint: str = ""
     train_step: int | None = None
+    decoding: str = ""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -86,6 +90,7 @@ class Cell:
             reason=row.get("reason") or "",
             checkpoint=row.get("checkpoint") or "",
             train_step=num("train_step", int),
+            decoding=row.get("decoding") or "",
         )
 
 
@@ -122,13 +127,26 @@ def ordered(cells: Cells, train: Sequence[str], evals: Sequence[str]) -> list[Ce
     return first + [c for k, c in cells.items() if k not in seen]
 
 
-def is_current(cell: Cell | None, checkpoint: str | None, step: int | None) -> bool:
+def decoding_label(decoding: Mapping[str, Any] | None) -> str:
+    """A short name of a resolved ``conf/decoding`` mapping for matrix.csv: the decoder's name
+    and a hash of its settings (files by their names, so a moved data directory keeps cells
+    current), e.g. ``greedy-1a2b3c4d``; None is the default greedy decoding."""
+    spec = dict(decoding or {"name": "greedy"})
+    for key in ("lexicon", "lm"):
+        if isinstance(spec.get(key), Mapping):
+            spec[key] = {k: Path(v).name if k == "path" and v else v for k, v in spec[key].items()}
+    digest = hashlib.sha1(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    return f"{spec.get('name', 'greedy')}-{digest}"
+
+
+def is_current(cell: Cell | None, checkpoint: str | None, step: int | None, decoding: str = "") -> bool:
     """Whether a cell read from matrix.csv need not be recomputed: ``n/a`` always, ``ok``
-    while its model is the same checkpoint at the same training step."""
+    while its model is the same checkpoint at the same training step, decoded the same way
+    (``decoding``: :func:`decoding_label`)."""
     if cell is None:
         return False
     if cell.status == NA:
         return True
     if cell.status != OK or checkpoint is None:
         return False
-    return cell.checkpoint == checkpoint and cell.train_step == step
+    return cell.checkpoint == checkpoint and cell.train_step == step and cell.decoding == decoding

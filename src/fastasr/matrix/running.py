@@ -21,7 +21,7 @@ from typing import Any
 
 import hydra
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from fastasr.config import CONFIG_DIR
 from fastasr.matrix.cells import (
@@ -34,6 +34,7 @@ from fastasr.matrix.cells import (
     PNG_FILE,
     Cell,
     Cells,
+    decoding_label,
     is_current,
     ordered,
     read_cells,
@@ -71,13 +72,27 @@ def load_checkpoint(ckpt: Path):
     return load_recogniser(ckpt)
 
 
+def decoding_of(member: Member, cfg: DictConfig) -> dict[str, Any] | None:
+    """``cfg.matrix.decoding`` (a ``conf/decoding`` option; None: greedy) resolved in the
+    member's training config, so ``${data.train_manifest}`` (the LM beside it) is the member's."""
+    spec = cfg.matrix.get("decoding")
+    if not spec:
+        return None
+    context = member.cfg.copy()
+    with open_dict(context):
+        context.matrix_decoding = OmegaConf.to_container(spec, resolve=False)
+    return OmegaConf.to_container(context.matrix_decoding, resolve=True)
+
+
 def decode_with(member: Member, recogniser, manifest: str, cfg: DictConfig) -> dict[str, Any]:
-    """Decode ``manifest`` with ``recogniser`` as it is (its attention already swapped); returns
-    per/cer, wer (%), utterances, decode_seconds. Tokenizer and features are the checkpoint's;
-    batching follows the member's data config."""
-    from fastasr.recogniser import decode_manifest, decoding_options
+    """Decode ``manifest`` with ``recogniser`` as it is (its attention already swapped) and
+    ``cfg.matrix.decoding``, through :func:`fastasr.recogniser.decode_manifest`; returns per/cer,
+    wer (%), utterances, decode_seconds, ... Tokenizer and features are the checkpoint's;
+    batching and the lexicon's training manifest follow the member's data config."""
+    from fastasr.recogniser import decode_manifest, decoding_options, training_manifest
 
     return decode_manifest(recogniser, manifest, accelerator=cfg.matrix.accelerator, seed=cfg.seed,
+                           decoding=decoding_of(member, cfg), train_manifest=training_manifest(member.cfg.data),
                            **decoding_options(member.cfg.data))
 
 
@@ -110,13 +125,13 @@ def _relative(path: Path, base: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- one column
-def _todo(member: Member, cells: Cells, evals: Sequence[str],
-          done: Mapping[str, Any] | None, matrix_dir: Path) -> tuple[list[str], Path | None]:
+def _todo(member: Member, cells: Cells, evals: Sequence[str], done: Mapping[str, Any] | None,
+          matrix_dir: Path, decoding: str) -> tuple[list[str], Path | None]:
     """Eval specs of ``member`` whose cells must be (re)computed, and the checkpoint to use."""
     ckpt = member.checkpoint(done) if done else None
     ckpt_rel = _relative(ckpt, matrix_dir) if ckpt else None
     step = int(done["global_step"]) if done else None
-    todo = [e for e in evals if not is_current(cells.get((member.spec, e)), ckpt_rel, step)]
+    todo = [e for e in evals if not is_current(cells.get((member.spec, e)), ckpt_rel, step, decoding)]
     return todo, ckpt
 
 
@@ -134,7 +149,8 @@ def _run_member(cfg: DictConfig, member: Member, manifest: str, result: MatrixRe
         if attention is None:
             cells[(member.spec, e)] = Cell(member.spec, e, NA, reason=reason)
     done = member.finished()
-    todo, ckpt = _todo(member, cells, evals, done, matrix_dir)
+    decoding = decoding_label(decoding_of(member, cfg))
+    todo, ckpt = _todo(member, cells, evals, done, matrix_dir, decoding)
     if todo and done is None:
         if not cfg.matrix.train_missing:
             _mark(cells, member, todo, MISSING,
@@ -153,7 +169,7 @@ def _run_member(cfg: DictConfig, member: Member, manifest: str, result: MatrixRe
             save()
             return
         result.trained.append(member.spec)
-        todo, ckpt = _todo(member, cells, evals, done, matrix_dir)  # a resumed, finished run keeps its cells
+        todo, ckpt = _todo(member, cells, evals, done, matrix_dir, decoding)  # a resumed, finished run keeps its cells
     elif done is not None:
         member.check_saved_config()
     result.reused += [(member.spec, e) for e in evals if e not in todo]
@@ -167,7 +183,7 @@ def _run_member(cfg: DictConfig, member: Member, manifest: str, result: MatrixRe
     for e in todo:
         start = time.perf_counter()
         cell = decode_cell(member, recogniser, e, manifest, cfg)
-        cell.checkpoint, cell.train_step = ckpt_rel, step
+        cell.checkpoint, cell.train_step, cell.decoding = ckpt_rel, step, decoding
         cells[cell.key] = cell
         result.decoded.append(cell.key)
         save()
@@ -180,7 +196,18 @@ def _description(cfg: DictConfig, manifest: str | None, cells: Cells) -> str:
     utts = {c.utterances for c in cells.values() if c.status == OK and c.utterances}
     where = f"`{manifest}`" if manifest else f"the {cfg.matrix.split} split"
     count = f" ({', '.join(str(u) for u in sorted(utts))} utterances)" if utts else ""
-    return f"Matrix `{cfg.matrix.name}`: {cfg.matrix.split} split {where}{count}, greedy CTC decoding."
+    return f"Matrix `{cfg.matrix.name}`: {cfg.matrix.split} split {where}{count}, {_decoder_text(cfg)}."
+
+
+def _decoder_text(cfg: DictConfig) -> str:
+    """How the cells were decoded, in words (for matrix.md)."""
+    spec = OmegaConf.to_container(cfg.matrix.decoding, resolve=False) if cfg.matrix.get("decoding") else {}
+    if spec.get("name", "greedy") == "greedy":
+        return "greedy CTC decoding"
+    lm = (spec.get("lm") or {}).get("path")
+    return (f"CTC beam search (beam {spec.get('beam_size')}, lexicon {spec.get('lexicon', {}).get('source')}"
+            + (f", LM `{lm}` weight {spec.get('lm_weight')}, word score {spec.get('word_score')}" if lm else ", no LM")
+            + ")")
 
 
 def _commands(invocation: Sequence[str], members: Sequence[Member]) -> list[str]:
