@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
 from fastasr.distributed import hydra_overrides_for_rank
+from fastasr.evaluation import format_result_line
 from fastasr.training import train
 
 
@@ -15,8 +16,12 @@ from fastasr.training import train
 def main(cfg: DictConfig) -> None:
     result = train(cfg)
     test = result.get("test")
-    if test:
+    if test:  # training's own test: greedy decoding; a phoneme model's WER is over phonetic words
         print(f"test: PER={test.get('per', float('nan')):.2f} WER={test['wer']:.2f} ({result['best_ckpt']})")
+    final = result.get("final_decoding")
+    if final:  # the same split by final_decoding (beam search, + LM when built): WER over real words
+        lm = " + LM" if final["decoding"].get("lm") else ""
+        print(f"test, {final['decoding']['name']}{lm}, {final['words']} words: {format_result_line(final)}")
 
 
 if __name__ == "__main__":

@@ -30,9 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
-import re
 import statistics
 import sys
 import tempfile
@@ -68,33 +65,6 @@ class Row:
     mem_per_token_kb: float | None = None
     runs: int = 0
     status: str = "ok"
-
-
-# --------------------------------------------------------------------------- machine
-def machine_info(device: torch.device) -> dict:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info = {
-        "cpu": cpu,
-        "cores": cores,
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-        slug = info["gpu"]
-    else:
-        slug = f"{cpu}-{cores}c"
-    info["slug"] = re.sub(r"[^a-z0-9]+", "-", slug.lower()).strip("-")
-    return info
 
 
 # --------------------------------------------------------------------------- measuring
@@ -172,14 +142,6 @@ def peak_memory_bytes(call, device) -> int:
     return peak
 
 
-def _load() -> str:
-    """1-minute load average, to show whether other jobs shared the machine."""
-    try:
-        return f"{os.getloadavg()[0]:.1f}"
-    except OSError:
-        return "n/a"
-
-
 def run(args) -> tuple[list[Row], dict]:
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
@@ -189,7 +151,7 @@ def run(args) -> tuple[list[Row], dict]:
     rows: list[Row] = []
     too_slow: dict[str, str] = {}
     started = time.perf_counter()
-    load_start = _load()
+    load_start = bench_io.load_average()
     for n in ns:
         batch = max(1, args.tokens // n)
         for spec in args.variants:
@@ -242,7 +204,7 @@ def run(args) -> tuple[list[Row], dict]:
     meta = {
         "elapsed_s": time.perf_counter() - started,
         "load_start": load_start,
-        "load_end": _load(),
+        "load_end": bench_io.load_average(),
     }
     return rows, meta
 
@@ -437,7 +399,7 @@ def main(argv=None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    info = machine_info(device)
+    info = bench_io.machine_info(device)
     print(json.dumps(info), flush=True)
     rows, meta = run(args)
     args.out_dir.mkdir(parents=True, exist_ok=True)

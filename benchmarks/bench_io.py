@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import csv
+import os
+import platform
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,3 +25,41 @@ def write_csv(rows: list, path: Path, digits: int) -> None:
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.{digits}g}" if isinstance(v, float) else v) for k, v in asdict(r).items()})
+
+
+def machine_info(device) -> dict:
+    """CPU model, cores, torch threads and versions (and the GPU's name for a CUDA device),
+    with ``slug``: a file-name-safe machine name for result files."""
+    import torch
+
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info = {
+        "cpu": cpu,
+        "cores": cores,
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        slug = info["gpu"]
+    else:
+        slug = f"{cpu}-{cores}c"
+    info["slug"] = re.sub(r"[^a-z0-9]+", "-", slug.lower()).strip("-")
+    return info
+
+
+def load_average() -> str:
+    """1-minute load average, to show whether other jobs shared the machine."""
+    try:
+        return f"{os.getloadavg()[0]:.1f}"
+    except OSError:
+        return "n/a"

@@ -17,10 +17,9 @@
    fp32 forces the memory-efficient backend, named in the ``sdpa_backend`` column),
    ``clustered-100``, ``i-clustered-100`` (k = 32), ``lsh-4`` (shared Q/K) and
    ``topk-32``, for N = 1k … 64k with a fixed number of tokens per call (B = tokens/N),
-   H=6/E=32 and H=8/E=64, fp32 and bf16, no padding. Timing follows
-   ``/work/.library/device/METHOD.md``: CUDA events, warm-up calls first (Triton
-   compiles there), median of repeats, inputs rotated among three sets so repeated
-   calls do not just re-read L2. Repeats are capped (``--target-s`` per cell, 3 to
+   H=6/E=32 and H=8/E=64, fp32 and bf16, no padding. Timing: CUDA events, warm-up
+   calls first (Triton compiles there), median of repeats, inputs rotated among three
+   sets so repeated calls do not just re-read L2. Repeats are capped (``--target-s`` per cell, 3 to
    ``--max-repeats``); a variant whose call is predicted to exceed ``--max-call-s`` at
    the next N, or that ran out of memory, is not run at larger N; the whole run stops
    timing at ``--budget-s`` (the remaining cells say so). A second phase, if time is

@@ -92,6 +92,37 @@ def test_dataset_skips_bad_items_and_the_batch_carries_them_from_the_workers(tmp
     assert sorted(got) == sorted(bad)
 
 
+def test_a_feature_cache_skips_the_same_files_as_loading_the_audio(tmp_path, caplog):
+    """The cache builder finds bad audio by the dataset's own checks; a dataset reading the
+    cache skips and reports those utterances as one reading the audio does."""
+    from fastasr.data.feature_cache import build_feature_cache, cache_key
+    from fastasr.data.feature_sources import AudioFeatures, CachedFeatures
+
+    bad = make_bad_files(tmp_path)
+    utts = [Utterance("good", str(tmp_path / "whole.wav"), 2.0, "a b")]
+    utts += [Utterance(name, str(path), seconds, "a b") for name, (path, seconds, _) in bad.items()]
+    fbank = Fbank(num_mel_bins=40, channels=1)
+    with caplog.at_level(logging.WARNING):
+        cache = build_feature_cache(utts, fbank.config, tmp_path / "cache", cache_key(utts, fbank.config),
+                                    num_workers=2)
+    assert sorted(cache.skipped) == sorted(bad) and list(cache.entries) == ["good"]
+    assert all(f"feature cache: {name}" in caplog.text for name in bad)
+
+    def skipped_by(source):
+        ds = ASRDataset(utts, [[1, 2]] * len(utts), ["a b"] * len(utts), fbank, source=source)
+        loader = DataLoader(ds, batch_size=len(utts), collate_fn=collate, num_workers=2)
+        (batch,) = list(loader)
+        assert batch["ids"] == ["good"]
+        return {s.id: s for s in batch["skipped"]}
+
+    from_audio, from_cache = skipped_by(AudioFeatures(fbank)), skipped_by(CachedFeatures({1.0: cache}, fbank.config))
+    assert sorted(from_cache) == sorted(from_audio) == sorted(bad)
+    for name, (path, _, reason) in bad.items():
+        assert from_cache[name].path == from_audio[name].path == str(path)
+        assert reason in from_audio[name].reason
+        assert from_cache[name].reason.startswith(from_audio[name].reason) and "feature cache" in from_cache[name].reason
+
+
 def test_cmvn_statistics_skip_bad_files_and_stop_when_all_are_bad(tmp_path, caplog):
     bad = make_bad_files(tmp_path)
     good = Utterance("good", str(tmp_path / "whole.wav"), 2.0, "a b")
@@ -164,14 +195,20 @@ def test_training_skips_bad_audio_and_reports_every_file(tiny_corpus, tmp_path, 
     assert done["epochs"] == 1 and done["global_step"] == 10  # 10 batches, 4 of them empty
     assert result["val"]["val/per"] == result["val"]["val/per"]  # scored on the usable dev utterance
 
-    # evaluate.py's decoding skips it as well and lists it in the result
-    from omegaconf import OmegaConf
+    # evaluate.py's decoding skips it as well, and names it in the result and the log
+    from fastasr.recogniser import decode_manifest, load_recogniser
 
-    from fastasr.evaluation import decode_manifest, load_model
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        decoded = decode_manifest(load_recogniser(result["last_ckpt"]), corpus / "dev.jsonl", accelerator="cpu",
+                                  max_batch_size=1)
+    assert decoded["utterances"] == 1 and decoded["skipped_utterances"] == 1
+    assert decoded["skipped_audio"] == [{"id": dev_id, "path": reasons_path(report, dev_id), "reason": reasons[dev_id]}]
+    assert "1 of 2 utterance(s) skipped for unusable audio" in caplog.text and dev_id in caplog.text
 
-    data_cfg = OmegaConf.to_container(compose_train(corpus, tmp_path).data, resolve=True)
-    decoded = decode_manifest(load_model(result["last_ckpt"]), data_cfg, corpus / "dev.jsonl", "cpu")
-    assert decoded["utterances"] == 1 and [r["id"] for r in decoded["skipped_audio"]] == [dev_id]
+
+def reasons_path(report: list[dict], utt_id: str) -> str:
+    return next(r["path"] for r in report if r["id"] == utt_id)
 
 
 def test_a_corpus_with_no_usable_audio_stops_with_a_clear_error(tiny_corpus, tmp_path):

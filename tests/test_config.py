@@ -44,11 +44,26 @@ def test_default_config_values():
     assert compose_train("data.tokenizer=char").callbacks.model_checkpoint.monitor == "val/cer"
 
 
-@pytest.mark.parametrize("opt", options("attention"))
+# conf/attention option -> the spec its defaults stand for (the paper's defaults)
+ATTENTION_OPTIONS = {"full": "full", "lsh": "lsh-1", "clustered": "clustered-100",
+                     "i_clustered": "i-clustered-100", "oracle_top": "topk-32", "topk": "topk-32"}
+
+
+def test_every_attention_option_is_listed():
+    assert options("attention") == sorted(ATTENTION_OPTIONS)
+
+
+@pytest.mark.parametrize("opt", sorted(ATTENTION_OPTIONS))
 def test_attention_configs_build(opt):
+    """Each conf/attention option builds its variant with every value of the file (none
+    dropped or defaulted), and only LSH asks for shared Q/K."""
     cfg = compose_train(f"attention={opt}")
-    attn = build_attention(OmegaConf.to_container(cfg.attention, resolve=True))
-    assert attn.spec.split("-")[0] in {"full", "lsh", "clustered", "i", "topk"}
+    given = OmegaConf.to_container(cfg.attention, resolve=True)
+    attn = build_attention(given)
+    assert attn.spec == ATTENTION_OPTIONS[opt]
+    given.pop("name")
+    assert {key: attn.hparams.get(key, "missing") for key in given} == given
+    assert attn.requires_shared_qk is (opt == "lsh")
 
 
 def test_attention_override_from_command_line():

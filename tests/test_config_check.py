@@ -42,6 +42,10 @@ def test_the_default_config_passes(tiny_corpus, tmp_path, no_audio_reads):
     (["data.max_frames_per_batch=0"], "data.max_frames_per_batch=0", "expected > 0"),
     (["trainer.precision=fp8"], "trainer.precision='fp8'", "expected one of"),
     (["callbacks.nonfinite_loss.max_consecutive=0"], "callbacks.nonfinite_loss.max_consecutive=0", "≥ 1"),
+    (["tokenizer=wordpiece"], "tokenizer='wordpiece'", "expected one of phoneme, char, bpe, unigram"),
+    (["data.phone_folding=cmu"], "data.phone_folding", "expected one of"),
+    (["data.cache.mode=sometimes"], "data.cache.mode 'sometimes'", "expected one of off, auto, build"),
+    (["data.augment.noise_prob=2"], "data.augment.noise_prob 2", r"expected within \[0, 1\]"),
 ])
 def test_a_bad_value_names_its_key(tiny_corpus, tmp_path, no_audio_reads, overrides, key, expected):
     with pytest.raises(ConfigError) as err:

@@ -9,8 +9,10 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+import torchaudio.compliance.kaldi as kaldi
 from omegaconf import OmegaConf
 
+from fastasr.data.audio import load_audio
 from fastasr.data.datamodule import ASRDataModule, ctc_min_frames
 from fastasr.data.tokenizer import Tokenizer
 
@@ -54,8 +56,14 @@ def test_batches_on_tiny_corpus(tiny_corpus):
         check_batch(batch, 40, tok)
         seen += batch["ids"]
     assert sorted(seen) == sorted(u.id for u in dm.datasets["train"].utterances)
+    dev = {u.id: u for u in dm.datasets["dev"].utterances}
     for batch in dm.val_dataloader():
         check_batch(batch, 40, tok)
+        for b, utt_id in enumerate(batch["ids"]):  # the numbers: Kaldi's fbank of the file, undithered
+            wav = load_audio(dev[utt_id].audio_filepath, 16000)
+            ref = kaldi.fbank(wav[None] * 32768, num_mel_bins=40, dither=0.0, energy_floor=0.0)
+            torch.testing.assert_close(batch["features"][b, : ref.shape[0]], ref)
+            assert int(batch["feature_lengths"][b]) == ref.shape[0]
     dm.setup("test")
     assert sum(len(b["ids"]) for b in dm.test_dataloader()) == 2
     # the CMVN statistics were cached next to the manifest and are reused

@@ -64,6 +64,7 @@ _ANY_PROCESS = {
     "test_gpu_bench_quick_cpu_smoke",
     "test_gpu_bench_quick_cpu_full",
     "test_ops_dispatch_rules",
+    "test_availability_decides_by_interpreter_state_and_compute_capability",
 }
 
 
@@ -71,9 +72,11 @@ _ANY_PROCESS = {
 def _kernels_runnable_here(request):
     if NOT_HERE is not None and request.node.originalname not in _ANY_PROCESS:
         pytest.skip(f"Triton kernels cannot run in this process ({NOT_HERE}); "
-                    "test_kernel_tests_in_fresh_process runs them")
+                    "the slow test_kernel_tests_in_fresh_process runs them (make test-full, CI)")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1260)
 def test_kernel_tests_in_fresh_process():
     """When Triton was loaded compiled before this module, run the kernel tests in a child."""
     if NOT_HERE is None:
@@ -345,9 +348,34 @@ def test_unavailable_without_triton_says_why(monkeypatch):
         availability.import_kernel_module("triton_kmeans")
 
 
-def test_available_here():
-    assert availability.unavailable_reason(DEVICE, interpreted=INTERPRETED) is None
-    assert availability.triton_import_error() is None
+@pytest.fixture
+def _fresh_capability_cache():
+    availability._capability_reason.cache_clear()
+    yield
+    availability._capability_reason.cache_clear()
+
+
+def test_availability_decides_by_interpreter_state_and_compute_capability(monkeypatch, _fresh_capability_cache):
+    """Interpreted kernels run only if Triton's own library was built for the interpreter;
+    compiled ones only on a GPU of compute capability >= 7.5, and the reason names the GPU."""
+    monkeypatch.setattr(availability, "triton_import_error", lambda: None)
+    monkeypatch.setattr(availability, "_triton_stdlib_interpreted", lambda: False)
+    reason = availability.unavailable_reason("cpu", interpreted=True)
+    assert reason is not None and "imported before TRITON_INTERPRET=1" in reason
+    monkeypatch.setattr(availability, "_triton_stdlib_interpreted", lambda: True)
+    assert availability.unavailable_reason("cpu", interpreted=True) is None
+    assert availability.unavailable_reason("cuda", interpreted=True) is None  # copied to the CPU
+
+    monkeypatch.setattr(availability, "_cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "Tesla V100")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (7, 0))
+    reason = availability.unavailable_reason("cuda:0", interpreted=False)
+    assert reason == "GPU Tesla V100 has compute capability 7.0; Triton needs >= 7.5"
+    with pytest.raises(availability.TritonUnavailableError, match="hamming_kmeans.*capability 7.0"):
+        availability.require_triton("hamming_kmeans", "cuda:0", interpreted=False)
+    availability._capability_reason.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    assert availability.unavailable_reason("cuda:0", interpreted=False) is None
 
 
 # ------------------------------------------------------------------ dispatch (ops.py)
@@ -400,6 +428,8 @@ def test_i_clustered_attention_through_triton_equals_reference(monkeypatch):
 
 
 # ------------------------------------------------------------------ compiled for the GPU
+@pytest.mark.slow
+@pytest.mark.timeout(660)
 def test_kernels_compile_for_sm90_without_spills(tmp_path):
     """The real compiler (bundled ptxas, no GPU needed) accepts every kernel configuration.
 
@@ -436,6 +466,8 @@ def _run_gpu_bench_quick(tmp_path, *extra):
     return rows
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_gpu_bench_quick_cpu_smoke(tmp_path):
     """benchmarks/gpu_bench.py plumbing on the CPU: check, time, write csv/md/png (one N, fp32)."""
     rows = _run_gpu_bench_quick(tmp_path, "--ns", "32", "--dtypes", "float32")
@@ -443,6 +475,7 @@ def test_gpu_bench_quick_cpu_smoke(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(960)
 def test_gpu_bench_quick_cpu_full(tmp_path):
     """The whole --quick sweep: both dtypes, both lengths."""
     rows = _run_gpu_bench_quick(tmp_path)

@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 
 from fastasr.model import CTCModel, SinusoidalPositionalEncoding
-from fastasr.model.subsampling import ConvSubsampling
 
 
 def small_model(**kw) -> CTCModel:
@@ -24,24 +23,6 @@ def test_positional_encoding_values():
     torch.testing.assert_close(tab[:, 0], torch.sin(torch.arange(5.0)))
     # a longer request grows the table and keeps the values
     torch.testing.assert_close(pe.table(3000, torch.device("cpu"), torch.float32)[:5], tab)
-
-
-@pytest.mark.parametrize("factor", [1, 2, 4, 8])
-def test_subsampling_lengths(factor):
-    sub = ConvSubsampling(feat_in=20, d_model=16, factor=factor)
-    x = torch.randn(2, 37, 20)
-    lengths = torch.tensor([37, 20])
-    y, out = sub(x, lengths)
-    assert y.shape == (2, out.max().item(), 16)
-    expected = lengths.clone()
-    for _ in range(factor.bit_length() - 1):
-        expected = (expected + 1) // 2
-    assert torch.equal(out, expected)
-
-
-def test_subsampling_rejects_bad_factor():
-    with pytest.raises(ValueError, match="subsampling"):
-        ConvSubsampling(20, 16, factor=3)
 
 
 def test_forward_shapes_and_log_probs():
@@ -86,6 +67,39 @@ def test_lsh_needs_shared_qk():
     assert model.encoder.layers[0].attn.k_proj is None
     lp, _ = model(torch.randn(2, 40, 20), torch.tensor([40, 33]))
     assert torch.isfinite(lp).all()
+
+
+@pytest.mark.parametrize("shared_qk", [False, True])
+def test_capture_attention_gives_the_layers_queries_and_keys(shared_qk):
+    """capture_attention(i) hands over exactly the q, k (and lengths) layer i's inner attention
+    receives: the layer's own projections of its input, split into heads."""
+    torch.manual_seed(0)
+    model = small_model(layers=3, subsampling=2, shared_qk=shared_qk).eval()
+    layer = model.attention_layers()[-1]
+    assert model.attention_layers() == [block.attn for block in model.encoder.layers]
+    seen = {}
+    handle = layer.register_forward_pre_hook(lambda module, args: seen.update(x=args[0]))
+    feats, lengths = torch.randn(2, 30, 20), torch.tensor([30, 17])
+    with model.capture_attention(-1) as captured:
+        assert captured.q is None and captured.calls == 0
+        _, out_lengths = model(feats, lengths)
+    handle.remove()
+    b, n, d = seen["x"].shape
+    expected_q = layer.q_proj(seen["x"]).view(b, n, 2, d // 2).transpose(1, 2)
+    assert captured.layer == 2 and captured.calls == 1
+    torch.testing.assert_close(captured.q, expected_q)
+    assert torch.equal(captured.lengths, out_lengths) and torch.equal(out_lengths, torch.tensor([15, 9]))
+    if shared_qk:
+        assert captured.k is captured.q
+    else:
+        torch.testing.assert_close(captured.k, layer.k_proj(seen["x"]).view(b, n, 2, d // 2).transpose(1, 2))
+    assert not captured.q.requires_grad
+    # the hook is gone after the block: a later forward changes nothing
+    model(feats[:1, :10], torch.tensor([10]))
+    assert captured.calls == 1 and not layer.inner._forward_pre_hooks
+    with pytest.raises(IndexError, match="3 attention layers"):
+        with model.capture_attention(3):
+            pass
 
 
 def test_cmvn_stats_are_saved_in_state_dict():

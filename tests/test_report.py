@@ -13,8 +13,20 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from fastasr import cross_eval as ce
 from fastasr import report
+from fastasr.matrix.cells import (
+    CSV_FILE,
+    FAILED,
+    MD_FILE,
+    NA,
+    OK,
+    PNG_FILE,
+    Cell,
+    ordered,
+    write_cells,
+)
+from fastasr.matrix.render import plot_heatmap, write_markdown
+from fastasr.matrix.rules import REASON_LSH
 
 
 class _Tags(HTMLParser):
@@ -115,16 +127,16 @@ def test_matrix_report_has_table_1(tmp_path):
     mdir.mkdir(parents=True)
     train, evals = ["full", "lsh-1"], ["full", "lsh-1", "clustered-100"]
     cells = {
-        ("full", "full"): ce.Cell("full", "full", ce.OK, per=12.34, wer=40.0, utterances=300),
-        ("full", "lsh-1"): ce.Cell("full", "lsh-1", ce.NA, reason=ce.REASON_LSH),
-        ("full", "clustered-100"): ce.Cell("full", "clustered-100", ce.OK, per=45.6, wer=80.0, utterances=300),
-        ("lsh-1", "full"): ce.Cell("lsh-1", "full", ce.OK, per=20.5, wer=50.0, utterances=300),
-        ("lsh-1", "lsh-1"): ce.Cell("lsh-1", "lsh-1", ce.OK, per=15.25, wer=45.0, utterances=300),
-        ("lsh-1", "clustered-100"): ce.Cell("lsh-1", "clustered-100", ce.FAILED, reason="RuntimeError: <oops>"),
+        ("full", "full"): Cell("full", "full", OK, per=12.34, wer=40.0, utterances=300),
+        ("full", "lsh-1"): Cell("full", "lsh-1", NA, reason=REASON_LSH),
+        ("full", "clustered-100"): Cell("full", "clustered-100", OK, per=45.6, wer=80.0, utterances=300),
+        ("lsh-1", "full"): Cell("lsh-1", "full", OK, per=20.5, wer=50.0, utterances=300),
+        ("lsh-1", "lsh-1"): Cell("lsh-1", "lsh-1", OK, per=15.25, wer=45.0, utterances=300),
+        ("lsh-1", "clustered-100"): Cell("lsh-1", "clustered-100", FAILED, reason="RuntimeError: <oops>"),
     }
-    ce.write_cells(mdir / ce.CSV_FILE, ce.ordered(cells, train, evals))
-    ce.write_markdown(mdir / ce.MD_FILE, cells, train, evals, "m")
-    ce.plot_heatmap(mdir / ce.PNG_FILE, cells, train, evals)
+    write_cells(mdir / CSV_FILE, ordered(cells, train, evals))
+    write_markdown(mdir / MD_FILE, cells, train, evals, "m")
+    plot_heatmap(mdir / PNG_FILE, cells, train, evals)
     OmegaConf.save(OmegaConf.create({"matrix": {"name": "m", "train": train, "eval": evals, "split": "dev"}}),
                    mdir / "cross_eval.yaml")
     for t in train:

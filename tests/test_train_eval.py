@@ -1,6 +1,7 @@
 """train.py / evaluate.py end to end on the tiny corpus: fast-dev-run, resume, evaluation."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -9,8 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
+from fastasr.attention import build_attention
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
+from fastasr.decoding.tune import tune
+from fastasr.evaluation import evaluate
+from fastasr.lm.__main__ import build as lm_build
+from fastasr.recogniser import decode_manifest, load_recogniser
+from fastasr.rundir import RunDir
 from fastasr.training import train
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_dim=64"]
@@ -36,9 +44,19 @@ def compose_train(corpus: Path, out: Path, *overrides: str):
 
 
 def test_fast_dev_run(tiny_corpus, tmp_path):
-    result = train(compose_train(tiny_corpus, tmp_path, "debug=fast", "attention=i_clustered",
-                                 "attention.clusters=4"))
-    assert Path(result["run_dir"]).is_dir()
+    """debug=fast: one training step and one validation batch, with the configured attention,
+    in the run directory given to ``train`` (not ``paths.run_dir``), and no test pass."""
+    cfg = compose_train(tiny_corpus, tmp_path, "debug=fast", "attention=i_clustered", "attention.clusters=4")
+    result = train(cfg, run_dir=tmp_path / "given")
+    assert result["run_dir"] == str(tmp_path / "given")
+    assert not Path(cfg.paths.run_dir).exists()
+    assert OmegaConf.load(tmp_path / "given" / "config.yaml").model.attention.clusters == 4
+    state = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
+    assert Path(result["last_ckpt"]).parent == tmp_path / "given" / "checkpoints"
+    assert state["global_step"] == 1  # exactly one optimiser step
+    assert build_attention(state["recogniser"]["attention"]).spec == "i-clustered-4"
+    assert set(result["val"]) >= {"val/loss", "val/per", "val/wer"}
+    assert all(math.isfinite(v) for v in result["val"].values()) and result["val"]["val/loss"] > 0
     assert "test" not in result  # debug=fast skips testing
 
 
@@ -72,15 +90,20 @@ def test_sigterm_stops_training_with_a_failure_status(tiny_corpus, tmp_path, mon
     assert "SIGTERM: training stopped at step" in caplog.text and "step-last.ckpt" in caplog.text
 
 
+@pytest.mark.slow
 def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     first = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=1", "test=false"))
     last = Path(first["last_ckpt"])
-    state = torch.load(last, map_location="cpu", weights_only=False)
+    state = torch.load(last, map_location="cpu", weights_only=True)  # tensors and plain data only
     steps_after_one = state["global_step"]
     assert state["epoch"] == 0 and steps_after_one > 0
-    assert "tokenizer" in state["hyper_parameters"] and "cmvn.mean" in {
+    # the recogniser bundle is written once, as plain data; CMVN is in the model's weights only
+    assert "tokenizer" in state["recogniser"] and "cmvn.mean" in {
         k.removeprefix("model.") for k in state["state_dict"]
     }
+    assert json.loads(json.dumps(state["recogniser"])) == state["recogniser"]
+    assert "tokenizer" not in state.get("hyper_parameters", {})
+    assert not [k for k in state if "DataModule" in k]
 
     # a fresh start over an existing run is refused, not silently clobbered
     with pytest.raises(FileExistsError, match="ckpt_path=last"):
@@ -88,13 +111,25 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
 
     # resume continues the optimisation where it stopped
     second = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=2", "ckpt_path=last"))
-    resumed = torch.load(second["last_ckpt"], map_location="cpu", weights_only=False)
+    resumed = torch.load(second["last_ckpt"], map_location="cpu", weights_only=True)
     # saved at the end of epoch 1's validation (epoch=1) or at train end (epoch=2, Lightning's on_train_end)
     assert resumed["epoch"] in (1, 2)
     # the optimisation continued from the first run's step instead of starting over
     assert resumed["global_step"] == 2 * steps_after_one
     assert second["test"]["utterances"] == 2
     assert set(second["test"]) >= {"per", "wer", "decode_seconds", "attention"}
+    # then the test split again by beam search over the training lexicon (no LM file here: left out)
+    final = second["final_decoding"]
+    assert final["decoding"]["name"] == "beam" and final["decoding"]["lm"] is None and final["words"] == "real"
+    assert final["utterances"] == 2 and final["ckpt_path"] == second["best_ckpt"]
+    run = RunDir(second["run_dir"])
+    assert run.read_results()["wer"] == pytest.approx(final["wer"])
+    assert all(p.is_file() for p in run.recognition_files("test-beam").values())
+
+    # the checkpoint alone plus the manifest decodes, and gives the training's own test score
+    alone = decode_manifest(load_recogniser(second["best_ckpt"]), tiny_corpus / "test.jsonl", accelerator="cpu")
+    assert alone["utterances"] == 2 and alone["attention"] == second["test"]["attention"] == "full"
+    assert alone["per"] == pytest.approx(second["test"]["per"]) and alone["wer"] == pytest.approx(second["test"]["wer"])
 
     # evaluate.py decodes the full-attention model with another attention
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -113,6 +148,27 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     assert results["attention"] == "i-clustered-3"
     assert results["utterances"] == 2
     assert f"PER={results['per']:.2f} WER={results['wer']:.2f}" == last_line
+    # no training manifest given: no lexicon, so the words are phonetic; per-utterance files beside
+    assert results["words"] == "phonetic" and results["wer_breakdown"]["reference"] > 0
+    assert (tmp_path / "eval_run" / "errs-test-greedy.txt").is_file()
+
+    # beam search with the training manifest's lexicon and a word LM, on the average of both epochs
+    lm = tmp_path / "words.arpa"
+    lm_build([tiny_corpus / "train.jsonl"], lm, order=2)
+    ckpt = f"ckpt_path={second['last_ckpt']}"
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[ckpt, *data_overrides(tiny_corpus), "decoding=beam",
+                                             f"decoding.lm.path={lm}", "average.last=2", f"paths.output_dir={tmp_path}"])
+        tune_cfg = compose("tune_decoding", overrides=[ckpt, *data_overrides(tiny_corpus), f"decoding.lm.path={lm}",
+                                                       "tune.lm_weight=[0,1]", "tune.word_score=[0]",
+                                                       f"paths.output_dir={tmp_path}"])
+    beam = evaluate(cfg)
+    assert beam["words"] == "real" and beam["decoding"]["name"] == "beam" and beam["decoding"]["lm"] == str(lm)
+    assert [Path(p).name[:8] for p in beam["averaged_checkpoints"]] == ["epoch000", "epoch001"]
+    assert (Path(beam["run_dir"]) / "recogs-test-beam.txt").is_file() and "oov" in beam
+    tuned = tune(tune_cfg)
+    assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
+    assert (tmp_path / "tune.json").is_file()
 
 
 def test_resume_last_without_checkpoint_is_a_clear_error(tiny_corpus, tmp_path):

@@ -21,7 +21,11 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from fastasr.attention import build_attention
+from fastasr.data.augment import AugmentConfig
+from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.features import FeatureConfig
+from fastasr.data.phone_sets import folding
+from fastasr.data.tokenizer import KINDS
 
 
 class ConfigError(ValueError):
@@ -123,12 +127,22 @@ def _check_data(cfg: DictConfig, errors: list[str]) -> None:
     data = cfg.data
     splits = ["train", "dev"] + (["test"] if cfg.get("test") else [])
     paths = {split: _manifest_path(cfg, split, errors) for split in splits}
-    if data.get("tokenizer") not in ("phoneme", "char"):
-        errors.append(f"tokenizer={data.get('tokenizer')!r} (data.tokenizer); expected 'phoneme' or 'char'")
+    if data.get("tokenizer") not in KINDS:
+        errors.append(f"tokenizer={data.get('tokenizer')!r} (data.tokenizer); expected one of {', '.join(KINDS)}")
     elif data.get("tokenizer") == "phoneme" and data.get("vocab") is None:
         for split, path in paths.items():
             if path is not None:
                 _check_phonemes(path, f"{split}_manifest", errors)
+    if data.get("phone_folding") is not None:
+        try:
+            folding(str(data.phone_folding))
+        except ValueError as err:
+            errors.append(f"data.phone_folding: {err}")
+    for key, section in (("cache", CacheConfig), ("augment", AugmentConfig)):
+        try:
+            section.from_dict(_container(data.get(key)))
+        except (ValueError, TypeError) as err:  # their messages mostly name the key already
+            errors.append(str(err) if f"data.{key}" in str(err) else f"data.{key}: {err}")
     if not int(data.get("max_frames_per_batch", 1)) > 0:
         errors.append(f"data.max_frames_per_batch={data.max_frames_per_batch}; expected > 0")
     if data.get("max_batch_size") is not None and not int(data.max_batch_size) > 0:

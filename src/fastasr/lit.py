@@ -1,9 +1,9 @@
 """The LightningModule: CTC loss, greedy decoding, PER/WER, optimiser and schedule.
 
-Everything needed to rebuild the model — its Hydra config, the tokenizer's vocabulary and
-the feature dimension — is stored in the checkpoint's hyper-parameters, and the global
-CMVN statistics are buffers of the model, so ``ASRLitModule.load_from_checkpoint(path)``
-alone gives a working recogniser.
+It trains (and scores) the model of a :class:`fastasr.recogniser.Recogniser` and writes that
+bundle — model config, attention, tokenizer, features — into every checkpoint once, as plain
+data (``checkpoint["recogniser"]``); the global CMVN statistics are buffers of the model, so
+``fastasr.recogniser.load_recogniser(path)`` alone gives a working recogniser.
 """
 
 from __future__ import annotations
@@ -18,25 +18,22 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import grad_norm, rank_zero_info
 
-from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding import ErrorRates, ctc_greedy
 from fastasr.distributed import loss_without_update
 from fastasr.model import CTCModel
+from fastasr.recogniser import RECOGNISER_KEY, Recogniser
 
 # Lightning keys of a scheduler config; the rest goes to the scheduler's constructor.
 _SCHEDULER_KEYS = ("monitor", "interval", "frequency")
 
 
 class ASRLitModule(L.LightningModule):
-    """Trains and scores a :class:`fastasr.model.CTCModel`.
+    """Trains and scores the :class:`fastasr.model.CTCModel` of a recogniser.
 
     Args:
-        model: the model's config mapping (``_target_`` plus constructor arguments, without
-            ``vocab_size`` and ``feat_in``, which come from the data).
-        tokenizer: ``Tokenizer.state_dict()`` of the training vocabulary.
-        feat_in: feature dimension.
-        features: the feature extractor's config (sample rate, bins, …), kept so evaluation
-            computes the same features the model was trained on.
+        recogniser: the bundle (or its :meth:`~fastasr.recogniser.Recogniser.to_dict`); its
+            ``model`` is used when set (decoding a loaded checkpoint), else a new one is built.
+            ``self.recogniser`` is the bundle carrying ``self.model``.
         optimizer: Hydra config of a partial optimiser (``_partial_: true``).
         scheduler: Hydra config of a partial LR scheduler plus the Lightning keys
             ``monitor``/``interval``/``frequency``; None for a constant rate.
@@ -45,23 +42,26 @@ class ASRLitModule(L.LightningModule):
 
     def __init__(
         self,
-        model: Mapping[str, Any],
-        tokenizer: Mapping[str, Any],
-        feat_in: int,
-        features: Mapping[str, Any] | None = None,
+        recogniser: Recogniser | Mapping[str, Any],
         optimizer: Mapping[str, Any] | None = None,
         scheduler: Mapping[str, Any] | None = None,
         log_examples: int = 2,
     ):
         super().__init__()
-        self.save_hyperparameters()
-        self.tokenizer = Tokenizer.from_state_dict(dict(tokenizer))
-        self.model: CTCModel = instantiate(
-            dict(model), vocab_size=len(self.tokenizer.vocab), feat_in=feat_in, _convert_="all"
-        )
-        self.unit_metric = "per" if self.tokenizer.kind == "phoneme" else "cer"
+        # the recogniser goes into checkpoints once, by on_save_checkpoint, not as a hyper-parameter
+        self.save_hyperparameters(ignore=["recogniser"])
+        if not isinstance(recogniser, Recogniser):
+            recogniser = Recogniser.from_dict(recogniser)
+        self.model: CTCModel = recogniser.model if recogniser.model is not None else recogniser.build_model()
+        self.recogniser = recogniser.with_model(self.model)
+        self.tokenizer = recogniser.tokenizer
+        self.unit_metric = recogniser.unit_metric
         self._rates: dict[str, ErrorRates] = {}
         self.test_result: dict[str, Any] = {}
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Write the recogniser bundle as plain data (``checkpoint["recogniser"]``)."""
+        checkpoint[RECOGNISER_KEY] = self.recogniser.to_dict()
 
     # ---------------------------------------------------------------- forward / loss
     def forward(self, features: torch.Tensor, lengths: torch.Tensor):
@@ -126,8 +126,8 @@ class ASRLitModule(L.LightningModule):
         )
 
     def _scored_units(self, units: list[str]) -> list[str]:
-        # Word boundaries are scored by WER, not as units of the PER/CER.
-        return [u for u in units if u != self.tokenizer.word_boundary]
+        # Word boundaries are scored by WER, not as units of the PER/CER (and foldings apply).
+        return self.tokenizer.scored_units(units)
 
     def _finish(self, stage: str) -> dict[str, float]:
         rates = self._rates.pop(stage, ErrorRates())

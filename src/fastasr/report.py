@@ -25,13 +25,12 @@ import html
 import io
 import json
 import math
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastasr.callbacks.fit_done import read_fit_done
+from fastasr.rundir import RunDir
 
 REPORT_FILE = "report.html"
 Series = dict[str, tuple[list[float], list[float]]]
@@ -56,8 +55,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
     """Rows of every ``csv/version_*/metrics.csv`` of a run (resumed runs add versions), in
     version order; empty cells are dropped, numbers parsed."""
     rows: list[dict[str, float]] = []
-    files = sorted(Path(run_dir).glob("csv/version_*/metrics.csv"), key=_version_number)
-    for path in files:
+    for path in RunDir(run_dir).metrics_files():
         with path.open(newline="") as f:
             for raw in csv.DictReader(f):
                 row = {}
@@ -71,11 +69,6 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
                 if row:
                     rows.append(row)
     return rows
-
-
-def _version_number(path: Path) -> int:
-    match = re.search(r"version_(\d+)", str(path))
-    return int(match.group(1)) if match else 0
 
 
 def series(rows: Sequence[Mapping[str, float]], key: str, x: str = "step") -> tuple[list[float], list[float]]:
@@ -220,7 +213,7 @@ def run_summary(run_dir: Path, rows: Sequence[Mapping[str, float]]) -> dict[str,
     config = _load_yaml(run_dir / "config.yaml")
     summary: dict[str, Any] = {"run": str(run_dir)}
     summary.update(_model_summary(config))
-    done = read_fit_done(run_dir)
+    done = RunDir(run_dir).read_fit_done()
     if done:
         summary["finished"] = f"{done.get('epochs')} epochs, {done.get('global_step')} steps"
         summary["best checkpoint"] = Path(done["best_ckpt"]).name if done.get("best_ckpt") else None
@@ -288,15 +281,8 @@ def run_report(run_dir: str | Path) -> str:
 
 # ----------------------------------------------------------------------------- matrix report
 def matrix_report(matrix_dir: str | Path) -> str:
-    from fastasr.cross_eval import (
-        CSV_COLUMNS,
-        CSV_FILE,
-        MD_FILE,
-        PNG_FILE,
-        cell_notes,
-        html_table,
-        read_cells,
-    )
+    from fastasr.matrix.cells import CSV_COLUMNS, CSV_FILE, MD_FILE, PNG_FILE, read_cells
+    from fastasr.matrix.render import cell_notes, html_table
 
     matrix_dir = Path(matrix_dir)
     cells = read_cells(matrix_dir / CSV_FILE)

@@ -6,12 +6,10 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -21,12 +19,13 @@ import fastasr.config  # noqa: F401  (registers resolvers)
 from fastasr.config_check import check_train_config
 from fastasr.distributed import is_rank_zero_process
 from fastasr.lit import ASRLitModule
+from fastasr.loggers import build_loggers, finish_wandb
+from fastasr.recogniser import Recogniser
+from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 SIGTERM_EXIT_STATUS = 143  # 128 + SIGTERM: what a shell reports for a job terminated by SIGTERM
-
-_RESUME_NAMES = ("last.ckpt", "step-last.ckpt")
 
 
 def run_dir_of(cfg: DictConfig) -> Path:
@@ -36,83 +35,24 @@ def run_dir_of(cfg: DictConfig) -> Path:
     return Path(cfg.paths.run_dir)
 
 
-def latest_checkpoint(ckpt_dir: Path) -> Path | None:
-    """Newest of ``last.ckpt`` (end of validation) and ``step-last.ckpt`` (every N steps)."""
-    found = [ckpt_dir / n for n in _RESUME_NAMES if (ckpt_dir / n).is_file()]
-    if not found:
-        return None
-    return max(found, key=lambda p: torch.load(p, map_location="cpu", weights_only=False)["global_step"])
-
-
-def resolve_ckpt_path(ckpt_path: str | None, run_dir: Path) -> str | None:
-    """Turn ``ckpt_path`` (null | auto | last | PATH) into a checkpoint file or None."""
-    ckpt_dir = run_dir / "checkpoints"
-    if ckpt_path in (None, "null", "none"):
-        if latest_checkpoint(ckpt_dir) is not None:
-            raise FileExistsError(
-                f"{ckpt_dir} already holds checkpoints of run '{run_dir.name}'; "
-                "pass ckpt_path=last to resume it or name=<new name> for a fresh run"
-            )
-        return None
-    if ckpt_path in ("auto", "last"):
-        found = latest_checkpoint(ckpt_dir)
-        if found is None and ckpt_path == "last":
-            raise FileNotFoundError(f"ckpt_path=last: no last.ckpt or step-last.ckpt in {ckpt_dir}")
-        if found is not None:
-            log.info("resuming from %s", found)
-        return None if found is None else str(found)
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
-    return str(path)
-
-
-def _wandb_run_id(run_dir: Path) -> str:
-    """A wandb run id kept in the run directory, so a resumed run continues the same wandb run."""
-    id_file = run_dir / "wandb_run_id.txt"
-    if id_file.is_file() and id_file.read_text().strip():
-        return id_file.read_text().strip()
-    run_id = uuid.uuid4().hex[:12]
-    if is_rank_zero_process():  # other ranks' loggers log nothing; torchrun starts all ranks at once
-        tmp = id_file.with_name(id_file.name + ".tmp")
-        tmp.write_text(run_id + "\n")
-        tmp.replace(id_file)  # a kill never leaves an empty id file
-    return run_id
-
-
-def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
-    loggers = []
-    for lcfg in (cfg.get("logger") or {}).values():
-        if lcfg is None or "_target_" not in lcfg:
-            continue
-        extra: dict[str, Any] = {"save_dir": str(run_dir)}
-        if "Wandb" in lcfg._target_:
-            extra["id"] = _wandb_run_id(run_dir)
-            extra["resume"] = "allow"
-            extra["config"] = OmegaConf.to_container(cfg, resolve=True)
-        # `config` cannot go through instantiate(**kwargs) (it is instantiate's own first
-        # parameter), so build a partial and call it with the keyword arguments.
-        loggers.append(instantiate(lcfg, _partial_=True)(**extra))
-    return loggers
-
-
-def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
+def build_callbacks(cfg: DictConfig, run_dir: RunDir) -> list[L.Callback]:
+    """The callbacks of ``cfg.callbacks``; checkpoints go to the run's checkpoint directory."""
     callbacks = []
     for ccfg in (cfg.get("callbacks") or {}).values():
         if ccfg is None or "_target_" not in ccfg:
             continue
-        extra = {"dirpath": str(run_dir / "checkpoints")} if "ModelCheckpoint" in ccfg._target_ else {}
+        extra = {"dirpath": str(run_dir.checkpoints)} if "ModelCheckpoint" in ccfg._target_ else {}
         callbacks.append(instantiate(ccfg, **extra))
     return callbacks
 
 
 def build_module(cfg: DictConfig, datamodule) -> ASRLitModule:
-    """The LightningModule for ``cfg.model`` with the data's vocabulary, dims and CMVN stats."""
+    """The LightningModule for ``cfg.model`` with the data's tokenizer, features and CMVN stats."""
+    recogniser = Recogniser.from_model_config(
+        OmegaConf.to_container(cfg.model, resolve=True), datamodule.tokenizer, datamodule.feature_config
+    )
     lit = ASRLitModule(
-        model=OmegaConf.to_container(cfg.model, resolve=True),
-        tokenizer=datamodule.tokenizer.state_dict(),
-        feat_in=datamodule.feature_dim,
-        features=OmegaConf.to_container(cfg.data.features, resolve=True),
+        recogniser,
         optimizer=OmegaConf.to_container(cfg.optim, resolve=True),
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None,
     )
@@ -121,20 +61,22 @@ def build_module(cfg: DictConfig, datamodule) -> ASRLitModule:
     return lit
 
 
-def train(cfg: DictConfig) -> dict[str, Any]:
+def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Fit (or resume) a model, then score the best checkpoint on the test split.
 
+    ``run_dir``: where the run lives (checkpoints, logs, config.yaml); None: the running
+    Hydra job's output directory, else ``cfg.paths.run_dir`` (:func:`run_dir_of`).
     Returns ``{"run_dir", "best_ckpt", "last_ckpt", "val": {...}, "test": {...}}``.
     """
     check_train_config(cfg)  # config mistakes fail here, naming the key, before any audio is read
     L.seed_everything(cfg.seed, workers=True)
-    run_dir = run_dir_of(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt_path = resolve_ckpt_path(cfg.get("ckpt_path"), run_dir)
+    run_dir = RunDir(run_dir if run_dir is not None else run_dir_of(cfg)).create()
+    ckpt_path = run_dir.resolve_ckpt_path(cfg.get("ckpt_path"))
     if is_rank_zero_process():  # DDP: only global rank 0 writes the run's files
-        OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+        OmegaConf.save(cfg, run_dir.config_file, resolve=True)
 
-    datamodule = instantiate(cfg.data, subsampling_factor=cfg.model.subsampling, _convert_="all")
+    # the subsampling factor's one home is the model config; the label-length filter needs it
+    datamodule = instantiate(cfg.data, subsampling_factor=cfg.model.get("subsampling", 1), _convert_="all")
     datamodule.setup("fit")
     lit = build_module(cfg, datamodule)
 
@@ -142,40 +84,82 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         cfg.trainer,
         callbacks=build_callbacks(cfg, run_dir),
         logger=build_loggers(cfg, run_dir) or False,
-        default_root_dir=str(run_dir),
+        default_root_dir=str(run_dir.path),
     )
     try:
-        trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path)
+        # checkpoints hold tensors and plain data only (the recogniser bundle included)
+        trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
     except SIGTERMException:
         # Lightning stops after the batch it is in and raises SystemExit *without* a code,
         # i.e. exit status 0: a cluster job script could not tell a preempted run from a
         # finished one. Say where to resume and exit as a terminated process does.
-        last = latest_checkpoint(run_dir / "checkpoints")
+        last = run_dir.latest_checkpoint()
         log.warning("SIGTERM: training stopped at step %d; rerun the same command to resume from %s",
                     trainer.global_step, last or "the start (no checkpoint was written yet)")
         raise SystemExit(SIGTERM_EXIT_STATUS) from None
 
     result: dict[str, Any] = {
-        "run_dir": str(run_dir),
+        "run_dir": str(run_dir.path),
         "val": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
     }
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     result["best_ckpt"] = best or None
-    last = latest_checkpoint(run_dir / "checkpoints")
+    last = run_dir.latest_checkpoint()
     result["last_ckpt"] = str(last) if last else None
     if cfg.get("test") and not trainer.fast_dev_run:
-        trainer.test(lit, datamodule=datamodule, ckpt_path=best or None)
+        trainer.test(lit, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
         result["test"] = lit.test_result
         log.info("test: %s", lit.test_result)
-    _finish_wandb(trainer)
+        if cfg.get("final_decoding") and trainer.is_global_zero:
+            try:
+                result["final_decoding"] = final_decoding(cfg, best or result["last_ckpt"], run_dir)
+            except Exception:  # the model is trained and tested; a decoding setting must not lose that
+                log.exception("final decoding failed; the run is complete: decode it with "
+                              "python evaluate.py ckpt_path=%s decoding=...", best or result["last_ckpt"])
+    finish_wandb()
     return result
 
 
-def _finish_wandb(trainer: L.Trainer) -> None:
-    """Close this run's wandb run, so the next ``train()`` in the same process (tests, the
-    matrix) starts its own instead of silently logging into this one."""
-    from lightning.pytorch.loggers import WandbLogger
+def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[str, Any] | None:
+    """Decode the test split with ``ckpt`` by ``cfg.final_decoding`` (a ``conf/decoding``
+    option; beam search by default), through the decoding path evaluate.py takes, so that a
+    training ends with the word error rate over real words.
 
-    for logger in trainer.loggers:
-        if isinstance(logger, WandbLogger) and trainer.is_global_zero:
-            logger.experiment.finish()
+    Skipped (None) when no lexicon can be had for the model (a subword model, or a phoneme model
+    whose training manifest has no phonemes): beam search would give phonetic words only. An LM
+    file that does not exist (``make lm`` not run) is left out with a warning. Writes
+    ``results.json`` and the recogs/errs files to the run directory.
+    """
+    from fastasr.decoding.builder import resolve_source
+    from fastasr.recogniser import (
+        decode_manifest,
+        decoding_options,
+        load_recogniser,
+        training_manifest,
+    )
+
+    if not ckpt:
+        return None
+    spec = OmegaConf.to_container(cfg.final_decoding, resolve=True)
+    recogniser = load_recogniser(ckpt)
+    train_manifest = training_manifest(cfg.data)
+    lexicon = spec.get("lexicon") or {}
+    if not lexicon.get("path") and resolve_source(lexicon.get("source", "auto"), recogniser.tokenizer,
+                                                  train_manifest) == "none":
+        log.info("final decoding skipped: no lexicon for this %s model (final_decoding.lexicon)",
+                 recogniser.tokenizer.kind)
+        return None
+    lm = (spec.get("lm") or {}).get("path")
+    if lm and not Path(lm).is_file():
+        log.warning("final decoding without an LM: %s does not exist (`make lm` builds the built-in corpus's)", lm)
+        spec["lm"] = {"path": None}
+    accelerator = cfg.trainer.get("accelerator")  # decode where training ran
+    accelerator = accelerator if accelerator in ("cpu", "gpu", "cuda") else "auto"
+    decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,
+                              decoding=spec, train_manifest=train_manifest, out_dir=run_dir.path,
+                              **decoding_options(cfg.data))
+    decoded["ckpt_path"] = str(ckpt)
+    run_dir.write_results(decoded)
+    log.info("test, %s decoding (%s words): %s", decoded["decoding"]["name"], decoded["words"],
+             {k: decoded.get(k) for k in ("per", "cer", "wer", "decode_seconds")})
+    return decoded

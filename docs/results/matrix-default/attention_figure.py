@@ -13,7 +13,7 @@ import matplotlib.image
 
 from fastasr.callbacks import AttentionMapLogger, mean_l1_distance, render_attention_maps
 from fastasr.data.features import Fbank
-from fastasr.evaluation import load_model
+from fastasr.recogniser import load_recogniser
 
 runs = Path("outputs/matrix/default/runs")
 ckpt = sorted((runs / "full/checkpoints").glob("best-*.ckpt"))[0]
@@ -22,9 +22,9 @@ utt = max(dev, key=lambda u: u["duration"])
 out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)
 for spec in ["clustered-100", "i-clustered-100"]:
-    lit = load_model(ckpt, spec)
-    features = Fbank(lit.hparams.features).from_file(Path("data/synthetic") / utt["audio_filepath"])
-    maps, heads, layer = AttentionMapLogger(heads=3).compute_maps(lit.model, features)
+    recogniser = load_recogniser(ckpt, spec)
+    features = Fbank(recogniser.features).from_file(Path("data/synthetic") / utt["audio_filepath"])
+    maps, heads, layer = AttentionMapLogger(heads=3).compute_maps(recogniser.model, features)
     (_, own), (_, full) = maps
     l1 = [round(mean_l1_distance(own[h], full[h]), 3) for h in range(len(heads))]
     title = f"{Path(utt['audio_filepath']).stem} ({features.shape[0]} frames) · model trained with full · layer {layer}"

@@ -8,8 +8,8 @@
     BadAudioReport        counts utterances skipped for unusable audio; one summary naming every file
     NonFiniteLossGuard    skips the update of a batch with a NaN/inf loss; stops after several in a row
 
-Names are imported on first use, so ``fastasr.report`` (which only reads ``fit_done.json``)
-does not pay for importing torch and Lightning.
+Names are imported on first use, so importing one callback does not import the others.
+Where their files go in a run directory is :mod:`fastasr.rundir`'s business.
 """
 
 from __future__ import annotations
@@ -24,10 +24,8 @@ _EXPORTS = {
     "AttentionMapLogger": "attention_maps",
     "render_attention_maps": "attention_maps",
     "mean_l1_distance": "attention_maps",
-    "FIT_DONE_FILE": "fit_done",
     "FitCompletionMarker": "completion",
     "LargestBatchProbe": "largest_batches",
-    "read_fit_done": "fit_done",
     "RunInfoLogger": "run_info",
     "attention_info": "run_info",
     "ThroughputLogger": "throughput",

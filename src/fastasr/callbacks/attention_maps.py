@@ -24,6 +24,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from fastasr.attention import build_attention
+from fastasr.rundir import ATTENTION_MAPS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class AttentionMapLogger(L.Callback):
         pick: str = "longest",
         max_frames: int | None = 800,
         seed: int = 0,
-        dirname: str = "attention_maps",
+        dirname: str = ATTENTION_MAPS_DIR,
         panel_size: float = 3.2,
         dpi: int = 100,
     ):
@@ -191,20 +192,20 @@ class AttentionMapLogger(L.Callback):
     def compute_maps(self, model: torch.nn.Module, features: torch.Tensor) -> tuple[list[tuple[str, np.ndarray]], list[int], int]:
         """Run ``model`` (a CTCModel) on one utterance ``features`` (T, F); returns the
         ``(label, weights (heads, N, N))`` columns, the head indices and the layer index."""
-        layers = model.encoder.layers
+        layers = model.attention_layers()
         idx = self._layer_index(len(layers))
-        attn = layers[idx].attn
+        attn = layers[idx]
         heads = self._head_list(attn.heads)
         device = next(model.parameters()).device
         # The randomised variants draw hash planes from torch's global RNG: run on a fork of
         # it, seeded, so the image is reproducible and training randomness is untouched.
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(self.seed)
-            q, k, lengths = self._record(model, attn, features.to(device))
+            q, k, lengths = self._capture(model, idx, features.to(device))
             n = q.shape[2] if lengths is None else int(lengths[0])
             if self.max_frames is not None:
                 n = min(n, self.max_frames)
-            shared = k is q or k.data_ptr() == q.data_ptr()
+            shared = k is q
             sel = torch.tensor(heads, device=q.device)
             q = q[:, sel, :n].float()
             k = q if shared else k[:, sel, :n].float()  # shared-Q/K variants (LSH) check k is q
@@ -217,17 +218,16 @@ class AttentionMapLogger(L.Callback):
         return maps, heads, idx
 
     @staticmethod
-    def _record(model: torch.nn.Module, attn: torch.nn.Module, x: torch.Tensor):
-        """Run ``model`` on one utterance ``x`` (T, F) and return ``attn``'s (q, k, lengths)."""
+    def _capture(model: torch.nn.Module, layer: int, x: torch.Tensor):
+        """Run ``model`` in eval mode on one utterance ``x`` (T, F) and return layer
+        ``layer``'s attention inputs ``(q, k, lengths)`` (``model.capture_attention``)."""
         was_training = model.training
         model.eval()
-        attn.record = True
         try:
-            model(x[None], torch.tensor([x.shape[0]], device=x.device))
-            return attn.recorded
+            with model.capture_attention(layer) as captured:
+                model(x[None], torch.tensor([x.shape[0]], device=x.device))
+            return captured.q, captured.k, captured.lengths
         finally:
-            attn.record = False
-            attn.recorded = None
             model.train(was_training)
 
     def log_maps(self, trainer: L.Trainer, pl_module: L.LightningModule) -> np.ndarray:

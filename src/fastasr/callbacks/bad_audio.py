@@ -18,8 +18,13 @@ from typing import Any
 import lightning as L
 import torch
 
-from fastasr.data.audio import BadAudioError
-from fastasr.data.bad_audio import SKIPPED_KEY, SkippedUtterance, all_bad_error, describe_skipped
+from fastasr.data.bad_audio import (
+    SkippedUtterance,
+    all_bad_error,
+    describe_skipped,
+    refused,
+    skipped_in,
+)
 from fastasr.distributed import gather_objects
 
 log = logging.getLogger(__name__)
@@ -54,13 +59,12 @@ class BadAudioReport(L.Callback):
     def _collect(self, trainer: L.Trainer, stage: str, batch: Any) -> None:
         if not isinstance(batch, dict):
             return
-        records = [SkippedUtterance(*s) for s in batch.get(SKIPPED_KEY) or []]
+        records = skipped_in(batch)
         counts = self._counts.setdefault(stage, [0, 0])
         counts[0] += len(batch.get("ids") or []) + len(records)
         counts[1] += len(records)
         if records and getattr(trainer.datamodule, "on_bad_utterance", "skip") == "raise":
-            s = records[0]
-            raise BadAudioError(s.path, f"{s.reason} (utterance {s.id}; data.on_bad_utterance=raise)")
+            raise refused(records[0])
         for s in records:
             if s.id not in self.skipped:
                 log.warning("skipped utterance %s (%s): %s", s.id, s.path, s.reason)

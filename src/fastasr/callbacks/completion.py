@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import lightning as L
 
-from fastasr.callbacks.fit_done import FIT_DONE_FILE, read_fit_done
-
-__all__ = ["FIT_DONE_FILE", "FitCompletionMarker", "read_fit_done"]
+from fastasr.rundir import RunDir
 
 
 class FitCompletionMarker(L.Callback):
@@ -20,11 +16,9 @@ class FitCompletionMarker(L.Callback):
 
     The file holds ``max_epochs``, ``epochs`` (completed), ``global_step``, ``best_ckpt``,
     ``last_ckpt`` and the last validation metrics. The run directory is the trainer's
-    ``default_root_dir`` (``fastasr.training.train`` sets it).
+    ``default_root_dir`` (``fastasr.training.train`` sets it); the file is
+    :attr:`fastasr.rundir.RunDir.fit_done_file`.
     """
-
-    def _path(self, trainer: L.Trainer) -> Path:
-        return Path(trainer.default_root_dir) / FIT_DONE_FILE
 
     def __init__(self) -> None:
         super().__init__()
@@ -32,10 +26,11 @@ class FitCompletionMarker(L.Callback):
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.is_global_zero:
-            previous = read_fit_done(trainer.default_root_dir)
+            run_dir = RunDir(trainer.default_root_dir)
+            previous = run_dir.read_fit_done()
             # a resumed, already finished run validates nothing: keep the scores it had
             self._previous_val = dict((previous or {}).get("val") or {})
-            self._path(trainer).unlink(missing_ok=True)
+            run_dir.clear_fit_done()
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not trainer.is_global_zero or trainer.interrupted or trainer.fast_dev_run:
@@ -57,8 +52,4 @@ class FitCompletionMarker(L.Callback):
             "last_ckpt": last,
             "val": val,
         }
-        path = self._path(trainer)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        tmp.replace(path)
+        RunDir(trainer.default_root_dir).write_fit_done(record)

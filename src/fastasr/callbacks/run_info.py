@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning as L
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch import nn
 
+from fastasr.rundir import RunDir
+
 _SCALARS = (bool, int, float, str)
 
 
 def attention_info(model: nn.Module) -> dict[str, Any]:
     """``{"spec": ..., "shared_qk": ..., <the inner attention's scalar settings>}`` of a
-    :class:`fastasr.model.CTCModel` (read from its first encoder layer; all layers share it)."""
-    layer = model.encoder.layers[0].attn
+    :class:`fastasr.model.CTCModel` (read from its first attention layer; all layers share it)."""
+    layer = model.attention_layers()[0]
     inner = layer.inner
     info: dict[str, Any] = {"spec": getattr(inner, "spec", type(inner).__name__), "shared_qk": layer.shared_qk}
     config = getattr(inner, "config", None)
@@ -37,7 +38,7 @@ class RunInfoLogger(L.Callback):
         if not trainer.is_global_zero:
             return
         info = attention_info(pl_module.model)
-        config_file = Path(trainer.default_root_dir) / "config.yaml"
+        config_file = RunDir(trainer.default_root_dir).config_file
         config_text = config_file.read_text() if config_file.is_file() else None
         for logger in trainer.loggers:
             logger.log_hyperparams({"attention": info})

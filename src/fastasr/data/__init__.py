@@ -1,8 +1,8 @@
-"""Data pipeline: manifests, audio, features, tokenizers, samplers, the DataModule,
-the synthetic espeak-ng corpus and converters for other corpora.
+"""The training-time data pipeline: manifests, audio, features, tokenizers, samplers and
+the DataModule. (Corpus builders and converters are offline tools: ``fastasr.corpora``.)
 
-Names are imported lazily, so ``python -m fastasr.data.synthetic`` (and its
-worker processes) do not pay for importing Lightning.
+Names are imported lazily, so the corpus builders (and their worker processes) that
+import ``fastasr.data.audio`` do not pay for importing Lightning.
 """
 
 from importlib import import_module
@@ -11,10 +11,12 @@ _EXPORTS = {
     "ASRDataModule": "datamodule",
     "ASRDataset": "datamodule",
     "collate": "datamodule",
+    "AugmentConfig": "augment",
+    "WaveformAugment": "augment",
+    "CacheConfig": "feature_cache",
+    "FeatureCache": "feature_cache",
     "Fbank": "features",
     "FeatureConfig": "features",
-    "GlobalCMVN": "features",
-    "SpecAugment": "features",
     "compute_cmvn_stats": "features",
     "ManifestError": "manifest",
     "Utterance": "manifest",

@@ -9,6 +9,7 @@ A batch is a dict::
     ids              list[str]           utterance ids
     texts            list[str]           reference words, in the tokenizer's word space
                                          (char: the lower-cased text; phoneme: phonetic spellings)
+    transcripts      list[str]           the manifest's ``text`` as it is (real words, for word decoding)
     skipped          list[SkippedUtterance]  utterances of this batch left out for unusable audio
                                          (``fastasr.data.bad_audio``); a batch may have no utterance left
 
@@ -33,21 +34,26 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fastasr.data.audio import BadAudioError
+from fastasr.data.augment import AugmentConfig, EpochListeners, WaveformAugment
 from fastasr.data.bad_audio import SKIPPED_KEY, skipped_item, split_skipped
+from fastasr.data.feature_cache import CacheConfig
+from fastasr.data.feature_sources import AudioFeatures, FeatureSource, feature_source
 from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats
 from fastasr.data.manifest import Utterance, read_manifest
 from fastasr.data.resumable import ResumableDataLoader, training_position
 from fastasr.data.sampler import FrameBudgetBatchSampler
-from fastasr.data.tokenizer import Tokenizer, UnknownUnitError
+from fastasr.data.tokenizer import KINDS, Tokenizer, UnknownUnitError
 
 log = logging.getLogger(__name__)
 
 
 class ASRDataset(Dataset):
-    """Utterances with precomputed label ids; ``__getitem__`` loads audio and computes features."""
+    """Utterances with precomputed label ids; ``__getitem__`` gets features from ``source``
+    (default: load the audio and compute them; see ``fastasr.data.feature_sources``)."""
 
     def __init__(self, utterances: Sequence[Utterance], targets: Sequence[Sequence[int]],
-                 references: Sequence[str], fbank: Fbank, train: bool = False) -> None:
+                 references: Sequence[str], fbank: Fbank, train: bool = False,
+                 source: FeatureSource | None = None) -> None:
         if not len(utterances) == len(targets) == len(references):
             raise ValueError("ASRDataset: utterances, targets and references differ in length")
         self.utterances = list(utterances)
@@ -55,18 +61,24 @@ class ASRDataset(Dataset):
         self.references = list(references)
         self.fbank = fbank
         self.train = train
+        self.source = source if source is not None else AudioFeatures(fbank)
 
     def __len__(self) -> int:
         return len(self.utterances)
 
     def frame_lengths(self) -> list[int]:
-        """Frames per utterance from the manifest durations (no audio read)."""
-        return [self.fbank.config.frames_for_duration(u.duration) for u in self.utterances]
+        """Frames per utterance from the manifest durations (no audio read); with speed
+        perturbation, those of its longest version, so a batch never exceeds its budget."""
+        return [self.source.frame_range(u.duration)[1] for u in self.utterances]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Augmentation draws follow the epoch (``EpochListeners`` calls this)."""
+        self.source.set_epoch(epoch)
 
     def __getitem__(self, i: int) -> dict:
         utt = self.utterances[i]
         try:
-            features = self.fbank.from_file(utt.audio_filepath, train=self.train, expected_seconds=utt.duration)
+            features = self.source(utt, train=self.train)
         except BadAudioError as err:  # skipped and reported, not fatal (fastasr.data.bad_audio)
             return skipped_item(utt.id, utt.audio_filepath, err.reason)
         return {
@@ -74,6 +86,7 @@ class ASRDataset(Dataset):
             "targets": self.targets[i],
             "id": utt.id,
             "text": self.references[i],
+            "transcript": utt.text,
         }
 
 
@@ -83,7 +96,7 @@ def collate(items: Sequence[dict]) -> dict:
     if not items:  # every utterance skipped (or an empty padding batch): the steps skip it
         return {"features": torch.zeros(0, 0, 0), "feature_lengths": torch.zeros(0, dtype=torch.long),
                 "targets": torch.zeros(0, 1, dtype=torch.long), "target_lengths": torch.zeros(0, dtype=torch.long),
-                "ids": [], "texts": [], SKIPPED_KEY: skipped}
+                "ids": [], "texts": [], "transcripts": [], SKIPPED_KEY: skipped}
     feats = [it["features"] for it in items]
     targets = [it["targets"] for it in items]
     batch_feats = torch.zeros(len(items), max(f.shape[0] for f in feats), feats[0].shape[1])
@@ -98,6 +111,7 @@ def collate(items: Sequence[dict]) -> dict:
         "target_lengths": torch.tensor([t.shape[0] for t in targets], dtype=torch.long),
         "ids": [it["id"] for it in items],
         "texts": [it["text"] for it in items],
+        "transcripts": [it["transcript"] for it in items],
         SKIPPED_KEY: skipped,
     }
 
@@ -116,7 +130,10 @@ class ASRDataModule(pl.LightningDataModule):
 
     Args (Hydra ``conf/data/*.yaml``):
         train_manifest, dev_manifest, test_manifest: ``.jsonl`` paths (None: not used).
-        tokenizer: ``phoneme`` or ``char``.
+        tokenizer: ``phoneme``, ``char``, ``bpe`` or ``unigram``.
+        vocab_size: ``bpe`` / ``unigram`` units including the blank (sentencepiece, learnt on train).
+        phone_folding: ``phoneme`` only: a named folding of ``phone_sets`` (``timit``: 61 → 48
+            phones for training, 48 → 39 for scoring), or None.
         features: mapping with the ``FeatureConfig`` fields.
         max_frames_per_batch: padded-frame budget per batch.
         max_batch_size: optional cap on utterances per batch.
@@ -127,9 +144,12 @@ class ASRDataModule(pl.LightningDataModule):
         vocab: a tokenizer state (``{"kind", "vocab"}``), a ``Tokenizer``, or a unit
             list, to use instead of building one from the training manifest.
         cmvn_stats: ``{"mean": [...], "std": [...]}`` or ``(mean, std)``, instead of computing them.
-        subsampling_factor: the model's frame reduction, for the label-length filter.
+        subsampling_factor: the model's frame reduction (``model.subsampling``, given by whoever
+            builds this module from the model config), for the label-length filter.
         seed: batch shuffling seed (per epoch: seed + epoch).
         pin_memory: pin batches (for GPU training).
+        cache: ``data.cache`` (``CacheConfig`` fields: dir, mode, dtype): the feature cache.
+        augment: ``data.augment`` (``AugmentConfig`` fields): training-only augmentation.
     """
 
     def __init__(
@@ -138,6 +158,8 @@ class ASRDataModule(pl.LightningDataModule):
         dev_manifest: str | None = None,
         test_manifest: str | None = None,
         tokenizer: str = "phoneme",
+        vocab_size: int | None = None,
+        phone_folding: str | None = None,
         features: Mapping | FeatureConfig | None = None,
         max_frames_per_batch: int = 16000,
         max_batch_size: int | None = None,
@@ -150,16 +172,20 @@ class ASRDataModule(pl.LightningDataModule):
         subsampling_factor: int = 1,
         seed: int = 0,
         pin_memory: bool = False,
+        cache: Mapping | None = None,
+        augment: Mapping | None = None,
     ) -> None:
         super().__init__()
         if on_bad_utterance not in ("skip", "raise"):
             raise ValueError(f"on_bad_utterance {on_bad_utterance!r}; expected 'skip' or 'raise'")
-        if tokenizer not in ("phoneme", "char"):
-            raise ValueError(f"tokenizer {tokenizer!r}; expected 'phoneme' or 'char'")
+        if tokenizer not in KINDS:
+            raise ValueError(f"tokenizer {tokenizer!r}; expected one of {KINDS}")
         if subsampling_factor < 1:
             raise ValueError(f"subsampling_factor {subsampling_factor}; expected ≥ 1")
         self.manifests = {"train": train_manifest, "dev": dev_manifest, "test": test_manifest}
         self.tokenizer_kind = tokenizer
+        self.vocab_size = vocab_size
+        self.phone_folding = phone_folding
         self.feature_config = FeatureConfig.from_dict(features)
         self.max_frames_per_batch = int(max_frames_per_batch)
         self.max_batch_size = max_batch_size
@@ -170,6 +196,8 @@ class ASRDataModule(pl.LightningDataModule):
         self.subsampling_factor = int(subsampling_factor)
         self.seed = int(seed)
         self.pin_memory = pin_memory
+        self.cache_config = CacheConfig.from_dict(cache)
+        self.augment_config = AugmentConfig.from_dict(augment)
         self.tokenizer: Tokenizer | None = self._tokenizer_from(vocab) if vocab is not None else None
         self.cmvn_stats: tuple[torch.Tensor, torch.Tensor] | None = (
             self._stats_from(cmvn_stats) if cmvn_stats is not None else None
@@ -213,7 +241,7 @@ class ASRDataModule(pl.LightningDataModule):
         return self._utterances[split]
 
     def _encode(self, split: str, utterances: Sequence[Utterance], ctc_filter: bool,
-                ) -> tuple[list[Utterance], list[list[int]], list[str]]:
+                source: FeatureSource | None = None) -> tuple[list[Utterance], list[list[int]], list[str]]:
         """Label ids and reference words; drops unknown-unit and (optionally) CTC-infeasible utterances."""
         tok = self.tokenizer
         kept, targets, refs = [], [], []
@@ -231,7 +259,8 @@ class ASRDataModule(pl.LightningDataModule):
                 unknown.append(f"utterance {utt.id!r} has no units")
                 continue
             if ctc_filter:
-                frames = self.feature_config.frames_for_duration(utt.duration) // self.subsampling_factor
+                frames = (source.frame_range(utt.duration)[0] if source is not None  # shortest speed factor
+                          else self.feature_config.frames_for_duration(utt.duration)) // self.subsampling_factor
                 if ctc_min_frames(ids) > frames:
                     too_long += 1
                     continue
@@ -258,7 +287,8 @@ class ASRDataModule(pl.LightningDataModule):
         )
         splits = tuple(s for s in splits if self.manifests[s] or s == "train")
         if self.tokenizer is None:
-            self.tokenizer = Tokenizer.build(self._read("train"), self.tokenizer_kind)
+            self.tokenizer = Tokenizer.build(self._read("train"), self.tokenizer_kind,
+                                             vocab_size=self.vocab_size, phone_folding=self.phone_folding)
             log.info("%s", self.tokenizer)
         if "train" in splits and "train" not in self.datasets:
             train = self._read("train")
@@ -268,16 +298,30 @@ class ASRDataModule(pl.LightningDataModule):
             if len(in_range) < len(train):
                 log.info("train: dropped %d of %d utterances outside [%s, %s] s",
                          len(train) - len(in_range), len(train), lo, hi)
-            utts, targets, refs = self._encode("train", in_range, ctc_filter=True)
-            self.datasets["train"] = ASRDataset(utts, targets, refs, self.fbank, train=True)
+            source = self._feature_source("train", train)
+            utts, targets, refs = self._encode("train", in_range, ctc_filter=True, source=source)
+            self.datasets["train"] = ASRDataset(utts, targets, refs, self.fbank, train=True, source=source)
             if self.cmvn_stats is None:
                 cache = cmvn_cache_path(self.manifests["train"], self.feature_config, [u.id for u in utts])
                 self.cmvn_stats = compute_cmvn_stats(utts, self.fbank, cache, num_workers=self.num_workers,
                                                      on_bad_audio=self.on_bad_utterance)
         for split in ("dev", "test"):
             if split in splits and split not in self.datasets:
+                source = self._feature_source(split, self._read(split))
                 utts, targets, refs = self._encode(split, self._read(split), ctc_filter=split == "dev")
-                self.datasets[split] = ASRDataset(utts, targets, refs, self.fbank, train=False)
+                self.datasets[split] = ASRDataset(utts, targets, refs, self.fbank, train=False, source=source)
+
+    def _feature_source(self, split: str, utterances: list[Utterance],
+                        manifest: str | Path | None = None) -> FeatureSource:
+        """Audio or feature cache for a split (``feature_sources.feature_source``), with the
+        ``data.augment`` augmentation for ``train`` only."""
+        augment = None
+        if split == "train" and self.augment_config.enabled:
+            augment = WaveformAugment(self.augment_config, self.feature_config.sample_rate, self.seed)
+            log.info("train: augmentation %s", self.augment_config)
+        manifest = manifest if manifest is not None else self.manifests.get(split)
+        return feature_source(split, manifest, utterances, self.feature_config, self.cache_config, augment,
+                              self.num_workers)
 
     def _replicas(self) -> tuple[int, int]:
         trainer = getattr(self, "trainer", None)
@@ -294,7 +338,10 @@ class ASRDataModule(pl.LightningDataModule):
         )
         kwargs = dict(batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
                       pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
-        if shuffle:  # training: the position in the epoch travels in checkpoints (mid-epoch resume)
+        if shuffle:
+            # Lightning's per-epoch set_epoch (and a resume's) also reaches the dataset's augmentation draws
+            sampler.sampler = EpochListeners(sampler.sampler, dataset)
+            # training: the position in the epoch travels in checkpoints (mid-epoch resume)
             return ResumableDataLoader(dataset, position=lambda: training_position(self.trainer), **kwargs)
         return DataLoader(dataset, **kwargs)
 
@@ -318,8 +365,9 @@ class ASRDataModule(pl.LightningDataModule):
         if self.tokenizer is None:
             raise RuntimeError("dataloader_for: no tokenizer yet; give vocab= or call setup() first")
         utts = read_manifest(manifest_path, on_error=self.on_bad_utterance)
+        source = self._feature_source(Path(manifest_path).name, utts, manifest_path)
         utts, targets, refs = self._encode(Path(manifest_path).name, utts, ctc_filter=False)
-        dataset = ASRDataset(utts, targets, refs, self.fbank, train=False)
+        dataset = ASRDataset(utts, targets, refs, self.fbank, train=False, source=source)
         sampler = FrameBudgetBatchSampler(dataset.frame_lengths(), max_frames_per_batch or self.max_frames_per_batch,
                                           self.max_batch_size, shuffle=False)
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
@@ -330,18 +378,3 @@ class ASRDataModule(pl.LightningDataModule):
         ds = self._dataset("train")
         sampler = FrameBudgetBatchSampler(ds.frame_lengths(), self.max_frames_per_batch, self.max_batch_size)
         return [collate([ds[i] for i in b]) for b in sampler.largest_batches(k)]
-
-    def state_dict(self) -> dict:
-        """Tokenizer and CMVN statistics (Lightning stores this in checkpoints)."""
-        state = {}
-        if self.tokenizer is not None:
-            state["tokenizer"] = self.tokenizer.state_dict()
-        if self.cmvn_stats is not None:
-            state["cmvn_stats"] = {"mean": self.cmvn_stats[0].tolist(), "std": self.cmvn_stats[1].tolist()}
-        return state
-
-    def load_state_dict(self, state: Mapping) -> None:
-        if "tokenizer" in state and self.tokenizer is None:
-            self.tokenizer = self._tokenizer_from(state["tokenizer"])
-        if "cmvn_stats" in state and self.cmvn_stats is None:
-            self.cmvn_stats = self._stats_from(state["cmvn_stats"])

@@ -1,9 +1,8 @@
-"""Acoustic front end: Kaldi-compatible log-mel filterbanks, global CMVN and
-SpecAugment.
+"""Data-side features: Kaldi-compatible log-mel filterbanks and the global CMVN statistics pass.
 
-``Fbank`` runs in the dataset (CPU workers); ``GlobalCMVN`` and
-``SpecAugment`` are ``nn.Module``s that live in the model, so the statistics
-travel inside the checkpoint and augmentation follows ``model.train()``.
+``Fbank`` runs in the dataset (CPU workers); ``compute_cmvn_stats`` measures the training
+set's per-dimension mean and standard deviation once. The normalisation itself, SpecAugment
+and subsampling belong to the model (``fastasr.model.frontend``).
 """
 
 from __future__ import annotations
@@ -18,11 +17,10 @@ from pathlib import Path
 
 import torch
 import torchaudio.compliance.kaldi as kaldi
-import torchaudio.functional as AF
 from torch import nn
 
 from fastasr.data.audio import BadAudioError, load_audio
-from fastasr.data.bad_audio import SkippedUtterance, all_bad_error, describe_skipped
+from fastasr.data.bad_audio import SkippedUtterance, all_bad_error, describe_skipped, refused
 
 log = logging.getLogger(__name__)
 
@@ -110,13 +108,21 @@ class Fbank:
             sample_frequency=c.sample_rate,
         )
 
-    def from_file(self, path: str | Path, train: bool = False, expected_seconds: float | None = None) -> torch.Tensor:
+    def from_file(self, path: str | Path, train: bool = False) -> torch.Tensor:
         """Load (mono, resampled) and compute features: ``(frames, num_mel_bins)``.
 
-        Raises ``fastasr.data.audio.BadAudioError`` for unusable audio (see ``load_audio``;
-        ``expected_seconds``, the manifest duration, detects truncated files)."""
-        wav = load_audio(path, self.config.sample_rate, self.config.channels, expected_seconds)
-        return self(wav, train=train)
+        Raises ``fastasr.data.audio.BadAudioError`` for unusable audio (see ``load_audio``)."""
+        return self(load_audio(path, self.config.sample_rate, self.config.channels), train=train)
+
+
+def load_utterance_audio(utt, config: FeatureConfig) -> torch.Tensor:
+    """The waveform ``(T,)`` of a manifest utterance (``audio_filepath``, ``duration``) at
+    ``config.sample_rate``, checked as every feature path checks it (the dataset's on-the-fly
+    features, the feature-cache builder, the CMVN pass): ``config.channels`` channels, finite,
+    non-empty and not shorter than the manifest duration.
+
+    Raises ``fastasr.data.audio.BadAudioError`` (path and reason) otherwise."""
+    return load_audio(utt.audio_filepath, config.sample_rate, config.channels, getattr(utt, "duration", None))
 
 
 # --------------------------------------------------------------------- CMVN
@@ -150,7 +156,7 @@ class _FeatureSums(torch.utils.data.Dataset):
     def __getitem__(self, i: int):
         utt = self.utterances[i]
         try:
-            x = self.fbank.from_file(utt.audio_filepath, expected_seconds=getattr(utt, "duration", None))
+            x = self.fbank(load_utterance_audio(utt, self.fbank.config))
         except BadAudioError as err:
             return SkippedUtterance(str(getattr(utt, "id", i)), str(utt.audio_filepath), err.reason)
         x = x.to(torch.float64)
@@ -193,7 +199,7 @@ def compute_cmvn_stats(utterances: Sequence, fbank: Fbank, cache_path: str | Pat
     for item in loader:
         if isinstance(item, SkippedUtterance):
             if on_bad_audio == "raise":
-                raise BadAudioError(item.path, f"{item.reason} (utterance {item.id}; data.on_bad_utterance=raise)")
+                raise refused(item)
             skipped.append(item)
             continue
         s, sq, n = item
@@ -224,86 +230,3 @@ def compute_cmvn_stats(utterances: Sequence, fbank: Fbank, cache_path: str | Pat
         else:
             log.info("CMVN statistics over %d utterances (%d frames) cached in %s", used, frames, cache_path)
     return mean, std
-
-
-class GlobalCMVN(nn.Module):
-    """``(x - mean) / std`` per feature dimension; ``mean``/``std`` are buffers,
-    so they are saved in (and restored from) the model's state dict."""
-
-    def __init__(self, dim: int | None = None, mean: torch.Tensor | Sequence[float] | None = None,
-                 std: torch.Tensor | Sequence[float] | None = None) -> None:
-        super().__init__()
-        if mean is None and dim is None:
-            raise ValueError("GlobalCMVN: give dim or mean/std")
-        mean = torch.as_tensor(mean, dtype=torch.float32) if mean is not None else torch.zeros(dim)
-        std = torch.as_tensor(std, dtype=torch.float32) if std is not None else torch.ones(mean.shape[0])
-        if mean.shape != std.shape or mean.dim() != 1:
-            raise ValueError(f"GlobalCMVN: mean {tuple(mean.shape)} and std {tuple(std.shape)}; expected equal (F,)")
-        if dim is not None and mean.shape[0] != dim:
-            raise ValueError(f"GlobalCMVN: statistics of dim {mean.shape[0]}; expected {dim}")
-        self.register_buffer("mean", mean.clone())
-        self.register_buffer("std", std.clone())
-
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """``x (B, T, F)`` → normalised ``(B, T, F)``; frames at index ≥ ``lengths`` are set to 0."""
-        y = (x - self.mean) / self.std
-        if lengths is not None:
-            valid = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
-            y = y.masked_fill(~valid[..., None], 0.0)
-        return y
-
-    def extra_repr(self) -> str:
-        return f"dim={self.mean.shape[0]}"
-
-
-# --------------------------------------------------------------- SpecAugment
-
-
-class SpecAugment(nn.Module):
-    """Frequency and time masking (Park et al. 2019) on ``(B, T, F)``; identity in eval mode.
-
-    Frequency masks: ``freq_masks`` bands of up to ``freq_width`` bins, drawn
-    independently per utterance (``torchaudio.functional.mask_along_axis_iid``).
-    Time masks: ``time_masks`` spans of up to ``min(time_width, max_time_ratio ×
-    length)`` frames per utterance, placed inside the utterance's valid frames
-    (the same sampling rule as torchaudio's, but with each utterance's own
-    length, so masks never fall on padding and short utterances are not wiped
-    out). Masked values are ``mask_value`` (0 = the mean after CMVN).
-    """
-
-    def __init__(self, freq_masks: int = 2, freq_width: int = 27, time_masks: int = 2, time_width: int = 40,
-                 max_time_ratio: float = 0.2, mask_value: float = 0.0) -> None:
-        super().__init__()
-        if not 0.0 <= max_time_ratio <= 1.0:
-            raise ValueError(f"SpecAugment: max_time_ratio {max_time_ratio}; expected within [0, 1]")
-        self.freq_masks, self.freq_width = int(freq_masks), int(freq_width)
-        self.time_masks, self.time_width = int(time_masks), int(time_width)
-        self.max_time_ratio, self.mask_value = float(max_time_ratio), float(mask_value)
-
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """``x (B, T, F)``, ``lengths (B,)`` valid frames → masked copy ``(B, T, F)`` (in training)."""
-        if not self.training:
-            return x
-        B, T, _ = x.shape
-        if self.freq_masks > 0 and self.freq_width > 0:
-            spec = x.transpose(1, 2)  # (B, F, T): mask_along_axis_iid wants (..., freq, time)
-            for _ in range(self.freq_masks):
-                spec = AF.mask_along_axis_iid(spec, self.freq_width, self.mask_value, axis=1)
-            x = spec.transpose(1, 2)
-        if self.time_masks > 0 and self.time_width > 0:
-            lengths = (torch.full((B,), T, device=x.device) if lengths is None else lengths.to(x.device)).float()
-            max_w = torch.minimum(torch.full_like(lengths, float(self.time_width)),
-                                  torch.floor(lengths * self.max_time_ratio))
-            frames = torch.arange(T, device=x.device, dtype=torch.float32)[None, :]
-            mask = torch.zeros(B, T, dtype=torch.bool, device=x.device)
-            for _ in range(self.time_masks):
-                width = torch.floor(torch.rand(B, device=x.device) * (max_w + 1)).clamp_max(max_w)
-                start = torch.floor(torch.rand(B, device=x.device) * (lengths - width + 1))
-                start = torch.minimum(start, (lengths - width).clamp_min(0))
-                mask |= (frames >= start[:, None]) & (frames < (start + width)[:, None])
-            x = x.masked_fill(mask[..., None], self.mask_value)
-        return x
-
-    def extra_repr(self) -> str:
-        return (f"freq_masks={self.freq_masks}, freq_width={self.freq_width}, time_masks={self.time_masks}, "
-                f"time_width={self.time_width}, max_time_ratio={self.max_time_ratio}")

@@ -89,12 +89,13 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         """Make the next pass start at batch ``batches_done`` (this rank's count) of ``epoch``.
 
         Selects ``epoch`` at once (Lightning creates the iterator, and DataLoader workers
-        prefetch from it, before it calls ``set_epoch``); the skip applies to one pass only,
-        and only if that pass is over ``epoch``.
+        prefetch from it, before it calls ``set_epoch``), through ``self.sampler`` so that
+        whatever listens there (the training set's augmentation draws) follows too; the skip
+        applies to one pass only, and only if that pass is over ``epoch``.
         """
         if batches_done < 0:
             raise ValueError(f"resume_at: batches_done {batches_done}; expected ≥ 0")
-        self.set_epoch(epoch)
+        self.sampler.set_epoch(epoch)
         self._resume = (int(epoch), int(batches_done))
 
     def _make_batches(self, gen: torch.Generator | None) -> list[list[int]]:

@@ -1,6 +1,7 @@
-"""CTC decoding and error-rate scoring."""
+"""CTC decoding (greedy, beam search with lexicon and n-gram LM), lexicons and scoring."""
 
-from fastasr.decoding.greedy import ctc_greedy
-from fastasr.decoding.metrics import ErrorRates
+from fastasr.decoding.greedy import GreedyDecoder, ctc_greedy
+from fastasr.decoding.hypothesis import Hypothesis
+from fastasr.decoding.metrics import Alignment, ErrorRates, align
 
-__all__ = ["ErrorRates", "ctc_greedy"]
+__all__ = ["Alignment", "ErrorRates", "GreedyDecoder", "Hypothesis", "align", "ctc_greedy"]

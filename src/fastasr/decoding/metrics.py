@@ -1,4 +1,4 @@
-"""Corpus-level error rates (edit distance from jiwer), accumulated over batches."""
+"""Error rates from edit distances (jiwer): corpus-level alignments and a per-batch accumulator."""
 
 from __future__ import annotations
 
@@ -9,15 +9,45 @@ import jiwer
 import torch
 
 
-def _edits(refs: list[str], hyps: list[str]) -> tuple[int, int]:
-    """(edit operations, reference length) over a list of space-separated sentences."""
-    pairs = [(r, h) for r, h in zip(refs, hyps)]
-    nonempty = [(r, h) for r, h in pairs if r.strip()]
-    ref_len = sum(len(r.split()) for r, _ in nonempty)
-    if not nonempty:
-        return 0, 0
-    out = jiwer.process_words([r for r, _ in nonempty], [h for _, h in nonempty])
-    return out.substitutions + out.deletions + out.insertions, ref_len
+@dataclass
+class Alignment:
+    """Edit operations between reference and hypothesis token lists.
+
+    ``chunks[i]`` holds utterance i's jiwer ``AlignmentChunk`` list (``type`` in
+    equal/substitute/delete/insert, with reference and hypothesis index ranges)."""
+
+    substitutions: int = 0
+    deletions: int = 0
+    insertions: int = 0
+    reference_length: int = 0
+    chunks: list[list] = field(default_factory=list)
+
+    @property
+    def errors(self) -> int:
+        return self.substitutions + self.deletions + self.insertions
+
+    @property
+    def rate(self) -> float:
+        """Errors per reference token, in percent (NaN with no reference tokens)."""
+        return 100.0 * self.errors / self.reference_length if self.reference_length else float("nan")
+
+    def breakdown(self) -> dict[str, float | int]:
+        """``{"substitutions", "deletions", "insertions", "reference", "rate"}``."""
+        return {"substitutions": self.substitutions, "deletions": self.deletions,
+                "insertions": self.insertions, "reference": self.reference_length, "rate": self.rate}
+
+
+def align(refs: list[list[str]], hyps: list[list[str]], keep_chunks: bool = False) -> Alignment:
+    """Align each reference token list with its hypothesis (Levenshtein, jiwer).
+
+    An empty reference counts its hypothesis as insertions."""
+    if len(refs) != len(hyps):
+        raise ValueError(f"{len(refs)} references but {len(hyps)} hypotheses")
+    if not refs:
+        return Alignment()
+    out = jiwer.process_words([" ".join(r) for r in refs], [" ".join(h) for h in hyps])
+    return Alignment(out.substitutions, out.deletions, out.insertions, sum(len(r) for r in refs),
+                     out.alignments if keep_chunks else [])
 
 
 @dataclass
@@ -44,12 +74,12 @@ class ErrorRates:
         hyp_words: list[list[str]],
         keep_examples: int = 0,
     ) -> None:
-        e, n = _edits([" ".join(u) for u in ref_units], [" ".join(u) for u in hyp_units])
-        self.unit_edits += e
-        self.unit_total += n
-        e, n = _edits([" ".join(w) for w in ref_words], [" ".join(w) for w in hyp_words])
-        self.word_edits += e
-        self.word_total += n
+        units = align(ref_units, hyp_units)
+        self.unit_edits += units.errors
+        self.unit_total += units.reference_length
+        words = align(ref_words, hyp_words)
+        self.word_edits += words.errors
+        self.word_total += words.reference_length
         self.utterances += len(ref_units)
         for r, h in zip(ref_words, hyp_words):
             if len(self.examples) >= keep_examples:

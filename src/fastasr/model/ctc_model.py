@@ -1,17 +1,39 @@
-"""The CTC acoustic model: CMVN → SpecAugment → [subsampling] → positions → encoder → CTC head."""
+"""The CTC acoustic model: CMVN → SpecAugment → [subsampling] → positions → encoder → CTC head.
+
+Observers (dashboards, analysis scripts) see the attention through a public API instead of
+reaching into layers: :meth:`CTCModel.attention_layers` and the context manager
+:meth:`CTCModel.capture_attention`, which hooks one layer's inner attention.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from fastasr.data.features import GlobalCMVN, SpecAugment
-from fastasr.model.encoder import AttentionSpec, TransformerEncoder
+from fastasr.model.encoder import AttentionLayer, AttentionSpec, TransformerEncoder
+from fastasr.model.frontend import ConvSubsampling, GlobalCMVN, SpecAugment
 from fastasr.model.positional import SinusoidalPositionalEncoding
-from fastasr.model.subsampling import ConvSubsampling
+
+
+@dataclass
+class CapturedAttention:
+    """The inputs of one layer's inner attention at its latest call, detached.
+
+    ``q``, ``k``: ``(B, H, N, E)`` queries and keys (``k is q`` when the model shares the
+    Q/K projection); ``lengths``: ``(B,)`` valid positions or None; ``calls``: how many
+    forward calls were seen. All None/0 until the model has run inside the context.
+    """
+
+    layer: int
+    q: torch.Tensor | None = None
+    k: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    calls: int = 0
 
 
 class CTCModel(nn.Module):
@@ -25,7 +47,7 @@ class CTCModel(nn.Module):
         attention: inner attention spec (string or mapping) for every layer.
         shared_qk: share the query/key projection (needed for LSH).
         subsampling: frame-rate reduction factor of the convolutional front end (1 = none).
-        spec_augment: keyword arguments of :class:`fastasr.data.features.SpecAugment`, or None.
+        spec_augment: keyword arguments of :class:`fastasr.model.frontend.SpecAugment`, or None.
 
     The global CMVN statistics are buffers of this module (``cmvn``), so they travel
     inside every checkpoint; :meth:`set_cmvn` fills them from the training set's statistics.
@@ -73,7 +95,45 @@ class CTCModel(nn.Module):
 
     @property
     def attention_spec(self) -> str:
-        return self.encoder.layers[0].attn.inner.spec
+        """Canonical spec string of the attention every layer uses now (``"i-clustered-100"``)."""
+        return self.attention_layers()[0].inner.spec
+
+    def attention_layers(self) -> list[AttentionLayer]:
+        """The encoder's attention layers, first to last (each has ``heads``, ``shared_qk`` and
+        its parameter-free ``inner`` attention, whose ``dense_weights(q, k, lengths)`` gives
+        the (B, H, N, N) matrix it applies)."""
+        return [layer.attn for layer in self.encoder.layers]
+
+    @contextlib.contextmanager
+    def capture_attention(self, layer: int) -> Iterator[CapturedAttention]:
+        """Record what layer ``layer`` (negative counts from the end) feeds its inner attention.
+
+        ``with model.capture_attention(2) as captured: model(x, lengths)`` leaves the last
+        call's queries, keys and lengths in ``captured`` (:class:`CapturedAttention`). A
+        forward pre-hook on the layer's inner attention does it; it is removed on exit, so
+        the model is unchanged afterwards. Swap attention (``set_attention``) before
+        entering, not inside: the hook is on the inner attention present at entry.
+        """
+        layers = self.attention_layers()
+        if not -len(layers) <= layer < len(layers):
+            raise IndexError(f"capture_attention: layer {layer}; the model has {len(layers)} attention layers")
+        index = layer % len(layers)
+        captured = CapturedAttention(index)
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            names = ("q", "k", "v", "lengths")
+            given = {**dict(zip(names, args)), **kwargs}
+            q, k, lengths = given["q"], given["k"], given.get("lengths")
+            captured.q = q.detach()
+            captured.k = captured.q if k is q else k.detach()
+            captured.lengths = None if lengths is None else lengths.detach()
+            captured.calls += 1
+
+        handle = layers[index].inner.register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            yield captured
+        finally:
+            handle.remove()
 
     def forward(
         self, features: torch.Tensor, lengths: torch.Tensor

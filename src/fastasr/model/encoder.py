@@ -48,9 +48,6 @@ class AttentionLayer(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout)
         self.inner = self._build(attention)
-        # When True, the last call's (q, k, lengths) are kept, detached, for attention-map images.
-        self.record = False
-        self.recorded: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
 
     def _build(self, attention: AttentionSpec) -> nn.Module:
         inner = build_attention(attention)
@@ -74,9 +71,7 @@ class AttentionLayer(nn.Module):
         q = self._split(self.q_proj(x))
         k = q if self.k_proj is None else self._split(self.k_proj(x))
         v = self._split(self.v_proj(x))
-        if self.record:
-            self.recorded = (q.detach(), k.detach(), None if lengths is None else lengths.detach())
-        out = self.inner(q, k, v, lengths)  # (B, H, N, E)
+        out = self.inner(q, k, v, lengths)  # (B, H, N, E); observed by CTCModel.capture_attention
         b, h, n, e = out.shape
         return self.dropout(self.out_proj(out.transpose(1, 2).reshape(b, n, h * e)))
 

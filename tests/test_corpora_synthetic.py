@@ -8,15 +8,17 @@ import re
 import pytest
 import soundfile as sf
 
-from fastasr.data import synthetic
+from fastasr.corpora import lexicon, synthetic
+from fastasr.corpora.espeak import Espeak, normalize_phoneme
+from fastasr.corpora.marker import MARKER
 from fastasr.data.manifest import read_manifest
 
 
 def test_lexicon_has_at_least_1000_plain_words():
-    words = synthetic.vocabulary()
+    words = lexicon.vocabulary()
     assert len(words) >= 1000
     assert all(re.fullmatch(r"[a-z]+", w) for w in words)
-    lex = synthetic.load_lexicon()
+    lex = lexicon.load_lexicon()
     assert {"det", "noun", "verb", "adj"} <= set(lex)
 
 
@@ -34,11 +36,11 @@ def test_voices_of_splits_are_disjoint():
     ("aɪə", ["aɪ", "ə"]), ("ˈ", []),
 ])
 def test_normalize_phoneme(raw, units):
-    assert synthetic.normalize_phoneme(raw) == units
+    assert normalize_phoneme(raw) == units
 
 
 def test_espeak_phonemize_units():
-    es = synthetic.Espeak()
+    es = Espeak()
     words = es.phonemize("the judge chose thirty shoes", "en-us+m1")
     assert len(words) == 5
     assert words[1] == ["dʒ", "ʌ", "dʒ"]
@@ -46,7 +48,7 @@ def test_espeak_phonemize_units():
 
 
 def test_tiny_corpus_manifests(tiny_corpus):
-    counts = json.loads((tiny_corpus / synthetic.MARKER).read_text())["counts"]
+    counts = json.loads((tiny_corpus / MARKER).read_text())["counts"]
     speakers = {}
     for split in synthetic.SPLITS:
         utts = read_manifest(tiny_corpus / f"{split}.jsonl", on_error="raise")

@@ -1,6 +1,6 @@
 """The built-in corpus: English speech synthesised offline with espeak-ng.
 
-    python -m fastasr.data.synthetic --out data/synthetic [--seed 0] \
+    python -m fastasr.corpora.synthetic --out data/synthetic [--seed 0] \
         [--train 3000 --dev 300 --test 300] [--workers 2] [--force]
 
 writes ``train.jsonl``, ``dev.jsonl``, ``test.jsonl`` and ``wav/<split>/*.wav``
@@ -38,23 +38,22 @@ for a seed whatever the number of workers or the order of the work.
 
 from __future__ import annotations
 
-import _ctypes
 import argparse
-import ctypes
-import json
 import logging
 import multiprocessing as mp
 import os
-import re
 import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from fastasr.corpora.espeak import Espeak
+from fastasr.corpora.lexicon import make_sentence
+from fastasr.corpora.marker import mark_complete, needs_build
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +86,6 @@ NOISES = ("white", "pink", "brown")
 PAD_S = (0.1, 0.4)  # silence added before and after the speech
 PEAK = (0.25, 0.9)  # peak level of the final waveform
 
-_STRESS = str.maketrans("", "", "ˈˌ")
-_WORDS_FILE = Path(__file__).with_name("words.txt")
 
 
 def voices(split: str) -> list[str]:
@@ -100,199 +97,6 @@ def espeak_voice_name(voice: str) -> str:
     """``en-gb+m3`` → the name espeak-ng's ``SetVoiceByName`` accepts (``en+m3``)."""
     accent, variant = voice.split("+", 1)
     return f"{ACCENTS[accent]}+{variant}"
-
-
-# ---------------------------------------------------------------- espeak-ng
-
-
-_SYNTH_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p)
-_AUDIO_OUTPUT_SYNCHRONOUS = 2
-_POS_CHARACTER = 1
-_CHARS_UTF8 = 1
-_PHONEMES_IPA = 0x02
-_RATE, _VOLUME, _PITCH, _RANGE = 1, 2, 3, 4
-
-
-class Espeak:
-    """ctypes binding to the libespeak-ng of the ``espeakng-loader`` wheel.
-
-    One instance per process (espeak-ng has global state): ``Espeak()``
-    returns the process's instance. ``synthesize`` and ``phonemize`` reload
-    the library and re-seed both generators it draws from (its own, which
-    ``espeak_Initialize`` seeds from the clock, and libc's ``rand``) first, so
-    their output depends only on their arguments.
-    """
-
-    _instance: Espeak | None = None
-    _pid = -1
-
-    def __new__(cls) -> Espeak:
-        if cls._instance is None or cls._pid != os.getpid():
-            inst = super().__new__(cls)
-            inst._setup()
-            cls._instance, cls._pid = inst, os.getpid()
-        return cls._instance
-
-    def _setup(self) -> None:
-        import espeakng_loader
-
-        self._lib_path = espeakng_loader.get_library_path()
-        self._data_path = espeakng_loader.get_data_path().encode()
-        self._lib = None
-        self._libc = ctypes.CDLL(None)  # espeak-ng also draws from libc's rand()
-        self._chunks: list[np.ndarray] = []
-        self._callback = _SYNTH_CB(self._on_audio)  # keep a reference: C holds the pointer
-        self.sample_rate = 0
-        self.reset()
-
-    def _on_audio(self, wav, n, _events) -> int:
-        if wav and n > 0:
-            self._chunks.append(np.ctypeslib.as_array(wav, shape=(n,)).copy())
-        return 0  # 0 = continue synthesis
-
-    def reset(self) -> None:
-        """Unload and reload libespeak-ng so that all its static state starts fresh (~0.3 ms)."""
-        if self._lib is not None:
-            self._lib.espeak_Terminate()
-            _ctypes.dlclose(self._lib._handle)
-            self._lib = None
-        try:  # still mapped? then someone else holds a handle and its static state survives
-            probe = ctypes.CDLL(self._lib_path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        except OSError:
-            probe = None
-        if probe is not None:
-            _ctypes.dlclose(probe._handle)
-            raise RuntimeError(f"{self._lib_path} is loaded elsewhere in this process, so it cannot be "
-                               "reset; espeak-ng output would depend on earlier synthesis")
-        lib = ctypes.CDLL(self._lib_path)
-        lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-        lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
-        lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-        lib.espeak_Synth.argtypes = [
-            ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
-            ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-        ]
-        lib.espeak_TextToPhonemes.restype = ctypes.c_char_p
-        lib.espeak_TextToPhonemes.argtypes = [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_int]
-        rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 0, self._data_path, 0)
-        if rate <= 0:
-            raise RuntimeError(f"espeak_Initialize failed ({rate}) with data at {self._data_path.decode()}")
-        lib.espeak_SetSynthCallback(self._callback)
-        lib.espeak_ng_SetRandSeed(1)  # Initialize seeds espeak's own generator from time()
-        self._libc.srand(1)
-        self._lib, self.sample_rate = lib, rate
-
-    def _set_voice(self, voice: str) -> None:
-        name = espeak_voice_name(voice)
-        if self._lib.espeak_SetVoiceByName(name.encode()) != 0:
-            raise ValueError(f"espeak-ng has no voice {name!r} (from voice id {voice!r})")
-
-    def synthesize(self, text: str, voice: str, rate: int = 175, pitch: int = 50, pitch_range: int = 50,
-                   volume: int = 60) -> np.ndarray:
-        """Speak ``text`` with a voice id (``en-us+m3``). Returns int16 samples at ``self.sample_rate``."""
-        self.reset()
-        self._set_voice(voice)
-        for param, value in ((_RATE, rate), (_PITCH, pitch), (_RANGE, pitch_range), (_VOLUME, volume)):
-            self._lib.espeak_SetParameter(param, int(value), 0)
-        self._chunks = []
-        data = text.encode("utf-8")
-        err = self._lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None)
-        if err != 0:
-            raise RuntimeError(f"espeak_Synth failed with status {err} for {text!r}")
-        self._lib.espeak_Synchronize()
-        return np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
-
-    def phonemize(self, text: str, voice: str) -> list[list[str]]:
-        """The phonemes espeak-ng speaks for ``text`` with that voice: one list of units per word."""
-        self.reset()
-        self._set_voice(voice)
-        buf = ctypes.create_string_buffer(text.encode("utf-8"))
-        ptr = ctypes.c_char_p(ctypes.addressof(buf))
-        mode = _PHONEMES_IPA | (ord("_") << 8)  # IPA, units separated by "_", words by " "
-        words: list[list[str]] = []
-        while ptr.value:  # one clause per call; espeak advances ptr
-            out = self._lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, mode)
-            for word in (out or b"").decode("utf-8").split():
-                units = [u for raw in word.split("_") for u in normalize_phoneme(raw)]
-                if units:
-                    words.append(units)
-        return words
-
-
-def normalize_phoneme(unit: str) -> list[str]:
-    """Map one espeak IPA unit to corpus units: drop stress, split r-coloured vowels and triphthongs."""
-    unit = unit.translate(_STRESS).strip()
-    if not unit:
-        return []
-    if len(unit) > 1 and unit.endswith("ɹ"):  # ɑːɹ, ɔːɹ, ɛɹ, ɪɹ, ʊɹ → vowel + ɹ
-        return [unit[:-1], "ɹ"]
-    if unit in ("aɪə", "aɪɚ"):
-        return ["aɪ", unit[2:]]
-    return [unit]
-
-
-# ------------------------------------------------------------------ sentences
-
-
-@lru_cache(maxsize=1)
-def load_lexicon(path: str | None = None) -> dict[str, tuple[str, ...]]:
-    """Word classes of ``words.txt``: ``{"noun": (...), "verb": (...), ...}``."""
-    classes: dict[str, list[str]] = {}
-    current = None
-    for line in Path(path or _WORDS_FILE).read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = re.fullmatch(r"\[(\w+)\]", line)
-        if m:
-            current = classes.setdefault(m.group(1), [])
-        elif current is None:
-            raise ValueError(f"{path or _WORDS_FILE}: words before the first [class] header")
-        else:
-            current.extend(line.split())
-    return {k: tuple(dict.fromkeys(v)) for k, v in classes.items()}
-
-
-def vocabulary() -> set[str]:
-    """All words the generator can use."""
-    return {w for words in load_lexicon().values() for w in words}
-
-
-def _noun_phrase(rng: np.random.Generator, lex) -> list[str]:
-    det = str(rng.choice(lex["det"]))
-    words = [str(rng.choice(lex["adj"]))] if rng.random() < 0.5 else []
-    words.append(str(rng.choice(lex["noun"])))
-    if det == "a" and words[0][0] in "aeiou":
-        det = "an"
-    return [det, *words]
-
-
-def _clause(rng: np.random.Generator, lex) -> list[str]:
-    words: list[str] = []
-    if rng.random() < 0.1:
-        words.append(str(rng.choice(lex["adv"])))
-    words += [str(rng.choice(lex["pron"]))] if rng.random() < 0.3 else _noun_phrase(rng, lex)
-    words.append(str(rng.choice(lex["modal"])))
-    if rng.random() < 0.2:
-        words.append(str(rng.choice(lex["neg"])))
-    words.append(str(rng.choice(lex["verb"])))
-    words += _noun_phrase(rng, lex)
-    if rng.random() < 0.4:
-        words += [str(rng.choice(lex["prep"])), *_noun_phrase(rng, lex)]
-    if rng.random() < 0.3:
-        words.append(str(rng.choice(lex["adv"])))
-    return words
-
-
-def make_sentence(rng: np.random.Generator, target_words: int) -> str:
-    """A template sentence of about ``target_words`` words (a noun phrase when ≤ 3)."""
-    lex = load_lexicon()
-    if target_words <= 3:
-        return " ".join(_noun_phrase(rng, lex))
-    words = _clause(rng, lex)
-    while len(words) < target_words - 2:
-        words += [str(rng.choice(lex["conj"])), *_clause(rng, lex)]
-    return " ".join(words)
 
 
 # ----------------------------------------------------------------- utterances
@@ -346,7 +150,8 @@ def synthesize_utterance(job: _Job) -> dict:
 
     for _attempt in range(20):
         text = make_sentence(rng, target)
-        raw = es.synthesize(text, voice, rate=rate, pitch=pitch, pitch_range=prange).astype(np.float32) / 32768.0
+        pcm = es.synthesize(text, espeak_voice_name(voice), rate=rate, pitch=pitch, pitch_range=prange)
+        raw = pcm.astype(np.float32) / 32768.0
         loud = np.flatnonzero(np.abs(raw) > 0.01 * max(np.abs(raw).max(), 1e-6))
         if loud.size:
             raw = raw[max(loud[0] - 80, 0): loud[-1] + 80]  # trim espeak's own silences
@@ -371,7 +176,7 @@ def synthesize_utterance(job: _Job) -> dict:
 
     rel = Path("wav") / job.split / f"{job.split}_{job.index:05d}.wav"
     write_wav(Path(job.out) / rel, wav, SAMPLE_RATE)
-    phonemes = " | ".join(" ".join(w) for w in es.phonemize(text, voice))
+    phonemes = " | ".join(" ".join(w) for w in es.phonemize(text, espeak_voice_name(voice)))
     return {
         "audio_filepath": rel.as_posix(),
         "duration": round(wav.shape[0] / SAMPLE_RATE, 6),
@@ -386,9 +191,6 @@ def synthesize_utterance(job: _Job) -> dict:
 
 
 # --------------------------------------------------------------------- corpus
-
-
-MARKER = ".complete"  # the Makefile's `make data` target depends on this file
 
 
 def _settings(seed: int, counts: Mapping[str, int]) -> dict:
@@ -408,17 +210,8 @@ def build_corpus(out: str | Path, seed: int = 0, counts: Mapping[str, int] | Non
     out = Path(out)
     counts = dict(counts or {"train": 3000, "dev": 300, "test": 300})
     settings = _settings(seed, counts)
-    marker = out / MARKER
-    if marker.is_file() and not force:
-        try:
-            done = json.loads(marker.read_text())
-        except json.JSONDecodeError:
-            done = None
-        if done == settings and all((out / f"{s}.jsonl").is_file() for s in SPLITS):
-            print(f"synthetic corpus in {out} is complete ({counts}, seed {seed}); nothing to do")
-            return False
-        print(f"synthetic corpus in {out} was built with other settings; rebuilding")
-    marker.unlink(missing_ok=True)
+    if not needs_build(out, settings, [f"{s}.jsonl" for s in SPLITS], force, "synthetic corpus"):
+        return False
     for split in SPLITS:
         shutil.rmtree(out / "wav" / split, ignore_errors=True)
         (out / "wav" / split).mkdir(parents=True, exist_ok=True)
@@ -445,14 +238,14 @@ def build_corpus(out: str | Path, seed: int = 0, counts: Mapping[str, int] | Non
     for split in SPLITS:
         write_manifest(out / f"{split}.jsonl", records[start: start + counts[split]])
         start += counts[split]
-    marker.write_text(json.dumps(settings, indent=1) + "\n")
+    mark_complete(out, settings)
     print(f"synthesised {len(jobs)} utterances ({counts}) into {out} in {time.time() - t0:.1f} s "
           f"with {workers} worker(s)")
     return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastasr.data.synthetic", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fastasr.corpora.synthetic", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory (manifests + wav/)")
     p.add_argument("--seed", type=int, default=0, help="same seed → same corpus")
     p.add_argument("--train", type=int, default=3000, help="train utterances")

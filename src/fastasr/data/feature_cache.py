@@ -1,0 +1,385 @@
+"""Feature cache: filterbanks computed once into sharded NumPy arrays with an index.
+
+A cache holds the features of one manifest for one feature setting (and one speed
+factor) in a directory under ``data.cache.dir``::
+
+    <corpus>_<manifest stem>[_sp<factor>]-<key[:16]>/
+        index.json        key, feature settings, per utterance [shard, first frame, frames]
+        shard-00000.npy   (frames, bins) float32 (or float16): utterances one after another
+        ...
+
+**Key.** ``cache_key`` hashes the feature settings (sample rate, bins, frame length
+and shift; dither is excluded, features are cached without it), the speed factor,
+the storage dtype, and every utterance's id, resolved audio path, file size and
+modification time. The key is part of the directory name and is checked against
+``index.json`` on opening, so a cache built with other settings, from another
+manifest or from audio that has changed since is never used: it is simply not
+found (``auto``: features are computed on the fly; ``build``: a new cache is
+built) and the log names the caches of the same manifest that exist but no
+longer match (delete them to free the disk). An ``index.json`` whose key does not
+match its directory (e.g. copied by hand) raises ``FeatureCacheError``.
+
+**Writes are atomic.** A cache is written into a private temporary directory
+and renamed into place when complete, so a killed build leaves no half cache
+and two processes building the same cache at once (DDP ranks, parallel jobs)
+both succeed: the first rename wins, the other copy is discarded.
+
+**Reading** memory-maps the shards (opened lazily in each DataLoader worker) and
+copies one utterance out per lookup: no audio decoding, no resampling, no FFT.
+
+``python -m fastasr.data.feature_cache [overrides]`` (``make features``) builds the
+caches of a training config's train/dev/test manifests; it takes the overrides
+``train.py`` takes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from fastasr.config import dataclass_from_mapping
+from fastasr.data.audio import BadAudioError
+from fastasr.data.augment import speed_perturb
+from fastasr.data.features import Fbank, FeatureConfig, load_utterance_audio
+from fastasr.data.manifest import Utterance
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+INDEX_NAME = "index.json"
+FRAMES_PER_SHARD = 500_000  # ~1.4 h of audio at 10 ms: 80 MB of 40-d float32
+DTYPES = ("float32", "float16")
+MODES = ("off", "auto", "build")
+
+
+class FeatureCacheError(RuntimeError):
+    """A cache cannot be used (mismatched or damaged index, missing shard, missing utterance)."""
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """``data.cache`` (``conf/data/*.yaml``)."""
+
+    dir: str | None = None  # root directory; one subdirectory per manifest × features × speed factor
+    mode: str = "off"  # off: never; auto: use a matching cache when present; build: build it when missing
+    dtype: str = "float32"  # stored precision: float32 (exact) or float16 (half the disk)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"data.cache.mode {self.mode!r}; expected one of {', '.join(MODES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"data.cache.dtype {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        if self.mode != "off" and not self.dir:
+            raise ValueError(f"data.cache.mode {self.mode!r} needs data.cache.dir; got {self.dir!r}")
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping | CacheConfig | None) -> CacheConfig:
+        """Build from a mapping (or DictConfig); unknown keys raise ``ValueError``."""
+        return dataclass_from_mapping(cls, cfg, "data.cache")
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+# ------------------------------------------------------------------ keys and names
+
+
+def _settings(config: FeatureConfig, speed: float, dtype: str) -> dict:
+    features = asdict(config)
+    features.pop("dither")  # cached features are computed without dither
+    return {"version": FORMAT_VERSION, "features": features, "speed": float(speed), "dtype": dtype}
+
+
+def cache_key(utterances: Sequence[Utterance], config: FeatureConfig, speed: float = 1.0,
+              dtype: str = "float32") -> str:
+    """SHA-256 (hex) of the feature settings (dither excluded), speed factor, dtype and, for
+    every utterance (order-independent), its id, audio path, file size and mtime."""
+    h = hashlib.sha256(json.dumps(_settings(config, speed, dtype), sort_keys=True).encode())
+    for utt_id, path in sorted((u.id, u.audio_filepath) for u in utterances):
+        try:
+            st = os.stat(path)
+            stamp = f"{st.st_size}\t{st.st_mtime_ns}"
+        except OSError:
+            stamp = "missing"
+        h.update(f"{utt_id}\t{path}\t{stamp}\n".encode())
+    return h.hexdigest()
+
+
+def cache_prefix(manifest_path: str | Path, speed: float = 1.0) -> str:
+    """``<corpus dir>_<manifest stem>[_sp<factor>]``: the readable part of a cache's name."""
+    manifest_path = Path(manifest_path).resolve()
+    prefix = f"{manifest_path.parent.name}_{manifest_path.stem}"
+    return prefix if speed == 1.0 else f"{prefix}_sp{speed:g}"
+
+
+def cache_dir(root: str | Path, manifest_path: str | Path, key: str, speed: float = 1.0) -> Path:
+    """The directory of the cache with ``key`` for ``manifest_path`` under ``root``."""
+    return Path(root) / f"{cache_prefix(manifest_path, speed)}-{key[:16]}"
+
+
+# ------------------------------------------------------------------ reading
+
+
+class FeatureCache:
+    """Read side of one cache directory: ``cache[utt_id] -> (frames, bins) float32``.
+
+    ``skipped`` maps the ids whose audio was unusable when the cache was built (the checks of
+    ``fastasr.data.features.load_utterance_audio``: unreadable, empty, NaN, wrong channel
+    count, truncated) to the reason; looking one of them up raises ``FeatureCacheError``
+    naming it. ``CachedFeatures`` turns those into ``BadAudioError``, so training skips and
+    reports them as it does bad audio read on the fly.
+    """
+
+    def __init__(self, directory: str | Path, key: str | None = None) -> None:
+        self.directory = Path(directory)
+        index_path = self.directory / INDEX_NAME
+        try:
+            index = json.loads(index_path.read_text())
+        except (OSError, ValueError) as e:
+            raise FeatureCacheError(f"feature cache {self.directory}: unreadable {INDEX_NAME} ({e}); "
+                                    "delete the directory to rebuild it") from None
+        if index.get("version") != FORMAT_VERSION:
+            raise FeatureCacheError(f"feature cache {self.directory}: format version {index.get('version')}; "
+                                    f"expected {FORMAT_VERSION}; delete the directory to rebuild it")
+        if key is not None and index.get("key") != key:
+            raise FeatureCacheError(
+                f"feature cache {self.directory}: built for key {str(index.get('key'))[:16]}…, expected "
+                f"{key[:16]}… (other feature settings, manifest or audio files); delete it to rebuild")
+        self.key: str = index["key"]
+        self.settings: dict = index["settings"]
+        self.shards: list[str] = index["shards"]
+        self.entries: dict[str, list[int]] = index["entries"]
+        self.skipped: dict[str, str] = index.get("skipped", {})
+        missing = [s for s in self.shards if not (self.directory / s).is_file()]
+        if missing:
+            raise FeatureCacheError(f"feature cache {self.directory}: shard(s) {missing} missing; "
+                                    "delete the directory to rebuild it")
+        self._arrays: dict[int, np.ndarray] = {}
+
+    def __getstate__(self) -> dict:  # DataLoader workers re-open the memory maps themselves
+        state = dict(self.__dict__)
+        state["_arrays"] = {}
+        return state
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, utt_id: str) -> bool:
+        return utt_id in self.entries
+
+    @property
+    def num_frames(self) -> int:
+        return sum(n for _, _, n in self.entries.values())
+
+    def nbytes(self) -> int:
+        return sum((self.directory / s).stat().st_size for s in self.shards)
+
+    def _shard(self, i: int) -> np.ndarray:
+        if i not in self._arrays:
+            self._arrays[i] = np.load(self.directory / self.shards[i], mmap_mode="r")
+        return self._arrays[i]
+
+    def __getitem__(self, utt_id: str) -> torch.Tensor:
+        entry = self.entries.get(utt_id)
+        if entry is None:
+            reason = (f"its audio was unusable when the cache was built: {self.skipped[utt_id]}"
+                      if utt_id in self.skipped else "it is not in the manifest the cache was built from")
+            raise FeatureCacheError(f"utterance {utt_id!r}: not in feature cache {self.directory} ({reason})")
+        shard, start, frames = entry
+        return torch.from_numpy(np.array(self._shard(shard)[start:start + frames], dtype=np.float32))
+
+
+# ------------------------------------------------------------------ building
+
+
+class _ComputeFeatures(Dataset):
+    """Feature computation for the builder's DataLoader: ``(index, features or None, reason)``;
+    unusable audio is found by the checks the dataset makes (``load_utterance_audio``)."""
+
+    def __init__(self, utterances: Sequence[Utterance], config: FeatureConfig, speed: float) -> None:
+        self.utterances, self.fbank, self.speed = list(utterances), Fbank(config), float(speed)
+
+    def __len__(self) -> int:
+        return len(self.utterances)
+
+    def __getitem__(self, i: int):
+        utt = self.utterances[i]
+        try:
+            wav = load_utterance_audio(utt, self.fbank.config)
+        except BadAudioError as err:  # a bad file in a corpus of thousands is reported, not fatal
+            return i, None, err.reason
+        return i, self.fbank(speed_perturb(wav, self.speed), train=False), ""
+
+
+def build_feature_cache(utterances: Sequence[Utterance], config: FeatureConfig | Mapping, directory: str | Path,
+                        key: str, speed: float = 1.0, dtype: str = "float32", num_workers: int = 0,
+                        frames_per_shard: int = FRAMES_PER_SHARD) -> FeatureCache:
+    """Compute the features of ``utterances`` (no dither; speed-perturbed by ``speed``) and
+    publish them atomically as ``directory``. If another process published the same cache
+    meanwhile, that one is kept. Utterances whose audio is unusable (``BadAudioError``) are
+    logged and listed in ``skipped``; duplicate ids keep their first occurrence."""
+    config = FeatureConfig.from_dict(config)
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        seen: set[str] = set()
+        unique = []
+        for u in utterances:
+            if u.id in seen:
+                log.warning("feature cache: utterance id %r appears more than once; only its first line is cached", u.id)
+                continue
+            seen.add(u.id)
+            unique.append(u)
+        start_time = time.perf_counter()
+        entries: dict[str, list[int]] = {}
+        skipped: dict[str, str] = {}
+        shards: list[str] = []
+        pending: list[np.ndarray] = []
+        pending_frames = 0
+
+        def flush() -> None:
+            nonlocal pending, pending_frames
+            if pending:
+                name = f"shard-{len(shards):05d}.npy"
+                np.save(tmp / name, np.concatenate(pending).astype(dtype, copy=False))
+                shards.append(name)
+                pending, pending_frames = [], 0
+
+        loader = DataLoader(_ComputeFeatures(unique, config, speed), batch_size=None, num_workers=num_workers)
+        for done, (i, feats, reason) in enumerate(loader, start=1):
+            utt = unique[i]
+            if feats is None:
+                skipped[utt.id] = reason
+                log.warning("feature cache: %s (%s): %s; skipped", utt.id, utt.audio_filepath, reason)
+            else:
+                entries[utt.id] = [len(shards), pending_frames, int(feats.shape[0])]
+                pending.append(feats.numpy())
+                pending_frames += int(feats.shape[0])
+                if pending_frames >= frames_per_shard:
+                    flush()
+            if done % 1000 == 0:
+                log.info("feature cache %s: %d / %d utterances", directory.name, done, len(unique))
+        flush()
+        index = {"version": FORMAT_VERSION, "key": key, "settings": _settings(config, speed, dtype),
+                 "shards": shards, "entries": entries, "skipped": skipped}
+        (tmp / INDEX_NAME).write_text(json.dumps(index))
+        try:
+            os.rename(tmp, directory)
+        except OSError:
+            if not (directory / INDEX_NAME).is_file():
+                raise
+            log.info("feature cache %s: another process built it first; using that copy", directory)
+        else:
+            cache = FeatureCache(directory, key)
+            log.info("feature cache %s: %d utterances, %d frames, %.1f MB in %.1f s%s", directory, len(cache),
+                     cache.num_frames, cache.nbytes() / 1e6, time.perf_counter() - start_time,
+                     f"; {len(skipped)} skipped" if skipped else "")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return FeatureCache(directory, key)
+
+
+def open_feature_cache(utterances: Sequence[Utterance], manifest_path: str | Path, config: FeatureConfig,
+                       cache: CacheConfig | Mapping, speed: float = 1.0, num_workers: int = 0) -> FeatureCache | None:
+    """The cache of ``manifest_path``'s ``utterances`` for ``config`` and ``speed``: opened when
+    present; built when missing in ``build`` mode; None when missing in ``auto`` mode or off.
+    Caches of the same manifest that no longer match are named in the log."""
+    cache = CacheConfig.from_dict(cache)
+    if not cache.enabled:
+        return None
+    key = cache_key(utterances, config, speed, cache.dtype)
+    directory = cache_dir(cache.dir, manifest_path, key, speed)
+    if (directory / INDEX_NAME).is_file():
+        found = FeatureCache(directory, key)
+        log.info("features of %s%s from cache %s", manifest_path, f" (speed {speed:g})" if speed != 1.0 else "",
+                 directory)
+        if found.skipped:
+            log.warning("feature cache %s: %d utterance(s) had unusable audio when it was built and are skipped, e.g. %s",
+                        directory, len(found.skipped), next(iter(found.skipped.items())))
+        return found
+    others = sorted(p.name for p in Path(cache.dir).glob(f"{cache_prefix(manifest_path, speed)}-*")
+                    if p.is_dir() and p != directory)
+    if others:
+        log.info("feature cache(s) %s under %s were built from other feature settings or audio and are not used; "
+                 "delete them to free the disk", ", ".join(others), cache.dir)
+    if cache.mode == "build":
+        log.info("building the feature cache of %s%s in %s", manifest_path,
+                 f" (speed {speed:g})" if speed != 1.0 else "", directory)
+        return build_feature_cache(utterances, config, directory, key, speed, cache.dtype, num_workers)
+    log.info("no feature cache of %s%s under %s: features are computed on the fly (`make features "
+             "ARGS=\"<this run's overrides>\"` or data.cache.mode=build builds it)", manifest_path,
+             f" (speed {speed:g})" if speed != 1.0 else "", cache.dir)
+    return None
+
+
+# ------------------------------------------------------------------ command line
+
+
+def build_for_config(data_cfg: Mapping) -> list[FeatureCache]:
+    """Build (or find) the caches of a data config's train/dev/test manifests; for train,
+    one per speed factor when ``augment.speed_perturb`` is on. Returns them."""
+    from omegaconf import OmegaConf
+
+    from fastasr.data.augment import AugmentConfig
+    from fastasr.data.manifest import read_manifest
+
+    cfg = OmegaConf.create(data_cfg) if not OmegaConf.is_config(data_cfg) else data_cfg
+    config = FeatureConfig.from_dict(OmegaConf.to_container(cfg.features, resolve=True))
+    cache = CacheConfig.from_dict({**OmegaConf.to_container(cfg.cache, resolve=True), "mode": "build"})
+    augment = AugmentConfig.from_dict(OmegaConf.to_container(cfg.get("augment"), resolve=True)
+                                      if cfg.get("augment") is not None else None)
+    built = []
+    for split in ("train", "dev", "test"):
+        key = f"{split}_manifest"
+        if key not in cfg or OmegaConf.is_missing(cfg, key) or not cfg[key]:
+            log.info("%s: no manifest (data.%s); nothing to cache", split, key)
+            continue
+        if split == "train" and augment.needs_audio:
+            log.info("train: not cached: data.augment.noise mixes noise into the audio, so training computes "
+                     "its features on the fly")
+            continue
+        utterances = read_manifest(cfg[key], on_error=cfg.get("on_bad_utterance", "skip"))
+        for speed in augment.factors if split == "train" else (1.0,):
+            built.append(open_feature_cache(utterances, cfg[key], config, cache, speed,
+                                            int(cfg.get("num_workers", 0))))
+    return built
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m fastasr.data.feature_cache [hydra overrides of conf/train.yaml]``."""
+    from hydra import compose, initialize_config_dir
+
+    from fastasr.config import CONFIG_DIR
+
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(overrides):
+        print("usage: python -m fastasr.data.feature_cache [hydra overrides of conf/train.yaml]\n"
+              "Builds the feature caches of data.train/dev/test_manifest under data.cache.dir\n"
+              "(e.g. data=manifest data.train_manifest=T.jsonl ... features=fbank80).")
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    for cache in build_for_config(cfg.data):
+        print(f"{cache.directory}: {len(cache)} utterances, {cache.num_frames} frames, {cache.nbytes() / 1e6:.1f} MB"
+              + (f", {len(cache.skipped)} skipped" if cache.skipped else ""))
+
+
+if __name__ == "__main__":
+    main()

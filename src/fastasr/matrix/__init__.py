@@ -1,0 +1,50 @@
+"""The approximation matrix (Table 1 of Vyas et al. 2020): train with X, evaluate with Y.
+
+    python -m fastasr.cross_eval [matrix=smoke|default|paper_wsj] [overrides]   (make matrix)
+    python -m fastasr.matrix [overrides]                                         (the same)
+
+For every *train spec* (``full``, ``shared-full``, ``lsh-1``, …) a model is trained with
+``python train.py experiment=matrix_member member=<spec>`` — here in-process, through the
+same config, so a Hydra multirun of train.py (locally or on a cluster) produces exactly the
+run directories looked for — or a finished one is reused. Each model is then decoded on the
+dev split with every *eval spec*; the matrix directory ``${paths.output_dir}/matrix/<name>/``
+receives ``matrix.csv`` (one row per pair), ``matrix.md`` (the paper's Table 1), ``matrix.png``
+(a heatmap) and ``runs/<spec>/`` (the trained models).
+
+Modules: :mod:`~fastasr.matrix.rules` (what a spec stands for, shared Q/K, ``n/a`` pairs),
+:mod:`~fastasr.matrix.cells` (cells and matrix.csv), :mod:`~fastasr.matrix.render`
+(Markdown, HTML, heatmap), :mod:`~fastasr.matrix.members` (composing and training each
+model), :mod:`~fastasr.matrix.dashboard` (the wandb table), :mod:`~fastasr.matrix.running`
+(the run loop), ``__main__`` (the Hydra entry point).
+"""
+
+from fastasr.matrix.cells import (
+    CSV_COLUMNS,
+    CSV_FILE,
+    FAILED,
+    MD_FILE,
+    MISSING,
+    NA,
+    OK,
+    PNG_FILE,
+    Cell,
+    read_cells,
+    write_cells,
+)
+from fastasr.matrix.members import Member, compose_member
+from fastasr.matrix.render import (
+    cell_notes,
+    html_table,
+    markdown_table,
+    plot_heatmap,
+    write_markdown,
+)
+from fastasr.matrix.rules import SHARED_FULL, MatrixError, eval_attention, train_member
+from fastasr.matrix.running import MatrixResult, run_matrix
+
+__all__ = [
+    "CSV_COLUMNS", "CSV_FILE", "FAILED", "MD_FILE", "MISSING", "NA", "OK", "PNG_FILE", "SHARED_FULL",
+    "Cell", "MatrixError", "MatrixResult", "Member", "cell_notes", "compose_member", "eval_attention",
+    "html_table", "markdown_table", "plot_heatmap", "read_cells", "run_matrix", "train_member",
+    "write_cells", "write_markdown",
+]

@@ -1,0 +1,28 @@
+"""``python -m fastasr.matrix [overrides]`` (and ``python -m fastasr.cross_eval``, what
+``make matrix`` runs): compose ``conf/cross_eval.yaml``, run the matrix, print matrix.md.
+
+Exits non-zero when a cell failed, naming matrix.csv.
+"""
+
+from __future__ import annotations
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from fastasr.config import CONFIG_DIR
+from fastasr.matrix.cells import CSV_FILE, MD_FILE
+from fastasr.matrix.running import run_matrix
+
+
+@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="cross_eval")
+def main(cfg: DictConfig) -> None:
+    """The Hydra entry point of the matrix."""
+    result = run_matrix(cfg, invocation=list(HydraConfig.get().overrides.task))
+    print((result.matrix_dir / MD_FILE).read_text())
+    if result.failed:
+        raise SystemExit(f"{len(result.failed)} matrix cell(s) failed; see {result.matrix_dir / CSV_FILE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""Beam search (torchaudio ctc_decoder / flashlight) on hand-made emissions whose best path is known."""
+
+import pytest
+import torch
+
+from fastasr.data.tokenizer import Tokenizer
+from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
+from fastasr.decoding.builder import build_decoder
+from fastasr.decoding.greedy import GreedyDecoder
+from fastasr.decoding.lexicon import Lexicon, spelling_lexicon
+from fastasr.decoding.transcribe import Emission
+from fastasr.decoding.tune import grid_search
+from fastasr.lm import estimate, write_arpa
+
+PHONES = Tokenizer("phoneme", ["<blank>", "a", "b", "c", "x", "|"])
+WORDS = {"ab": "a b", "ba": "b a", "cab": "c a b", "xa": "x a", "xb": "x b"}
+
+
+def frames(tok, *rows):
+    """(T, V) log-probs; each row is a unit (p = 0.9) or a {unit: p} dict, the rest shared evenly."""
+    out = []
+    for row in rows:
+        row = {row: 0.9} if isinstance(row, str) else row
+        p = torch.full((len(tok.vocab),), (1 - sum(row.values())) / (len(tok.vocab) - len(row)))
+        for unit, prob in row.items():
+            p[tok.vocab.index(unit)] = prob
+        out.append(p.log())
+    return torch.stack(out)
+
+
+@pytest.fixture(scope="module")
+def lexicon():
+    lex = Lexicon()
+    for word, pron in WORDS.items():
+        lex.add(word, pron.split())
+    return lex
+
+
+@pytest.fixture(scope="module")
+def xa_lm(tmp_path_factory):
+    """A bigram LM that has heard "xa" twenty times and "xb" once."""
+    path = tmp_path_factory.mktemp("lm") / "xa.arpa"
+    write_arpa(estimate([["xa"]] * 20 + [["xb"]] + [["ab", "ba"]], order=2), path)
+    return path
+
+
+def test_best_path_with_a_lexicon(lexicon):
+    beam = BeamSearchDecoder(PHONES, lexicon)
+    hyp = beam(frames(PHONES, "a", "a", "<blank>", "b", "|", "b", "a"))
+    assert hyp.words == ["ab", "ba"] and hyp.units == ["a", "b", "|", "b", "a"]
+    # the utterance-final word needs no boundary frame of its own, a missing boundary between
+    # words is restored, and a word the acoustics alone would spell wrongly is a lexicon word
+    assert beam(frames(PHONES, "c", "a", "b", "<blank>", "b", "a")).words == ["cab", "ba"]
+    noisy = frames(PHONES, "a", {"c": 0.5, "b": 0.4})
+    assert GreedyDecoder(PHONES)(noisy).words == ["ac"]
+    assert beam(noisy).words == ["ab"]
+
+
+def test_lm_flips_the_answer(lexicon, xa_lm):
+    emissions = frames(PHONES, "x", {"b": 0.5, "a": 0.4})  # acoustics prefer "xb"
+    assert BeamSearchDecoder(PHONES, lexicon)(emissions).words == ["xb"]
+    with_lm = BeamSearchDecoder(PHONES, lexicon, xa_lm, BeamSearchOptions(lm_weight=2.0))
+    assert with_lm(emissions).words == ["xa"]
+    # an LM that agrees with clear acoustics changes nothing
+    assert with_lm(frames(PHONES, "a", "b", "|", "b", "a")).words == ["ab", "ba"]
+    # with weight 0 the LM is ignored
+    assert BeamSearchDecoder(PHONES, lexicon, xa_lm, BeamSearchOptions(lm_weight=0.0))(emissions).words == ["xb"]
+
+
+def test_lexicon_free_char_decoding():
+    chars = Tokenizer("char", ["<blank>", "a", "b", "c", "|"])
+    beam = BeamSearchDecoder(chars, None)
+    hyp = beam(frames(chars, "a", "b", "<blank>", "b", "|", "|", "c"))
+    assert hyp.units == ["a", "b", "b", "|", "c"] and hyp.words == ["abb", "c"]
+    assert beam.real_words  # a char model's words are real words
+
+
+def test_char_model_with_a_spelling_lexicon():
+    chars = Tokenizer("char", ["<blank>", "a", "b", "c", "|"])
+    beam = BeamSearchDecoder(chars, spelling_lexicon(["ab", "c", "cab"]))
+    # no boundary between the words: "abc" is no word, "ab c" is the best spelling with words
+    assert beam(frames(chars, "a", "b", "<blank>", "c", "c")).words == ["ab", "c"]
+    assert beam(frames(chars, "c", "a", "b")).words == ["cab"]
+
+
+def test_greedy_maps_phonetic_words_through_the_lexicon(lexicon):
+    emissions = frames(PHONES, "a", "b", "|", "b", "a", "|", "c", "c")
+    assert GreedyDecoder(PHONES)(emissions).words == ["ab", "ba", "c"]  # phonetic words
+    mapped = GreedyDecoder(PHONES, lexicon)(emissions)
+    assert mapped.words == ["ab", "ba", "c"] and mapped.units == ["a", "b", "|", "b", "a", "|", "c"]
+    other = Lexicon()
+    other.add("hello", ["a", "b"])
+    assert GreedyDecoder(PHONES, other)(emissions).words == ["hello", "ba", "c"]  # unknown spellings kept
+
+
+def test_tuning_grid_finds_the_lm_weight_that_helps(lexicon, xa_lm):
+    emission = Emission("u1", "xa", ["x", "a"], frames(PHONES, "x", {"b": 0.5, "a": 0.4}))
+    spec = {"name": "beam", "lm": {"path": str(xa_lm)}}
+    points = grid_search([emission], PHONES, spec, [0.0, 2.0], [0.0], lexicon=lexicon)
+    assert points[0]["lm_weight"] == 2.0 and points[0]["wer"] == 0.0
+    assert points[-1]["lm_weight"] == 0.0 and points[-1]["wer"] == 100.0
+
+
+def test_config_errors_are_clear(lexicon, tmp_path):
+    with pytest.raises(ValueError, match="expected one of"):
+        build_decoder({"name": "viterbi"}, PHONES)
+    with pytest.raises(ValueError, match="unknown key"):
+        build_decoder({"name": "beam", "beam": 3, "lexicon": {"source": "none"}}, PHONES)
+    with pytest.raises(FileNotFoundError, match="make lm"):
+        BeamSearchDecoder(PHONES, lexicon, "/nonexistent/lm.arpa")
+    bad = tmp_path / "bad.arpa"
+    bad.write_text("garbage\n")
+    with pytest.raises(ValueError, match="KenLM cannot read it"):
+        BeamSearchDecoder(PHONES, lexicon, bad)
+    with pytest.raises(ValueError, match="word boundary"):
+        BeamSearchDecoder(Tokenizer("phoneme", ["<blank>", "a"]), None)

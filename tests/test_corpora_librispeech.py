@@ -1,0 +1,61 @@
+"""LibriSpeech converter on a tiny copy in the native layout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from corpus_fixtures import tone, write_wav
+
+from fastasr.corpora import librispeech
+from fastasr.corpora.paths import CorpusLayoutError
+from fastasr.data.manifest import read_manifest
+
+
+def make_librispeech(root):
+    d = root / "LibriSpeech" / "dev-clean" / "19" / "198"
+    (d.parent.parent.parent / "test-clean" / "20" / "7").mkdir(parents=True)
+    write_wav(d / "19-198-0000.flac", tone(1.0), 16000)
+    write_wav(d / "19-198-0001.flac", tone(0.5), 16000)
+    write_wav(d / "19-198-0002.flac", tone(0.5), 16000)
+    (d / "19-198.trans.txt").write_text("19-198-0000 HELLO WORLD\n19-198-0001 IT'S A XYZZYQ TEST\n"
+                                        "19-198-0002 GONE\n19-198-0003 NO AUDIO FOR THIS ONE\n")
+    t = root / "LibriSpeech" / "test-clean" / "20" / "7"
+    write_wav(t / "20-7-0000.flac", tone(0.7), 16000)
+    (t / "20-7.trans.txt").write_text("20-7-0000 THE CAT\n")
+    (d / "19-198-0002.flac").write_bytes(b"not audio")  # a corrupt download
+    return root / "LibriSpeech"
+
+
+def test_librispeech_char_and_phonemes(tmp_path, capsys):
+    src = make_librispeech(tmp_path)
+    out = tmp_path / "manifests"
+    assert librispeech.main([str(src), str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["dev-clean.jsonl", "test-clean.jsonl"]
+    utts = read_manifest(out / "dev-clean.jsonl", on_error="raise")
+    assert [(u.id, u.text, u.speaker) for u in utts] == [
+        ("19-198-0000", "hello world", "19"), ("19-198-0001", "it's a xyzzyq test", "19")]
+    assert utts[0].duration == pytest.approx(1.0) and utts[1].duration == pytest.approx(0.5)
+    printed = capsys.readouterr().out
+    assert "skipped 2 utterances" in printed and "audio missing" in printed and "unreadable audio" in printed
+
+    librispeech.convert(src, out, parts=["dev-clean"], phonemes=True)
+    utts = read_manifest(out / "dev-clean.jsonl", on_error="raise")
+    assert [(u.id, u.phonemes) for u in utts] == [("19-198-0000", "hh ah l ow | w er l d")]  # no stress marks
+    printed = capsys.readouterr().out
+    assert "word not in CMUdict" in printed and "xyzzyq (1)" in printed
+
+
+def test_librispeech_one_part_and_errors(tmp_path):
+    src = make_librispeech(tmp_path)
+    recs = librispeech.convert(src / "test-clean", tmp_path / "o")  # SRC may be one part
+    assert list(recs) == ["test-clean"] and json.loads((tmp_path / "o" / "test-clean.jsonl").read_text())["text"] == "the cat"
+    with pytest.raises(CorpusLayoutError, match="no such directory"):
+        librispeech.convert(tmp_path / "nowhere", tmp_path / "o")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CorpusLayoutError, match=r"no <speaker>/<chapter>/\*.trans.txt"):
+        librispeech.convert(tmp_path / "empty", tmp_path / "o")
+    with pytest.raises(CorpusLayoutError, match="no part"):
+        librispeech.convert(src, tmp_path / "o", parts=["train-clean-100"])
+    with pytest.raises(SystemExit):
+        librispeech.main([str(tmp_path / "nowhere"), str(tmp_path / "o")])
