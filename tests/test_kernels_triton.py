@@ -356,7 +356,7 @@ def test_ops_dispatch_rules(monkeypatch):
 
     cpu = torch.zeros(1)
     monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
-    assert ops.kernel_backend(cpu) == "reference"
+    assert ops.kernel_backend(cpu, "clustered_dot") == "reference"  # CPU: never Triton
     if torch.cuda.is_available():
         cuda = cpu.cuda()
         assert ops.kernel_backend(cuda, "clustered_dot") == "triton"
@@ -367,7 +367,7 @@ def test_ops_dispatch_rules(monkeypatch):
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     assert ops.kernel_backend(cpu) == "triton"
     monkeypatch.setenv(ops.KERNELS_ENV, "cuda")
-    with pytest.raises(ValueError, match="FASTASR_KERNELS='cuda'.*auto, reference, triton"):
+    with pytest.raises(ValueError, match="FASTASR_KERNELS='cuda'.*auto, reference, native, triton"):
         ops.kernel_backend(cpu)
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     monkeypatch.setattr(availability, "triton_import_error", lambda: "ModuleNotFoundError: No module named 'triton'")

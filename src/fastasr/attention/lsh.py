@@ -117,9 +117,7 @@ class LSHAttention(InnerAttention):
         if Np > N:
             x = F.pad(x, (0, 0, 0, Np - N))
             valid = F.pad(valid, (0, Np - N), value=False)
-        rotations = self._randn(self.rounds, E, self.buckets // 2).to(
-            device=x.device, dtype=x.dtype
-        )
+        rotations = self._randn(self.rounds, E, self.buckets // 2, device=x.device).to(x.dtype)
         return x, valid, rotations
 
     def _forward(self, q, k, v, lengths):
