@@ -53,8 +53,8 @@ test-full: $(KERNELS)  ## every test, slow ones included
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check src tests benchmarks train.py evaluate.py
 
-bench: $(KERNELS)  ## attention speed/memory benchmark → benchmarks/results/
-	$(PY) benchmarks/attention_bench.py $(ARGS)
+bench: $(KERNELS)  ## CPU table: ours vs pytorch-fast-transformers (if installed) vs SDPA → benchmarks/results/
+	$(PY) benchmarks/cpu_bench.py $(ARGS)
 
 matrix: $(CORPUS)  ## train-with-X / decode-with-Y table (conf/cross_eval.yaml)
 	$(PY) -m fastasr.cross_eval $(ARGS)

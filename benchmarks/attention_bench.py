@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
 import re
 import statistics
 import sys
@@ -72,28 +70,11 @@ class Row:
 
 # --------------------------------------------------------------------------- machine
 def machine_info(device: torch.device) -> dict:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info = {
-        "cpu": cpu,
-        "cores": cores,
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
+    info = bench_io.cpu_info()
+    info["torch_threads"] = torch.get_num_threads()
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
-        slug = info["gpu"]
-    else:
-        slug = f"{cpu}-{cores}c"
-    info["slug"] = re.sub(r"[^a-z0-9]+", "-", slug.lower()).strip("-")
+        info["slug"] = re.sub(r"[^a-z0-9]+", "-", info["gpu"].lower()).strip("-")
     return info
 
 
@@ -172,14 +153,6 @@ def peak_memory_bytes(call, device) -> int:
     return peak
 
 
-def _load() -> str:
-    """1-minute load average, to show whether other jobs shared the machine."""
-    try:
-        return f"{os.getloadavg()[0]:.1f}"
-    except OSError:
-        return "n/a"
-
-
 def run(args) -> tuple[list[Row], dict]:
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
@@ -189,7 +162,7 @@ def run(args) -> tuple[list[Row], dict]:
     rows: list[Row] = []
     too_slow: dict[str, str] = {}
     started = time.perf_counter()
-    load_start = _load()
+    load_start = bench_io.load_average()
     for n in ns:
         batch = max(1, args.tokens // n)
         for spec in args.variants:
@@ -242,7 +215,7 @@ def run(args) -> tuple[list[Row], dict]:
     meta = {
         "elapsed_s": time.perf_counter() - started,
         "load_start": load_start,
-        "load_end": _load(),
+        "load_end": bench_io.load_average(),
     }
     return rows, meta
 
