@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 
 from fastasr.attention.base import InnerAttention, compute_dtype, kernel_dtype
 from fastasr.attention.masking import key_mask
@@ -105,11 +106,15 @@ class ClusteredAttention(InnerAttention):
         Returns ``assignments`` ``(B, H, N)`` (-1 padded), ``counts`` ``(B, H, C)`` and the
         ``(B, H, C, E)`` float32 (float64) centroids, differentiable in ``q``.
         """
-        codes = ops.hash_codes(q, self.hash_planes(q.shape[-1], q.device), lengths)
-        assignments, counts = ops.hamming_kmeans(
-            codes, lengths, self.clusters, self.iterations, bits=self.bits
-        )
-        return assignments, counts, cluster_means(q, assignments, counts, self.clusters)
+        with record_function("attention.hash"):
+            codes = ops.hash_codes(q, self.hash_planes(q.shape[-1], q.device), lengths)
+        with record_function("attention.kmeans"):
+            assignments, counts = ops.hamming_kmeans(
+                codes, lengths, self.clusters, self.iterations, bits=self.bits
+            )
+        with record_function("attention.centroid_means"):
+            centroids = cluster_means(q, assignments, counts, self.clusters)
+        return assignments, counts, centroids
 
     def centroid_attention(
         self, q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor | None
@@ -129,8 +134,12 @@ class ClusteredAttention(InnerAttention):
         dt = kernel_dtype(q)
         q, k, vv = q.to(dt), k.to(dt), v.to(dt)
         assignments, _, centroids = self.cluster_queries(q, lengths)
-        values, _, _ = ops.centroid_attention(centroids, k, vv, lengths, self.scale(q.shape[-1]), 0)
-        return gather_padded(values, assignments).to(v.dtype)
+        with record_function("attention.centroid_attention"):
+            values, _, _ = ops.centroid_attention(
+                centroids, k, vv, lengths, self.scale(q.shape[-1]), 0
+            )
+        with record_function("attention.broadcast"):
+            return gather_padded(values, assignments).to(v.dtype)
 
     def _dense_weights(self, q, k, lengths):
         dt = compute_dtype(q.dtype)

@@ -24,6 +24,8 @@ fill the remaining slots get exactly zero weight in the per-query softmax.
 
 from __future__ import annotations
 
+from torch.profiler import record_function
+
 from fastasr.attention.base import compute_dtype, kernel_dtype
 from fastasr.attention.clustered import CLUSTERING_PARAMS, ClusteredAttention, gather_padded
 from fastasr.attention.masking import zero_padded_queries
@@ -50,8 +52,10 @@ class ImprovedClusteredAttention(ClusteredAttention):
         scale = self.scale(q.shape[-1])
         assignments, _, centroids = self.cluster_queries(q, lengths)
         kk = min(self.topk, q.shape[2])
-        values, top_w, top_idx = ops.centroid_attention(centroids, k, vv, lengths, scale, kk)
-        out = ops.improved_sparse(q, k, vv, values, top_w, top_idx, assignments, lengths, scale)
+        with record_function("attention.centroid_attention"):
+            values, top_w, top_idx = ops.centroid_attention(centroids, k, vv, lengths, scale, kk)
+        with record_function("attention.sparse_part"):
+            out = ops.improved_sparse(q, k, vv, values, top_w, top_idx, assignments, lengths, scale)
         return out.to(v.dtype)
 
     def _dense_weights(self, q, k, lengths):

@@ -259,28 +259,26 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
 
 
 class _CentroidAttention(torch.autograd.Function):
-    """BLAS products around the fused C++ softmax + top-k (forward) and its backward."""
+    """The fused per-(batch, head) centroid attention and its backward (csrc/centroid_attention.cpp)."""
 
     @staticmethod
     def forward(ctx, centroids, k, v, lengths, scale, topk):
-        weights = torch.matmul(centroids, k.transpose(-1, -2))  # raw scores, made weights in place
-        top_idx, top_w = torch.ops.fastasr_cpu.softmax_topk_(weights, lengths, scale, topk)
-        values = torch.matmul(weights, v)
-        ctx.save_for_backward(centroids, k, v, weights, top_idx)
-        ctx.scale = scale
+        values, top_w, top_idx, lse = torch.ops.fastasr_cpu.centroid_attention_forward(
+            centroids, k, v, lengths, scale, topk
+        )
+        ctx.save_for_backward(centroids, k, v, top_idx, lse)
+        ctx.lengths, ctx.scale = lengths, scale
         ctx.mark_non_differentiable(top_idx)
         return values, top_w, top_idx
 
     @staticmethod
     def backward(ctx, d_values, d_top_w, _):
-        centroids, k, v, weights, top_idx = ctx.saved_tensors
+        centroids, k, v, top_idx, lse = ctx.saved_tensors
         if d_values is None:
-            d_values = torch.zeros_like(centroids[..., :1].expand(*weights.shape[:3], v.shape[-1]))
-        grad = torch.matmul(d_values, v.transpose(-1, -2))  # d weights, made d scores in place
-        torch.ops.fastasr_cpu.softmax_backward_(grad, weights, top_idx, d_top_w, ctx.scale)
-        d_centroids = torch.matmul(grad, k) if ctx.needs_input_grad[0] else None
-        d_k = torch.matmul(grad.transpose(-1, -2), centroids) if ctx.needs_input_grad[1] else None
-        d_v = torch.matmul(weights.transpose(-1, -2), d_values) if ctx.needs_input_grad[2] else None
+            d_values = torch.zeros(*centroids.shape[:3], v.shape[-1], dtype=v.dtype)
+        d_centroids, d_k, d_v = torch.ops.fastasr_cpu.centroid_attention_backward(
+            d_values.contiguous(), d_top_w, centroids, k, v, ctx.lengths, ctx.scale, top_idx, lse
+        )
         return d_centroids, d_k, d_v, None, None, None
 
 
@@ -294,14 +292,14 @@ def centroid_attention(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each centroid's attention over the keys; see ``reference.centroid_attention``.
 
-    The ``(B, H, C, N)`` scores are one BLAS product; the masking, scaling, top-k
-    selection and softmax are one C++ pass over them (in place), and the backward turns
-    the weights' gradient into the scores' gradient in one more.
+    Per (batch, head): BLAS products into a reused ``(C, N)`` buffer around one C++
+    pass per row (scale, mask, top-k, softmax); the ``(B, H, C, N)`` matrix is never
+    stored, the backward recomputes it from the saved log-sum-exp.
     """
     require("centroid_attention")
     dtype = v.dtype
     dt = torch.float64 if centroids.dtype == torch.float64 else torch.float32
-    centroids, k, v = (t.to(dt) for t in (centroids, k, v))
+    centroids, k, v = (t.to(dt).contiguous() for t in (centroids, k, v))
     values, top_w, top_idx = _CentroidAttention.apply(
         centroids, k, v, _cpu_lengths(lengths), float(scale), int(topk)
     )

@@ -110,11 +110,16 @@ inline void softmax_inplace(T* __restrict__ s, int64_t n) {
 // Brings x[0:n] into the cache with one sequential sweep of prefetches, before a
 // kernel reads its rows in a data-dependent order (which defeats the hardware
 // prefetcher: every line would be a separate trip to memory).
+// Locality: 2 keeps the lines in L2 (a whole matrix), 3 in L1 (the next few rows).
 template <typename T>
-inline void prefetch_range(const T* x, int64_t n) {
+inline void prefetch_range(const T* x, int64_t n, int locality = 2) {
   const char* p = reinterpret_cast<const char*>(x);
   const int64_t bytes = n * static_cast<int64_t>(sizeof(T));
-  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 2);
+  if (locality == 3) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
+  } else {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 2);
+  }
 }
 
 // Sets rows [L, N) of x (N x D, row-major) to zero.

@@ -45,24 +45,27 @@ struct Sizes {
 
 // Largest E, Ev and K the kernels take (per-query scratch lives on the stack).
 constexpr int64_t kMaxDim = 256;
+// Queries of a cluster processed together: their products are independent chains of
+// FMAs (not one chain waiting on the last), and each tile row is loaded once for all.
+constexpr int64_t kGroup = 4;
 
-// One cluster's valid top keys (index < L) as zero-padded tiles of KB >= K slots:
-// slot (position in the top list), row (key position), centroid weight, keys (KB x E),
-// keys transposed (E x KB), values (KB x Ev) and values transposed (Ev x KB).
+// One cluster's valid top keys (index < L): slot (position in the top list), row (key
+// position) and centroid weight of each, and one zero-padded transposed tile of KB >=
+// K slots: the keys (E x KB) for the forward scores, the values (Ev x KB) for the
+// backward's. Key and value rows themselves are read in place (k + row * E).
 template <typename T>
 struct Tiles {
   int64_t nt = 0;
   std::vector<int64_t> slot, row;
-  std::vector<T> w, keys, keys_t, vals, vals_t;
-  Tiles(int64_t KB, int64_t E, int64_t Ev)
-      : slot(KB), row(KB), w(KB), keys(KB * E), keys_t(E * KB), vals(KB * Ev), vals_t(Ev * KB) {}
+  std::vector<T> w, t;
+  Tiles(int64_t KB, int64_t D) : slot(KB), row(KB), w(KB), t(D * KB) {}
 };
 
-// Fills the tiles of one cluster (sizes as forward_bh).
-template <typename T, int FE, int FEV, int FK>
+// Fills the tiles of one cluster; m (rows of D features) is transposed into the tile.
+template <typename T, int FD, int FK>
 void load_tiles(Tiles<T>& t, const int64_t* idx, const T* top_w, int64_t K, int64_t L,
-                const T* k, const T* v, int64_t E_, int64_t Ev_, bool transposed_values) {
-  const int64_t E = FE ? FE : E_, Ev = FEV ? FEV : Ev_, KB = FK ? FK : K;
+                const T* m, int64_t D_) {
+  const int64_t D = FD ? FD : D_, KB = FK ? FK : K;
   int64_t nt = 0;
   for (int64_t s = 0; s < K; ++s) {
     if (idx[s] < 0 || idx[s] >= L) continue;
@@ -72,24 +75,34 @@ void load_tiles(Tiles<T>& t, const int64_t* idx, const T* top_w, int64_t K, int6
     ++nt;
   }
   t.nt = nt;
-  T* __restrict__ keys = t.keys.data();
-  T* __restrict__ keys_t = t.keys_t.data();
-  T* __restrict__ vals = t.vals.data();
-  T* __restrict__ vals_t = t.vals_t.data();
+  T* __restrict__ tile = t.t.data();
   for (int64_t j = 0; j < nt; ++j) {
-    const T* __restrict__ kr = k + t.row[j] * E;
-    const T* __restrict__ vr = v + t.row[j] * Ev;
-    for (int64_t e = 0; e < E; ++e) keys[j * E + e] = kr[e];
-    for (int64_t e = 0; e < E; ++e) keys_t[e * KB + j] = kr[e];
-    for (int64_t e = 0; e < Ev; ++e) vals[j * Ev + e] = vr[e];
-    if (transposed_values)
-      for (int64_t e = 0; e < Ev; ++e) vals_t[e * KB + j] = vr[e];
+    const T* __restrict__ r = m + t.row[j] * D;
+    for (int64_t e = 0; e < D; ++e) tile[e * KB + j] = r[e];
   }
-  for (int64_t j = nt; j < KB; ++j) {  // padding slots: zero keys and values
-    for (int64_t e = 0; e < E; ++e) keys_t[e * KB + j] = 0;
-    if (transposed_values)
-      for (int64_t e = 0; e < Ev; ++e) vals_t[e * KB + j] = 0;
+  for (int64_t j = nt; j < KB; ++j)  // padding slots: zero
+    for (int64_t e = 0; e < D; ++e) tile[e * KB + j] = 0;
+}
+
+// Prefetches (into L1) the rows the next non-empty cluster after `cl` will read: its top
+// keys' rows of each matrix in `ms` (D features each) and its members' rows of `mq`. A
+// cluster reads rows scattered over the sequence, which the hardware cannot predict;
+// fetching them while the current cluster computes hides that latency.
+template <typename T>
+void prefetch_next_cluster(const ClusterMembers& members, int64_t cl, int64_t C,
+                           const int64_t* idx_bh, int64_t K, int64_t L,
+                           std::initializer_list<std::pair<const T*, int64_t>> ms,
+                           std::initializer_list<std::pair<const T*, int64_t>> mq) {
+  int64_t nx = cl + 1;
+  while (nx < C && members.start[nx] == members.start[nx + 1]) ++nx;
+  if (nx >= C) return;
+  const int64_t* idx = idx_bh + nx * K;
+  for (int64_t t = 0; t < K; ++t) {
+    if (idx[t] < 0 || idx[t] >= L) continue;
+    for (const auto& [m, D] : ms) prefetch_range(m + idx[t] * D, D, 3);
   }
+  for (int64_t i = members.start[nx]; i < members.start[nx + 1]; ++i)
+    for (const auto& [m, D] : mq) prefetch_range(m + members.order[i] * D, D, 3);
 }
 
 struct ForwardPtrs {
@@ -120,43 +133,56 @@ void forward_bh(const ForwardPtrs& a, const Sizes& z, int64_t bh, T sc, ClusterM
   prefetch_range(k, L * E);
   prefetch_range(v, L * Ev);
   members.build(a.assign + bh * N, L, C);
-  T rest[FEV ? FEV : kMaxDim], s[FK ? FK : kMaxDim], acc[FEV ? FEV : kMaxDim];
+  T rest[FEV ? FEV : kMaxDim], s[kGroup][FK ? FK : kMaxDim], acc[kGroup][FEV ? FEV : kMaxDim];
   for (int64_t cl = 0; cl < C; ++cl) {
     const int64_t m0 = members.start[cl], m1 = members.start[cl + 1];
     if (m0 == m1) continue;
     const int64_t off = (bh * C + cl) * K;
-    load_tiles<T, FE, FEV, FK>(tiles, a.idx + off, static_cast<const T*>(a.top_w) + off, K, L, k,
-                               v, E, Ev, false);
+    prefetch_next_cluster<T>(members, cl, C, a.idx + bh * C * K, K, L, {{k, E}, {v, Ev}}, {{q, E}});
+    load_tiles<T, FE, FK>(tiles, a.idx + off, static_cast<const T*>(a.top_w) + off, K, L, k, E);
     const int64_t nt = tiles.nt;  // >= 1: a valid sequence's top keys include a valid one
-    const T* __restrict__ keys_t = tiles.keys_t.data();
-    const T* __restrict__ vals = tiles.vals.data();
+    const T* __restrict__ keys_t = tiles.t.data();
     const T* val_c = static_cast<const T*>(a.values) + (bh * C + cl) * Ev;
     T mass = 0;
     for (int64_t e = 0; e < Ev; ++e) rest[e] = val_c[e];
     for (int64_t j = 0; j < nt; ++j) {
       const T wj = tiles.w[j];
+      const T* __restrict__ vr = v + tiles.row[j] * Ev;
       mass += wj;
-      for (int64_t e = 0; e < Ev; ++e) rest[e] -= wj * vals[j * Ev + e];
+      for (int64_t e = 0; e < Ev; ++e) rest[e] -= wj * vr[e];
     }
-    for (int64_t m = m0; m < m1; ++m) {
-      const int64_t n = members.order[m];
-      const T* __restrict__ qn = q + n * E;
-      for (int64_t j = 0; j < KB; ++j) s[j] = 0;
+    for (int64_t m = m0; m < m1; m += kGroup) {
+      const int64_t count = std::min(kGroup, m1 - m);  // the tail repeats its last member
+      const T* qg[kGroup];
+      for (int64_t u = 0; u < kGroup; ++u) qg[u] = q + members.order[m + std::min(u, count - 1)] * E;
+      for (int64_t u = 0; u < kGroup; ++u)
+        for (int64_t j = 0; j < KB; ++j) s[u][j] = 0;
       for (int64_t e = 0; e < E; ++e) {
-        const T qe = qn[e] * sc;
-        for (int64_t j = 0; j < KB; ++j) s[j] += qe * keys_t[e * KB + j];
+        const T* __restrict__ r = keys_t + e * KB;
+        for (int64_t u = 0; u < kGroup; ++u) {
+          const T qe = qg[u][e] * sc;
+          for (int64_t j = 0; j < KB; ++j) s[u][j] += qe * r[j];
+        }
       }
-      for (int64_t j = nt; j < KB; ++j) s[j] = -std::numeric_limits<T>::infinity();
-      softmax_inplace(s, KB);
-      for (int64_t e = 0; e < Ev; ++e) acc[e] = rest[e];
+      for (int64_t u = 0; u < kGroup; ++u) {
+        for (int64_t j = nt; j < KB; ++j) s[u][j] = -std::numeric_limits<T>::infinity();
+        softmax_inplace(s[u], KB);
+        for (int64_t e = 0; e < Ev; ++e) acc[u][e] = rest[e];
+      }
       for (int64_t j = 0; j < nt; ++j) {
-        const T pj = mass * s[j];
-        for (int64_t e = 0; e < Ev; ++e) acc[e] += pj * vals[j * Ev + e];
+        const T* __restrict__ vr = v + tiles.row[j] * Ev;
+        for (int64_t u = 0; u < kGroup; ++u) {
+          const T pj = mass * s[u][j];
+          for (int64_t e = 0; e < Ev; ++e) acc[u][e] += pj * vr[e];
+        }
       }
-      T* __restrict__ on = out + n * Ev;
-      for (int64_t e = 0; e < Ev; ++e) on[e] = acc[e];
-      T* __restrict__ pn = p + n * K;
-      for (int64_t j = 0; j < nt; ++j) pn[tiles.slot[j]] = s[j];
+      for (int64_t u = 0; u < count; ++u) {
+        const int64_t n = members.order[m + u];
+        T* __restrict__ on = out + n * Ev;
+        for (int64_t e = 0; e < Ev; ++e) on[e] = acc[u][e];
+        T* __restrict__ pn = p + n * K;
+        for (int64_t j = 0; j < nt; ++j) pn[tiles.slot[j]] = s[u][j];
+      }
     }
   }
 }
@@ -200,57 +226,73 @@ void backward_bh(const BackwardPtrs& a, const Sizes& z, int64_t bh, T sc, Cluste
   prefetch_range(v, L * Ev);
   prefetch_range(p, L * K);
   members.build(a.assign + bh * N, L, C);
-  T gsum[FEV ? FEV : kMaxDim], pn[FK ? FK : kMaxDim], dpt[FK ? FK : kMaxDim],
-      ds[FK ? FK : kMaxDim], dqn[FE ? FE : kMaxDim];
+  T gsum[FEV ? FEV : kMaxDim], pn[kGroup][FK ? FK : kMaxDim], dpt[kGroup][FK ? FK : kMaxDim],
+      ds[kGroup][FK ? FK : kMaxDim], dqn[kGroup][FE ? FE : kMaxDim];
   T* __restrict__ dkt = w.dkt.data();
   T* __restrict__ dvt = w.dvt.data();
   for (int64_t cl = 0; cl < C; ++cl) {
     const int64_t m0 = members.start[cl], m1 = members.start[cl + 1];
     if (m0 == m1) continue;
     const int64_t off = (bh * C + cl) * K;
-    load_tiles<T, FE, FEV, FK>(tiles, a.idx + off, static_cast<const T*>(a.top_w) + off, K, L, k,
-                               v, E, Ev, true);
+    prefetch_next_cluster<T>(members, cl, C, a.idx + bh * C * K, K, L, {{k, E}, {v, Ev}},
+                             {{q, E}, {g, Ev}});
+    load_tiles<T, FEV, FK>(tiles, a.idx + off, static_cast<const T*>(a.top_w) + off, K, L, v, Ev);
     const int64_t nt = tiles.nt;
-    const T* __restrict__ keys = tiles.keys.data();
-    const T* __restrict__ vals_t = tiles.vals_t.data();
+    const T* __restrict__ vals_t = tiles.t.data();
     T mass = 0;
     for (int64_t j = 0; j < nt; ++j) mass += tiles.w[j];
     for (int64_t i = 0; i < nt * E; ++i) dkt[i] = 0;
     for (int64_t i = 0; i < nt * Ev; ++i) dvt[i] = 0;
     for (int64_t e = 0; e < Ev; ++e) gsum[e] = 0;
-    for (int64_t j = 0; j < KB; ++j) pn[j] = 0;
     T dmass = 0;
-    for (int64_t m = m0; m < m1; ++m) {
-      const int64_t n = members.order[m];
-      const T* __restrict__ gn = g + n * Ev;
-      const T* __restrict__ qn = q + n * E;
-      for (int64_t j = 0; j < nt; ++j) pn[j] = p[n * K + tiles.slot[j]];
-      for (int64_t e = 0; e < Ev; ++e) gsum[e] += gn[e];
-      for (int64_t j = 0; j < KB; ++j) dpt[j] = 0;  // dpt[j] = g_n . v_j
+    for (int64_t m = m0; m < m1; m += kGroup) {
+      const int64_t count = std::min(kGroup, m1 - m);  // the tail repeats its last member ...
+      const T *gg[kGroup], *qg[kGroup];
+      for (int64_t u = 0; u < kGroup; ++u) {
+        const int64_t n = members.order[m + std::min(u, count - 1)];
+        gg[u] = g + n * Ev;
+        qg[u] = q + n * E;
+        for (int64_t j = 0; j < KB; ++j)  // ... with p = 0, so that it adds nothing
+          pn[u][j] = (u < count && j < nt) ? p[n * K + tiles.slot[j]] : T(0);
+        for (int64_t j = 0; j < KB; ++j) dpt[u][j] = 0;  // dpt[u][j] = g_u . v_j
+        for (int64_t e = 0; e < E; ++e) dqn[u][e] = 0;
+      }
+      for (int64_t u = 0; u < count; ++u)
+        for (int64_t e = 0; e < Ev; ++e) gsum[e] += gg[u][e];
       for (int64_t e = 0; e < Ev; ++e) {
-        const T ge = gn[e];
-        for (int64_t j = 0; j < KB; ++j) dpt[j] += ge * vals_t[e * KB + j];
+        const T* __restrict__ r = vals_t + e * KB;
+        for (int64_t u = 0; u < kGroup; ++u) {
+          const T ge = gg[u][e];
+          for (int64_t j = 0; j < KB; ++j) dpt[u][j] += ge * r[j];
+        }
       }
-      const T pd = dot_of<T>(pn, dpt, KB);
-      dmass += pd;
-      for (int64_t j = 0; j < KB; ++j) ds[j] = mass * pn[j] * (dpt[j] - pd) * sc;
-      for (int64_t e = 0; e < E; ++e) dqn[e] = 0;  // local: dq rows are written once
+      for (int64_t u = 0; u < kGroup; ++u) {
+        const T pd = dot_of<T>(pn[u], dpt[u], KB);
+        dmass += pd;
+        for (int64_t j = 0; j < KB; ++j) ds[u][j] = mass * pn[u][j] * (dpt[u][j] - pd) * sc;
+      }
       for (int64_t j = 0; j < nt; ++j) {
-        const T pj = mass * pn[j], dj = ds[j];
-        for (int64_t e = 0; e < Ev; ++e) dvt[j * Ev + e] += pj * gn[e];
-        for (int64_t e = 0; e < E; ++e) dkt[j * E + e] += dj * qn[e];
-        for (int64_t e = 0; e < E; ++e) dqn[e] += dj * keys[j * E + e];
+        T* __restrict__ dvj = dvt + j * Ev;
+        T* __restrict__ dkj = dkt + j * E;
+        const T* __restrict__ kj = k + tiles.row[j] * E;
+        for (int64_t u = 0; u < kGroup; ++u) {
+          const T pj = mass * pn[u][j], dj = ds[u][j];
+          for (int64_t e = 0; e < Ev; ++e) dvj[e] += pj * gg[u][e];
+          for (int64_t e = 0; e < E; ++e) dkj[e] += dj * qg[u][e];
+          for (int64_t e = 0; e < E; ++e) dqn[u][e] += dj * kj[e];
+        }
       }
-      T* __restrict__ dq_row = dq + n * E;
-      for (int64_t e = 0; e < E; ++e) dq_row[e] = dqn[e];
+      for (int64_t u = 0; u < count; ++u) {
+        T* __restrict__ dq_row = dq + members.order[m + u] * E;
+        for (int64_t e = 0; e < E; ++e) dq_row[e] = dqn[u][e];
+      }
     }
     // rest = values - sum_j w_j v_j and mass = sum_j w_j, so:
     T* __restrict__ dval_c = static_cast<T*>(a.dvalues) + (bh * C + cl) * Ev;
     for (int64_t e = 0; e < Ev; ++e) dval_c[e] = gsum[e];
     T* dw_c = static_cast<T*>(a.dtop_w) + off;
-    const T* __restrict__ vals = tiles.vals.data();
     for (int64_t j = 0; j < nt; ++j) {
-      dw_c[tiles.slot[j]] = dmass - dot_of<T>(vals + j * Ev, gsum, Ev);
+      dw_c[tiles.slot[j]] = dmass - dot_of<T>(v + tiles.row[j] * Ev, gsum, Ev);
       const T wj = tiles.w[j];
       T* __restrict__ dvr = dv + tiles.row[j] * Ev;
       for (int64_t e = 0; e < Ev; ++e) dvr[e] += dvt[j * Ev + e] - wj * gsum[e];
@@ -288,7 +330,7 @@ struct ForwardLaunch {
     at::parallel_for(0, z.B * z.H, 1, [&](int64_t lo, int64_t hi) {
       const int64_t KB = slots(z);
       ClusterMembers members;
-      Tiles<T> tiles(KB, z.E, z.Ev);
+      Tiles<T> tiles(KB, z.E);
       for (int64_t bh = lo; bh < hi; ++bh) forward_bh<T, FE, FEV, FK>(ptrs, z, bh, scale, members, tiles);
     });
   }
@@ -305,7 +347,7 @@ struct BackwardLaunch {
     at::parallel_for(0, z.B * z.H, 1, [&](int64_t lo, int64_t hi) {
       const int64_t KB = slots(z);
       ClusterMembers members;
-      Tiles<T> tiles(KB, z.E, z.Ev);
+      Tiles<T> tiles(KB, z.Ev);
       BackwardScratch<T> scratch(KB, z.E, z.Ev);
       for (int64_t bh = lo; bh < hi; ++bh)
         backward_bh<T, FE, FEV, FK>(ptrs, z, bh, scale, members, tiles, scratch);
