@@ -29,6 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # backward autograd node -> stage
 BACKWARD_STAGES = {
     "_CentroidAttentionBackward": "centroid attention",
+    "BmmBackward0": "centroid attention",  # the reference's autograd graph, from here ...
+    "SoftmaxBackward0": "centroid attention",
+    "MaskedFillBackward0": "centroid attention",
+    "MulBackward0": "centroid attention",
+    "_GatherDotBackward": "sparse part",
+    "_GatherWeightedSumBackward": "sparse part",  # ... to here
     "_ImprovedSparseBackward": "sparse part",
     "IndexAddBackward0": "centroid means",
     "DivBackward0": "centroid means",
@@ -70,7 +76,7 @@ def profile_once(spec: str, N: int, args) -> tuple[dict, float]:
             key = ("forward", event.key[len("attention."):].replace("_", " "))
         elif event.key.startswith(prefix):
             node = event.key[len(prefix):]
-            key = ("backward", BACKWARD_STAGES.get(node, f"other ({node})"))
+            key = ("backward", BACKWARD_STAGES.get(node, "other (views, sums, accumulation)"))
         else:
             continue
         stages[key] = stages.get(key, 0.0) + ms
