@@ -14,12 +14,13 @@ from fastasr.attention.clustered import ClusteredAttention
 from fastasr.attention.full import FullAttention
 from fastasr.attention.improved_clustered import ImprovedClusteredAttention
 from fastasr.attention.lsh import LSHAttention
-from fastasr.attention.registry import ALIASES, available, build_attention
+from fastasr.attention.registry import ALIASES, available, build_attention, length_cost
 from fastasr.attention.topk import TopKAttention
 
 __all__ = [
     "build_attention",
     "available",
+    "length_cost",
     "ALIASES",
     "InnerAttention",
     "FullAttention",

@@ -52,12 +52,15 @@ class InnerAttention(nn.Module):
             or None.
         params: the variant's parameters.
         requires_shared_qk: whether ``q`` and ``k`` must be the same tensor.
+        length_cost: how time and memory grow with the sequence length, ``"linear"`` or
+            ``"quadratic"``; the frame-budget sampler prices batches by it.
     """
 
     name: ClassVar[str] = ""
     number_param: ClassVar[str | None] = None
     params: ClassVar[tuple[Param, ...]] = ()
     requires_shared_qk: ClassVar[bool] = False
+    length_cost: ClassVar[str] = "linear"
 
     def __init__(self, **values: int | None) -> None:
         super().__init__()

@@ -85,6 +85,7 @@ class FullAttention(InnerAttention):
     """``softmax(Q K^T / sqrt(E)) V`` over the valid keys. O(N^2)."""
 
     name = "full"
+    length_cost = "quadratic"
 
     def _forward(self, q, k, v, lengths):
         if lengths is None:

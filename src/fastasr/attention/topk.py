@@ -111,6 +111,7 @@ class TopKAttention(InnerAttention):
     """Softmax over each query's ``k`` largest scores."""
 
     name = "topk"
+    length_cost = "quadratic"  # every score is computed before k are kept
     number_param = "k"
     params = (
         Param("k", 32, low=1, doc="scores kept per query"),
