@@ -18,7 +18,7 @@ KERNELS := $(NATIVE_LIB)
 endif
 ARGS ?=
 
-.PHONY: install native data train test test-full lint bench bench-calibrate matrix report clean help
+.PHONY: install native data train test test-full lint bench calibrate-auto matrix report clean help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -55,6 +55,9 @@ lint: $(STAMP)  ## ruff
 
 bench: $(KERNELS)  ## CPU table: ours vs pytorch-fast-transformers (if installed) vs SDPA → benchmarks/results/
 	$(PY) benchmarks/cpu_bench.py $(ARGS)
+
+calibrate-auto: $(KERNELS)  ## measure this machine's full/i-clustered crossovers into conf/attention/auto.yaml
+	$(PY) -m fastasr.attention.calibrate $(ARGS)
 
 matrix: $(CORPUS)  ## train-with-X / decode-with-Y table (conf/cross_eval.yaml)
 	$(PY) -m fastasr.cross_eval $(ARGS)

@@ -91,7 +91,7 @@ def test_config_files_build_and_hold_only_their_own_parameters(path):
 
 def test_config_files_cover_every_variant():
     names = {OmegaConf.load(p).name for p in CONF.glob("*.yaml")}
-    assert names == {"full", "lsh", "clustered", "i-clustered", "topk", "oracle-top"}
+    assert names == {"full", "lsh", "clustered", "i-clustered", "topk", "oracle-top", "auto"}
     assert build_attention(OmegaConf.load(CONF / "oracle_top.yaml")).spec == "topk-32"
     assert build_attention(OmegaConf.load(CONF / "i_clustered.yaml")).spec == "i-clustered-100"
 

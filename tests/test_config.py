@@ -48,7 +48,7 @@ def test_default_config_values():
 def test_attention_configs_build(opt):
     cfg = compose_train(f"attention={opt}")
     attn = build_attention(OmegaConf.to_container(cfg.attention, resolve=True))
-    assert attn.spec.split("-")[0] in {"full", "lsh", "clustered", "i", "topk"}
+    assert attn.spec.split("-")[0] in {"full", "lsh", "clustered", "i", "topk", "auto"}
 
 
 def test_attention_override_from_command_line():

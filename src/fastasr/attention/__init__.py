@@ -6,9 +6,11 @@
     attn.dense_weights(q, k, lengths)   # (B, H, N, N), the matrix it applies
 
 Specs: ``full``, ``lsh-<rounds>``, ``clustered-<clusters>``,
-``i-clustered-<clusters>``, ``topk-<k>``, ``oracle-top`` (= ``topk-32``).
+``i-clustered-<clusters>``, ``topk-<k>``, ``oracle-top`` (= ``topk-32``),
+``auto`` / ``auto-<crossover>`` (full below the crossover length, i-clustered above).
 """
 
+from fastasr.attention.auto import AutoAttention
 from fastasr.attention.base import InnerAttention
 from fastasr.attention.clustered import ClusteredAttention
 from fastasr.attention.full import FullAttention
@@ -28,4 +30,5 @@ __all__ = [
     "ClusteredAttention",
     "ImprovedClusteredAttention",
     "TopKAttention",
+    "AutoAttention",
 ]

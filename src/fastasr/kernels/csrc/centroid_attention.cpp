@@ -87,10 +87,9 @@ at::Tensor topk_indices(const at::Tensor& scores, int64_t k) {
   int64_t* op = out.data_ptr<int64_t>();
   AT_DISPATCH_FLOATING_TYPES(s.scalar_type(), "topk_indices", [&] {
     const scalar_t* sp = s.data_ptr<scalar_t>();
-    at::parallel_for(0, R, 16, [&](int64_t lo, int64_t hi) {
+    parallel_items(R, [&](const auto& take) {
       TopkScratch<scalar_t> scratch(N);
-      for (int64_t r = lo; r < hi; ++r)
-        row_topk(sp + r * N, N, k, scratch, op + r * k);
+      for (int64_t r; take(r);) row_topk(sp + r * N, N, k, scratch, op + r * k);
     });
   });
   return out;
@@ -157,11 +156,11 @@ std::vector<at::Tensor> centroid_attention_forward(const at::Tensor& cent_, cons
   if (N > 0 && BH > 0) {
     AT_DISPATCH_FLOATING_TYPES(cent.scalar_type(), "centroid_attention_forward", [&] {
       using T = scalar_t;
-      at::parallel_for(0, BH, 1, [&](int64_t lo, int64_t hi) {
+      parallel_items(BH, [&](const auto& take) {
         std::vector<char> storage(C * N * sizeof(T));
         at::Tensor S = buffer_view(storage, C, N, opts);
         TopkScratch<T> scratch(N);
-        for (int64_t bh = lo; bh < hi; ++bh) {
+        for (int64_t bh; take(bh);) {
           const int64_t L = length_of(lp, bh / H, N);
           at::mm_out(S, cent[bh], k[bh].t());
           T* sp = S.data_ptr<T>();
@@ -211,10 +210,10 @@ std::vector<at::Tensor> centroid_attention_backward(
     AT_DISPATCH_FLOATING_TYPES(cent.scalar_type(), "centroid_attention_backward", [&] {
       using T = scalar_t;
       const T sc = static_cast<T>(scale);
-      at::parallel_for(0, BH, 1, [&](int64_t lo, int64_t hi) {
+      parallel_items(BH, [&](const auto& take) {
         std::vector<char> w_storage(C * N * sizeof(T)), g_storage(C * N * sizeof(T));
         at::Tensor W = buffer_view(w_storage, C, N, opts), G = buffer_view(g_storage, C, N, opts);
-        for (int64_t bh = lo; bh < hi; ++bh) {
+        for (int64_t bh; take(bh);) {
           const int64_t L = length_of(lp, bh / H, N);
           const int64_t valid = L == 0 ? N : L;
           at::mm_out(W, cent[bh], k[bh].t());

@@ -9,8 +9,8 @@
 //                         (and its backward) in one pass over each row, in place
 //   improved_sparse.cpp   the per-query part of improved clustered attention, fused
 //
-// Every op is parallel over (batch, head) or rows with at::parallel_for, so
-// torch.set_num_threads governs it. float32 and float64.
+// Every op is parallel over (batch, head) or rows on torch's threads (parallel_items in
+// common.h), so torch.set_num_threads governs it. float32 and float64.
 
 #include <torch/library.h>
 
@@ -66,8 +66,8 @@ at::Tensor hash_codes(const at::Tensor& x_, const at::Tensor& planes,
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "hash_codes", [&] {
     const scalar_t* xp = x.data_ptr<scalar_t>();
     const scalar_t* wp = w.data_ptr<scalar_t>();
-    at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t bh = lo; bh < hi; ++bh) {
+    parallel_items(B * H, [&](const auto& take) {
+      for (int64_t bh; take(bh);) {
         const int64_t L = length_of(lp, bh / H, N);
         for (int64_t n = 0; n < L; ++n)
           out[bh * N + n] =
@@ -154,8 +154,8 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes,
   const int64_t* cp = cc.data_ptr<int64_t>();
   int64_t* ap = assign.data_ptr<int64_t>();
   int64_t* np = counts.data_ptr<int64_t>();
-  at::parallel_for(0, B * H, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t bh = lo; bh < hi; ++bh) {
+  parallel_items(B * H, [&](const auto& take) {
+    for (int64_t bh; take(bh);) {
       const int64_t L = length_of(lp, bh / H, N);
       if (L > 0) kmeans_sequence(cp + bh * N, L, C, iterations, bits, ap + bh * N, np + bh * C);
     }

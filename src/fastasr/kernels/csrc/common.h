@@ -5,12 +5,33 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 
 namespace fastasr_cpu {
+
+// Runs worker(take) on each of torch's threads; `take(i)` hands out the items 0..n-1 one
+// at a time (false when none is left). A worker sets up its scratch once and loops
+// `for (int64_t i; take(i);)`. Handing items out dynamically, rather than splitting the
+// range in equal halves up front, keeps one thread the OS preempts (a shared machine)
+// from holding the other waiting at the end of the region.
+template <typename Worker>
+void parallel_items(int64_t n, const Worker& worker) {
+  if (n <= 0) return;
+  std::atomic<int64_t> next{0};
+  const auto take = [&](int64_t& i) {
+    i = next.fetch_add(1, std::memory_order_relaxed);
+    return i < n;
+  };
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, threads));
+  at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t w = lo; w < hi; ++w) worker(take);
+  });
+}
 
 // Valid length of sequence b (n if no lengths were given), clamped to [0, n].
 inline int64_t length_of(const int64_t* lens, int64_t b, int64_t n) {

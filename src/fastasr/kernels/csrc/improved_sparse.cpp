@@ -319,7 +319,7 @@ inline int64_t slots(const Sizes& z) {
   return z.K <= 32 ? 32 : (z.K <= 64 ? 64 : z.K);  // at least the largest fixed KB
 }
 
-// Runs forward_bh over every (batch, head), in parallel, with fixed sizes FE, FEV, FK.
+// Runs forward_bh over every (batch, head) on torch's threads, fixed sizes FE, FEV, FK.
 template <typename T>
 struct ForwardLaunch {
   const ForwardPtrs& ptrs;
@@ -327,16 +327,16 @@ struct ForwardLaunch {
   T scale;
   template <int FE, int FEV, int FK>
   void operator()() const {
-    at::parallel_for(0, z.B * z.H, 1, [&](int64_t lo, int64_t hi) {
+    parallel_items(z.B * z.H, [&](const auto& take) {
       const int64_t KB = slots(z);
       ClusterMembers members;
       Tiles<T> tiles(KB, z.E);
-      for (int64_t bh = lo; bh < hi; ++bh) forward_bh<T, FE, FEV, FK>(ptrs, z, bh, scale, members, tiles);
+      for (int64_t bh; take(bh);) forward_bh<T, FE, FEV, FK>(ptrs, z, bh, scale, members, tiles);
     });
   }
 };
 
-// Runs backward_bh over every (batch, head), in parallel, with fixed sizes FE, FEV, FK.
+// Runs backward_bh over every (batch, head) on torch's threads, fixed sizes FE, FEV, FK.
 template <typename T>
 struct BackwardLaunch {
   const BackwardPtrs& ptrs;
@@ -344,12 +344,12 @@ struct BackwardLaunch {
   T scale;
   template <int FE, int FEV, int FK>
   void operator()() const {
-    at::parallel_for(0, z.B * z.H, 1, [&](int64_t lo, int64_t hi) {
+    parallel_items(z.B * z.H, [&](const auto& take) {
       const int64_t KB = slots(z);
       ClusterMembers members;
       Tiles<T> tiles(KB, z.Ev);
       BackwardScratch<T> scratch(KB, z.E, z.Ev);
-      for (int64_t bh = lo; bh < hi; ++bh)
+      for (int64_t bh; take(bh);)
         backward_bh<T, FE, FEV, FK>(ptrs, z, bh, scale, members, tiles, scratch);
     });
   }
