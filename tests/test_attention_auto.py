@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fastasr.attention import build_attention
-from fastasr.attention import calibrate
+from fastasr.attention import build_attention, calibrate
 
 H, E = 2, 8
 
