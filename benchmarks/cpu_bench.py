@@ -306,7 +306,7 @@ def write_markdown(rows, errors, args, info, meta, theirs_note, path: Path) -> N
         "",
         f"- machine: {info['cpu']}, {info['cores']} cores; {args.threads} torch/OpenMP thread(s); "
         f"torch {info['torch']}, Python {info['python']}",
-        f"- command: `python benchmarks/cpu_bench.py {' '.join(sys.argv[1:])}`".rstrip(),
+        f"- command: `{' '.join(['python', 'benchmarks/cpu_bench.py', *sys.argv[1:]])}`",
         f"- {args.tokens} tokens per call (B = tokens / N, last sequence padded to 3/4 N), H = {args.heads}, "
         f"E = {args.dim}, float32; clustered C = {C}, i-clustered k = {args.topk}, 63 bits, 10 iterations",
         f"- median of {args.repeats} calls after a warm-up, candidates interleaved; total "

@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     head = ["# Fusing the CPU hot spots: torch.compile vs a C++ operator vs Triton", "",
             f"- {info['cpu']}, {info['cores']} cores, 1 thread, torch {info['torch']}; 1-minute load "
             f"average {load} at start, {bench_io.load_average()} at end",
-            f"- command: `python benchmarks/fusion_ab.py {' '.join(sys.argv[1:])}`".rstrip(),
+            f"- command: `{' '.join(['python', 'benchmarks/fusion_ab.py', *sys.argv[1:]])}`",
             f"- B = {B}, H = {H}, N = {N}, E = {E}; median of {args.rounds} interleaved rounds; "
             "CPU ms = thread CPU time", ""]
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -105,7 +105,7 @@ def main(argv=None) -> int:
     lines = [f"# Profile of one forward + backward ({args.kernels} kernels)", "",
              f"- {info['cpu']}, {info['cores']} cores, 1 torch thread, torch {info['torch']}; "
              f"1-minute load average {load} at start",
-             f"- command: `python benchmarks/profile_attention.py {' '.join(sys.argv[1:])}`".rstrip(),
+             f"- command: `{' '.join(['python', 'benchmarks/profile_attention.py', *sys.argv[1:]])}`",
              f"- {args.tokens} tokens per call, H = {args.heads}, E = {args.dim}, float32, last sequence "
              "padded to 3/4 N; stage times are torch.profiler CPU totals, % of the whole call", ""]
     for spec in args.specs:
