@@ -74,6 +74,7 @@ def _kernels_runnable_here(request):
                     "test_kernel_tests_in_fresh_process runs them")
 
 
+@pytest.mark.slow
 def test_kernel_tests_in_fresh_process():
     """When Triton was loaded compiled before this module, run the kernel tests in a child."""
     if NOT_HERE is None:
@@ -82,7 +83,8 @@ def test_kernel_tests_in_fresh_process():
     env["TRITON_INTERPRET"] = "1"
     deselect = "not fresh_process and not compile_for and not gpu_bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", deselect],
+        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", deselect,
+         "-m", "slow or not slow"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -157,7 +159,7 @@ def _codes(B, H, N, bits, g, lengths):
     "B,H,N,C,iterations,bits,padded",
     [
         (2, 3, 37, 5, 3, 63, True),
-        (2, 2, 100, 10, 10, 16, True),
+        pytest.param(2, 2, 100, 10, 10, 16, True, marks=pytest.mark.slow),  # ~5 s interpreted
         (3, 1, 7, 20, 2, 63, True),  # more clusters than positions
         (1, 2, 150, 100, 2, 63, False),  # C over one BLOCK_C chunk
         (2, 2, 90, 12, 4, 3, True),  # 3 bits: many equal codes, many distance ties
@@ -178,6 +180,7 @@ def test_kmeans_equals_reference(B, H, N, C, iterations, bits, padded):
     assert torch.equal(got_c.cpu(), ref_c)
 
 
+@pytest.mark.slow
 def test_kmeans_several_programs_per_sequence_and_empty_sequence(monkeypatch):
     """Spans shorter than the sequence (several programs add into one centroid) and length 0."""
     monkeypatch.setattr(tk, "SPAN_TARGET", 64)
@@ -400,6 +403,7 @@ def test_i_clustered_attention_through_triton_equals_reference(monkeypatch):
 
 
 # ------------------------------------------------------------------ compiled for the GPU
+@pytest.mark.slow
 def test_kernels_compile_for_sm90_without_spills(tmp_path):
     """The real compiler (bundled ptxas, no GPU needed) accepts every kernel configuration.
 
@@ -436,6 +440,7 @@ def _run_gpu_bench_quick(tmp_path, *extra):
     return rows
 
 
+@pytest.mark.slow
 def test_gpu_bench_quick_cpu_smoke(tmp_path):
     """benchmarks/gpu_bench.py plumbing on the CPU: check, time, write csv/md/png (one N, fp32)."""
     rows = _run_gpu_bench_quick(tmp_path, "--ns", "32", "--dtypes", "float32")
