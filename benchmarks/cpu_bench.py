@@ -268,13 +268,13 @@ def _fmt(x, digits=None):
     return f"{x:.{digits}f}"
 
 
-def verdicts(rows, args, theirs_ok: bool) -> list[str]:
-    """The issue's targets, each with the numbers that decide it."""
+def verdicts(rows, args, theirs_note: str | None) -> list[str]:
+    """The targets of this benchmark, each with the numbers that decide it."""
     C = args.clusters
     out = []
     for variant in (f"clustered-{C}", f"i-clustered-{C}"):
-        if not theirs_ok:
-            out.append(f"- {variant} vs {PAPER_CODE}: not measured (not importable here)")
+        if theirs_note is not None:
+            out.append(f"- {variant} vs {PAPER_CODE}: not measured ({theirs_note})")
             continue
         ratios = [(n, m, _ms(rows, n, m, f"ours {variant}") / _ms(rows, n, m, f"theirs {variant}"))
                   for n in args.ns for m in args.modes]
@@ -330,7 +330,7 @@ def write_markdown(rows, errors, args, info, meta, theirs_note, path: Path) -> N
             cells.append(_fmt(io / sd, 2) if io and sd else "—")
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["## Targets", ""] + verdicts(rows, args, theirs_ok)
+    lines += ["## Targets", ""] + verdicts(rows, args, theirs_note)
     lines += ["", f"## Error to full attention (structured inputs, N = {min(1024, max(args.ns))})", "",
               "| variant | ours | theirs |", "|---|---:|---:|"]
     for variant in (f"clustered-{C}", f"i-clustered-{C}"):
