@@ -522,8 +522,11 @@ def test_half_precision_reaches_the_triton_dots(monkeypatch):
     g = _gen(33)
     q, k, v = (torch.randn(2, 2, 30, 16, generator=g).to(DEVICE) for _ in range(3))
     attn = build_attention("i-clustered-4", topk=8, iterations=2, seed=1)
-    half = attn(q.bfloat16(), k.bfloat16(), v.bfloat16())
+    leaves = [x.bfloat16().requires_grad_() for x in (q, k, v)]
+    half = attn(*leaves)
     assert half.dtype == torch.bfloat16
+    half.float().square().sum().backward()  # the backward takes bf16 too
+    assert all(t.grad.dtype == torch.bfloat16 and bool(torch.isfinite(t.grad).all()) for t in leaves)
     assert seen and all(torch.bfloat16 in pair for pair in seen)
     exact = attn(*(x.bfloat16().float() for x in (q, k, v)))
-    assert float((half.float() - exact).abs().max()) < 3e-2
+    assert float((half.detach().float() - exact).abs().max()) < 3e-2

@@ -384,7 +384,7 @@ def improved_sparse(
     top_ok = keys_ok[:, None, None, :].expand(B, H, C, N).gather(-1, top_idx)
     top_w = top_w.masked_fill(~top_ok, 0)
     mass = top_w.sum(-1)  # (B,H,C)
-    rest = values - gather_weighted_sum(top_w, v, top_idx)  # (B,H,C,Ev)
+    rest = values - gather_weighted_sum(top_w, v.to(top_w.dtype), top_idx)  # (B,H,C,Ev)
     scores = dot(q, k, top_idx, assignments).to(top_w.dtype) * scale
     scores = scores.masked_fill(~gather_clusters(top_ok, assignments), float("-inf"))
     p = scores.softmax(-1) * gather_clusters(mass, assignments)[..., None]
