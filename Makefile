@@ -5,9 +5,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CORPUS := data/synthetic/.complete
+# The C++ CPU attention kernels (src/fastasr/kernels/csrc); NATIVE=0 installs without them
+# (CPU attention then runs the PyTorch reference, several times slower, and says so).
+NATIVE ?= 1
+NATIVE_LIB := src/fastasr/kernels/_build/fastasr_cpu.so
+NATIVE_SRC := $(wildcard src/fastasr/kernels/csrc/*.cpp src/fastasr/kernels/csrc/*.h)
+ifeq ($(NATIVE),0)
+KERNELS := $(STAMP)
+export FASTASR_NATIVE := 0
+else
+KERNELS := $(NATIVE_LIB)
+endif
 ARGS ?=
 
-.PHONY: install data features lm train test test-slow test-full lint bench matrix report clean help
+.PHONY: install native data features lm train test test-slow test-full lint bench calibrate-auto matrix report clean help
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -18,9 +29,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)  ## create .venv and install fastasr with its dev extras
+$(NATIVE_LIB): $(STAMP) $(NATIVE_SRC)
+	@$(PY) -m fastasr.kernels.native build || { echo "error: the C++ CPU attention kernels did not build (compiler output above). 'make install NATIVE=0' installs without them; CPU attention then runs the PyTorch reference." >&2; exit 1; }
 
-$(CORPUS): $(STAMP)
+install: $(KERNELS)  ## create .venv, install fastasr with its dev extras, build the C++ CPU kernels
+
+native: $(NATIVE_LIB)  ## (re)build the C++ CPU attention kernels after editing src/fastasr/kernels/csrc
+
+$(CORPUS): $(KERNELS)
 	$(PY) -m fastasr.corpora.synthetic --out data/synthetic
 
 data: $(CORPUS)  ## synthesise the built-in espeak-ng corpus under data/synthetic (offline)
@@ -38,26 +54,29 @@ lm: $(LM)  ## word 3-gram LM (ARPA, modified Kneser-Ney) of the built-in corpus'
 train: $(LM)  ## train the default model (CPU if no GPU), then beam-decode its test split with the LM; extra overrides: make train ARGS="model.layers=9"
 	$(PY) train.py $(ARGS)
 
-test: $(STAMP)  ## the fast tier (under a minute on 2 cores); CI runs it, then test-slow. No test collected = failure
+test: $(KERNELS)  ## the fast tier (under a minute on 2 cores); CI runs it, then test-slow. No test collected = failure
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP)  ## the slow tier only: trainings, smoke matrix, subprocess re-runs, kernel compile/bench checks
+test-slow: $(KERNELS)  ## the slow tier only: trainings, smoke matrix, subprocess re-runs, kernel compile/bench checks
 	$(PY) -m pytest -q -m slow
 
-test-full: $(STAMP)  ## every test (= test + test-slow, what CI covers)
+test-full: $(KERNELS)  ## every test (= test + test-slow, what CI covers)
 	$(PY) -m pytest -q -m "slow or not slow"
 
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check src tests benchmarks train.py evaluate.py
 
-bench: $(STAMP)  ## attention speed/memory benchmark → benchmarks/results/
-	$(PY) benchmarks/attention_bench.py $(ARGS)
+bench: $(KERNELS)  ## CPU table: ours vs pytorch-fast-transformers (if installed) vs SDPA → benchmarks/results/
+	$(PY) benchmarks/cpu_bench.py $(ARGS)
+
+calibrate-auto: $(KERNELS)  ## measure this machine's full/i-clustered crossovers into conf/attention/auto.yaml
+	$(PY) -m fastasr.attention.calibrate $(ARGS)
 
 matrix: $(CORPUS)  ## train-with-X / decode-with-Y table (conf/cross_eval.yaml)
 	$(PY) -m fastasr.cross_eval $(ARGS)
 
-report: $(STAMP)  ## static HTML report of a run or matrix dir: make report DIR=outputs/...
+report: $(KERNELS)  ## static HTML report of a run or matrix dir: make report DIR=outputs/...
 	$(PY) -m fastasr.report $(DIR)
 
 clean:  ## remove the venv, generated data and outputs
-	rm -rf $(VENV) data/synthetic data/feature_cache outputs multirun .pytest_cache
+	rm -rf $(VENV) data/synthetic data/feature_cache outputs multirun .pytest_cache src/fastasr/kernels/_build

@@ -14,7 +14,12 @@
 2. **Timing.** One call = ``attn(q, k, v)`` and ``out.backward(g)`` of an inner attention
    from ``fastasr.attention.build_attention`` (hashed variants built with ``seed=0``):
    ``full`` (SDPA with the flash backend forced in bf16; flash has no fp32 kernel, so
-   fp32 forces the memory-efficient backend, named in the ``sdpa_backend`` column),
+   fp32 forces the memory-efficient backend, named in the ``sdpa_backend`` column);
+   ``full padded (packed)``: the same on a padded batch (last sequence at 3/4 N), which
+   ``fastasr.attention.full`` packs into jagged nested tensors so the flash kernel still
+   runs (the padding-free baseline every speed-up is measured against);
+   ``full padded (key mask)``: the padded batch through SDPA with a key-padding mask,
+   as before packing (no flash: SDPA picks what takes a mask);
    ``clustered-100``, ``i-clustered-100`` (k = 32), ``lsh-4`` (shared Q/K) and
    ``topk-32``, for N = 1k … 64k with a fixed number of tokens per call (B = tokens/N),
    H=6/E=32 and H=8/E=64, fp32 and bf16, no padding. Timing: CUDA events, warm-up
@@ -31,9 +36,9 @@
    being one (batch, head, position) triple.
 
 Writes ``benchmarks/results/gpu_<gpu-name>.csv``, ``.md`` and ``.png`` (``--out-dir``
-to change), headed by the GPU name and the torch/triton versions. The attention
-modules compute the fast variants in fp32 (``fastasr.attention.base.compute_dtype``),
-so "bf16" changes their inputs and full attention's kernel, not their inner arithmetic.
+to change), headed by the GPU name and the torch/triton versions. bf16 inputs reach the
+clustered variants' Triton dots as bf16 (fp32 accumulation; softmaxes in fp32,
+``fastasr.attention.base.kernel_dtype``); LSH and top-k compute in fp32.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from gpu_checks import CheckFailed, MaskedSDPA, check_kernels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,16 +68,19 @@ DTYPE_NAMES = ["float32", "bfloat16"]
 @dataclass
 class Variant:
     label: str  # column name in the outputs
-    spec: str  # build_attention spec
+    spec: str  # build_attention spec, or "masked-sdpa" (the key-mask baseline below)
     overrides: dict = field(default_factory=dict)
     kernels: str = "auto"  # FASTASR_KERNELS while it runs ("auto": Triton, the point of the bench)
     quadratic: bool = False  # cost per call grows ~N at fixed tokens (vs ~flat)
+    padded: bool = False  # the last sequence of the batch padded to 3/4 N (lengths passed)
 
 
 def main_variants(quick: bool) -> list[Variant]:
     if quick:  # tiny clusters/k so the interpreter finishes in seconds
         return [
             Variant("full", "full", quadratic=True),
+            Variant("full padded (packed)", "full", quadratic=True, padded=True),
+            Variant("full padded (key mask)", "masked-sdpa", quadratic=True, padded=True),
             Variant("clustered-4", "clustered-4", {"seed": 0, "iterations": 3}),
             Variant("i-clustered-4", "i-clustered-4", {"seed": 0, "iterations": 3, "topk": 8}),
             Variant("lsh-4", "lsh-4", {"seed": 0, "chunk": 8, "buckets": 4}),
@@ -79,6 +88,8 @@ def main_variants(quick: bool) -> list[Variant]:
         ]
     return [
         Variant("full", "full", quadratic=True),
+        Variant("full padded (packed)", "full", quadratic=True, padded=True),
+        Variant("full padded (key mask)", "masked-sdpa", quadratic=True, padded=True),
         Variant("clustered-100", "clustered-100", {"seed": 0}),
         Variant("i-clustered-100", "i-clustered-100", {"seed": 0, "topk": 32}),
         Variant("lsh-4", "lsh-4", {"seed": 0}),
@@ -155,84 +166,6 @@ def _setup_environment(args) -> None:
     sys.path.insert(0, str(ROOT / "src"))
 
 
-# ------------------------------------------------------------------------ correctness
-class CheckFailed(RuntimeError):
-    pass
-
-
-def _rel(a, b) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).norm() / b.norm().clamp(min=1e-30))
-
-
-def check_kernels(args, device, log) -> list[str]:
-    """Triton ops vs the reference at benchmark sizes; raises CheckFailed on any mismatch."""
-    import torch
-
-    from fastasr.kernels import ops, reference, triton_clustered, triton_hashing, triton_kmeans
-
-    lines = []
-    check_ns = sorted({n for n in (4096, max(args.ns)) if n in args.ns} or {max(args.ns)})
-    C, K = (4, 8) if args.quick else (100, 32)
-    g = torch.Generator(device=device).manual_seed(1234)
-
-    def randn(*shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=g, device=device).to(dtype)
-
-    for (H, E) in args.heads:
-        for N in check_ns:
-            B = max(1, args.tokens // N)
-            tag = f"H={H} E={E} N={N} B={B}"
-            x = randn(B, H, N, E)
-            if ops.kernel_backend(x, "clustered_dot") != "triton":
-                raise CheckFailed(f"{tag}: fastasr.kernels.ops does not route {device} tensors to Triton")
-            lengths = torch.full((B,), N, dtype=torch.int64, device=device)
-            lengths[-1] = max(1, N - 17 - N // 7)  # one padded sequence
-            planes = randn(E + 1, 63)
-            codes_ref = reference.hash_codes(x, planes, lengths)
-            codes = triton_hashing.hash_codes(x, planes, lengths)
-            differ = int((codes != codes_ref).sum())
-            if differ > max(1, 1e-5 * codes.numel()):
-                raise CheckFailed(f"{tag}: {differ} of {codes.numel()} hash codes differ from the reference")
-            a_ref, c_ref = reference.hamming_kmeans(codes_ref, lengths, C, 10)
-            a, c = triton_kmeans.hamming_kmeans(codes_ref, lengths, C, 10)
-            if not (torch.equal(a, a_ref) and torch.equal(c, c_ref)):
-                bad = int((a != a_ref).sum())
-                raise CheckFailed(f"{tag}: K-means differs from the reference ({bad} assignments)")
-            valid = torch.arange(N, device=device)[None, :] < lengths[:, None]
-            logits = randn(B, H, C, N).masked_fill(~valid[:, None, None, :], float("-inf"))
-            topk_idx = logits.topk(min(K, N), dim=-1).indices
-            msgs = [f"{tag}: hash codes {differ} differ, K-means equal"]
-            for dtype, tol_v, tol_g in ((torch.float32, 1e-4, 1e-3), (torch.bfloat16, 2e-2, 2e-2)):
-                q, k, v = (randn(B, H, N, E, dtype=dtype) for _ in range(3))
-                w = torch.softmax(randn(B, H, N, topk_idx.shape[-1]), -1).to(dtype)
-                g_s = randn(B, H, N, topk_idx.shape[-1], dtype=dtype)
-                g_o = randn(B, H, N, E, dtype=dtype)
-                results = {}
-                for name, mod in (("reference", reference), ("triton", triton_clustered)):
-                    leaves = [t.clone().requires_grad_() for t in (q, k, v, w)]
-                    if name == "reference":  # the reference in fp32 is the truth for both dtypes
-                        leaves = [t.float().detach().requires_grad_() for t in leaves]
-                    s = mod.clustered_dot(leaves[0], leaves[1], topk_idx, a_ref)
-                    o = mod.clustered_weighted_sum(leaves[3], leaves[2], topk_idx, a_ref)
-                    grads = torch.autograd.grad((s * g_s.to(s.dtype)).sum() + (o * g_o.to(o.dtype)).sum(), leaves)
-                    results[name] = (s, o, *grads)
-                names = ["dot", "wsum", "dq", "dk", "dv", "dw"]
-                errs = [_rel(t, r) for t, r in zip(results["triton"], results["reference"])]
-                for nm, err in zip(names, errs):
-                    tol = tol_v if nm in ("dot", "wsum") else tol_g
-                    if not err < tol:  # also catches NaN
-                        raise CheckFailed(f"{tag} {dtype}: {nm} relative error {err:.2e} >= {tol:g}")
-                msgs.append(f"{str(dtype)[6:]}: max rel err {max(errs):.1e}")
-                del q, k, v, w, results
-            line = "; ".join(msgs)
-            lines.append(line)
-            log(f"check ok  {line}")
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    return lines
-
-
 # ------------------------------------------------------------------------ timing
 class _KernelsEnv:
     """Temporarily set FASTASR_KERNELS (read by fastasr.kernels.ops at every call)."""
@@ -258,6 +191,8 @@ def _sdpa_context(variant: Variant, dtype, device):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if variant.spec == "masked-sdpa":  # a mask rules flash out: SDPA's own choice
+        return contextlib.nullcontext(), "default (the mask rules flash out)"
     if variant.spec != "full" or device.type != "cuda":
         return contextlib.nullcontext(), ("default" if variant.spec == "full" else "")
     if dtype in (torch.float16, torch.bfloat16):
@@ -280,12 +215,16 @@ def time_cell(attn, variant, B, H, N, E, dtype, device, args, remaining_s):
         k = q if attn.requires_shared_qk else randn().requires_grad_()
         sets.append((q, k, randn().requires_grad_()))
     grad = randn()
+    lengths = None
+    if variant.padded:
+        lengths = torch.full((B,), N, dtype=torch.int64, device=device)
+        lengths[-1] = N - N // 4
 
     def call(i):
         q, k, v = sets[i % len(sets)]
         for t in (q, k, v):
             t.grad = None
-        attn(q, k, v).backward(grad)
+        attn(q, k, v, lengths).backward(grad)
 
     cuda = device.type == "cuda"
 
@@ -358,7 +297,8 @@ def run_sweep(args, device, versions, log, started):
                             continue
                         ctx, row.sdpa_backend = _sdpa_context(variant, dtype, device)
                         try:
-                            attn = build_attention(variant.spec, **variant.overrides)
+                            attn = (MaskedSDPA() if variant.spec == "masked-sdpa"
+                                    else build_attention(variant.spec, **variant.overrides))
                             with ctx, _KernelsEnv(kernels):
                                 med, lo, hi, reps, peak = time_cell(attn, variant, B, H, N, E, dtype, device,
                                                                     args, remaining)

@@ -125,3 +125,32 @@ def test_lsh_position_attends_to_itself_only_when_alone():
     w = build_attention("lsh-4", chunk=4, seed=0).dense_weights(x, x)
     assert bool((torch.diagonal(w, dim1=-2, dim2=-1) == 0).all())
     torch.testing.assert_close(w.sum(-1), torch.ones(1, H, 50))
+
+
+def test_lsh_rounds_softmax_over_the_union_of_their_keys():
+    """Reformer's duplicate correction: a key that several rounds put in a query's window
+    counts once, so lsh-R is the softmax over the union of the keys the rounds found."""
+    g = torch.Generator().manual_seed(14)
+    n = 40
+    x = torch.randn(2, H, n, E, generator=g)
+    v = torch.randn(2, H, n, E, generator=g)
+    lengths = torch.tensor([40, 27])
+    attn = build_attention("lsh-3", chunk=4, buckets=4, seed=2)
+    # The windows of every round, from the module's own hashing and sorting.
+    xp, valid, rotations = attn._prepare(x, lengths)
+    found = torch.zeros(2, H, n, n, dtype=torch.int64)
+    for rotation in rotations:
+        chunk_of = (attn._order(xp, valid, rotation).argsort(-1) // attn.chunk)[..., :n]
+        cq, ck = chunk_of[..., :, None], chunk_of[..., None, :]
+        found += (ck == cq) | (ck == cq - 1)  # own chunk or the one before
+    union = found > 0
+    assert bool((found > 1).any()), "no key found twice: the test would not test anything"
+    scores = x @ torch.nn.functional.normalize(x, dim=-1).transpose(-1, -2) / E**0.5
+    scores = scores.masked_fill(~union, -torch.inf)
+    scores = scores.masked_fill(torch.arange(n) >= lengths[:, None, None, None], -torch.inf)
+    scores = scores - 1e5 * torch.eye(n)  # itself only when nothing else is there
+    expected = scores.softmax(-1).masked_fill(
+        torch.arange(n)[:, None] >= lengths[:, None, None, None], 0
+    )
+    torch.testing.assert_close(attn.dense_weights(x, x, lengths), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(attn(x, x, v, lengths), expected @ v, atol=1e-5, rtol=1e-5)

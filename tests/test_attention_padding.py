@@ -155,3 +155,37 @@ def test_i_clustered_never_lets_padded_keys_into_the_topk_softmax():
     # the inputs are adversarial: letting padded keys in would change the result a lot
     leaky = torch.softmax(q @ k.transpose(-1, -2) / E**0.5, -1) @ v
     assert float((leaky[:, :, :length] - full).abs().max()) > 10
+
+
+def test_packed_full_attention_equals_the_masked_kernel():
+    """The padding-free path (jagged nested tensors: what a GPU runs, so that SDPA can use
+    FlashAttention) against SDPA with a key-padding mask: values, gradients, a sequence of
+    length 0, and one packing shared by the calls that get the same lengths tensor."""
+    from fastasr.attention import full
+
+    g = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(3, H, N, E, generator=g, requires_grad=True) for _ in range(3))
+    lengths = torch.tensor([N, 0, 7])
+    grad = torch.randn(3, H, N, E, generator=g)
+    packed = full.packed_attention(q, k, v, lengths)
+    masked = build_attention("full")(q, k, v, lengths)  # CPU: the masked flash kernel
+    torch.testing.assert_close(packed, masked, atol=1e-6, rtol=1e-5)
+    assert bool((packed[1] == 0).all()) and bool((packed[2, :, 7:] == 0).all())
+    want = torch.autograd.grad(masked, (q, k, v), grad)
+    got = torch.autograd.grad(full.packed_attention(q, k, v, lengths), (q, k, v), grad)
+    for name, a, b in zip("qkv", got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"d{n}: {m}")
+    first = full._Packing.of(lengths, N, q.device)
+    assert full._Packing.of(lengths, N, q.device) is first  # the layers of a forward share it
+    assert full._Packing.of(lengths.clone(), N, q.device) is not first
+
+
+def test_lengths_on_a_device_are_checked_without_a_host_sync():
+    """A host synchronisation (bool(), .item(), .tolist()) fails on the meta device; the
+    check must instead be a device-side assertion. CPU lengths still raise at once."""
+    from fastasr.attention.masking import check_lengths
+
+    meta = torch.tensor([5, 3], device="meta")
+    assert check_lengths(meta, 2, 5).device.type == "meta"
+    with pytest.raises(ValueError, match=r"lie in \[0, 5\]"):
+        check_lengths(torch.tensor([6, 3]), 2, 5)

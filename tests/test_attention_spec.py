@@ -91,7 +91,7 @@ def test_config_files_build_and_hold_only_their_own_parameters(path):
 
 def test_config_files_cover_every_variant():
     names = {OmegaConf.load(p).name for p in CONF.glob("*.yaml")}
-    assert names == {"full", "lsh", "clustered", "i-clustered", "topk", "oracle-top"}
+    assert names == {"full", "lsh", "clustered", "i-clustered", "topk", "oracle-top", "auto"}
     assert build_attention(OmegaConf.load(CONF / "oracle_top.yaml")).spec == "topk-32"
     assert build_attention(OmegaConf.load(CONF / "i_clustered.yaml")).spec == "i-clustered-100"
 
@@ -184,3 +184,14 @@ def test_lsh_rejects_distinct_q_and_k_with_a_clear_message():
 def test_every_variant_is_an_inner_attention():
     for spec in ["full", "lsh-1", "clustered-3", "i-clustered-3", "topk-2", "oracle-top"]:
         assert isinstance(build_attention(spec), InnerAttention)
+
+
+def test_length_cost_says_which_variants_are_quadratic():
+    from fastasr.attention import length_cost
+
+    assert [length_cost(s) for s in ("full", "topk-8", "oracle-top")] == ["quadratic"] * 3
+    assert [length_cost(s) for s in ("clustered-100", "i_clustered", "lsh-4", None)] == ["linear"] * 4
+    assert length_cost({"name": "full"}) == "quadratic"
+    assert length_cost(build_attention("i-clustered-5")) == "linear"
+    with pytest.raises(ValueError, match="unknown attention spec"):
+        length_cost("dense")

@@ -101,3 +101,53 @@ def test_largest_batches_and_validation():
         FrameBudgetBatchSampler(lens, 3000, num_replicas=2, rank=2)
     with pytest.raises(ValueError, match="max_frames"):
         FrameBudgetBatchSampler(lens, 0)
+
+
+# ------------------------------------------------------------------ attention cost
+def test_quadratic_price_shrinks_batches_of_long_utterances_only():
+    """Full attention: a padded utterance of L frames costs L (1 + L / Q); every batch fits
+    the budget at that price, long utterances come in far smaller batches, short ones in
+    nearly the same (lhotse's quadratic_duration)."""
+    lens = lengths(800) + [2400] * 12
+    Q = 1000
+    linear = FrameBudgetBatchSampler(lens, 8000, shuffle=False)
+    quad = FrameBudgetBatchSampler(lens, 8000, shuffle=False, length_cost="quadratic", quadratic_frames=Q)
+    for b in quad:
+        longest = max(lens[i] for i in b)
+        assert len(b) == 1 or len(b) * longest * (1 + longest / Q) <= 8000
+    assert Counter(i for b in quad for i in b) == Counter(range(len(lens)))
+
+    def size_for(sampler, index):
+        return next(len(b) for b in sampler if index in b)
+
+    long, short = len(lens) - 1, lens.index(min(lens))
+    assert size_for(linear, long) == 3 and size_for(quad, long) == 1  # 2400 (1 + 2.4) > 8000 / 2
+    assert size_for(quad, short) >= 0.9 * size_for(linear, short)
+    assert quad.price(100, 4) == pytest.approx(4 * 100 * 1.1)
+    assert linear.price(100, 4) == 400
+
+
+def test_largest_batch_probe_uses_the_same_price():
+    """Linear: 10 utterances of 300 frames (3000 padded frames) outweigh one of 1000; under
+    the quadratic price (Q = 500) the single long utterance costs more and is probed first."""
+    lens = [300] * 10 + [1000]
+    linear = FrameBudgetBatchSampler(lens, 3000)
+    quad = FrameBudgetBatchSampler(lens, 3000, length_cost="quadratic", quadratic_frames=500)
+    assert sorted(linear.largest_batches(1)[0]) == list(range(10))
+    assert quad.largest_batches(1)[0] == [10]
+
+
+def test_pricing_is_validated_and_configured_by_the_attention():
+    with pytest.raises(ValueError, match="length_cost 'cubic'"):
+        FrameBudgetBatchSampler([10], 100, length_cost="cubic")
+    with pytest.raises(ValueError, match="quadratic_frames"):
+        FrameBudgetBatchSampler([10], 100, length_cost="quadratic", quadratic_frames=0)
+    from hydra import compose, initialize_config_dir
+
+    from fastasr.config import CONFIG_DIR
+
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        for attention, cost in (("full", "quadratic"), ("topk", "quadratic"), ("clustered", "linear"),
+                                ("i_clustered", "linear"), ("lsh", "linear")):
+            cfg = compose("train", overrides=[f"attention={attention}"])
+            assert cfg.data.length_cost == cost, attention

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fastasr.kernels import ops, reference
+from fastasr.kernels import gathers, ops, reference
 
 
 def _lengths(*values):
@@ -193,7 +193,7 @@ def test_clustered_dot_and_weighted_sum_match_dense_gathers():
 
 
 def test_gather_ops_gradcheck(monkeypatch):
-    monkeypatch.setattr(reference, "_GATHER_ROWS", 7)  # exercise the row blocking
+    monkeypatch.setattr(gathers, "_GATHER_ROWS", 7)  # exercise the row blocking
     g = torch.Generator().manual_seed(6)
     B, H, N, E, C, K = 1, 2, 9, 3, 2, 4
     q = torch.randn(B, H, N, E, generator=g, dtype=torch.float64, requires_grad=True)

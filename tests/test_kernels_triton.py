@@ -85,7 +85,8 @@ def test_kernel_tests_in_fresh_process():
     env["TRITON_INTERPRET"] = "1"
     deselect = "not fresh_process and not compile_for and not gpu_bench"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", deselect],
+        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", deselect,
+         "-m", "slow or not slow"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -160,7 +161,7 @@ def _codes(B, H, N, bits, g, lengths):
     "B,H,N,C,iterations,bits,padded",
     [
         (2, 3, 37, 5, 3, 63, True),
-        (2, 2, 100, 10, 10, 16, True),
+        pytest.param(2, 2, 100, 10, 10, 16, True, marks=pytest.mark.slow),  # ~5 s interpreted
         (3, 1, 7, 20, 2, 63, True),  # more clusters than positions
         (1, 2, 150, 100, 2, 63, False),  # C over one BLOCK_C chunk
         (2, 2, 90, 12, 4, 3, True),  # 3 bits: many equal codes, many distance ties
@@ -181,6 +182,7 @@ def test_kmeans_equals_reference(B, H, N, C, iterations, bits, padded):
     assert torch.equal(got_c.cpu(), ref_c)
 
 
+@pytest.mark.slow
 def test_kmeans_several_programs_per_sequence_and_empty_sequence(monkeypatch):
     """Spans shorter than the sequence (several programs add into one centroid) and length 0."""
     monkeypatch.setattr(tk, "SPAN_TARGET", 64)
@@ -384,7 +386,7 @@ def test_ops_dispatch_rules(monkeypatch):
 
     cpu = torch.zeros(1)
     monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
-    assert ops.kernel_backend(cpu) == "reference"
+    assert ops.kernel_backend(cpu, "clustered_dot") == "reference"  # CPU: never Triton
     if torch.cuda.is_available():
         cuda = cpu.cuda()
         assert ops.kernel_backend(cuda, "clustered_dot") == "triton"
@@ -395,7 +397,7 @@ def test_ops_dispatch_rules(monkeypatch):
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     assert ops.kernel_backend(cpu) == "triton"
     monkeypatch.setenv(ops.KERNELS_ENV, "cuda")
-    with pytest.raises(ValueError, match="FASTASR_KERNELS='cuda'.*auto, reference, triton"):
+    with pytest.raises(ValueError, match="FASTASR_KERNELS='cuda'.*auto, reference, native, triton"):
         ops.kernel_backend(cpu)
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     monkeypatch.setattr(availability, "triton_import_error", lambda: "ModuleNotFoundError: No module named 'triton'")
@@ -481,3 +483,80 @@ def test_gpu_bench_quick_cpu_full(tmp_path):
     rows = _run_gpu_bench_quick(tmp_path)
     assert {r["dtype"] for r in rows} == {"float32", "bfloat16"}
     assert {int(r["n"]) for r in rows} == {32, 64}
+
+
+# ------------------------------------------------------------------ GPU-ready properties
+def test_cluster_order_blocks_hold_one_cluster_each():
+    """Every block covers rows of one cluster only, all valid rows exactly once, and the
+    table is built on the device (no host-side count of the blocks)."""
+    g = _gen(31)
+    B, H, N, C = 2, 3, 29, 6
+    lengths = torch.tensor([29, 11])
+    assign = torch.randint(0, C - 1, (B, H, N), generator=g)  # cluster C-1 stays empty
+    assign = assign.masked_fill(torch.arange(N) >= lengths[:, None, None], -1)
+    order = tc.cluster_order(assign.to(DEVICE), C)
+    for block_n in (4, 16):
+        table, P = order.blocks(block_n)
+        table, perm = table.cpu(), order.perm.cpu().view(B * H, N)
+        assert P == -(-N // block_n) + C and table.shape == (B * H, P, 3)
+        for bh in range(B * H):
+            a = assign.view(B * H, N)[bh]
+            seen = []
+            for c, row0, rows in table[bh].tolist():
+                if c < 0:
+                    assert rows == 0
+                    continue
+                assert 0 < rows <= block_n
+                members = perm[bh, row0 : row0 + rows]
+                assert bool((a[members] == c).all()), "a block mixes clusters"
+                seen += members.tolist()
+            assert sorted(seen) == sorted((a >= 0).nonzero().squeeze(1).tolist())
+
+
+def test_improved_clustered_sorts_once_per_call(monkeypatch):
+    """One argsort of the cluster order serves the forward and backward products."""
+    from fastasr.attention import build_attention
+    from fastasr.kernels import ops
+
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    calls = []
+    argsort = torch.argsort
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return argsort(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "argsort", counting)
+    g = _gen(32)
+    q, k, v = (torch.randn(2, 2, 30, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    out = build_attention("i-clustered-4", topk=8, iterations=2, seed=1)(q, k, v)
+    out.square().sum().backward()
+    assert len(calls) == 1
+
+
+def test_half_precision_reaches_the_triton_dots(monkeypatch):
+    """bf16 inputs are not upcast before the clustered products: their kernels get bf16
+    q, k, v (fp32 accumulation inside), and the result stays close to fp32's."""
+    from fastasr.attention import build_attention
+    from fastasr.kernels import ops
+
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    seen = []
+    launch = tc._launch
+
+    def recording(kernel, a, m, *args):
+        seen.append((a.dtype, m.dtype))
+        return launch(kernel, a, m, *args)
+
+    monkeypatch.setattr(tc, "_launch", recording)
+    g = _gen(33)
+    q, k, v = (torch.randn(2, 2, 30, 16, generator=g).to(DEVICE) for _ in range(3))
+    attn = build_attention("i-clustered-4", topk=8, iterations=2, seed=1)
+    leaves = [x.bfloat16().requires_grad_() for x in (q, k, v)]
+    half = attn(*leaves)
+    assert half.dtype == torch.bfloat16
+    half.float().square().sum().backward()  # the backward takes bf16 too
+    assert all(t.grad.dtype == torch.bfloat16 and bool(torch.isfinite(t.grad).all()) for t in leaves)
+    assert seen and all(torch.bfloat16 in pair for pair in seen)
+    exact = attn(*(x.bfloat16().float() for x in (q, k, v)))
+    assert float((half.detach().float() - exact).abs().max()) < 3e-2

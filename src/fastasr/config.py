@@ -68,18 +68,27 @@ def dataclass_from_mapping(cls: type, cfg, section: str):
     return cls(**cfg)
 
 
+def attention_length_cost(attention) -> str:
+    """``quadratic`` or ``linear``: how the cost of an attention config (mapping, spec string,
+    or None: linear) grows with the sequence length."""
+    from fastasr.attention import length_cost
+
+    return length_cost(attention)
+
+
 _RESOLVERS = {
     "unit_metric": unit_metric,            # ${unit_metric:${data.tokenizer}} -> per | cer
     "matrix_attention": matrix_attention,  # ${matrix_attention:${member}} -> attention spec
     "matrix_shared_qk": matrix_shared_qk,  # ${matrix_shared_qk:${member}} -> model.shared_qk
     "fallback": fallback,                  # ${fallback:a,b} -> a unless null, else b
     "corpus_lm": corpus_lm,                # ${corpus_lm:<train manifest>} -> <its dir>/lm/words-3gram.arpa
+    "attention_length_cost": attention_length_cost,  # ${attention_length_cost:${attention}} -> quadratic | linear
 }
 
 
 def register_resolvers() -> None:
     """Register fastasr's OmegaConf resolvers once (``unit_metric``, ``matrix_attention``,
-    ``matrix_shared_qk``, ``fallback``, ``corpus_lm``)."""
+    ``matrix_shared_qk``, ``fallback``, ``corpus_lm``, ``attention_length_cost``)."""
     for name, resolver in _RESOLVERS.items():
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, resolver)

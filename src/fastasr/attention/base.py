@@ -15,13 +15,28 @@ from torch import nn
 
 from fastasr.attention.masking import check_lengths
 from fastasr.attention.spec import Param
+from fastasr.kernels import ops
 
-__all__ = ["InnerAttention", "compute_dtype"]
+__all__ = ["InnerAttention", "compute_dtype", "kernel_dtype"]
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Dtype the fast variants compute in: float64 stays float64, everything else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def kernel_dtype(x: torch.Tensor) -> torch.dtype:
+    """Dtype in which the clustered variants hand ``x`` to their kernels.
+
+    float16/bfloat16 stay as they are when the clustered products run on Triton (CUDA
+    tensors, or ``FASTASR_KERNELS=triton``): its dots multiply them on the tensor cores
+    with float32 accumulation, and the softmaxes run in float32. Otherwise as
+    :func:`compute_dtype` (a CPU has no faster half-precision path).
+    """
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    if half and ops.kernel_backend(x, "improved_sparse") == "triton":
+        return x.dtype
+    return compute_dtype(x.dtype)
 
 
 class InnerAttention(nn.Module):
@@ -37,19 +52,22 @@ class InnerAttention(nn.Module):
             or None.
         params: the variant's parameters.
         requires_shared_qk: whether ``q`` and ``k`` must be the same tensor.
+        length_cost: how time and memory grow with the sequence length, ``"linear"`` or
+            ``"quadratic"``; the frame-budget sampler prices batches by it.
     """
 
     name: ClassVar[str] = ""
     number_param: ClassVar[str | None] = None
     params: ClassVar[tuple[Param, ...]] = ()
     requires_shared_qk: ClassVar[bool] = False
+    length_cost: ClassVar[str] = "linear"
 
     def __init__(self, **values: int | None) -> None:
         super().__init__()
         self.hparams: dict[str, int | None] = dict(values)
         for key, value in values.items():
             setattr(self, key, value)
-        self._generator: torch.Generator | None = None
+        self._generators: dict[torch.device, torch.Generator] = {}
 
     # ------------------------------------------------------------------ naming
     @property
@@ -63,21 +81,24 @@ class InnerAttention(nn.Module):
         return ", ".join(f"{k}={v}" for k, v in self.hparams.items())
 
     # -------------------------------------------------------------- randomness
-    def _randn(self, *shape: int) -> torch.Tensor:
-        """Standard normal float32 tensor drawn on the CPU.
+    def _randn(self, *shape: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Standard normal float32 tensor drawn on ``device``.
 
-        From a private generator re-seeded with ``seed`` at every call when the
-        module has a seed (so every call draws the same numbers), else from
-        torch's global CPU RNG. Drawing on the CPU makes the numbers independent
-        of the device the inputs live on.
+        From a private generator of that device re-seeded with ``seed`` at every call
+        when the module has a seed (so every call draws the same numbers), else from
+        torch's global RNG of that device. Drawing on the device of the inputs keeps a
+        host-to-device copy (and the wait for the device it implies) out of every call;
+        the same seed draws different numbers on a CPU and on a GPU.
         """
+        device = torch.device(device)
         seed = self.hparams.get("seed")
         if seed is None:
-            return torch.randn(*shape)
-        if self._generator is None:
-            self._generator = torch.Generator()
-        self._generator.manual_seed(seed)
-        return torch.randn(*shape, generator=self._generator)
+            return torch.randn(*shape, device=device)
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = self._generators[device] = torch.Generator(device=device)
+        generator.manual_seed(seed)
+        return torch.randn(*shape, generator=generator, device=device)
 
     # ------------------------------------------------------------------ checks
     def _check(

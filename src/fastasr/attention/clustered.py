@@ -6,6 +6,11 @@ once; every query receives its centroid's output. Cost O(N C E) instead of
 O(N^2 E). The clustering is a discrete choice and is not differentiated; the
 gradient flows through the centroid means (to the queries), the keys and the
 values.
+
+Hashing and K-means run as kernels (:mod:`fastasr.kernels.ops`: C++ on a CPU,
+Triton on a GPU); the centroid attention is two batched matrix products and a
+softmax (BLAS / cuBLAS). Half-precision inputs on a GPU stay half precision up to
+the matrix products (float32 accumulation); centroid means and softmaxes are float32.
 """
 
 from __future__ import annotations
@@ -13,15 +18,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 
-from fastasr.attention.base import InnerAttention, compute_dtype
-from fastasr.attention.masking import key_mask, zero_padded_queries
+from fastasr.attention.base import InnerAttention, compute_dtype, kernel_dtype
+from fastasr.attention.masking import key_mask
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
-from fastasr.kernels import ops
+from fastasr.kernels import ops, reference
 from fastasr.kernels.reference import MAX_BITS
 
-__all__ = ["ClusteredAttention", "CentroidAttention"]
+__all__ = ["ClusteredAttention", "CentroidAttention", "cluster_means", "gather_padded"]
 
 CLUSTERING_PARAMS = (
     Param("clusters", 100, low=1, doc="number of query clusters C"),
@@ -33,12 +39,13 @@ CLUSTERING_PARAMS = (
 
 @dataclass
 class CentroidAttention:
-    """What the clustering step produces (float tensors in the compute dtype).
+    """What the clustering step produces.
 
     Attributes:
         assignments: ``(B, H, N)`` int64 cluster of each query, -1 if padded.
         counts: ``(B, H, C)`` int64 members per cluster.
-        logits: ``(B, H, C, N)`` centroid scores, ``-inf`` at masked keys.
+        logits: ``(B, H, C, N)`` centroid scores, ``-inf`` at masked keys (float32, or
+            float64 for float64 inputs).
         weights: ``(B, H, C, N)`` ``softmax(logits)``: the centroid attention ``A^c``.
         keys_ok: ``(B, N)`` bool, keys that may be attended.
     """
@@ -50,11 +57,33 @@ class CentroidAttention:
     keys_ok: torch.Tensor
 
 
-def gather_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
-    """Per-cluster rows ``x (B, H, C, ...)`` -> per-query rows ``(B, H, N, ...)`` (cluster 0 for padded)."""
-    a = assignments.clamp(min=0)
-    index = a.view(*a.shape, *([1] * (x.dim() - 3))).expand(*a.shape, *x.shape[3:])
-    return x.gather(2, index)
+def cluster_means(
+    q: torch.Tensor, assignments: torch.Tensor, counts: torch.Tensor, clusters: int
+) -> torch.Tensor:
+    """Mean query of each cluster: ``(B, H, N, E)`` -> ``(B, H, C, E)``, float32 (float64 stays).
+
+    One ``index_add`` over the flattened rows; padded queries go to a dropped extra row.
+    Differentiable in ``q`` (the gradient is each cluster's gradient over its count).
+    """
+    B, H, N, E = q.shape
+    C = clusters
+    dt = compute_dtype(q.dtype)
+    slot = torch.where(assignments < 0, C, assignments)
+    rows = (torch.arange(B * H, device=q.device).view(B, H, 1) * (C + 1) + slot).reshape(-1)
+    sums = torch.zeros(B * H * (C + 1), E, dtype=dt, device=q.device)
+    sums = sums.index_add(0, rows, q.reshape(B * H * N, E).to(dt)).view(B, H, C + 1, E)
+    return sums[:, :, :C] / counts.clamp(min=1)[..., None].to(dt)
+
+
+def gather_padded(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
+    """Per-cluster rows ``x (B, H, C, D)`` -> per-query rows ``(B, H, N, D)``, 0 for padded queries.
+
+    One gather from ``x`` with an appended zero row that the padded queries (-1) index.
+    """
+    B, H, C, D = x.shape
+    padded = torch.cat([x, x.new_zeros(B, H, 1, D)], dim=2)
+    slot = torch.where(assignments < 0, C, assignments)
+    return padded.gather(2, slot[..., None].expand(*slot.shape, D))
 
 
 @register
@@ -65,38 +94,54 @@ class ClusteredAttention(InnerAttention):
     number_param = "clusters"
     params = CLUSTERING_PARAMS
 
+    def hash_planes(self, dim: int, device: torch.device) -> torch.Tensor:
+        """``(dim + 1, bits)`` float32 hyperplanes (last row: offsets), drawn on ``device``."""
+        return self._randn(dim + 1, self.bits, device=device)
+
+    def cluster_queries(
+        self, q: torch.Tensor, lengths: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Hash and cluster the queries ``(B, H, N, E)`` (kernel dtype, :func:`kernel_dtype`).
+
+        Returns ``assignments`` ``(B, H, N)`` (-1 padded), ``counts`` ``(B, H, C)`` and the
+        ``(B, H, C, E)`` float32 (float64) centroids, differentiable in ``q``.
+        """
+        with record_function("attention.hash"):
+            codes = ops.hash_codes(q, self.hash_planes(q.shape[-1], q.device), lengths)
+        with record_function("attention.kmeans"):
+            assignments, counts = ops.hamming_kmeans(
+                codes, lengths, self.clusters, self.iterations, bits=self.bits
+            )
+        with record_function("attention.centroid_means"):
+            centroids = cluster_means(q, assignments, counts, self.clusters)
+        return assignments, counts, centroids
+
     def centroid_attention(
         self, q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor | None
     ) -> CentroidAttention:
-        """Hash and cluster the queries, then compute each centroid's attention over the keys.
+        """Clustering and the dense ``(B, H, C, N)`` centroid attention (PyTorch reference).
 
-        Args:
-            q, k: ``(B, H, N, E)`` in the compute dtype. lengths: ``(B,)`` or None.
+        For :meth:`dense_weights` and tests; the forward pass gets the same numbers
+        from the fused :func:`fastasr.kernels.ops.centroid_attention`.
         """
         B, H, N, E = q.shape
-        planes = self._randn(E + 1, self.bits).to(device=q.device, dtype=q.dtype)
-        codes = ops.hash_codes(q, planes, lengths)
-        assignments, counts = ops.hamming_kmeans(
-            codes, lengths, self.clusters, self.iterations, bits=self.bits
-        )
-        C = self.clusters
-        # Mean query per cluster; padded queries go to an extra row that is dropped.
-        slot = torch.where(assignments < 0, C, assignments)
-        sums = q.new_zeros(B, H, C + 1, E).scatter_add(2, slot[..., None].expand(B, H, N, E), q)
-        centroids = sums[:, :, :C] / counts.clamp(min=1)[..., None].to(q.dtype)
+        assignments, counts, centroids = self.cluster_queries(q, lengths)
+        logits = reference.centroid_logits(centroids, k, lengths, self.scale(E))
         keys_ok = key_mask(lengths, B, N, q.device)
-        logits = torch.matmul(centroids, k.transpose(-1, -2)) * self.scale(E)
-        logits = logits.masked_fill(~keys_ok[:, None, None, :], float("-inf"))
         return CentroidAttention(assignments, counts, logits, logits.softmax(-1), keys_ok)
 
     def _forward(self, q, k, v, lengths):
-        dt = compute_dtype(q.dtype)
-        ca = self.centroid_attention(q.to(dt), k.to(dt), lengths)
-        values = torch.matmul(ca.weights, v.to(dt))  # (B,H,C,Ev)
-        out = gather_clusters(values, ca.assignments)
-        return zero_padded_queries(out, lengths).to(q.dtype)
+        dt = kernel_dtype(q)
+        q, k, vv = q.to(dt), k.to(dt), v.to(dt)
+        assignments, _, centroids = self.cluster_queries(q, lengths)
+        with record_function("attention.centroid_attention"):
+            values, _, _ = ops.centroid_attention(
+                centroids, k, vv, lengths, self.scale(q.shape[-1]), 0
+            )
+        with record_function("attention.broadcast"):
+            return gather_padded(values, assignments).to(v.dtype)
 
     def _dense_weights(self, q, k, lengths):
         dt = compute_dtype(q.dtype)
         ca = self.centroid_attention(q.to(dt), k.to(dt), lengths)
-        return zero_padded_queries(gather_clusters(ca.weights, ca.assignments), lengths)
+        return gather_padded(ca.weights, ca.assignments)

@@ -14,9 +14,12 @@ Queries and keys are shared (``q`` and ``k`` must be one tensor). In each of
    valid; padded keys get zero weight.
 
 The rounds are combined by their log-sum-exp: round ``r`` contributes with
-weight ``exp(lse_r(i) - logsumexp_r lse_r(i))``, which is the softmax over the
-union of the rounds' keys (a key found by two rounds counts twice, as in the
-paper). Cost O(rounds N chunk E).
+weight ``exp(lse_r(i) - logsumexp_r lse_r(i))``. With several rounds a key can sit in
+a query's window in more than one of them; Reformer's duplicate correction counts it
+once: the score of pair ``(i, j)`` is lowered by ``log n_ij``, the number of rounds
+whose windows pair ``i`` with ``j``. The combination is then exactly the softmax over
+the *union* of the keys the rounds found (tested against that union softmax).
+Cost O(rounds N chunk E + rounds^2 N chunk).
 
 Padded keys have -1e9 and the position itself -1e5 added to their scores
 (finite, not -inf, so a window with nothing valid stays finite): the self score
@@ -47,7 +50,7 @@ class LSHAttention(InnerAttention):
     name = "lsh"
     number_param = "rounds"
     params = (
-        Param("rounds", 1, low=1, doc="hashing rounds, combined by log-sum-exp"),
+        Param("rounds", 1, low=1, doc="hashing rounds, combined by log-sum-exp (duplicates once)"),
         Param("chunk", 32, low=1, doc="positions per chunk; a chunk also sees the previous one"),
         Param(
             "buckets",
@@ -66,27 +69,51 @@ class LSHAttention(InnerAttention):
     )
     requires_shared_qk = True
 
-    def _round(self, x: torch.Tensor, valid: torch.Tensor, rotation: torch.Tensor, need_lse: bool):
-        """One hashing round: sort, chunk, attend within own + previous chunk.
+    def _order(self, x: torch.Tensor, valid: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+        """One round's hash and sort: ``(B, H, Np)`` sorted slot -> original position.
+
+        Every valid position goes to bucket ``argmax([x R, -x R])``; padding sorts last.
+        """
+        Np = x.shape[2]
+        proj = torch.matmul(x.detach(), rotation)  # (B,H,Np,nb/2)
+        buckets = torch.cat([proj, -proj], dim=-1).argmax(-1)
+        buckets = buckets.masked_fill(~valid[:, None, :], self.buckets)
+        return (buckets * Np + torch.arange(Np, device=x.device)).argsort(dim=-1)
+
+    def _duplicates(self, order: torch.Tensor, chunks: list[torch.Tensor]) -> torch.Tensor:
+        """``(B, H, nc, c, W)``: in how many rounds each (query, window key) pair of this
+        round's windows shares a window (>= 1; ``chunks[r]`` is each original position's
+        chunk in round ``r``, ``(B, H, Np)``)."""
+        B, H, Np = order.shape
+        c = self.chunk
+        nc = Np // c
+        pos = torch.arange(Np, device=order.device).view(1, 1, Np, 1).expand(B, H, Np, 1)
+        k_pos = self._windows(pos, order)[..., 0]  # (B,H,nc,W)
+        q_pos = order.view(B, H, nc, c)
+        count = torch.zeros(*q_pos.shape, k_pos.shape[-1], dtype=torch.int64, device=order.device)
+        for chunk_of in chunks:
+            cq = chunk_of.gather(2, q_pos.reshape(B, H, Np)).view(B, H, nc, c, 1)
+            ck = chunk_of.gather(2, k_pos.reshape(B, H, -1)).view(B, H, nc, 1, -1)
+            count += (ck == cq) | (ck == cq - 1)  # own chunk, or the one before it
+        return count.clamp(min=1)
+
+    def _round(self, x: torch.Tensor, valid: torch.Tensor, order: torch.Tensor,
+               chunks: list[torch.Tensor] | None):
+        """One hashing round: attend within own + previous chunk of the sorted order.
 
         Args:
             x: ``(B, H, Np, E)`` shared queries/keys (compute dtype), ``Np`` a
-                multiple of ``chunk``; valid: ``(B, Np)`` bool; rotation: ``(E, buckets/2)``.
-            need_lse: whether to return the per-query log-sum-exp (several rounds).
+                multiple of ``chunk``; valid: ``(B, Np)`` bool; order: this round's
+                :meth:`_order`; chunks: every round's chunk of each position (several
+                rounds: duplicates are divided out and the log-sum-exp returned), or None.
 
         Returns:
-            ``order (B,H,Np)`` sorted -> original position, ``weights (B,H,nc,c,W)``
-            the softmax of each sorted query over its window of ``W`` keys (own
-            chunk first, then the previous one), ``lse (B,H,nc,c)`` or None.
+            ``weights (B,H,nc,c,W)`` the softmax of each sorted query over its window of
+            ``W`` keys (own chunk first, then the previous one), ``lse (B,H,nc,c)`` or None.
         """
         B, H, Np, E = x.shape
         c = self.chunk
         nc = Np // c
-        proj = torch.matmul(x.detach(), rotation)  # (B,H,Np,nb/2)
-        buckets = torch.cat([proj, -proj], dim=-1).argmax(-1)
-        buckets = buckets.masked_fill(~valid[:, None, :], self.buckets)  # padding sorts last
-        order = (buckets * Np + torch.arange(Np, device=x.device)).argsort(dim=-1)
-
         xs = x.gather(2, order[..., None].expand(B, H, Np, E)).view(B, H, nc, c, E)
         ok = valid[:, None, :].expand(B, H, Np).gather(2, order).view(B, H, nc, c)
         keys = F.normalize(xs, dim=-1)
@@ -99,8 +126,10 @@ class LSHAttention(InnerAttention):
         scores = scores + torch.where(ok, 0.0, _PAD_SCORE)[..., None, :].to(scores.dtype)
         # Key t of the own chunk is query t itself: push the diagonal down.
         scores[..., :c].diagonal(dim1=-2, dim2=-1).add_(_SELF_SCORE)
-        lse = scores.logsumexp(-1) if need_lse else None
-        return order, scores.softmax(-1), lse
+        if chunks is None:
+            return scores.softmax(-1), None
+        scores = scores - self._duplicates(order, chunks).to(scores.dtype).log()
+        return scores.softmax(-1), scores.logsumexp(-1)
 
     def _windows(self, t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
         """``(B,H,Np,D)`` -> sorted by ``order`` and cut into windows ``(B,H,nc,W,D)``."""
@@ -117,10 +146,15 @@ class LSHAttention(InnerAttention):
         if Np > N:
             x = F.pad(x, (0, 0, 0, Np - N))
             valid = F.pad(valid, (0, Np - N), value=False)
-        rotations = self._randn(self.rounds, E, self.buckets // 2).to(
-            device=x.device, dtype=x.dtype
-        )
+        rotations = self._randn(self.rounds, E, self.buckets // 2, device=x.device).to(x.dtype)
         return x, valid, rotations
+
+    def _rounds(self, x: torch.Tensor, valid: torch.Tensor, rotations: torch.Tensor):
+        """Every round's order, and (several rounds) each position's chunk in every round."""
+        orders = [self._order(x, valid, rotation) for rotation in rotations]
+        if len(orders) == 1:
+            return orders, None
+        return orders, [order.argsort(dim=-1) // self.chunk for order in orders]
 
     def _forward(self, q, k, v, lengths):
         B, H, N, E = q.shape
@@ -129,9 +163,10 @@ class LSHAttention(InnerAttention):
         x, valid, rotations = self._prepare(q.to(dt), lengths)
         Np = x.shape[2]
         vv = F.pad(v.to(dt), (0, 0, 0, Np - N))
+        orders, chunks = self._rounds(x, valid, rotations)
         outs, lses = [], []
-        for rotation in rotations:
-            order, weights, lse = self._round(x, valid, rotation, need_lse=self.rounds > 1)
+        for order in orders:
+            weights, lse = self._round(x, valid, order, chunks)
             inverse = order.argsort(dim=-1)
             out = torch.matmul(weights, self._windows(vv, order)).view(B, H, Np, Ev)
             outs.append(out.gather(2, inverse[..., None].expand(B, H, Np, Ev)))
@@ -151,9 +186,10 @@ class LSHAttention(InnerAttention):
         dt = compute_dtype(q.dtype)
         x, valid, rotations = self._prepare(q.to(dt), lengths)
         Np = x.shape[2]
+        orders, chunks = self._rounds(x, valid, rotations)
         per_round, lses = [], []
-        for rotation in rotations:
-            order, weights, lse = self._round(x, valid, rotation, need_lse=True)
+        for order in orders:
+            weights, lse = self._round(x, valid, order, chunks)
             pos = torch.arange(Np, device=x.device).view(1, 1, Np, 1).expand(B, H, Np, 1)
             q_pos = order.view(*weights.shape[:-1])  # (B,H,nc,c)
             k_pos = self._windows(pos, order)[..., 0]  # (B,H,nc,W)
@@ -163,7 +199,11 @@ class LSHAttention(InnerAttention):
                 2, (rows * Np + k_pos[..., None, :]).reshape(B, H, -1), weights.reshape(B, H, -1)
             )
             per_round.append(dense)
-            lses.append(lse.view(B, H, Np).gather(2, order.argsort(dim=-1)))
-        round_w = torch.stack(lses, dim=-1).softmax(dim=-1)  # (B,H,Np,R) by original position
-        dense = sum(round_w[..., r, None] * d for r, d in enumerate(per_round))
+            if lse is not None:
+                lses.append(lse.view(B, H, Np).gather(2, order.argsort(dim=-1)))
+        if len(per_round) == 1:
+            dense = per_round[0]
+        else:
+            round_w = torch.stack(lses, dim=-1).softmax(dim=-1)  # (B,H,Np,R) by original position
+            dense = sum(round_w[..., r, None] * d for r, d in enumerate(per_round))
         return zero_padded_queries(dense[:, :, :N, :N], lengths)

@@ -14,14 +14,21 @@ from __future__ import annotations
 
 import torch
 
+from fastasr.kernels.padding import key_mask, valid_positions
+
 __all__ = ["valid_positions", "key_mask", "zero_padded_queries", "check_lengths"]
 
 
 def check_lengths(lengths: torch.Tensor | None, batch: int, n: int) -> torch.Tensor | None:
     """Validate ``lengths`` for a ``(batch, ..., n, ...)`` input; return it as int64 (or None).
 
+    Never synchronises with an accelerator: the range of lengths on a device is checked
+    by a device-side assertion (``torch._assert_async``), which fails the next
+    synchronising call; lengths on the CPU are checked here.
+
     Raises:
-        ValueError: wrong shape, non-integer dtype, or a value outside ``[0, n]``.
+        ValueError: wrong shape, non-integer dtype, or (CPU lengths) a value outside
+            ``[0, n]``.
     """
     if lengths is None:
         return None
@@ -34,35 +41,21 @@ def check_lengths(lengths: torch.Tensor | None, batch: int, n: int) -> torch.Ten
     if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
         raise ValueError(f"attention: lengths must be an integer tensor; got {lengths.dtype}")
     lengths = lengths.to(torch.int64)
-    if batch and bool(((lengths < 0) | (lengths > n)).any()):
+    if not batch:
+        return lengths
+    if lengths.device.type != "cpu":
+        # No host synchronisation per call: the check runs on the device and fails the
+        # next synchronising operation (a device-side assert) instead of raising here.
+        torch._assert_async(
+            ((lengths >= 0) & (lengths <= n)).all(),
+            f"attention: lengths must lie in [0, {n}] (the sequence axis)",
+        )
+    elif bool(((lengths < 0) | (lengths > n)).any()):
         raise ValueError(
             f"attention: lengths must lie in [0, {n}] (the sequence axis); got "
             f"min {int(lengths.min())}, max {int(lengths.max())}"
         )
     return lengths
-
-
-def valid_positions(
-    lengths: torch.Tensor | None, batch: int, n: int, device: torch.device
-) -> torch.Tensor:
-    """``(B, N)`` bool: True at valid positions (everywhere if ``lengths`` is None)."""
-    if lengths is None:
-        return torch.ones(batch, n, dtype=torch.bool, device=device)
-    return torch.arange(n, device=device)[None, :] < lengths.to(device)[:, None]
-
-
-def key_mask(
-    lengths: torch.Tensor | None, batch: int, n: int, device: torch.device
-) -> torch.Tensor:
-    """``(B, N)`` bool: keys a query may attend to.
-
-    The valid keys; for an empty sequence (length 0) all keys, so its rows stay
-    finite (its outputs are zeroed anyway).
-    """
-    valid = valid_positions(lengths, batch, n, device)
-    if lengths is None:
-        return valid
-    return valid | (lengths.to(device) == 0)[:, None]
 
 
 def zero_padded_queries(x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:

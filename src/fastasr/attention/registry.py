@@ -8,7 +8,7 @@ from typing import Any
 from fastasr.attention.base import InnerAttention
 from fastasr.attention.spec import check_params, parse_spec_string
 
-__all__ = ["register", "build_attention", "available", "ALIASES"]
+__all__ = ["register", "build_attention", "available", "length_cost", "ALIASES"]
 
 _REGISTRY: dict[str, type[InnerAttention]] = {}
 
@@ -74,3 +74,19 @@ def build_attention(
     given.update(keys)
     given.update(overrides)
     return cls(**check_params(cls.name, cls.params, given))
+
+
+def length_cost(spec: str | Mapping[str, Any] | InnerAttention | None) -> str:
+    """``"quadratic"`` or ``"linear"``: how the variant's cost grows with the sequence length.
+
+    Args:
+        spec: a spec string, a config mapping with a ``name``, a built module, or None
+            (no attention configured: ``"linear"``, i.e. batches priced by padded frames).
+    """
+    if spec is None:
+        return "linear"
+    if isinstance(spec, InnerAttention):
+        return spec.length_cost
+    text = spec["name"] if isinstance(spec, Mapping) else spec
+    known = {name: cls.number_param for name, cls in _REGISTRY.items()}
+    return _REGISTRY[parse_spec_string(text, known, ALIASES).name].length_cost

@@ -2,7 +2,7 @@
 
 Each query keeps only its ``k`` largest scores over the valid keys and takes the
 softmax over those. Queries are processed in chunks, so the forward pass holds
-at most ``chunk x N`` scores at a time; the backward pass uses the cached top-k
+at most ``B x chunk x N`` scores at a time; the backward pass uses the cached top-k
 indices and probabilities (``O(N k)`` memory) and never rebuilds a dense
 ``N x N`` matrix. With ``k >= N`` this is full attention.
 """
@@ -15,7 +15,7 @@ from fastasr.attention.base import InnerAttention, compute_dtype
 from fastasr.attention.masking import key_mask, zero_padded_queries
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
-from fastasr.kernels.reference import (
+from fastasr.kernels.gathers import (
     rows_gather_dot,
     rows_gather_weighted_sum,
     rows_scatter_outer,
@@ -32,8 +32,11 @@ def select_topk(
 
     Args:
         q, k: ``(B, H, N, E)``; keys_ok: ``(B, N)`` bool (at least one True per row).
-        kk: keys kept per query (``<= N``); chunk: queries scored per step, summed
-            over (batch, head) pairs, so at most ``max(chunk, N) x N`` scores exist at once.
+        kk: keys kept per query (``<= N``); chunk: queries of one sequence scored per
+            step, summed over its heads: every step scores ``max(1, chunk // H)``
+            queries of every (batch, head) pair at once, so at most
+            ``B max(chunk, H) x N`` scores exist at a time; the only loop is over query
+            blocks (its size does not depend on the batch, so neither do the results).
 
     Returns:
         ``idx (B*H*N, kk)`` int64 rows of the flattened ``(B*H*N)`` keys, and
@@ -44,19 +47,16 @@ def select_topk(
     qf, kf = q.reshape(BH, N, E), k.reshape(BH, N, E)
     bias = torch.zeros(B, N, dtype=q.dtype, device=q.device).masked_fill(~keys_ok, float("-inf"))
     bias = bias.repeat_interleave(H, dim=0)[:, None, :]  # (BH,1,N)
+    keys_t = kf.transpose(-1, -2)
     idx = torch.empty(BH, N, kk, dtype=torch.int64, device=q.device)
     p = torch.empty(BH, N, kk, dtype=q.dtype, device=q.device)
-    rows_q = max(1, min(N, chunk))  # queries per (batch, head) per step
-    group = max(1, chunk // max(N, 1))  # (batch, head) pairs per step
-    for g0 in range(0, BH, group):
-        g1 = min(BH, g0 + group)
-        keys_t = kf[g0:g1].transpose(-1, -2)
-        for s in range(0, N, rows_q):
-            e = min(N, s + rows_q)
-            scores = torch.baddbmm(bias[g0:g1], qf[g0:g1, s:e], keys_t, alpha=scale)
-            top = scores.topk(kk, dim=-1)
-            idx[g0:g1, s:e] = top.indices
-            p[g0:g1, s:e] = top.values.softmax(-1)
+    rows = max(1, chunk // max(H, 1))  # queries of every (batch, head) pair per step
+    for s in range(0, N, rows):
+        e = min(N, s + rows)
+        scores = torch.baddbmm(bias, qf[:, s:e], keys_t, alpha=scale)
+        top = scores.topk(kk, dim=-1)
+        idx[:, s:e] = top.indices
+        p[:, s:e] = top.values.softmax(-1)
     offsets = (torch.arange(BH, device=q.device) * N)[:, None, None]
     return (idx + offsets).reshape(BH * N, kk), p.reshape(BH * N, kk)
 
@@ -111,10 +111,11 @@ class TopKAttention(InnerAttention):
     """Softmax over each query's ``k`` largest scores."""
 
     name = "topk"
+    length_cost = "quadratic"  # every score is computed before k are kept
     number_param = "k"
     params = (
         Param("k", 32, low=1, doc="scores kept per query"),
-        Param("chunk", 1024, low=1, doc="queries scored per step (memory O(chunk x N))"),
+        Param("chunk", 1024, low=1, doc="queries per sequence scored per step (memory O(B chunk N))"),
     )
 
     def _forward(self, q, k, v, lengths):

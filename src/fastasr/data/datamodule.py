@@ -135,8 +135,11 @@ class ASRDataModule(pl.LightningDataModule):
         phone_folding: ``phoneme`` only: a named folding of ``phone_sets`` (``timit``: 61 → 48
             phones for training, 48 → 39 for scoring), or None.
         features: mapping with the ``FeatureConfig`` fields.
-        max_frames_per_batch: padded-frame budget per batch.
+        max_frames_per_batch: budget per batch in priced frames (``FrameBudgetBatchSampler``).
         max_batch_size: optional cap on utterances per batch.
+        length_cost: ``linear`` or ``quadratic``: how the sampler prices a padded utterance
+            (quadratic for full attention; ``conf/data`` derives it from the attention).
+        quadratic_frames: the sampler's ``Q`` of the quadratic price (frames).
         num_workers: dataloader worker processes.
         min_duration, max_duration: training utterances outside are dropped (seconds; None: no bound).
         on_bad_utterance: ``skip`` (warn and drop) or ``raise`` — bad manifest lines,
@@ -163,6 +166,8 @@ class ASRDataModule(pl.LightningDataModule):
         features: Mapping | FeatureConfig | None = None,
         max_frames_per_batch: int = 16000,
         max_batch_size: int | None = None,
+        length_cost: str = "linear",
+        quadratic_frames: int = 4000,
         num_workers: int = 0,
         min_duration: float | None = None,
         max_duration: float | None = None,
@@ -189,6 +194,7 @@ class ASRDataModule(pl.LightningDataModule):
         self.feature_config = FeatureConfig.from_dict(features)
         self.max_frames_per_batch = int(max_frames_per_batch)
         self.max_batch_size = max_batch_size
+        self.pricing = {"length_cost": length_cost, "quadratic_frames": int(quadratic_frames)}
         self.num_workers = int(num_workers)
         self.min_duration = min_duration
         self.max_duration = max_duration
@@ -333,7 +339,7 @@ class ASRDataModule(pl.LightningDataModule):
         replicas, rank = self._replicas() if distributed else (1, 0)
         sampler = FrameBudgetBatchSampler(
             dataset.frame_lengths(), self.max_frames_per_batch, self.max_batch_size, shuffle=shuffle,
-            seed=self.seed, num_replicas=replicas, rank=rank,
+            seed=self.seed, num_replicas=replicas, rank=rank, **self.pricing,
             pad="repeat" if shuffle else "empty",  # evaluation scores every utterance exactly once
         )
         kwargs = dict(batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
@@ -369,12 +375,13 @@ class ASRDataModule(pl.LightningDataModule):
         utts, targets, refs = self._encode(Path(manifest_path).name, utts, ctc_filter=False)
         dataset = ASRDataset(utts, targets, refs, self.fbank, train=False, source=source)
         sampler = FrameBudgetBatchSampler(dataset.frame_lengths(), max_frames_per_batch or self.max_frames_per_batch,
-                                          self.max_batch_size, shuffle=False)
+                                          self.max_batch_size, shuffle=False, **self.pricing)
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
                           pin_memory=self.pin_memory)
 
     def largest_train_batches(self, k: int = 1) -> list[dict]:
-        """The ``k`` training batches with the most padded frames (to try before training)."""
+        """The ``k`` most expensive training batches, by the sampler's price (to try before training)."""
         ds = self._dataset("train")
-        sampler = FrameBudgetBatchSampler(ds.frame_lengths(), self.max_frames_per_batch, self.max_batch_size)
+        sampler = FrameBudgetBatchSampler(ds.frame_lengths(), self.max_frames_per_batch, self.max_batch_size,
+                                          **self.pricing)
         return [collate([ds[i] for i in b]) for b in sampler.largest_batches(k)]

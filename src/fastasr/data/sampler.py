@@ -1,4 +1,16 @@
-"""Length-bucketed batches capped by padded frames (icefall/lhotse style)."""
+"""Length-bucketed batches capped by what they cost to attend to (icefall/lhotse style).
+
+A batch of ``n`` utterances padded to ``L`` frames is priced ``n x price(L)``:
+
+* ``length_cost="linear"`` (clustered, improved clustered, LSH attention): ``price(L) = L``,
+  the padded frames;
+* ``length_cost="quadratic"`` (full and top-k attention, O(L^2)): ``price(L) = L + L^2 / Q``
+  with ``Q = quadratic_frames``: at ``L = Q`` the attention's quadratic part costs as much
+  as the linear rest of the model (lhotse's ``quadratic_duration``, in frames).
+
+So full attention gets fewer long utterances per batch and cannot blow time or memory on
+them, while the linear variants fill the same budget with more.
+"""
 
 from __future__ import annotations
 
@@ -18,16 +30,26 @@ class _EpochForwarder:
     def __init__(self, owner: FrameBudgetBatchSampler) -> None:
         self._owner = owner
 
+    def price(self, longest: int, size: int = 1) -> float:
+        """What ``size`` utterances padded to ``longest`` frames cost (see the module docstring)."""
+        if self.length_cost == "quadratic":
+            return size * longest * (1.0 + longest / self.quadratic_frames)
+        return float(size * longest)
+
     def set_epoch(self, epoch: int) -> None:
         self._owner.set_epoch(epoch)
 
 
+LENGTH_COSTS = ("linear", "quadratic")
+
+
 class FrameBudgetBatchSampler(Sampler[list[int]]):
-    """Batches of utterances of similar length whose padded size
-    ``len(batch) × longest_in_batch`` is at most ``max_frames``.
+    """Batches of utterances of similar length whose price
+    ``len(batch) × price(longest_in_batch)`` is at most ``max_frames`` (see the module
+    docstring; with linear pricing that is the padded size ``len(batch) × longest``).
 
     Utterances are sorted by length (ties broken randomly per epoch when
-    ``shuffle``) and cut greedily into batches; an utterance longer than
+    ``shuffle``) and cut greedily into batches; an utterance priced above
     ``max_frames`` gets a batch of its own (with one warning). Then the order
     of the batches is shuffled, reproducibly for ``seed`` + the epoch set with
     ``set_epoch`` (Lightning calls it). Without shuffling, batches come
@@ -47,13 +69,16 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
 
     Args:
         lengths: per-utterance lengths in frames (dataset index order).
-        max_frames: padded-frame budget of a batch.
+        max_frames: budget of a batch, in (priced) frames.
         max_batch_size: optional cap on utterances per batch.
+        length_cost: ``"linear"`` or ``"quadratic"``: how a padded utterance is priced.
+        quadratic_frames: ``Q`` of the quadratic price (frames); unused when linear.
     """
 
     def __init__(self, lengths: Sequence[int], max_frames: int, max_batch_size: int | None = None,
                  shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
-                 drop_last: bool = False, pad: str = "repeat") -> None:
+                 drop_last: bool = False, pad: str = "repeat", length_cost: str = "linear",
+                 quadratic_frames: int = 4000) -> None:
         if pad not in ("repeat", "empty"):
             raise ValueError(f"pad {pad!r}; expected 'repeat' or 'empty'")
         if max_frames <= 0:
@@ -62,6 +87,10 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError(f"max_batch_size {max_batch_size}; expected > 0 or None")
         if num_replicas < 1 or not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} of {num_replicas} replicas; expected 0 ≤ rank < num_replicas")
+        if length_cost not in LENGTH_COSTS:
+            raise ValueError(f"length_cost {length_cost!r}; expected one of {', '.join(LENGTH_COSTS)}")
+        if quadratic_frames <= 0:
+            raise ValueError(f"quadratic_frames {quadratic_frames}; expected > 0")
         if len(lengths) == 0:
             raise ValueError("FrameBudgetBatchSampler: no utterances")
         self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
@@ -69,17 +98,25 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError("FrameBudgetBatchSampler: lengths must be > 0")
         self.max_frames = int(max_frames)
         self.max_batch_size = max_batch_size
+        self.length_cost, self.quadratic_frames = length_cost, int(quadratic_frames)
         self.shuffle, self.seed = shuffle, int(seed)
         self.num_replicas, self.rank, self.drop_last, self.pad = num_replicas, rank, drop_last, pad
         self.epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches of it to skip), see resume_at
         # Lightning calls set_epoch on `dataloader.batch_sampler.sampler`, not on the batch sampler
         self.sampler = _EpochForwarder(self)
-        too_long = int((self.lengths > self.max_frames).sum())
+        too_long = sum(self.price(int(length)) > self.max_frames for length in self.lengths.tolist())
         if too_long:
-            log.warning("%d utterance(s) longer than max_frames=%d (longest %d frames) get a batch of their own",
-                        too_long, self.max_frames, int(self.lengths.max()))
+            priced = "" if length_cost == "linear" else f" at the quadratic price L (1 + L / {quadratic_frames})"
+            log.warning("%d utterance(s) longer than max_frames=%d%s (longest %d frames) get a batch of their own",
+                        too_long, self.max_frames, priced, int(self.lengths.max()))
         self._num_batches = len(self._make_batches(torch.Generator().manual_seed(0)))
+
+    def price(self, longest: int, size: int = 1) -> float:
+        """What ``size`` utterances padded to ``longest`` frames cost (see the module docstring)."""
+        if self.length_cost == "quadratic":
+            return size * longest * (1.0 + longest / self.quadratic_frames)
+        return float(size * longest)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose shuffle to produce (same seed + epoch → same batches)."""
@@ -109,7 +146,7 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         cap = self.max_batch_size or n
         for i, length in zip(order.tolist(), self.lengths[order].tolist()):
             new_longest = max(longest, length)
-            if cur and ((len(cur) + 1) * new_longest > self.max_frames or len(cur) >= cap):
+            if cur and (self.price(new_longest, len(cur) + 1) > self.max_frames or len(cur) >= cap):
                 batches.append(cur)
                 cur, new_longest = [], length
             cur.append(i)
@@ -151,9 +188,9 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         return self._per_rank_count() if self.num_replicas > 1 else self._num_batches
 
     def largest_batches(self, k: int = 1) -> list[list[int]]:
-        """The ``k`` batches with the most padded frames: try them before training
-        so that an out-of-memory shows at once."""
+        """The ``k`` most expensive batches by the same price that built them: try them
+        before training so that an out-of-memory shows at once."""
         batches = self._make_batches(None)
-        key = [len(b) * int(self.lengths[b].max()) for b in batches]
+        key = [self.price(int(self.lengths[b].max()), len(b)) for b in batches]
         order = sorted(range(len(batches)), key=lambda i: -key[i])
         return [batches[i] for i in order[:k]]

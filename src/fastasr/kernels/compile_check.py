@@ -59,7 +59,7 @@ def _configs():
     out.append(("kmeans update", tk._kmeans_update_kernel,
                 {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32"},
                 {"BLOCK_C": tk.UPDATE_BLOCK_C, "BLOCK_BITS": 64}, {}))
-    idx = {"idx_ptr": "*i64", "perm_ptr": "*i64", "skey_ptr": "*i64"}
+    idx = {"idx_ptr": "*i64", "perm_ptr": "*i64", "blk_ptr": "*i64"}
     for t in ("fp32", "bf16", "fp16"):
         for E in (32, 64):
             dot_dtype, precision = tc._dot_config(

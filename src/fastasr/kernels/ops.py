@@ -2,16 +2,27 @@
 
 Every op here has the signature and semantics of its namesake in
 :mod:`fastasr.kernels.reference` (read that module for shapes and the exact
-K-means rules). CUDA tensors run the Triton kernels (``triton_hashing``,
-``triton_kmeans``, ``triton_clustered``), CPU tensors the PyTorch reference; both
-give the same cluster assignments for the same inputs.
+K-means rules). Three implementations:
+
+* ``reference``: the PyTorch reference (any device; the ground truth);
+* ``native``: the C++ CPU kernels (:mod:`fastasr.kernels.native`, built by
+  ``make install``): hashing, K-means, top-k selection and the fused per-query part
+  of improved clustered attention;
+* ``triton``: the Triton kernels (``triton_hashing``, ``triton_kmeans``,
+  ``triton_clustered``) for CUDA tensors.
+
+An op an implementation lacks runs the reference (``topk_indices`` on CUDA is
+``torch.topk``; the clustered products on CPU are fused into ``improved_sparse``).
+All give the same cluster assignments for the same inputs.
 
 ``FASTASR_KERNELS`` overrides the choice, read at every call:
 
-* ``auto`` (default, or unset): CUDA -> Triton, anything else -> reference.
-  Float64 clustered products on CUDA also run the reference (the Triton
-  products take fp32/fp16/bf16).
+* ``auto`` (default, or unset): CUDA -> Triton (float64 clustered products: the
+  reference), CPU -> the C++ kernels when they are built, else the reference with a
+  one-time warning saying why and how to build them.
 * ``reference``: the PyTorch reference on every device.
+* ``native``: the C++ kernels; CPU tensors only, and an error (not a fallback) when
+  they are not built.
 * ``triton``: the Triton kernels on every device. CPU tensors then need the
   Triton interpreter (``TRITON_INTERPRET=1`` set before fastasr is imported),
   which is how the kernels are tested without a GPU; if neither CUDA nor the
@@ -26,35 +37,46 @@ from types import ModuleType
 
 import torch
 
-from fastasr.kernels import reference
+from fastasr.kernels import native, reference
 from fastasr.kernels.availability import import_kernel_module
 
 __all__ = [
     "hash_codes",
     "hamming_kmeans",
+    "topk_indices",
     "clustered_dot",
     "clustered_weighted_sum",
+    "centroid_attention",
+    "improved_sparse",
     "KERNELS_ENV",
     "kernel_choice",
     "kernel_backend",
 ]
 
-#: Environment variable that forces one implementation: auto | reference | triton.
+#: Environment variable that forces one implementation: auto | reference | native | triton.
 KERNELS_ENV = "FASTASR_KERNELS"
-_CHOICES = ("auto", "reference", "triton")
+_CHOICES = ("auto", "reference", "native", "triton")
 
-# Triton module of each op, and the ops whose Triton kernel takes no float64.
+# The ops each implementation has (the Triton ones: the module holding each kernel).
 _TRITON_MODULES = {
     "hash_codes": "triton_hashing",
     "hamming_kmeans": "triton_kmeans",
     "clustered_dot": "triton_clustered",
     "clustered_weighted_sum": "triton_clustered",
+    "improved_sparse": "triton_clustered",
 }
-_NO_FLOAT64 = {"clustered_dot", "clustered_weighted_sum"}
+_NATIVE_OPS = {
+    "hash_codes",
+    "hamming_kmeans",
+    "topk_indices",
+    "centroid_attention",
+    "improved_sparse",
+}
+_NO_FLOAT64 = {"clustered_dot", "clustered_weighted_sum", "improved_sparse"}  # Triton products
 
 
 def kernel_choice() -> str:
-    """The ``FASTASR_KERNELS`` setting: ``"auto"`` (default), ``"reference"`` or ``"triton"``."""
+    """The ``FASTASR_KERNELS`` setting: ``"auto"`` (default), ``"reference"``, ``"native"`` or ``"triton"``."""
     raw = os.environ.get(KERNELS_ENV, "")
     value = raw.strip().lower() or "auto"
     if value not in _CHOICES:
@@ -63,21 +85,29 @@ def kernel_choice() -> str:
 
 
 def kernel_backend(x: torch.Tensor, op: str = "hash_codes") -> str:
-    """``"triton"`` or ``"reference"``: the implementation ``op`` uses for tensors like ``x``."""
+    """``"triton"``, ``"native"`` or ``"reference"``: what ``op`` runs for tensors like ``x``."""
     choice = kernel_choice()
-    if choice != "auto":
-        return choice
-    if x.device.type != "cuda":
+    if choice == "auto":
+        if x.device.type == "cuda":
+            choice = "reference" if op in _NO_FLOAT64 and x.dtype == torch.float64 else "triton"
+        elif x.device.type == "cpu" and op in _NATIVE_OPS and native.available():
+            choice = "native"
+        else:
+            choice = "reference"
+    if choice == "triton" and op not in _TRITON_MODULES:
         return "reference"
-    if op in _NO_FLOAT64 and x.dtype == torch.float64:
+    if choice == "native" and op not in _NATIVE_OPS:
         return "reference"
-    return "triton"
+    return choice
 
 
 def _backend(x: torch.Tensor, op: str) -> ModuleType:
     """The module implementing ``op`` for tensors like ``x`` (see :func:`kernel_backend`)."""
-    if kernel_backend(x, op) == "reference":
+    backend = kernel_backend(x, op)
+    if backend == "reference":
         return reference
+    if backend == "native":
+        return native
     return import_kernel_module(_TRITON_MODULES[op])
 
 
@@ -102,6 +132,11 @@ def hamming_kmeans(
     return backend.hamming_kmeans(codes, lengths, clusters, iterations, generator, bits=bits)
 
 
+def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """``(..., N)`` scores -> ``(..., k)`` int64 indices of each row's ``k`` largest, unordered."""
+    return _backend(scores, "topk_indices").topk_indices(scores, k)
+
+
 def clustered_dot(
     q: torch.Tensor, k: torch.Tensor, topk_idx: torch.Tensor, assignments: torch.Tensor
 ) -> torch.Tensor:
@@ -114,3 +149,32 @@ def clustered_weighted_sum(
 ) -> torch.Tensor:
     """``(B,H,N,K)`` weights, ``(B,H,N,E)`` values -> ``(B,H,N,E)`` per-query weighted sums."""
     return _backend(w, "clustered_weighted_sum").clustered_weighted_sum(w, v, topk_idx, assignments)
+
+
+def centroid_attention(
+    centroids: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor | None,
+    scale: float,
+    topk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(B,H,C,E)`` centroids -> centroid outputs ``(B,H,C,Ev)``, top weights and top keys ``(B,H,C,topk)``."""
+    backend = _backend(centroids, "centroid_attention")
+    return backend.centroid_attention(centroids, k, v, lengths, scale, topk)
+
+
+def improved_sparse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    values: torch.Tensor,
+    top_w: torch.Tensor,
+    top_idx: torch.Tensor,
+    assignments: torch.Tensor,
+    lengths: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """The per-query part of improved clustered attention -> ``(B,H,N,Ev)``; see the reference."""
+    backend = _backend(q, "improved_sparse")
+    return backend.improved_sparse(q, k, v, values, top_w, top_idx, assignments, lengths, scale)

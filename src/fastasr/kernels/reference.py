@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import torch
 
+from fastasr.kernels.gathers import gather_dot, gather_weighted_sum
+from fastasr.kernels.padding import key_mask, valid_positions
+
 __all__ = [
     "MAX_BITS",
-    "valid_mask",
     "popcount",
     "unpack_bits",
     "pack_bits",
@@ -41,25 +43,14 @@ __all__ = [
     "hamming_kmeans",
     "clustered_dot",
     "clustered_weighted_sum",
-    "gather_dot",
-    "gather_weighted_sum",
-    "rows_gather_dot",
-    "rows_gather_weighted_sum",
-    "rows_scatter_outer",
-    "flat_index",
+    "gather_clusters",
+    "topk_indices",
+    "centroid_logits",
+    "centroid_attention",
+    "improved_sparse",
 ]
 
 MAX_BITS = 63  # a code must fit a non-negative int64
-
-# Rows of the (rows, K, E) temporaries materialised at a time by the gather ops.
-_GATHER_ROWS = 4096
-
-
-def valid_mask(lengths: torch.Tensor | None, batch: int, n: int, device) -> torch.Tensor:
-    """``(B, N)`` bool, True where ``position < lengths[b]`` (all True if ``lengths`` is None)."""
-    if lengths is None:
-        return torch.ones(batch, n, dtype=torch.bool, device=device)
-    return torch.arange(n, device=device)[None, :] < lengths.to(device)[:, None]
 
 
 def popcount(x: torch.Tensor) -> torch.Tensor:
@@ -116,7 +107,7 @@ def hash_codes(
     w = planes.to(device=x.device, dtype=dtype)
     proj = torch.matmul(x.detach().to(dtype), w[:E]) + w[E]
     codes = pack_bits(proj > 0)
-    valid = valid_mask(lengths, B, N, x.device)
+    valid = valid_positions(lengths, B, N, x.device)
     return codes.masked_fill(~valid[:, None, :], 0)
 
 
@@ -195,7 +186,7 @@ def hamming_kmeans(
         if lengths is None
         else lengths.to(device=device, dtype=torch.int64)
     )
-    valid = valid_mask(lens, B, N, device)[:, None, :]  # (B,1,N)
+    valid = valid_positions(lens, B, N, device)[:, None, :]  # (B,1,N)
     centroid_codes, c_eff = initial_centroids(codes, lens, C)  # (B,H,C), (B,)
     used = torch.arange(C, device=device)[None, :] < c_eff[:, None]  # (B,C)
 
@@ -229,123 +220,6 @@ def hamming_kmeans(
         2, torch.where(assignments < 0, C, assignments), torch.ones_like(assignments)
     )
     return assignments, counts[..., :C]
-
-
-# --- gathers with chunked, memory-light autograd ---------------------------------
-
-
-def flat_index(idx: torch.Tensor, n: int) -> torch.Tensor:
-    """``(B,H,M,K)`` indices into the N axis -> indices into the flattened ``(B*H*N)`` rows."""
-    B, H = idx.shape[:2]
-    base = torch.arange(B * H, device=idx.device).view(B, H, 1, 1) * n
-    return (idx + base).reshape(B * H * idx.shape[2], idx.shape[3])
-
-
-def rows_gather_dot(a: torch.Tensor, b: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``out[r, t] = a[r] . b[idx[r, t]]`` for ``a (R,E)``, ``b (S,E)``, ``idx (R,K)`` -> ``(R,K)``.
-
-    No autograd; works through the rows in blocks so the ``(rows, K, E)`` gather
-    stays bounded. (A multiply and a sum, not a batched matmul: on CPU, thousands
-    of tiny matmuls cost far more than one elementwise pass.)
-    """
-    out = a.new_empty(idx.shape)
-    for s in range(0, a.shape[0], _GATHER_ROWS):
-        e = s + _GATHER_ROWS
-        torch.sum(b[idx[s:e]] * a[s:e, None, :], dim=-1, out=out[s:e])
-    return out
-
-
-def rows_gather_weighted_sum(w: torch.Tensor, v: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``out[r] = sum_t w[r, t] * v[idx[r, t]]`` for ``w (R,K)``, ``v (S,E)``, ``idx (R,K)`` -> ``(R,E)``.
-
-    No autograd; blocked over rows like :func:`rows_gather_dot`.
-    """
-    out = v.new_empty(w.shape[0], v.shape[1])
-    for s in range(0, w.shape[0], _GATHER_ROWS):
-        e = s + _GATHER_ROWS
-        torch.sum(w[s:e, :, None] * v[idx[s:e]], dim=1, out=out[s:e])
-    return out
-
-
-def rows_scatter_outer(
-    w: torch.Tensor, x: torch.Tensor, idx: torch.Tensor, num_rows: int
-) -> torch.Tensor:
-    """``out[idx[r, t]] += w[r, t] * x[r]`` into zeros ``(num_rows, E)``; ``w (R,K)``, ``x (R,E)``.
-
-    The adjoint of both gathers above. No autograd; blocked over rows.
-    """
-    out = x.new_zeros(num_rows, x.shape[1])
-    for s in range(0, w.shape[0], _GATHER_ROWS):
-        e = s + _GATHER_ROWS
-        contrib = w[s:e, :, None] * x[s:e, None, :]  # (rows, K, E)
-        out.index_add_(0, idx[s:e].reshape(-1), contrib.reshape(-1, x.shape[1]))
-    return out
-
-
-class _GatherDot(torch.autograd.Function):
-    """Autograd for :func:`rows_gather_dot` that never stores the ``(R, K, E)`` gather."""
-
-    @staticmethod
-    def forward(ctx, a, b, idx):
-        ctx.save_for_backward(a, b, idx)
-        return rows_gather_dot(a, b, idx)
-
-    @staticmethod
-    def backward(ctx, g):
-        a, b, idx = ctx.saved_tensors
-        ga = rows_gather_weighted_sum(g, b, idx) if ctx.needs_input_grad[0] else None
-        gb = rows_scatter_outer(g, a, idx, b.shape[0]) if ctx.needs_input_grad[1] else None
-        return ga, gb, None
-
-
-class _GatherWeightedSum(torch.autograd.Function):
-    """Autograd for :func:`rows_gather_weighted_sum` that never stores the ``(R, K, E)`` gather."""
-
-    @staticmethod
-    def forward(ctx, w, v, idx):
-        ctx.save_for_backward(w, v, idx)
-        return rows_gather_weighted_sum(w, v, idx)
-
-    @staticmethod
-    def backward(ctx, g):
-        w, v, idx = ctx.saved_tensors
-        gw = rows_gather_dot(g, v, idx) if ctx.needs_input_grad[0] else None
-        gv = rows_scatter_outer(w, g, idx, v.shape[0]) if ctx.needs_input_grad[1] else None
-        return gw, gv, None
-
-
-def gather_dot(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``out[b,h,n,t] = q[b,h,n] . k[b,h,idx[b,h,n,t]]``.
-
-    Args:
-        q: ``(B, H, N, E)``; k: ``(B, H, S, E)``; idx: ``(B, H, N, K)`` int64 in ``[0, S)``.
-
-    Returns:
-        ``(B, H, N, K)``, differentiable in ``q`` and ``k``; memory ``O(N K)`` plus a
-        bounded ``(rows, K, E)`` working set.
-    """
-    B, H, N, E = q.shape
-    S = k.shape[2]
-    K = idx.shape[-1]
-    flat = flat_index(idx, S)
-    out = _GatherDot.apply(q.reshape(B * H * N, E), k.reshape(B * H * S, E), flat)
-    return out.view(B, H, N, K)
-
-
-def gather_weighted_sum(w: torch.Tensor, v: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``out[b,h,n] = sum_t w[b,h,n,t] * v[b,h,idx[b,h,n,t]]``.
-
-    Args:
-        w: ``(B, H, N, K)``; v: ``(B, H, S, E)``; idx: ``(B, H, N, K)`` int64 in ``[0, S)``.
-
-    Returns:
-        ``(B, H, N, E)``, differentiable in ``w`` and ``v``.
-    """
-    B, H, N, K = w.shape
-    S, E = v.shape[2], v.shape[3]
-    flat = flat_index(idx, S)
-    out = _GatherWeightedSum.apply(w.reshape(B * H * N, K), v.reshape(B * H * S, E), flat)
-    return out.view(B, H, N, E)
 
 
 def _per_query_index(topk_idx: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
@@ -389,3 +263,131 @@ def clustered_weighted_sum(
     """
     w = w.masked_fill((assignments < 0)[..., None], 0)
     return gather_weighted_sum(w, v, _per_query_index(topk_idx, assignments))
+
+
+# --- improved clustered attention: the per-query part -----------------------------
+
+
+def gather_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
+    """Per-cluster rows ``x (B, H, C, ...)`` -> per-query rows ``(B, H, N, ...)`` (cluster 0 for padded)."""
+    a = assignments.clamp(min=0)
+    index = a.view(*a.shape, *([1] * (x.dim() - 3))).expand(*a.shape, *x.shape[3:])
+    return x.gather(2, index)
+
+
+def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices ``(..., k)`` of the ``k`` largest entries of each row of ``scores (..., N)``.
+
+    The order of the ``k`` indices is unspecified (callers use them as a set); ties
+    between equal scores are broken arbitrarily. No autograd.
+    """
+    return scores.detach().topk(k, dim=-1, sorted=False).indices
+
+
+def centroid_logits(
+    centroids: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """``scale * centroids @ k^T`` ``(B, H, C, N)`` in the centroids' dtype, ``-inf`` at masked keys.
+
+    Args:
+        centroids: ``(B, H, C, E)`` float32/float64; k: ``(B, H, N, E)`` (multiplied in
+            its own dtype, so half-precision keys use half-precision products).
+        lengths: ``(B,)`` or None (keys as :func:`~fastasr.kernels.padding.key_mask`).
+    """
+    B, _, _, _ = centroids.shape
+    N = k.shape[2]
+    scores = torch.matmul(centroids.to(k.dtype), k.transpose(-1, -2))
+    logits = scores.to(centroids.dtype) * scale
+    keys_ok = key_mask(lengths, B, N, k.device)
+    return logits.masked_fill(~keys_ok[:, None, None, :], float("-inf"))
+
+
+def centroid_attention(
+    centroids: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor | None,
+    scale: float,
+    topk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each centroid's attention over the keys, its output and its top keys.
+
+    Args:
+        centroids: ``(B, H, C, E)``; k: ``(B, H, N, E)``; v: ``(B, H, N, Ev)``;
+            lengths: ``(B,)`` or None; scale: ``1/sqrt(E)``; topk: keys to select per
+            centroid, ``0 <= topk <= N`` (0: none).
+
+    Returns:
+        ``values`` ``(B, H, C, Ev)`` = ``softmax(logits) @ v`` in ``v``'s dtype (the softmax
+        in the centroids' dtype), ``top_w`` ``(B, H, C, topk)`` the softmax at the
+        ``top_idx`` ``(B, H, C, topk)`` int64 keys of the largest logits (unordered).
+        Differentiable in ``centroids``, ``k``, ``v`` (``values`` and ``top_w``).
+    """
+    logits = centroid_logits(centroids, k, lengths, scale)
+    weights = logits.softmax(-1)
+    values = torch.matmul(weights.to(v.dtype), v)
+    top_idx = topk_indices(logits, topk) if topk else logits.new_empty(
+        *logits.shape[:3], 0, dtype=torch.int64
+    )
+    return values, weights.gather(-1, top_idx), top_idx
+
+
+def improved_sparse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    values: torch.Tensor,
+    top_w: torch.Tensor,
+    top_idx: torch.Tensor,
+    assignments: torch.Tensor,
+    lengths: torch.Tensor | None,
+    scale: float,
+    *,
+    dot=None,
+    wsum=None,
+) -> torch.Tensor:
+    """The per-query part of improved clustered attention (Vyas et al. 2020, eq. 9-11).
+
+    For query ``n`` of cluster ``a`` and the valid keys ``T`` among ``top_idx[a]``::
+
+        out[n] = rest[a] + mass[a] * softmax_t(scale * q_n . k_T[t]) @ v_T
+        mass[a] = sum_t top_w[a, t]          rest[a] = values[a] - sum_t top_w[a, t] v_T[t]
+
+    i.e. the centroid's output with the part of its top keys replaced by the query's own
+    attention on them, renormalised to the same mass. Keys at or beyond a sequence's
+    length are not in ``T`` (they get no weight, even when the sequence is shorter than K).
+
+    Args:
+        q, k: ``(B, H, N, E)``; v: ``(B, H, N, Ev)``.
+        values: ``(B, H, C, Ev)`` the centroid outputs ``A^c V``.
+        top_w: ``(B, H, C, K)`` the centroid weights ``A^c`` at the top keys.
+        top_idx: ``(B, H, C, K)`` int64 key positions; assignments: ``(B, H, N)`` int64,
+            ``-1`` for padded queries; lengths: ``(B,)`` or None; scale: ``1/sqrt(E)``.
+        dot, wsum: implementations of :func:`clustered_dot` and
+            :func:`clustered_weighted_sum` (default: this module's). The Triton backend
+            passes its kernels; then half-precision ``q``, ``k``, ``v`` reach them as they
+            are (the softmax, the mass and the rest are float32).
+
+    Returns:
+        ``(B, H, N, Ev)`` in ``v``'s dtype, 0 for padded queries; differentiable in ``q``,
+        ``k``, ``v``, ``values`` and ``top_w``. The reference computes half inputs in float32.
+    """
+    out_dtype = v.dtype
+    if dot is None:
+        dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+        q, k, v, values, top_w = (t.to(dt) for t in (q, k, v, values, top_w))
+    dot = dot or clustered_dot
+    wsum = wsum or clustered_weighted_sum
+    B, H, N, _ = q.shape
+    C = top_idx.shape[2]
+    keys_ok = key_mask(lengths, B, N, q.device)
+    top_ok = keys_ok[:, None, None, :].expand(B, H, C, N).gather(-1, top_idx)
+    top_w = top_w.masked_fill(~top_ok, 0)
+    mass = top_w.sum(-1)  # (B,H,C)
+    rest = values - gather_weighted_sum(top_w, v.to(top_w.dtype), top_idx)  # (B,H,C,Ev)
+    scores = dot(q, k, top_idx, assignments).to(top_w.dtype) * scale
+    scores = scores.masked_fill(~gather_clusters(top_ok, assignments), float("-inf"))
+    p = scores.softmax(-1) * gather_clusters(mass, assignments)[..., None]
+    out = wsum(p.to(v.dtype), v, top_idx, assignments) + gather_clusters(rest, assignments)
+    valid = valid_positions(lengths, B, N, q.device)
+    return out.masked_fill(~valid[:, None, :, None], 0).to(out_dtype)

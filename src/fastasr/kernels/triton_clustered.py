@@ -10,15 +10,17 @@ arguments):
 with ``a_n = assignments[b,h,n]``; padded queries (``a_n = -1``) give 0 and receive
 and pass on no gradient.
 
-Design: cluster-sorted blocks. All queries of a cluster use the same ``K`` keys, so
-the host sorts each (batch, head)'s positions by cluster once (a stable ``argsort``,
-padded queries last; kept for the backward pass). A program takes ``BLOCK_N``
-consecutive positions of that order — a few contiguous cluster segments — loads the
-rows once, and for each segment loads that cluster's ``K`` key/value rows once and
-does one ``tl.dot`` on the tensor cores (fp16/bf16 operands, fp32 accumulator; fp32
-inputs in full fp32 precision, no tf32), keeping the rows of the segment. Compared
-with gathering ``K`` rows per query this reads each selected row once per segment
-instead of once per query, and turns ``N·K`` dot products into matrix products.
+Design: one block, one cluster. All queries of a cluster use the same ``K`` keys, so
+each (batch, head)'s positions are sorted by cluster once per attention call (one
+stable ``argsort``, padded queries last; :func:`cluster_order`, shared by every product
+of the forward and backward pass). A block is up to ``BLOCK_N`` consecutive sorted
+positions *of one cluster*: a program loads its rows and that cluster's ``K``
+key/value rows once and does one ``tl.dot`` on the tensor cores (fp16/bf16 operands,
+fp32 accumulator; fp32 inputs in full fp32 precision, no tf32). No block multiplies
+rows of another cluster, whatever the cluster sizes (a block of consecutive sorted
+positions would loop over ~15 clusters at N = 220, C = 100). The block table is
+built on the device without a host synchronisation: ``cdiv(N, BLOCK_N) + C`` slots
+per (batch, head) bound the number of blocks, unused slots exit at once.
 
 The three kernels, and which pass uses them:
 
@@ -27,12 +29,12 @@ kernel                     computes                                used for
 =========================  ======================================  =====================
 ``_gather_dot_kernel``     ``S[n] = X[n] @ M[idx[a_n]]^T``  (N,K)   dot fwd; ``dw`` of wsum
 ``_gather_wsum_kernel``    ``O[n] = W[n] @ M[idx[a_n]]``    (N,E)   wsum fwd; ``dq`` of dot
-``_scatter_outer_kernel``  ``dM[idx[c]] += W[seg]^T @ X[seg]``      ``dk`` of dot; ``dv`` of wsum
+``_scatter_outer_kernel``  ``dM[idx[c]] += W[blk]^T @ X[blk]``      ``dk`` of dot; ``dv`` of wsum
 =========================  ======================================  =====================
 
-The scatter sums over a segment first (a ``(K, BLOCK_N) @ (BLOCK_N, E)`` product) and
+The scatter sums over a block first (a ``(K, BLOCK_N) @ (BLOCK_N, E)`` product) and
 only then adds the ``(K, E)`` partial into an fp32 buffer with ``atomic_add``: one
-atomic per (selected key, feature) per segment instead of one per (query, key,
+atomic per (selected key, feature) per block instead of one per (query, key,
 feature). The order of those float additions varies from run to run, so ``dk``/``dv``
 are reproducible to rounding (about 1e-7 relative in fp32), not bit for bit.
 
@@ -44,30 +46,40 @@ the ``C × N × E`` centroid attention, so fusing them would not pay for its com
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from fastasr.kernels import reference
 from fastasr.kernels.availability import (
     ensure_interpreter_compat,
     kernels_interpreted,
     require_triton,
 )
+from fastasr.kernels.cluster_order import ClusterOrder, cluster_order
 
 ensure_interpreter_compat()
 
-__all__ = ["cluster_order", "clustered_dot", "clustered_weighted_sum"]
+__all__ = ["ClusterOrder", "cluster_order", "clustered_dot", "clustered_weighted_sum",
+           "improved_sparse"]
 
 MAX_FEATURES = 256  # E and K are held whole in one tile
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _segment_bounds(cl, mask_p, C):
-    """First and last real cluster among the block's (sorted) positions."""
-    c_lo = tl.min(tl.where(mask_p, cl, C), axis=0)
-    c_hi = tl.max(tl.where(mask_p & (cl < C), cl, -1), axis=0)
-    return c_lo, c_hi
+def _block_rows(perm_ptr, blk_ptr, pid_bh, pid_blk, N, P, BLOCK_N: tl.constexpr):
+    """The cluster of block ``pid_blk`` (-1: unused), its positions and their mask."""
+    entry = blk_ptr + (pid_bh.to(tl.int64) * P + pid_blk) * 3
+    c = tl.load(entry)
+    row0 = tl.load(entry + 1)
+    nrows = tl.load(entry + 2)
+    offs = tl.arange(0, BLOCK_N)
+    mask = offs < nrows
+    rows = tl.load(perm_ptr + pid_bh.to(tl.int64) * N + row0 + offs, mask=mask, other=0)
+    return c, rows, mask
 
 
 @triton.jit
@@ -87,8 +99,8 @@ def _load_cluster_rows(m_ptr, idx_ptr, c, S, K, E, s_ms, s_me, s_ic, s_it,
 
 @triton.jit
 def _gather_dot_kernel(
-    x_ptr, m_ptr, idx_ptr, perm_ptr, skey_ptr, out_ptr,
-    H, N, S, C, K, E,
+    x_ptr, m_ptr, idx_ptr, perm_ptr, blk_ptr, out_ptr,
+    H, N, S, K, E, P,
     s_xb, s_xh, s_xn, s_xe,
     s_mb, s_mh, s_ms, s_me,
     s_ib, s_ih, s_ic, s_it,
@@ -96,31 +108,20 @@ def _gather_dot_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
+    c, rows, mask_p = _block_rows(perm_ptr, blk_ptr, pid_bh, tl.program_id(1), N, P, BLOCK_N)
+    if c < 0:
+        return
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
-    offs_p = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_t = tl.arange(0, BLOCK_K)
     offs_e = tl.arange(0, BLOCK_E)
-    mask_p = offs_p < N
-    order = pid_bh.to(tl.int64) * N + offs_p
-    rows = tl.load(perm_ptr + order, mask=mask_p, other=0)
-    cl = tl.load(skey_ptr + order, mask=mask_p, other=C)
-
     x = tl.load(
         x_ptr + b * s_xb + h * s_xh + rows[:, None] * s_xn + offs_e[None, :] * s_xe,
         mask=mask_p[:, None] & (offs_e[None, :] < E), other=0.0,
     ).to(DOT_DTYPE)
-    m_base = m_ptr + b * s_mb + h * s_mh
-    i_base = idx_ptr + b * s_ib + h * s_ih
-
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    c_lo, c_hi = _segment_bounds(cl, mask_p, C)
-    for c in range(c_lo, c_hi + 1):
-        keys, _, _ = _load_cluster_rows(m_base, i_base, c, S, K, E, s_ms, s_me, s_ic, s_it,
-                                        BLOCK_K, BLOCK_E)
-        s = tl.dot(x, tl.trans(keys.to(DOT_DTYPE)), input_precision=PRECISION)
-        acc = tl.where((cl == c)[:, None], s, acc)
-
+    keys, _, _ = _load_cluster_rows(m_ptr + b * s_mb + h * s_mh, idx_ptr + b * s_ib + h * s_ih,
+                                    c, S, K, E, s_ms, s_me, s_ic, s_it, BLOCK_K, BLOCK_E)
+    acc = tl.dot(x, tl.trans(keys.to(DOT_DTYPE)), input_precision=PRECISION)
     out_ptrs = out_ptr + (pid_bh.to(tl.int64) * N + rows[:, None]) * K + offs_t[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
              mask=mask_p[:, None] & (offs_t[None, :] < K))
@@ -128,8 +129,8 @@ def _gather_dot_kernel(
 
 @triton.jit
 def _gather_wsum_kernel(
-    w_ptr, m_ptr, idx_ptr, perm_ptr, skey_ptr, out_ptr,
-    H, N, S, C, K, E,
+    w_ptr, m_ptr, idx_ptr, perm_ptr, blk_ptr, out_ptr,
+    H, N, S, K, E, P,
     s_wb, s_wh, s_wn, s_wt,
     s_mb, s_mh, s_ms, s_me,
     s_ib, s_ih, s_ic, s_it,
@@ -137,31 +138,20 @@ def _gather_wsum_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
+    c, rows, mask_p = _block_rows(perm_ptr, blk_ptr, pid_bh, tl.program_id(1), N, P, BLOCK_N)
+    if c < 0:
+        return
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
-    offs_p = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_t = tl.arange(0, BLOCK_K)
     offs_e = tl.arange(0, BLOCK_E)
-    mask_p = offs_p < N
-    order = pid_bh.to(tl.int64) * N + offs_p
-    rows = tl.load(perm_ptr + order, mask=mask_p, other=0)
-    cl = tl.load(skey_ptr + order, mask=mask_p, other=C)
-
     w = tl.load(
         w_ptr + b * s_wb + h * s_wh + rows[:, None] * s_wn + offs_t[None, :] * s_wt,
         mask=mask_p[:, None] & (offs_t[None, :] < K), other=0.0,
     ).to(DOT_DTYPE)
-    m_base = m_ptr + b * s_mb + h * s_mh
-    i_base = idx_ptr + b * s_ib + h * s_ih
-
-    acc = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
-    c_lo, c_hi = _segment_bounds(cl, mask_p, C)
-    for c in range(c_lo, c_hi + 1):
-        vals, _, _ = _load_cluster_rows(m_base, i_base, c, S, K, E, s_ms, s_me, s_ic, s_it,
-                                        BLOCK_K, BLOCK_E)
-        w_c = tl.where((cl == c)[:, None], w, 0.0)
-        acc = tl.dot(w_c, vals.to(DOT_DTYPE), acc, input_precision=PRECISION)
-
+    vals, _, _ = _load_cluster_rows(m_ptr + b * s_mb + h * s_mh, idx_ptr + b * s_ib + h * s_ih,
+                                    c, S, K, E, s_ms, s_me, s_ic, s_it, BLOCK_K, BLOCK_E)
+    acc = tl.dot(w, vals.to(DOT_DTYPE), input_precision=PRECISION)
     out_ptrs = out_ptr + (pid_bh.to(tl.int64) * N + rows[:, None]) * E + offs_e[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty),
              mask=mask_p[:, None] & (offs_e[None, :] < E))
@@ -169,8 +159,8 @@ def _gather_wsum_kernel(
 
 @triton.jit
 def _scatter_outer_kernel(
-    a_ptr, x_ptr, idx_ptr, perm_ptr, skey_ptr, dm_ptr,
-    H, N, S, C, K, E,
+    a_ptr, x_ptr, idx_ptr, perm_ptr, blk_ptr, dm_ptr,
+    H, N, S, K, E, P,
     s_ab, s_ah, s_an, s_at,
     s_xb, s_xh, s_xn, s_xe,
     s_ib, s_ih, s_ic, s_it,
@@ -178,17 +168,14 @@ def _scatter_outer_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
+    c, rows, mask_p = _block_rows(perm_ptr, blk_ptr, pid_bh, tl.program_id(1), N, P, BLOCK_N)
+    if c < 0:
+        return
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
-    offs_p = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_t = tl.arange(0, BLOCK_K)
     offs_e = tl.arange(0, BLOCK_E)
-    mask_p = offs_p < N
     mask_e = offs_e < E
-    order = pid_bh.to(tl.int64) * N + offs_p
-    rows = tl.load(perm_ptr + order, mask=mask_p, other=0)
-    cl = tl.load(skey_ptr + order, mask=mask_p, other=C)
-
     a = tl.load(
         a_ptr + b * s_ab + h * s_ah + rows[:, None] * s_an + offs_t[None, :] * s_at,
         mask=mask_p[:, None] & (offs_t[None, :] < K), other=0.0,
@@ -197,39 +184,14 @@ def _scatter_outer_kernel(
         x_ptr + b * s_xb + h * s_xh + rows[:, None] * s_xn + offs_e[None, :] * s_xe,
         mask=mask_p[:, None] & mask_e[None, :], other=0.0,
     ).to(DOT_DTYPE)
-    i_base = idx_ptr + b * s_ib + h * s_ih
-    dm_base = dm_ptr + pid_bh.to(tl.int64) * S * E
-
-    c_lo, c_hi = _segment_bounds(cl, mask_p, C)
-    for c in range(c_lo, c_hi + 1):
-        in_c = (cl == c)[:, None]
-        a_c = tl.where(in_c, a, 0.0)
-        x_c = tl.where(in_c, x, 0.0)
-        part = tl.dot(tl.trans(a_c), x_c, input_precision=PRECISION)  # (BLOCK_K, BLOCK_E)
-        idx = tl.load(i_base + c * s_ic + offs_t * s_it, mask=offs_t < K, other=-1)
-        ok = (idx >= 0) & (idx < S)
-        tl.atomic_add(dm_base + idx[:, None] * E + offs_e[None, :], part,
-                      mask=ok[:, None] & mask_e[None, :])
+    part = tl.dot(tl.trans(a), x, input_precision=PRECISION)  # (BLOCK_K, BLOCK_E)
+    idx = tl.load(idx_ptr + b * s_ib + h * s_ih + c * s_ic + offs_t * s_it, mask=offs_t < K, other=-1)
+    ok = (idx >= 0) & (idx < S)
+    tl.atomic_add(dm_ptr + pid_bh.to(tl.int64) * S * E + idx[:, None] * E + offs_e[None, :], part,
+                  mask=ok[:, None] & mask_e[None, :])
 
 
 # --- host side -------------------------------------------------------------------------
-
-
-def cluster_order(assignments: torch.Tensor, clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions sorted by cluster, padded (or out-of-range) positions last.
-
-    Args:
-        assignments: ``(B, H, N)`` int64 clusters, ``-1`` for padded positions.
-        clusters: ``C``; assignments outside ``[0, C)`` are treated as padded.
-
-    Returns:
-        ``perm`` ``(B, H, N)`` int64 (position at each sorted slot) and ``sorted_cluster``
-        ``(B, H, N)`` int64 (its cluster, ``C`` for padded), both contiguous.
-    """
-    key = torch.where((assignments >= 0) & (assignments < clusters), assignments, clusters)
-    key = key.to(torch.int64)
-    perm = torch.argsort(key, dim=-1, stable=True)
-    return perm.contiguous(), key.gather(-1, perm).contiguous()
 
 
 def _dot_config(dtype: torch.dtype, interpreted: bool):
@@ -281,105 +243,93 @@ def _check(op: str, a: torch.Tensor, m: torch.Tensor, topk_idx: torch.Tensor,
         raise ValueError(f"{op}: inputs on several devices {sorted(map(str, devices))}")
 
 
-def _launch_dot(x, m, topk_idx, perm, skey, out_dtype):
-    """``(B,H,N,E)`` x, ``(B,H,S,E)`` m -> ``(B,H,N,K)``: x[n] · m[idx[a_n, t]]."""
+def _launch(kernel, a, m, topk_idx, order: ClusterOrder, out, width: int):
+    """Launch a product kernel over every block of ``order``; ``width``: K or E of ``m``."""
+    B, H, N = a.shape[:3]
+    S, K = m.shape[2], topk_idx.shape[3]
+    interpreted = kernels_interpreted(kernel)
+    dot_dtype, precision = _dot_config(torch.promote_types(a.dtype, m.dtype), interpreted)
+    block_n, block_k, block_e = _blocks(K, width, dot_dtype)
+    table, P = order.blocks(block_n)
+    kernel[(B * H, P)](
+        a, m, topk_idx, order.perm, table, out,
+        H, N, S, K, width, P,
+        *a.stride(), *m.stride(), *topk_idx.stride(),
+        DOT_DTYPE=dot_dtype, PRECISION=precision,
+        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
+    )
+    return out
+
+
+def _launch_dot(x, m, topk_idx, order, out_dtype):
+    """``(B,H,N,E)`` x, ``(B,H,S,E)`` m -> ``(B,H,N,K)``: x[n] · m[idx[a_n, t]] (0 for padded)."""
     B, H, N, E = x.shape
-    S, C, K = m.shape[2], topk_idx.shape[2], topk_idx.shape[3]
-    out = torch.empty((B, H, N, K), dtype=out_dtype, device=x.device)
+    out = torch.zeros((B, H, N, topk_idx.shape[3]), dtype=out_dtype, device=x.device)
     if out.numel() == 0:
         return out
-    interpreted = kernels_interpreted(_gather_dot_kernel)
-    dot_dtype, precision = _dot_config(torch.promote_types(x.dtype, m.dtype), interpreted)
-    block_n, block_k, block_e = _blocks(K, E, dot_dtype)
-    _gather_dot_kernel[(B * H, triton.cdiv(N, block_n))](
-        x, m, topk_idx, perm, skey, out,
-        H, N, S, C, K, E,
-        *x.stride(), *m.stride(), *topk_idx.stride(),
-        DOT_DTYPE=dot_dtype, PRECISION=precision,
-        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
-    )
-    return out
+    return _launch(_gather_dot_kernel, x, m, topk_idx, order, out, E)
 
 
-def _launch_wsum(w, m, topk_idx, perm, skey, out_dtype):
-    """``(B,H,N,K)`` w, ``(B,H,S,E)`` m -> ``(B,H,N,E)``: Σ_t w[n,t] m[idx[a_n, t]]."""
-    B, H, N, K = w.shape
-    S, E, C = m.shape[2], m.shape[3], topk_idx.shape[2]
-    out = torch.empty((B, H, N, E), dtype=out_dtype, device=w.device)
+def _launch_wsum(w, m, topk_idx, order, out_dtype):
+    """``(B,H,N,K)`` w, ``(B,H,S,E)`` m -> ``(B,H,N,E)``: Σ_t w[n,t] m[idx[a_n, t]] (0 for padded)."""
+    B, H, N, _ = w.shape
+    out = torch.zeros((B, H, N, m.shape[3]), dtype=out_dtype, device=w.device)
     if out.numel() == 0:
         return out
-    interpreted = kernels_interpreted(_gather_wsum_kernel)
-    dot_dtype, precision = _dot_config(torch.promote_types(w.dtype, m.dtype), interpreted)
-    block_n, block_k, block_e = _blocks(K, E, dot_dtype)
-    _gather_wsum_kernel[(B * H, triton.cdiv(N, block_n))](
-        w, m, topk_idx, perm, skey, out,
-        H, N, S, C, K, E,
-        *w.stride(), *m.stride(), *topk_idx.stride(),
-        DOT_DTYPE=dot_dtype, PRECISION=precision,
-        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
-    )
-    return out
+    return _launch(_gather_wsum_kernel, w, m, topk_idx, order, out, m.shape[3])
 
 
-def _launch_scatter(a, x, topk_idx, perm, skey, S, out_dtype):
+def _launch_scatter(a, x, topk_idx, order, S, out_dtype):
     """``(B,H,N,K)`` a, ``(B,H,N,E)`` x -> ``(B,H,S,E)``: dM[idx[a_n,t]] += a[n,t] x[n]."""
-    B, H, N, K = a.shape
-    E, C = x.shape[3], topk_idx.shape[2]
+    B, H, N, _ = a.shape
+    E = x.shape[3]
     acc = torch.zeros((B, H, S, E), dtype=torch.float32, device=a.device)
     if a.numel() and acc.numel():
-        interpreted = kernels_interpreted(_scatter_outer_kernel)
-        dot_dtype, precision = _dot_config(torch.promote_types(a.dtype, x.dtype), interpreted)
-        block_n, block_k, block_e = _blocks(K, E, dot_dtype)
-        _scatter_outer_kernel[(B * H, triton.cdiv(N, block_n))](
-            a, x, topk_idx, perm, skey, acc,
-            H, N, S, C, K, E,
-            *a.stride(), *x.stride(), *topk_idx.stride(),
-            DOT_DTYPE=dot_dtype, PRECISION=precision,
-            BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e,
-        )
+        _launch(_scatter_outer_kernel, a, x, topk_idx, order, acc, E)
     return acc.to(out_dtype)
 
 
 class _ClusteredDot(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, topk_idx, assignments):
-        perm, skey = cluster_order(assignments, topk_idx.shape[2])
-        out = _launch_dot(q, k, topk_idx, perm, skey, torch.promote_types(q.dtype, k.dtype))
-        ctx.save_for_backward(q, k, topk_idx, perm, skey)
+    def forward(ctx, q, k, topk_idx, order):
+        out = _launch_dot(q, k, topk_idx, order, torch.promote_types(q.dtype, k.dtype))
+        ctx.save_for_backward(q, k, topk_idx)
+        ctx.order = order
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        q, k, topk_idx, perm, skey = ctx.saved_tensors
+        q, k, topk_idx = ctx.saved_tensors
         dq = dk = None
         if ctx.needs_input_grad[0]:  # dq[n] = Σ_t g[n,t] k[idx[a_n,t]]
-            dq = _launch_wsum(grad, k, topk_idx, perm, skey, q.dtype)
+            dq = _launch_wsum(grad, k, topk_idx, ctx.order, q.dtype)
         if ctx.needs_input_grad[1]:  # dk[idx[c,t]] += Σ_{n in c} g[n,t] q[n]
-            dk = _launch_scatter(grad, q, topk_idx, perm, skey, k.shape[2], k.dtype)
+            dk = _launch_scatter(grad, q, topk_idx, ctx.order, k.shape[2], k.dtype)
         return dq, dk, None, None
 
 
 class _ClusteredWeightedSum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, w, v, topk_idx, assignments):
-        perm, skey = cluster_order(assignments, topk_idx.shape[2])
-        out = _launch_wsum(w, v, topk_idx, perm, skey, torch.promote_types(w.dtype, v.dtype))
-        ctx.save_for_backward(w, v, topk_idx, perm, skey)
+    def forward(ctx, w, v, topk_idx, order):
+        out = _launch_wsum(w, v, topk_idx, order, torch.promote_types(w.dtype, v.dtype))
+        ctx.save_for_backward(w, v, topk_idx)
+        ctx.order = order
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        w, v, topk_idx, perm, skey = ctx.saved_tensors
+        w, v, topk_idx = ctx.saved_tensors
         dw = dv = None
         if ctx.needs_input_grad[0]:  # dw[n,t] = g[n] · v[idx[a_n,t]]
-            dw = _launch_dot(grad, v, topk_idx, perm, skey, w.dtype)
+            dw = _launch_dot(grad, v, topk_idx, ctx.order, w.dtype)
         if ctx.needs_input_grad[1]:  # dv[idx[c,t]] += Σ_{n in c} w[n,t] g[n]
-            dv = _launch_scatter(w, grad, topk_idx, perm, skey, v.shape[2], v.dtype)
+            dv = _launch_scatter(w, grad, topk_idx, ctx.order, v.shape[2], v.dtype)
         return dw, dv, None, None
 
 
 def clustered_dot(
-    q: torch.Tensor, k: torch.Tensor, topk_idx: torch.Tensor, assignments: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, topk_idx: torch.Tensor, assignments: torch.Tensor,
+    order: ClusterOrder | None = None,
 ) -> torch.Tensor:
     """Dot products of every query with the selected keys of its cluster (Triton).
 
@@ -388,6 +338,8 @@ def clustered_dot(
         topk_idx: ``(B, H, C, K)`` int64 key positions per cluster, in ``[0, S)``
             (other values select nothing: a zero row).
         assignments: ``(B, H, N)`` int64 cluster per query, ``-1`` if padded.
+        order: :func:`cluster_order` of ``assignments``, when the caller has it already
+            (improved clustered attention sorts once for all its products).
 
     Returns:
         ``(B, H, N, K)``: ``q[n] · k[topk_idx[assignments[n], t]]``, 0 for padded queries;
@@ -397,11 +349,13 @@ def clustered_dot(
     _check("clustered_dot", q, k, topk_idx, assignments, "q", "k")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"clustered_dot: q has E={q.shape[-1]}, k has E={k.shape[-1]}")
-    return _ClusteredDot.apply(q, k, topk_idx, assignments)
+    order = order or cluster_order(assignments, topk_idx.shape[2])
+    return _ClusteredDot.apply(q, k, topk_idx, order)
 
 
 def clustered_weighted_sum(
-    w: torch.Tensor, v: torch.Tensor, topk_idx: torch.Tensor, assignments: torch.Tensor
+    w: torch.Tensor, v: torch.Tensor, topk_idx: torch.Tensor, assignments: torch.Tensor,
+    order: ClusterOrder | None = None,
 ) -> torch.Tensor:
     """Weighted sums of the selected values of every query's cluster (Triton).
 
@@ -409,6 +363,7 @@ def clustered_weighted_sum(
         w: ``(B, H, N, K)`` weights; v: ``(B, H, S, E)`` values.
         topk_idx: ``(B, H, C, K)`` int64 key positions per cluster, in ``[0, S)``.
         assignments: ``(B, H, N)`` int64 cluster per query, ``-1`` if padded.
+        order: as :func:`clustered_dot`.
 
     Returns:
         ``(B, H, N, E)``: ``Σ_t w[n, t] · v[topk_idx[assignments[n], t]]``, 0 for padded
@@ -419,4 +374,29 @@ def clustered_weighted_sum(
     if w.shape[-1] != topk_idx.shape[-1]:
         raise ValueError(f"clustered_weighted_sum: w has K={w.shape[-1]}, "
                          f"topk_idx has K={topk_idx.shape[-1]}")
-    return _ClusteredWeightedSum.apply(w, v, topk_idx, assignments)
+    order = order or cluster_order(assignments, topk_idx.shape[2])
+    return _ClusteredWeightedSum.apply(w, v, topk_idx, order)
+
+
+def improved_sparse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    values: torch.Tensor,
+    top_w: torch.Tensor,
+    top_idx: torch.Tensor,
+    assignments: torch.Tensor,
+    lengths: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """``reference.improved_sparse`` with the two products (and their backward) on Triton.
+
+    One :func:`cluster_order` serves all four product launches of the forward and
+    backward; half-precision ``q``, ``k``, ``v`` reach the tensor-core dots as they are.
+    """
+    order = cluster_order(assignments, top_idx.shape[2])
+    return reference.improved_sparse(
+        q, k, v, values, top_w, top_idx, assignments, lengths, scale,
+        dot=functools.partial(clustered_dot, order=order),
+        wsum=functools.partial(clustered_weighted_sum, order=order),
+    )

@@ -27,12 +27,12 @@ from fastasr.kernels.availability import (
     kernels_interpreted,
     require_triton,
 )
+from fastasr.kernels.reference import MAX_BITS
 
 ensure_interpreter_compat()
 
 __all__ = ["hash_codes"]
 
-MAX_BITS = 63
 BLOCK_N = 64  # vectors per program
 
 

@@ -47,13 +47,12 @@ from fastasr.kernels.availability import (
     kernels_interpreted,
     require_triton,
 )
-from fastasr.kernels.reference import initial_centroids
+from fastasr.kernels.reference import MAX_BITS, initial_centroids
 
 ensure_interpreter_compat()
 
 __all__ = ["hamming_kmeans"]
 
-MAX_BITS = 63
 SPAN_TARGET = 2048  # positions per program in the step kernel (rounded to BLOCK_N)
 
 

@@ -1,0 +1,121 @@
+"""Correctness checks that gpu_bench.py runs before it times anything.
+
+The Triton ops against the PyTorch reference on the benchmark's device and sizes, and the
+padding-free full attention against SDPA with a key mask. Any failure raises
+:class:`CheckFailed`; gpu_bench.py then exits with status 1 without timing.
+"""
+
+from __future__ import annotations
+
+
+class MaskedSDPA:
+    """Full attention the way it was run before packing: SDPA with a key-padding mask,
+    which rules FlashAttention out. The padding-free path is ``full`` with lengths."""
+
+    requires_shared_qk = False
+
+    def __call__(self, q, k, v, lengths):
+        import torch
+        import torch.nn.functional as F
+
+        mask = torch.arange(q.shape[2], device=q.device)[None, :] < lengths[:, None]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+
+
+class CheckFailed(RuntimeError):
+    pass
+
+
+def _rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def check_kernels(args, device, log) -> list[str]:
+    """Triton ops vs the reference at benchmark sizes; raises CheckFailed on any mismatch."""
+    import torch
+
+    from fastasr.kernels import ops, reference, triton_clustered, triton_hashing, triton_kmeans
+
+    lines = []
+    check_ns = sorted({n for n in (4096, max(args.ns)) if n in args.ns} or {max(args.ns)})
+    C, K = (4, 8) if args.quick else (100, 32)
+    g = torch.Generator(device=device).manual_seed(1234)
+
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g, device=device).to(dtype)
+
+    for (H, E) in args.heads:
+        for N in check_ns:
+            B = max(1, args.tokens // N)
+            tag = f"H={H} E={E} N={N} B={B}"
+            x = randn(B, H, N, E)
+            if ops.kernel_backend(x, "clustered_dot") != "triton":
+                raise CheckFailed(f"{tag}: fastasr.kernels.ops does not route {device} tensors to Triton")
+            lengths = torch.full((B,), N, dtype=torch.int64, device=device)
+            lengths[-1] = max(1, N - 17 - N // 7)  # one padded sequence
+            planes = randn(E + 1, 63)
+            codes_ref = reference.hash_codes(x, planes, lengths)
+            codes = triton_hashing.hash_codes(x, planes, lengths)
+            differ = int((codes != codes_ref).sum())
+            if differ > max(1, 1e-5 * codes.numel()):
+                raise CheckFailed(f"{tag}: {differ} of {codes.numel()} hash codes differ from the reference")
+            a_ref, c_ref = reference.hamming_kmeans(codes_ref, lengths, C, 10)
+            a, c = triton_kmeans.hamming_kmeans(codes_ref, lengths, C, 10)
+            if not (torch.equal(a, a_ref) and torch.equal(c, c_ref)):
+                bad = int((a != a_ref).sum())
+                raise CheckFailed(f"{tag}: K-means differs from the reference ({bad} assignments)")
+            valid = torch.arange(N, device=device)[None, :] < lengths[:, None]
+            logits = randn(B, H, C, N).masked_fill(~valid[:, None, None, :], float("-inf"))
+            topk_idx = logits.topk(min(K, N), dim=-1).indices
+            msgs = [f"{tag}: hash codes {differ} differ, K-means equal"]
+            for dtype, tol_v, tol_g in ((torch.float32, 1e-4, 1e-3), (torch.bfloat16, 2e-2, 2e-2)):
+                q, k, v = (randn(B, H, N, E, dtype=dtype) for _ in range(3))
+                w = torch.softmax(randn(B, H, N, topk_idx.shape[-1]), -1).to(dtype)
+                g_s = randn(B, H, N, topk_idx.shape[-1], dtype=dtype)
+                g_o = randn(B, H, N, E, dtype=dtype)
+                results = {}
+                for name, mod in (("reference", reference), ("triton", triton_clustered)):
+                    leaves = [t.clone().requires_grad_() for t in (q, k, v, w)]
+                    if name == "reference":  # the reference in fp32 is the truth for both dtypes
+                        leaves = [t.float().detach().requires_grad_() for t in leaves]
+                    s = mod.clustered_dot(leaves[0], leaves[1], topk_idx, a_ref)
+                    o = mod.clustered_weighted_sum(leaves[3], leaves[2], topk_idx, a_ref)
+                    grads = torch.autograd.grad((s * g_s.to(s.dtype)).sum() + (o * g_o.to(o.dtype)).sum(), leaves)
+                    results[name] = (s, o, *grads)
+                names = ["dot", "wsum", "dq", "dk", "dv", "dw"]
+                errs = [_rel(t, r) for t, r in zip(results["triton"], results["reference"])]
+                for nm, err in zip(names, errs):
+                    tol = tol_v if nm in ("dot", "wsum") else tol_g
+                    if not err < tol:  # also catches NaN
+                        raise CheckFailed(f"{tag} {dtype}: {nm} relative error {err:.2e} >= {tol:g}")
+                msgs.append(f"{str(dtype)[6:]}: max rel err {max(errs):.1e}")
+                del q, k, v, w, results
+            msgs.append(_check_packed(B, H, N, E, lengths, randn))
+            line = "; ".join(msgs)
+            lines.append(line)
+            log(f"check ok  {line}")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return lines
+
+
+def _check_packed(B, H, N, E, lengths, randn) -> str:
+    """The padding-free full attention equals SDPA with a key mask (valid rows)."""
+    import torch
+
+    from fastasr.attention.full import packed_attention
+
+    msgs = []
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        q, k, v = (randn(B, H, N, E, dtype=dtype) for _ in range(3))
+        got = packed_attention(q, k, v, lengths)
+        want = MaskedSDPA()(*(t.float() for t in (q, k, v)), lengths)
+        valid = torch.arange(N, device=q.device)[None, :] < lengths[:, None]
+        err = _rel(got.transpose(1, 2)[valid], want.transpose(1, 2)[valid])
+        if not err < tol:
+            raise CheckFailed(f"packed full attention {dtype}: relative error {err:.2e} >= {tol:g}")
+        msgs.append(f"{str(dtype)[6:]} {err:.1e}")
+    return "packed full attention " + ", ".join(msgs)
+
+

@@ -1,0 +1,56 @@
+"""Exact attention below a crossover length, improved clustered attention above it.
+
+On short sequences full attention (torch's fused SDPA) is both exact and the fastest; on
+long ones improved clustered attention is faster by a growing factor. ``auto`` picks
+per call by the call's (padded) length ``N``: i-clustered when ``N >= crossover``
+(calls under autograd: training) or ``N >= crossover_no_grad`` (calls without it:
+decoding, whose crossover is higher: the backward is what full attention pays most
+for). The crossovers are a property of the machine: ``python -m
+fastasr.attention.calibrate`` (``make calibrate-auto``) measures them and writes them
+into ``conf/attention/auto.yaml``. The choice needs no host synchronisation: ``N`` is a
+shape. The paper's code has the same idea as a fixed-length "conditional full" switch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastasr.attention.base import InnerAttention
+from fastasr.attention.full import FullAttention
+from fastasr.attention.improved_clustered import ImprovedClusteredAttention
+from fastasr.attention.registry import register
+from fastasr.attention.spec import Param
+
+__all__ = ["AutoAttention"]
+
+
+@register
+class AutoAttention(InnerAttention):
+    """``full`` for calls shorter than the crossover, ``i-clustered`` from it on."""
+
+    name = "auto"
+    number_param = "crossover"
+    params = (
+        Param("crossover", 1024, low=1, doc="N from which calls under autograd use i-clustered"),
+        Param("crossover_no_grad", 1024, low=1, doc="N from which calls without autograd do"),
+    ) + ImprovedClusteredAttention.params
+    # Quadratic only below the crossover, a bounded length: priced as linear.
+    length_cost = "linear"
+
+    def __init__(self, **values: int | None) -> None:
+        super().__init__(**values)
+        clustered = {p.name: values[p.name] for p in ImprovedClusteredAttention.params}
+        self.exact = FullAttention()
+        self.approximate = ImprovedClusteredAttention(**clustered)
+
+    def choose(self, n: int) -> InnerAttention:
+        """The variant a call of length ``n`` runs (depends on whether autograd is on)."""
+        crossover = self.crossover if torch.is_grad_enabled() else self.crossover_no_grad
+        return self.approximate if n >= crossover else self.exact
+
+    def _forward(self, q, k, v, lengths):
+        return self.choose(q.shape[2])._forward(q, k, v, lengths)
+
+    def _dense_weights(self, q, k, lengths):
+        # dense_weights runs without autograd: the variant a decoding call would use
+        return self.choose(q.shape[2])._dense_weights(q, k, lengths)

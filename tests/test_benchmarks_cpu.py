@@ -1,0 +1,40 @@
+"""benchmarks/cpu_bench.py (what `make bench` runs): the table, the targets, the paper's column."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(tmp_path, *extra) -> str:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cpu_bench.py"), "--quick", "--out-dir", str(tmp_path), *extra],
+        capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (md,) = tmp_path.glob("cpu_*.md")
+    assert len(list(tmp_path.glob("cpu_*.csv"))) == 1
+    return md.read_text()
+
+
+@pytest.mark.slow
+def test_cpu_bench_writes_the_table_with_or_without_the_papers_code(tmp_path):
+    text = _run(tmp_path / "with")
+    for heading in ("## forward: ms per call", "## forward+backward: ms per call", "## Targets",
+                    "## Error to full attention"):
+        assert heading in text
+    assert "| 64 | 4 |" in text and "| 128 | 2 |" in text
+    assert "i-clustered-8 forward+backward vs SDPA from N = 2048: not measured" in text
+    try:
+        import fast_transformers  # noqa: F401
+    except ImportError:
+        assert "not importable" in text
+    else:
+        assert "its C++ CPU kernels, benchmark only" in text and "| n/a |" not in text
+    text = _run(tmp_path / "without", "--no-theirs")
+    assert "vs pytorch-fast-transformers 0.4.0: not measured (skipped (--no-theirs))" in text
