@@ -131,7 +131,7 @@ def test_concurrent_builds_publish_one_cache(tiny_corpus, tmp_path):
     utts = read_manifest(tiny_corpus / "dev.jsonl")
     key = cache_key(utts, CFG)
     directory = tmp_path / "cache"
-    with mp.get_context("fork").Pool(2) as pool:
+    with mp.get_context("spawn").Pool(2) as pool:
         got = pool.map(_build_in_process, [(utts, directory, key)] * 2)
     assert got == [str(directory)] * 2
     assert [p.name for p in tmp_path.iterdir()] == ["cache"]  # the losing copy was removed
