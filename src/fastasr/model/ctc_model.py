@@ -1,4 +1,4 @@
-"""The CTC acoustic model: CMVN → SpecAugment → [subsampling] → positions → encoder → CTC head."""
+"""The CTC acoustic model: CMVN [→ per-utterance CMVN] → SpecAugment → [subsampling] → positions → encoder → CTC head."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from fastasr.data.features import GlobalCMVN, SpecAugment
 from fastasr.model.encoder import AttentionSpec, TransformerEncoder
 from fastasr.model.positional import SinusoidalPositionalEncoding
 from fastasr.model.subsampling import ConvSubsampling
+from fastasr.model.utterance_cmvn import UtteranceCMVN
 
 
 class CTCModel(nn.Module):
@@ -26,6 +27,8 @@ class CTCModel(nn.Module):
         shared_qk: share the query/key projection (needed for LSH).
         subsampling: frame-rate reduction factor of the convolutional front end (1 = none).
         spec_augment: keyword arguments of :class:`fastasr.data.features.SpecAugment`, or None.
+        utterance_cmvn: after the global CMVN, normalise each utterance by its own mean and
+            standard deviation (:class:`fastasr.model.utterance_cmvn.UtteranceCMVN`).
 
     The global CMVN statistics are buffers of this module (``cmvn``), so they travel
     inside every checkpoint; :meth:`set_cmvn` fills them from the training set's statistics.
@@ -45,10 +48,12 @@ class CTCModel(nn.Module):
         subsampling: int = 1,
         norm_first: bool = True,
         spec_augment: Mapping[str, Any] | None = None,
+        utterance_cmvn: bool = False,
     ):
         super().__init__()
         self.vocab_size = vocab_size
         self.cmvn = GlobalCMVN(feat_in)
+        self.utterance_cmvn = UtteranceCMVN() if utterance_cmvn else None
         self.spec_augment = SpecAugment(**spec_augment) if spec_augment else None
         self.frontend = ConvSubsampling(feat_in, d_model, subsampling)
         self.positions = SinusoidalPositionalEncoding(d_model, dropout)
@@ -80,6 +85,8 @@ class CTCModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """features: (B, T, F) raw filterbanks, lengths: (B,) → (log_probs (B, T', V), lengths (B,))."""
         x = self.cmvn(features, lengths)
+        if self.utterance_cmvn is not None:
+            x = self.utterance_cmvn(x, lengths)
         if self.spec_augment is not None and self.training:
             x = self.spec_augment(x, lengths)
         x, lengths = self.frontend(x, lengths)
