@@ -199,6 +199,7 @@ def test_paper_presets():
     assert wsj.trainer.gradient_clip_val == 10.0
     swbd = compose_cfg("train", "experiment=paper_swbd")
     assert swbd.model.layers == 12 and swbd.data.features.num_mel_bins == 80 and swbd.optim.lr == 1e-4
+    assert swbd.data.features.sample_rate == 8000  # telephone speech: not up-sampled
     shared = compose_cfg("train", "experiment=shared_full")
     assert shared.model.shared_qk is True and shared.model.attention.name == "full"
 

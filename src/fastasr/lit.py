@@ -20,11 +20,9 @@ from lightning.pytorch.utilities import grad_norm, rank_zero_info
 
 from fastasr.decoding import ErrorRates, ctc_greedy
 from fastasr.distributed import loss_without_update
+from fastasr.lr_schedules import build_lr_schedulers
 from fastasr.model import CTCModel
 from fastasr.recogniser import RECOGNISER_KEY, Recogniser
-
-# Lightning keys of a scheduler config; the rest goes to the scheduler's constructor.
-_SCHEDULER_KEYS = ("monitor", "interval", "frequency")
 
 
 class ASRLitModule(L.LightningModule):
@@ -36,7 +34,9 @@ class ASRLitModule(L.LightningModule):
             ``self.recogniser`` is the bundle carrying ``self.model``.
         optimizer: Hydra config of a partial optimiser (``_partial_: true``).
         scheduler: Hydra config of a partial LR scheduler plus the Lightning keys
-            ``monitor``/``interval``/``frequency``; None for a constant rate.
+            ``monitor``/``interval``/``frequency`` and an optional linear warm-up
+            (``warmup_steps``, ``warmup_start_factor``; :mod:`fastasr.lr_schedules`);
+            None for a constant rate.
         log_examples: decoded dev examples printed after each validation.
     """
 
@@ -164,10 +164,7 @@ class ASRLitModule(L.LightningModule):
         if self.hparams.optimizer is None:
             raise ValueError("no optimizer config: set optim=... (e.g. optim=radam)")
         optimizer = instantiate(dict(self.hparams.optimizer))(params=self.parameters())
-        sched_cfg = self.hparams.scheduler
-        if not sched_cfg:
+        schedulers = build_lr_schedulers(optimizer, self.hparams.scheduler)
+        if not schedulers:
             return optimizer
-        sched_cfg = dict(sched_cfg)
-        lightning_keys = {k: sched_cfg.pop(k) for k in _SCHEDULER_KEYS if k in sched_cfg}
-        scheduler = instantiate(sched_cfg)(optimizer=optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}
+        return [optimizer], schedulers

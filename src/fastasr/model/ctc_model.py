@@ -1,4 +1,4 @@
-"""The CTC acoustic model: CMVN → SpecAugment → [subsampling] → positions → encoder → CTC head.
+"""The CTC acoustic model: CMVN [→ per-utterance CMVN] → SpecAugment → [subsampling] → positions → encoder → CTC head.
 
 Observers (dashboards, analysis scripts) see the attention through a public API instead of
 reaching into layers: :meth:`CTCModel.attention_layers` and the context manager
@@ -18,6 +18,7 @@ from torch import nn
 from fastasr.model.encoder import AttentionLayer, AttentionSpec, TransformerEncoder
 from fastasr.model.frontend import ConvSubsampling, GlobalCMVN, SpecAugment
 from fastasr.model.positional import SinusoidalPositionalEncoding
+from fastasr.model.utterance_cmvn import UtteranceCMVN
 
 
 @dataclass
@@ -48,6 +49,8 @@ class CTCModel(nn.Module):
         shared_qk: share the query/key projection (needed for LSH).
         subsampling: frame-rate reduction factor of the convolutional front end (1 = none).
         spec_augment: keyword arguments of :class:`fastasr.model.frontend.SpecAugment`, or None.
+        utterance_cmvn: after the global CMVN, normalise each utterance by its own mean and
+            standard deviation (:class:`fastasr.model.utterance_cmvn.UtteranceCMVN`).
 
     The global CMVN statistics are buffers of this module (``cmvn``), so they travel
     inside every checkpoint; :meth:`set_cmvn` fills them from the training set's statistics.
@@ -67,10 +70,12 @@ class CTCModel(nn.Module):
         subsampling: int = 1,
         norm_first: bool = True,
         spec_augment: Mapping[str, Any] | None = None,
+        utterance_cmvn: bool = False,
     ):
         super().__init__()
         self.vocab_size = vocab_size
         self.cmvn = GlobalCMVN(feat_in)
+        self.utterance_cmvn = UtteranceCMVN() if utterance_cmvn else None
         self.spec_augment = SpecAugment(**spec_augment) if spec_augment else None
         self.frontend = ConvSubsampling(feat_in, d_model, subsampling)
         self.positions = SinusoidalPositionalEncoding(d_model, dropout)
@@ -140,6 +145,8 @@ class CTCModel(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """features: (B, T, F) raw filterbanks, lengths: (B,) → (log_probs (B, T', V) float32, lengths (B,))."""
         x = self.cmvn(features, lengths)
+        if self.utterance_cmvn is not None:
+            x = self.utterance_cmvn(x, lengths)
         if self.spec_augment is not None and self.training:
             x = self.spec_augment(x, lengths)
         x, lengths = self.frontend(x, lengths)
