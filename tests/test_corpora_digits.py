@@ -45,7 +45,7 @@ def make_audiomnist(root, speakers=6, rate=48000):
     return root
 
 
-def check_corpus(out, rate, n_strings):
+def check_corpus(out, rate, n_strings, speaker_disjoint=True):
     split_speakers = {}
     for split in digits.SPLITS:
         utts = read_manifest(out / f"{split}.jsonl", on_error="raise")
@@ -62,9 +62,10 @@ def check_corpus(out, rate, n_strings):
             lo = n * DIGIT_S + (n - 1) * digits.PAUSE_S[0] + 2 * digits.EDGE_S[0]
             hi = n * (DIGIT_S + 0.04) + (n - 1) * digits.PAUSE_S[1] + 2 * digits.EDGE_S[1]
             assert lo - 0.01 <= u.duration <= hi + 0.01
-    assert not split_speakers["train"] & split_speakers["dev"]
-    assert not split_speakers["train"] & split_speakers["test"]
-    assert not split_speakers["dev"] & split_speakers["test"]
+    if speaker_disjoint:
+        assert not split_speakers["train"] & split_speakers["dev"]
+        assert not split_speakers["train"] & split_speakers["test"]
+        assert not split_speakers["dev"] & split_speakers["test"]
     return split_speakers
 
 
@@ -79,7 +80,7 @@ def test_trim_silence():
 def test_fsdd_build_deterministic_idempotent(tmp_path, capsys):
     src = make_fsdd(tmp_path / "fsdd")
     counts = {"train": 8, "dev": 3, "test": 3}
-    assert digits.build(src, tmp_path / "a", counts=counts)
+    assert digits.build(src, tmp_path / "a", counts=counts, split="speakers")
     speakers = check_corpus(tmp_path / "a", 8000, counts)
     assert len(speakers["train"]) == 4 and len(speakers["dev"]) == len(speakers["test"]) == 1  # FSDD: 4/1/1
     text = {s: (tmp_path / "a" / f"{s}.jsonl").read_bytes() for s in digits.SPLITS}
@@ -88,7 +89,7 @@ def test_fsdd_build_deterministic_idempotent(tmp_path, capsys):
     assert [int(f.split("_")[0]) for f in rec["sources"]] == [int(c) for c in rec["digits"]]
     assert rec["text"] == " ".join(digits.DIGIT_WORDS[int(c)] for c in rec["digits"])
     # deterministic: another directory, same bytes
-    assert digits.build(src, tmp_path / "b", counts=counts)
+    assert digits.build(src, tmp_path / "b", counts=counts, split="speakers")
     for s in digits.SPLITS:
         assert (tmp_path / "b" / f"{s}.jsonl").read_bytes() == text[s]
     a_wavs = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.wav"))
@@ -96,11 +97,12 @@ def test_fsdd_build_deterministic_idempotent(tmp_path, capsys):
     # idempotent: a second run does nothing
     capsys.readouterr()
     mtime = (tmp_path / "a" / "train.jsonl").stat().st_mtime_ns
-    assert digits.main([str(src), str(tmp_path / "a"), "--train", "8", "--dev", "3", "--test", "3"]) == 0
+    assert digits.main([str(src), str(tmp_path / "a"), "--train", "8", "--dev", "3", "--test", "3",
+                        "--split", "speakers"]) == 0
     assert "nothing to do" in capsys.readouterr().out
     assert (tmp_path / "a" / "train.jsonl").stat().st_mtime_ns == mtime
     # another seed: other speakers or strings
-    assert digits.build(src, tmp_path / "a", counts=counts, seed=1)
+    assert digits.build(src, tmp_path / "a", counts=counts, seed=1, split="speakers")
     assert "rebuilding" in capsys.readouterr().out
     assert any((tmp_path / "a" / f"{s}.jsonl").read_bytes() != text[s] for s in digits.SPLITS)
 
@@ -121,7 +123,7 @@ def test_bad_recordings_are_counted_and_skipped(tmp_path, capsys):
     src = make_fsdd(tmp_path / "fsdd")
     (src / "recordings" / "3_theo_0.wav").write_bytes(b"RIFF garbage")
     write_wav(src / "recordings" / "4_theo_0.wav", np.zeros(800, np.float32), 8000)
-    assert digits.build(src, tmp_path / "o", counts={"train": 4, "dev": 2, "test": 2})
+    assert digits.build(src, tmp_path / "o", counts={"train": 4, "dev": 2, "test": 2}, split="speakers")
     out = capsys.readouterr().out
     assert "skipped 2 recordings: 1 unreadable audio" in out and "1 empty or silent recording" in out
     for split in digits.SPLITS:
@@ -153,4 +155,31 @@ def test_layout_errors(tmp_path):
     src = make_fsdd(tmp_path / "three", speakers=FSDD_SPEAKERS[:2], per_digit=1)
     (src / "metadata.py").unlink()
     with pytest.raises(ValueError, match="no train speaker left"):
-        digits.build(src, tmp_path / "o")
+        digits.build(src, tmp_path / "o", split="speakers")
+    with pytest.raises(ValueError, match="--split 'halves'"):
+        digits.build(src, tmp_path / "o", split="halves")
+
+
+def test_fsdd_default_split_is_by_recording(tmp_path, capsys):
+    """FSDD's own protocol: recordings 0-4 of every speaker and digit are test; 5-9 dev here."""
+    speakers = ("george", "theo")
+    src = make_fsdd(tmp_path / "fsdd", speakers=speakers, per_digit=12)
+    counts = {"train": 6, "dev": 4, "test": 4}
+    assert digits.build(src, tmp_path / "o", counts=counts)
+    assert "split by recordings" in capsys.readouterr().out
+    split_speakers = check_corpus(tmp_path / "o", 8000, counts, speaker_disjoint=False)
+    assert all(split_speakers[s] == set(speakers) for s in digits.SPLITS)
+    wanted = {"test": set(range(5)), "dev": set(range(5, 10)), "train": {10, 11}}
+    for split in digits.SPLITS:
+        used = {int(f.rsplit("_", 1)[1].removesuffix(".wav"))
+                for line in (tmp_path / "o" / f"{split}.jsonl").read_text().splitlines()
+                for f in json.loads(line)["sources"]}
+        assert used and used <= wanted[split]  # no recording in two splits
+    assert json.loads((tmp_path / "o" / MARKER).read_text())["split"] == "recordings"
+    with pytest.raises(ValueError, match="need --split speakers"):
+        digits.build(src, tmp_path / "p", counts=counts, test_speakers=["theo"])
+    # too few recordings for a split: the error names the speaker, digits and split
+    short = make_fsdd(tmp_path / "short", speakers=speakers, per_digit=7)
+    with pytest.raises(CorpusLayoutError, match=r"speaker george has no usable recording of digit\(s\) "
+                                                r"\[0, 1, 2, 3, 4, 5, 6, 7, 8, 9\] among its train recordings"):
+        digits.build(short, tmp_path / "q", counts=counts)

@@ -44,6 +44,11 @@ class DigitSource:
         return sum(len(v) for by_digit in self.files.values() for v in by_digit.values())
 
 
+def recording_index(path: Path) -> int:
+    """The ``<index>`` of ``<digit>_<speaker>_<index>.wav`` (both layouts)."""
+    return int(Path(path).stem.rsplit("_", 1)[1])
+
+
 def _index(paths, pattern: re.Pattern) -> dict[str, dict[int, list[Path]]]:
     files: dict[str, dict[int, list[Path]]] = {}
     for path in sorted(paths):

@@ -1,6 +1,6 @@
 """Connected-digit strings from recorded human speech (AudioMNIST or FSDD) → train/dev/test manifests.
 
-    python -m fastasr.corpora.digits SRC OUT [--sample-rate R] [--seed 0]
+    python -m fastasr.corpora.digits SRC OUT [--sample-rate R] [--seed 0] [--split speakers|recordings]
         [--train N --dev N --test N] [--dev-speakers K|a,b --test-speakers K|c] [--force]
 
 ``SRC`` is a local copy of AudioMNIST or of the Free Spoken Digit Dataset (layout detected,
@@ -12,10 +12,18 @@ white noise (-60 to -50 dBFS). ``text`` is the digit words (``three one four``);
 ``speaker`` the source speaker. Recordings are drawn with replacement, so a string can
 reuse them.
 
-Splits are **speaker-disjoint**: ``--test-speakers`` / ``--dev-speakers`` speakers (a
-count, drawn with the seed, or comma-separated names) and the rest train. Defaults: FSDD
-(6 speakers) 4/1/1 speakers and 2000/200/200 strings; AudioMNIST (60) 48/6/6 and
-6000/600/600. Strings rotate over a split's speakers.
+Two ways to split (``--split``); no recording is ever in two splits:
+
+* ``speakers`` (AudioMNIST's default): **speaker-disjoint**. ``--test-speakers`` /
+  ``--dev-speakers`` speakers (a count, drawn with the seed, or comma-separated names) and
+  the rest train. AudioMNIST (60 speakers): 48/6/6.
+* ``recordings`` (FSDD's default): every speaker in every split, each recording in one:
+  recordings ``0``–``4`` of each speaker and digit are test (FSDD's official test set),
+  ``5``–``9`` dev, the rest train. With FSDD's six speakers a speaker-disjoint split leaves
+  one speaker for test and four to learn from; ``--split speakers`` builds it (4/1/1).
+
+Strings: FSDD 2000/200/200, AudioMNIST 6000/600/600 by default; they rotate over a split's
+speakers.
 
 Output: ``OUT/{train,dev,test}.jsonl`` and ``OUT/wav/<split>/*.wav`` (16-bit PCM at the
 source rate, or ``--sample-rate``, resampled by torchaudio). Deterministic for a seed and
@@ -36,20 +44,22 @@ import numpy as np
 import soundfile as sf
 
 from fastasr.corpora import command
-from fastasr.corpora.digit_sources import DigitSource, find_source
+from fastasr.corpora.digit_sources import DigitSource, find_source, recording_index
 from fastasr.corpora.marker import mark_complete, needs_build
 from fastasr.corpora.paths import CorpusLayoutError
 from fastasr.corpora.skipped import Skipped
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = 1  # bump when the output for given settings changes
+GENERATOR_VERSION = 2  # bump when the output for given settings changes
 SPLITS = ("train", "dev", "test")
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
-DEFAULTS = {  # corpus → (speakers dev, test), strings (train, dev, test)
-    "fsdd": ((1, 1), (2000, 200, 200)),
-    "audiomnist": ((6, 6), (6000, 600, 600)),
+SPLIT_MODES = ("speakers", "recordings")
+DEFAULTS = {  # corpus → split mode, speakers (dev, test) when by speaker, strings (train, dev, test)
+    "fsdd": ("recordings", (1, 1), (2000, 200, 200)),
+    "audiomnist": ("speakers", (6, 6), (6000, 600, 600)),
 }
+RECORDING_SPLITS = {"test": range(0, 5), "dev": range(5, 10)}  # recording indices; the rest train
 LENGTH = (3, 9)            # digits per string
 PAUSE_S = (0.05, 0.25)     # between digits
 EDGE_S = (0.10, 0.30)      # before the first and after the last digit
@@ -74,9 +84,17 @@ def trim_silence(wav: np.ndarray, rate: int) -> np.ndarray:
     return wav[start:end]
 
 
-def load_speaker(source: DigitSource, speaker: str, sample_rate: int | None,
-                 skipped: Skipped) -> tuple[dict[int, list[np.ndarray]], dict[int, list[str]], int]:
-    """Trimmed float32 recordings of one speaker by digit, their file names, and the rate."""
+def in_split(index: int, split: str) -> bool:
+    """Whether recording number ``index`` belongs to ``split`` when splitting by recording."""
+    if split == "train":
+        return not any(index in r for r in RECORDING_SPLITS.values())
+    return index in RECORDING_SPLITS[split]
+
+
+def load_speaker(source: DigitSource, speaker: str, sample_rate: int | None, skipped: Skipped,
+                 split: str | None = None) -> tuple[dict[int, list[np.ndarray]], dict[int, list[str]], int]:
+    """Trimmed float32 recordings of one speaker by digit, their file names, and the rate;
+    with ``split``, only that split's recordings (``in_split``)."""
     import torch
 
     from fastasr.data.audio import resample
@@ -86,6 +104,8 @@ def load_speaker(source: DigitSource, speaker: str, sample_rate: int | None,
     out_rate = sample_rate
     for digit, paths in sorted(source.files[speaker].items()):
         for path in paths:
+            if split is not None and not in_split(recording_index(path), split):
+                continue
             try:
                 wav, rate = sf.read(str(path), dtype="float32", always_2d=True)
             except Exception as e:  # soundfile's errors differ between versions
@@ -102,8 +122,9 @@ def load_speaker(source: DigitSource, speaker: str, sample_rate: int | None,
             names.setdefault(digit, []).append(path.name)
     absent = [d for d in range(10) if not audio.get(d)]
     if absent:
-        raise CorpusLayoutError(f"{source.root}: speaker {speaker} has no usable recording of digit(s) {absent} "
-                                f"({skipped.summary()})")
+        where = "" if split is None else f" among its {split} recordings"
+        raise CorpusLayoutError(f"{source.root}: speaker {speaker} has no usable recording of digit(s) {absent}"
+                                f"{where} ({skipped.summary()})")
     return audio, names, int(out_rate)
 
 
@@ -157,18 +178,28 @@ def compose(rng: np.random.Generator, audio: dict[int, list[np.ndarray]], names:
 
 def build(src: str | Path, out: str | Path, sample_rate: int | None = None, seed: int = 0,
           counts: dict[str, int] | None = None, dev_speakers: int | Sequence[str] | None = None,
-          test_speakers: int | Sequence[str] | None = None, force: bool = False) -> bool:
-    """Build the corpus under ``out``; False (and nothing done) if it is already complete."""
+          test_speakers: int | Sequence[str] | None = None, force: bool = False, split: str | None = None) -> bool:
+    """Build the corpus under ``out``; False (and nothing done) if it is already complete.
+    ``split``: ``speakers`` or ``recordings`` (None: the corpus's default, ``DEFAULTS``)."""
     from fastasr.data.audio import write_wav
     from fastasr.data.manifest import write_manifest
 
     source = find_source(src)
-    (dev_default, test_default), count_default = DEFAULTS[source.corpus]
+    mode_default, (dev_default, test_default), count_default = DEFAULTS[source.corpus]
+    mode = split or mode_default
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"--split {mode!r}; expected one of {SPLIT_MODES}")
     counts = dict(zip(SPLITS, count_default)) | dict(counts or {})
-    splits = split_speakers(source.speakers, dev_default if dev_speakers is None else dev_speakers,
-                            test_default if test_speakers is None else test_speakers, seed)
+    if mode == "speakers":
+        splits = split_speakers(source.speakers, dev_default if dev_speakers is None else dev_speakers,
+                                test_default if test_speakers is None else test_speakers, seed)
+    elif dev_speakers is not None or test_speakers is not None:
+        raise ValueError("--dev-speakers/--test-speakers need --split speakers (recordings puts every "
+                         "speaker in every split)")
+    else:
+        splits = {s: source.speakers for s in SPLITS}
     settings = {"generator_version": GENERATOR_VERSION, "corpus": source.corpus, "files": source.num_files,
-                "seed": seed, "counts": counts, "speakers": splits, "sample_rate": sample_rate}
+                "seed": seed, "counts": counts, "split": mode, "speakers": splits, "sample_rate": sample_rate}
     out = Path(out)
     if not needs_build(out, settings, [f"{s}.jsonl" for s in SPLITS], force, "digits corpus"):
         return False
@@ -181,7 +212,8 @@ def build(src: str | Path, out: str | Path, sample_rate: int | None = None, seed
         speakers = splits[split]
         records[split] = [None] * counts[split]
         for s_index, speaker in enumerate(speakers):
-            audio, names, rate = load_speaker(source, speaker, sample_rate, skipped)
+            audio, names, rate = load_speaker(source, speaker, sample_rate, skipped,
+                                              split if mode == "recordings" else None)
             for i in range(s_index, counts[split], len(speakers)):
                 rng = np.random.default_rng([seed, split_index, i])
                 wav, digits, sources = compose(rng, audio, names, rate)
@@ -197,7 +229,7 @@ def build(src: str | Path, out: str | Path, sample_rate: int | None = None, seed
     for split in SPLITS:
         hours = sum(r["duration"] for r in records[split]) / 3600
         print(f"{split}: {counts[split]} strings, {hours:.2f} h, speakers {', '.join(splits[split])}")
-    print(f"built {source.corpus} connected digits from {source.num_files} recordings into {out} "
+    print(f"built {source.corpus} connected digits (split by {mode}) from {source.num_files} recordings into {out} "
           f"in {time.time() - t0:.1f} s; {skipped.summary()}")
     return True
 
@@ -210,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = command.parser("digits", __doc__, "local copy of AudioMNIST or FSDD", "output directory (manifests + wav/)")
     p.add_argument("--sample-rate", type=int, help="output rate in Hz (default: the source's)")
     p.add_argument("--seed", type=int, default=0, help="same seed → same corpus")
+    p.add_argument("--split", choices=SPLIT_MODES,
+                   help="speakers: speaker-disjoint splits; recordings: every speaker everywhere, recordings 0-4 "
+                        "test, 5-9 dev (default: AudioMNIST speakers, FSDD recordings)")
     for split in SPLITS:
         p.add_argument(f"--{split}", type=int, help=f"{split} strings (default: per corpus)")
     p.add_argument("--dev-speakers", type=_speakers_arg, help="dev speakers: a count or comma-separated names")
@@ -222,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if n < 1:
                 raise ValueError(f"--{split} {n}; expected ≥ 1")
         build(args.src, args.out, args.sample_rate, args.seed, counts, args.dev_speakers, args.test_speakers,
-              args.force)
+              args.force, args.split)
 
     return command.run(p, argv, run)
 
