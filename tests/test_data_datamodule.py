@@ -175,3 +175,43 @@ def test_lightning_sets_sampler_epoch(tiny_corpus):
                          enable_model_summary=False)
     trainer.fit(model, datamodule=dm)
     assert model.epochs_seen == [0, 1]
+
+
+def test_min_batches_per_epoch_lowers_the_training_budget_only(tiny_corpus, caplog):
+    dm = make_dm(tiny_corpus, max_frames_per_batch=100_000, min_batches_per_epoch=5)
+    dm.setup("fit")
+    lengths = dm.datasets["train"].frame_lengths()
+    with caplog.at_level(logging.INFO, logger="fastasr.data.datamodule"):
+        train = list(dm.train_dataloader())
+    assert dm.train_frames_per_batch == max(sum(lengths) // 5, max(lengths)) < 100_000
+    assert len(train) >= 5 and "data.min_batches_per_epoch=5" in caplog.text
+    assert len(list(dm.val_dataloader())) == 1  # evaluation keeps the large budget: one batch of 2
+    assert len(list(make_dm(tiny_corpus, max_frames_per_batch=100_000).train_dataloader())) == 1
+
+
+def test_null_sample_rate_is_the_training_audio_rate(tiny_corpus, tmp_path):
+    from fastasr.data.audio import write_wav
+    from fastasr.data.manifest import read_manifest, write_manifest
+
+    # the tiny corpus down-sampled to 8 kHz: features at 8 kHz, not up-sampled to 16
+    (tmp_path / "wav").mkdir()
+    for split in ("train", "dev", "test"):
+        rows = []
+        for u in read_manifest(tiny_corpus / f"{split}.jsonl"):
+            path = tmp_path / "wav" / f"{u.id}.wav"
+            write_wav(path, load_audio(u.audio_filepath, 8000).numpy(), 8000)
+            rows.append({"audio_filepath": str(path), "duration": u.duration, "text": u.text,
+                         "phonemes": u.phonemes})
+        write_manifest(tmp_path / f"{split}.jsonl", rows)
+    dm = make_dm(tmp_path, features={"num_mel_bins": 40, "sample_rate": None})
+    dm.setup("fit")
+    assert dm.feature_config.sample_rate == 8000
+    batch = next(iter(dm.val_dataloader()))
+    utt = dm.datasets["dev"].utterances[[u.id for u in dm.datasets["dev"].utterances].index(batch["ids"][0])]
+    ref = kaldi.fbank(load_audio(utt.audio_filepath)[None] * 32768, num_mel_bins=40, dither=0.0,
+                      energy_floor=0.0, sample_frequency=8000)
+    torch.testing.assert_close(batch["features"][0, : ref.shape[0]], ref)
+    # 16 kHz audio stays at 16 kHz
+    dm16 = make_dm(tiny_corpus, features={"num_mel_bins": 40, "sample_rate": None})
+    dm16.setup("fit")
+    assert dm16.feature_config.sample_rate == 16000

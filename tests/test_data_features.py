@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -128,3 +129,31 @@ def test_cmvn_stats_match_direct_computation_and_cache(tmp_path):
     assert cmvn_cache_path(manifest, FeatureConfig(num_mel_bins=80), [u.id for u in utts]) != cache
     manifest.write_text("changed\n")
     assert cmvn_cache_path(manifest, fb.config, [u.id for u in utts]) != cache
+
+
+def test_native_rate_probes_headers_and_caps_at_16k(tmp_path, caplog):
+    from fastasr.data.audio import write_wav
+    from fastasr.data.features import NATIVE_RATE_CAP, native_rate, with_native_rate
+
+    def files(rate, n, tag):
+        out = []
+        for i in range(n):
+            write_wav(tmp_path / f"{tag}{i}.wav", np.zeros(rate // 10, np.float32), rate)
+            out.append(tmp_path / f"{tag}{i}.wav")
+        return out
+
+    eight, forty8 = files(8000, 5, "a"), files(48000, 2, "b")
+    assert native_rate(eight) == 8000
+    assert native_rate(forty8) == NATIVE_RATE_CAP == 16000  # 48 kHz is down-sampled, never kept
+    with caplog.at_level(logging.WARNING):
+        assert native_rate(eight + forty8) == 8000  # the most common rate wins, with a warning
+    assert "mixes sample rates" in caplog.text
+    (tmp_path / "bad.wav").write_bytes(b"RIFF junk")
+    assert native_rate([tmp_path / "bad.wav"] + eight) == 8000  # unreadable files are passed over
+    with pytest.raises(ValueError, match="no readable audio among the first files of train.jsonl"):
+        native_rate([tmp_path / "bad.wav"], "train.jsonl")
+    cfg = FeatureConfig(sample_rate=None)
+    assert with_native_rate(cfg, eight, "x").sample_rate == 8000
+    assert with_native_rate(FeatureConfig(sample_rate=22050), eight, "x").sample_rate == 22050  # set: kept
+    with pytest.raises(ValueError, match="features.sample_rate is null"):
+        Fbank(cfg)

@@ -151,3 +151,26 @@ def test_pricing_is_validated_and_configured_by_the_attention():
                                 ("i_clustered", "linear"), ("lsh", "linear")):
             cfg = compose("train", overrides=[f"attention={attention}"])
             assert cfg.data.length_cost == cost, attention
+
+
+def test_budget_for_batches_gives_small_corpora_enough_updates():
+    from fastasr.data.sampler import budget_for_batches
+
+    lens = lengths(n=300)  # 50-800 frames: ~130k frames in all
+    total = sum(lens)
+    # a large budget would give this corpus few batches; the lowered one gives at least 100
+    assert len(FrameBudgetBatchSampler(lens, 16000)) < 20
+    budget = budget_for_batches(lens, 16000, 100)
+    assert budget == total // 100
+    assert len(FrameBudgetBatchSampler(lens, budget)) >= 100
+    # a corpus large enough keeps the given budget; None/0 switch it off
+    assert budget_for_batches(lens, 800, 100) == 800
+    assert budget_for_batches(lens, 16000, None) == budget_for_batches(lens, 16000, 0) == 16000
+    # never below the longest utterance's price, so that no batch is over budget alone
+    assert budget_for_batches(lens, 16000, 10**6) == max(lens)
+    # priced as the sampler prices: quadratic totals are larger, so is the budget
+    quad = budget_for_batches(lens, 16000, 100, "quadratic", 4000)
+    assert quad == int(sum(n * (1 + n / 4000) for n in lens) / 100)
+    assert len(FrameBudgetBatchSampler(lens, quad, length_cost="quadratic", quadratic_frames=4000)) >= 100
+    with pytest.raises(ValueError, match="min_batches -1"):
+        budget_for_batches(lens, 16000, -1)

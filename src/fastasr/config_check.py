@@ -80,7 +80,9 @@ def _check_features(cfg: DictConfig, errors: list[str]) -> FeatureConfig | None:
     except (ValueError, TypeError) as err:
         errors.append(f"data.features: {err}")
         return None
-    for key in ("sample_rate", "num_mel_bins", "frame_length_ms", "frame_shift_ms"):
+    if fc.sample_rate is not None and not fc.sample_rate > 0:
+        errors.append(f"features.sample_rate={fc.sample_rate}; expected > 0, or null for the training audio's own rate")
+    for key in ("num_mel_bins", "frame_length_ms", "frame_shift_ms"):
         if not getattr(fc, key) > 0:
             errors.append(f"features.{key}={getattr(fc, key)}; expected > 0")
     if fc.channels is not None and fc.channels < 1:

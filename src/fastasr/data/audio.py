@@ -68,6 +68,18 @@ def load_audio(path: str | Path, sample_rate: int | None = None, channels: int |
     return wav
 
 
+def file_sample_rate(path: str | Path) -> int:
+    """The sample rate in ``path``'s header (soundfile; the samples are not read).
+
+    Raises:
+        BadAudioError: soundfile cannot read the header.
+    """
+    try:
+        return int(sf.info(str(path)).samplerate)
+    except (RuntimeError, OSError, EOFError, ValueError) as err:
+        raise BadAudioError(path, f"unreadable header ({str(err).strip()}); expected audio soundfile can decode") from None
+
+
 @lru_cache(maxsize=16)
 def _resampler(orig_rate: int, new_rate: int) -> AT.Resample:
     return AT.Resample(orig_rate, new_rate)  # builds the windowed-sinc kernel once

@@ -38,10 +38,10 @@ from fastasr.data.augment import AugmentConfig, EpochListeners, WaveformAugment
 from fastasr.data.bad_audio import SKIPPED_KEY, skipped_item, split_skipped
 from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.feature_sources import AudioFeatures, FeatureSource, feature_source
-from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats
+from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats, with_native_rate
 from fastasr.data.manifest import Utterance, read_manifest
 from fastasr.data.resumable import ResumableDataLoader, training_position
-from fastasr.data.sampler import FrameBudgetBatchSampler
+from fastasr.data.sampler import FrameBudgetBatchSampler, budget_for_batches
 from fastasr.data.tokenizer import KINDS, Tokenizer, UnknownUnitError
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,9 @@ class ASRDataModule(pl.LightningDataModule):
             phones for training, 48 → 39 for scoring), or None.
         features: mapping with the ``FeatureConfig`` fields.
         max_frames_per_batch: budget per batch in priced frames (``FrameBudgetBatchSampler``).
+        min_batches_per_epoch: training only: lower the budget below ``max_frames_per_batch``
+            where needed so that an epoch has at least this many batches (per process under
+            DDP; ``sampler.budget_for_batches``); None: the budget as given.
         max_batch_size: optional cap on utterances per batch.
         length_cost: ``linear`` or ``quadratic``: how the sampler prices a padded utterance
             (quadratic for full attention; ``conf/data`` derives it from the attention).
@@ -165,6 +168,7 @@ class ASRDataModule(pl.LightningDataModule):
         phone_folding: str | None = None,
         features: Mapping | FeatureConfig | None = None,
         max_frames_per_batch: int = 16000,
+        min_batches_per_epoch: int | None = None,
         max_batch_size: int | None = None,
         length_cost: str = "linear",
         quadratic_frames: int = 4000,
@@ -193,6 +197,10 @@ class ASRDataModule(pl.LightningDataModule):
         self.phone_folding = phone_folding
         self.feature_config = FeatureConfig.from_dict(features)
         self.max_frames_per_batch = int(max_frames_per_batch)
+        if min_batches_per_epoch is not None and min_batches_per_epoch < 0:
+            raise ValueError(f"min_batches_per_epoch {min_batches_per_epoch}; expected ≥ 0 or None")
+        self.min_batches_per_epoch = min_batches_per_epoch
+        self._train_budget: int | None = None
         self.max_batch_size = max_batch_size
         self.pricing = {"length_cost": length_cost, "quadratic_frames": int(quadratic_frames)}
         self.num_workers = int(num_workers)
@@ -292,6 +300,9 @@ class ASRDataModule(pl.LightningDataModule):
             stage, ("train", "dev", "test") if stage is None else ()
         )
         splits = tuple(s for s in splits if self.manifests[s] or s == "train")
+        if not self.feature_config.resolved:  # features.sample_rate null: the training audio's own rate
+            self.feature_config = with_native_rate(self.feature_config, [u.audio_filepath for u in self._read("train")],
+                                                   f"data.train_manifest {self.manifests['train']}")
         if self.tokenizer is None:
             self.tokenizer = Tokenizer.build(self._read("train"), self.tokenizer_kind,
                                              vocab_size=self.vocab_size, phone_folding=self.phone_folding)
@@ -335,10 +346,26 @@ class ASRDataModule(pl.LightningDataModule):
             return 1, 0
         return int(trainer.world_size), int(trainer.global_rank)
 
+    @property
+    def train_frames_per_batch(self) -> int:
+        """The training batch budget: ``max_frames_per_batch``, lowered on a small corpus to
+        give ``min_batches_per_epoch`` batches per process (decided once, logged)."""
+        if self._train_budget is None:
+            lengths = self._dataset("train").frame_lengths()
+            replicas, _ = self._replicas()
+            wanted = (self.min_batches_per_epoch or 0) * replicas
+            self._train_budget = budget_for_batches(lengths, self.max_frames_per_batch, wanted, **self.pricing)
+            if self._train_budget < self.max_frames_per_batch:
+                log.info("train: batch budget %d priced frames (data.max_frames_per_batch=%d would give this "
+                         "%d-utterance corpus fewer than data.min_batches_per_epoch=%d updates an epoch)",
+                         self._train_budget, self.max_frames_per_batch, len(lengths), self.min_batches_per_epoch)
+        return self._train_budget
+
     def _loader(self, dataset: ASRDataset, shuffle: bool, distributed: bool = True) -> DataLoader:
         replicas, rank = self._replicas() if distributed else (1, 0)
+        budget = self.train_frames_per_batch if shuffle else self.max_frames_per_batch
         sampler = FrameBudgetBatchSampler(
-            dataset.frame_lengths(), self.max_frames_per_batch, self.max_batch_size, shuffle=shuffle,
+            dataset.frame_lengths(), budget, self.max_batch_size, shuffle=shuffle,
             seed=self.seed, num_replicas=replicas, rank=rank, **self.pricing,
             pad="repeat" if shuffle else "empty",  # evaluation scores every utterance exactly once
         )
@@ -382,6 +409,6 @@ class ASRDataModule(pl.LightningDataModule):
     def largest_train_batches(self, k: int = 1) -> list[dict]:
         """The ``k`` most expensive training batches, by the sampler's price (to try before training)."""
         ds = self._dataset("train")
-        sampler = FrameBudgetBatchSampler(ds.frame_lengths(), self.max_frames_per_batch, self.max_batch_size,
+        sampler = FrameBudgetBatchSampler(ds.frame_lengths(), self.train_frames_per_batch, self.max_batch_size,
                                           **self.pricing)
         return [collate([ds[i] for i in b]) for b in sampler.largest_batches(k)]

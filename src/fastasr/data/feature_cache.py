@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, Dataset
 from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import BadAudioError
 from fastasr.data.augment import speed_perturb
-from fastasr.data.features import Fbank, FeatureConfig, load_utterance_audio
+from fastasr.data.features import Fbank, FeatureConfig, load_utterance_audio, with_native_rate
 from fastasr.data.manifest import Utterance
 
 log = logging.getLogger(__name__)
@@ -344,6 +344,12 @@ def build_for_config(data_cfg: Mapping) -> list[FeatureCache]:
     cache = CacheConfig.from_dict({**OmegaConf.to_container(cfg.cache, resolve=True), "mode": "build"})
     augment = AugmentConfig.from_dict(OmegaConf.to_container(cfg.get("augment"), resolve=True)
                                       if cfg.get("augment") is not None else None)
+    if not config.resolved:  # features.sample_rate null: the training audio's own rate, as training resolves it
+        if not cfg.get("train_manifest") or OmegaConf.is_missing(cfg, "train_manifest"):
+            raise ValueError("features.sample_rate is null (the training audio's rate) but data.train_manifest "
+                             "is not set; set one of them")
+        train = read_manifest(cfg.train_manifest, on_error=cfg.get("on_bad_utterance", "skip"))
+        config = with_native_rate(config, [u.audio_filepath for u in train], f"data.train_manifest {cfg.train_manifest}")
     built = []
     for split in ("train", "dev", "test"):
         key = f"{split}_manifest"

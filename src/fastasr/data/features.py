@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -31,7 +31,7 @@ INT16_SCALE = 32768.0  # Kaldi works on int16-scaled samples
 class FeatureConfig:
     """Filterbank settings (``conf/features/*.yaml``)."""
 
-    sample_rate: int = 16000  # Hz; audio is resampled to it
+    sample_rate: int | None = 16000  # Hz; audio is resampled to it. None: the training audio's own (native_rate)
     num_mel_bins: int = 80  # filterbank channels (feature dim)
     frame_length_ms: float = 25.0  # analysis window
     frame_shift_ms: float = 10.0  # hop
@@ -53,12 +53,24 @@ class FeatureConfig:
         return cls(**cfg)
 
     @property
+    def resolved(self) -> bool:
+        """Whether ``sample_rate`` is set (``None`` waits for :func:`with_native_rate`)."""
+        return self.sample_rate is not None
+
+    @property
     def window_samples(self) -> int:
-        return int(self.sample_rate * self.frame_length_ms / 1000)
+        return int(self._rate() * self.frame_length_ms / 1000)
+
+    def _rate(self) -> int:
+        if self.sample_rate is None:
+            raise ValueError("features.sample_rate is null (the training audio's own rate) and has not been "
+                             "resolved from a training manifest yet; set features.sample_rate or give "
+                             "data.train_manifest")
+        return self.sample_rate
 
     @property
     def shift_samples(self) -> int:
-        return int(self.sample_rate * self.frame_shift_ms / 1000)
+        return int(self._rate() * self.frame_shift_ms / 1000)
 
     def num_frames(self, num_samples: int) -> int:
         """Frames Kaldi's fbank gives for ``num_samples`` (snip_edges; at least 1)."""
@@ -68,7 +80,54 @@ class FeatureConfig:
 
     def frames_for_duration(self, seconds: float) -> int:
         """Frames for a duration in seconds (as in a manifest)."""
-        return self.num_frames(int(round(seconds * self.sample_rate)))
+        return self.num_frames(int(round(seconds * self._rate())))
+
+
+NATIVE_RATE_CAP = 16000  # Hz: features.sample_rate null never computes filterbanks above this rate
+NATIVE_RATE_PROBES = 64  # files whose headers are read to find the training audio's rate
+
+
+def native_rate(paths: Sequence[str | Path], source: str = "the training manifest") -> int:
+    """The rate of ``features.sample_rate: null``: the most common header rate among up to
+    ``NATIVE_RATE_PROBES`` files spread evenly over ``paths``, capped at ``NATIVE_RATE_CAP``.
+
+    So 8 kHz telephone or digit recordings get 8 kHz filterbanks (up-sampling them would only
+    add empty bins above 4 kHz and make every frame costlier), 16 kHz corpora 16 kHz, and
+    44.1/48 kHz recordings (Common Voice, AudioMNIST) are down-sampled to 16 kHz. Unreadable
+    files are passed over (training reports them); none readable raises ``ValueError``
+    naming ``source``.
+    """
+    from collections import Counter
+
+    from fastasr.data.audio import file_sample_rate
+
+    if not paths:
+        raise ValueError(f"features.sample_rate null: {source} has no utterances to read the rate from")
+    step = max(1, len(paths) // NATIVE_RATE_PROBES)
+    rates: Counter[int] = Counter()
+    for path in list(paths)[::step][:NATIVE_RATE_PROBES]:
+        try:
+            rates[file_sample_rate(path)] += 1
+        except BadAudioError:
+            continue
+    if not rates:
+        raise ValueError(f"features.sample_rate null: no readable audio among the first files of {source} "
+                         f"(e.g. {paths[0]}); set features.sample_rate")
+    rate, count = rates.most_common(1)[0]
+    if len(rates) > 1:
+        log.warning("%s mixes sample rates %s (of %d files read); features at %d Hz", source, dict(rates),
+                    sum(rates.values()), min(rate, NATIVE_RATE_CAP))
+    return min(rate, NATIVE_RATE_CAP)
+
+
+def with_native_rate(config: FeatureConfig, paths: Sequence[str | Path], source: str) -> FeatureConfig:
+    """``config`` with ``sample_rate`` resolved by :func:`native_rate` when it is None."""
+    if config.resolved:
+        return config
+    rate = native_rate(paths, source)
+    log.info("features.sample_rate: %d Hz, the audio's own rate in %s (capped at %d)", rate, source,
+             NATIVE_RATE_CAP)
+    return replace(config, sample_rate=rate)
 
 
 class Fbank:
@@ -83,6 +142,7 @@ class Fbank:
         cfg = FeatureConfig.from_dict(config)
         if overrides:
             cfg = FeatureConfig(**{**asdict(cfg), **overrides})
+        cfg._rate()  # a null sample rate must be resolved (with_native_rate) before features are computed
         self.config = cfg
 
     @property

@@ -30,17 +30,37 @@ class _EpochForwarder:
     def __init__(self, owner: FrameBudgetBatchSampler) -> None:
         self._owner = owner
 
-    def price(self, longest: int, size: int = 1) -> float:
-        """What ``size`` utterances padded to ``longest`` frames cost (see the module docstring)."""
-        if self.length_cost == "quadratic":
-            return size * longest * (1.0 + longest / self.quadratic_frames)
-        return float(size * longest)
-
     def set_epoch(self, epoch: int) -> None:
         self._owner.set_epoch(epoch)
 
 
 LENGTH_COSTS = ("linear", "quadratic")
+
+
+def price(longest: int, size: int = 1, length_cost: str = "linear", quadratic_frames: int = 4000) -> float:
+    """What ``size`` utterances padded to ``longest`` frames cost (see the module docstring)."""
+    if length_cost == "quadratic":
+        return size * longest * (1.0 + longest / quadratic_frames)
+    return float(size * longest)
+
+
+def budget_for_batches(lengths: Sequence[int], max_frames: int, min_batches: int | None,
+                       length_cost: str = "linear", quadratic_frames: int = 4000) -> int:
+    """The batch budget that cuts ``lengths`` into at least ``min_batches`` batches.
+
+    ``max_frames`` when the corpus is large enough; on a small corpus, the total price of its
+    utterances divided by ``min_batches`` (every batch costs at most the budget, so at least
+    that many come out), but never below the price of the longest utterance. ``min_batches``
+    None or 0: ``max_frames``. This is what keeps a small corpus from getting a few dozen
+    updates an epoch out of a budget sized for a large one.
+    """
+    if not min_batches:
+        return int(max_frames)
+    if min_batches < 0:
+        raise ValueError(f"min_batches {min_batches}; expected ≥ 0 (or None)")
+    total = sum(price(int(n), 1, length_cost, quadratic_frames) for n in lengths)
+    longest = price(int(max(lengths)), 1, length_cost, quadratic_frames)
+    return int(min(max_frames, max(total / min_batches, longest)))
 
 
 class FrameBudgetBatchSampler(Sampler[list[int]]):
@@ -114,9 +134,7 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
 
     def price(self, longest: int, size: int = 1) -> float:
         """What ``size`` utterances padded to ``longest`` frames cost (see the module docstring)."""
-        if self.length_cost == "quadratic":
-            return size * longest * (1.0 + longest / self.quadratic_frames)
-        return float(size * longest)
+        return price(longest, size, self.length_cost, self.quadratic_frames)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose shuffle to produce (same seed + epoch → same batches)."""
