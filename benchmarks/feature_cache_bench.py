@@ -38,7 +38,7 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from fastasr.config import CONFIG_DIR  # noqa: E402
 from fastasr.data.feature_cache import CacheConfig, open_feature_cache  # noqa: E402
-from fastasr.data.features import FeatureConfig  # noqa: E402
+from fastasr.data.features import FeatureConfig, with_native_rate  # noqa: E402
 from fastasr.data.manifest import read_manifest  # noqa: E402
 
 
@@ -65,8 +65,9 @@ def run(overrides: list[str], epochs: int) -> dict:
         cfg = compose(config_name="train", overrides=overrides)
     data = OmegaConf.to_container(cfg.data, resolve=True)
     cache = CacheConfig.from_dict({**data["cache"], "mode": "build"})
-    features = FeatureConfig.from_dict(data["features"])
     utterances = read_manifest(data["train_manifest"], on_error=data.get("on_bad_utterance", "skip"))
+    features = with_native_rate(FeatureConfig.from_dict(data["features"]), [u.audio_filepath for u in utterances],
+                                data["train_manifest"])
 
     print(f"feature cache of {data['train_manifest']} ({len(utterances)} utterances)", flush=True)
     start = time.perf_counter()

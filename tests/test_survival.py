@@ -28,7 +28,8 @@ EPOCHS = 2
 def command(corpus: Path, tmp_path: Path, *overrides: str) -> list[str]:
     return train_command(
         corpus, tmp_path / "outputs", tmp_path / "probe", "name=survive", f"trainer.max_epochs={EPOCHS}",
-        "data.max_batch_size=2", "callbacks.step_checkpoint.every_n_train_steps=1", "test=false",
+        "data.max_batch_size=2", "data.min_batches_per_epoch=null",  # 5 batches an epoch: the kill steps below
+        "callbacks.step_checkpoint.every_n_train_steps=1", "test=false",
         "trainer.num_sanity_val_steps=0", *overrides,
     )
 
