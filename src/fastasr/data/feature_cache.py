@@ -344,23 +344,26 @@ def build_for_config(data_cfg: Mapping) -> list[FeatureCache]:
     cache = CacheConfig.from_dict({**OmegaConf.to_container(cfg.cache, resolve=True), "mode": "build"})
     augment = AugmentConfig.from_dict(OmegaConf.to_container(cfg.get("augment"), resolve=True)
                                       if cfg.get("augment") is not None else None)
-    if not config.resolved:  # features.sample_rate null: the training audio's own rate, as training resolves it
-        if not cfg.get("train_manifest") or OmegaConf.is_missing(cfg, "train_manifest"):
-            raise ValueError("features.sample_rate is null (the training audio's rate) but data.train_manifest "
-                             "is not set; set one of them")
-        train = read_manifest(cfg.train_manifest, on_error=cfg.get("on_bad_utterance", "skip"))
-        config = with_native_rate(config, [u.audio_filepath for u in train], f"data.train_manifest {cfg.train_manifest}")
-    built = []
+    manifests = {}  # split → its utterances, each manifest read once
     for split in ("train", "dev", "test"):
         key = f"{split}_manifest"
         if key not in cfg or OmegaConf.is_missing(cfg, key) or not cfg[key]:
             log.info("%s: no manifest (data.%s); nothing to cache", split, key)
             continue
+        manifests[split] = read_manifest(cfg[key], on_error=cfg.get("on_bad_utterance", "skip"))
+    if not config.resolved:  # features.sample_rate null: the training audio's own rate, as training resolves it
+        if "train" not in manifests:
+            raise ValueError("features.sample_rate is null (the training audio's rate) but data.train_manifest "
+                             "is not set; set one of them")
+        config = with_native_rate(config, [u.audio_filepath for u in manifests["train"]],
+                                  f"data.train_manifest {cfg.train_manifest}")
+    built = []
+    for split, utterances in manifests.items():
+        key = f"{split}_manifest"
         if split == "train" and augment.needs_audio:
             log.info("train: not cached: data.augment.noise mixes noise into the audio, so training computes "
                      "its features on the fly")
             continue
-        utterances = read_manifest(cfg[key], on_error=cfg.get("on_bad_utterance", "skip"))
         for speed in augment.factors if split == "train" else (1.0,):
             built.append(open_feature_cache(utterances, cfg[key], config, cache, speed,
                                             int(cfg.get("num_workers", 0))))

@@ -12,13 +12,14 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torchaudio.compliance.kaldi as kaldi
 from torch import nn
 
+from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import BadAudioError, load_audio
 from fastasr.data.bad_audio import SkippedUtterance, all_bad_error, describe_skipped, refused
 
@@ -41,16 +42,7 @@ class FeatureConfig:
     @classmethod
     def from_dict(cls, cfg: Mapping | FeatureConfig | None) -> FeatureConfig:
         """Build from a mapping (or DictConfig); unknown keys raise ``ValueError``."""
-        if cfg is None:
-            return cls()
-        if isinstance(cfg, FeatureConfig):
-            return cfg
-        known = {f.name for f in fields(cls)}
-        cfg = dict(cfg)
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise ValueError(f"features: unknown key(s) {unknown}; expected some of {sorted(known)}")
-        return cls(**cfg)
+        return dataclass_from_mapping(cls, cfg, "features")
 
     @property
     def resolved(self) -> bool:
@@ -113,7 +105,7 @@ def native_rate(paths: Sequence[str | Path], source: str = "the training manifes
     if not rates:
         raise ValueError(f"features.sample_rate null: no readable audio among the first files of {source} "
                          f"(e.g. {paths[0]}); set features.sample_rate")
-    rate, count = rates.most_common(1)[0]
+    rate = rates.most_common(1)[0][0]
     if len(rates) > 1:
         log.warning("%s mixes sample rates %s (of %d files read); features at %d Hz", source, dict(rates),
                     sum(rates.values()), min(rate, NATIVE_RATE_CAP))
