@@ -10,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from fastasr.attention import (
+    AutoAttention,
     ClusteredAttention,
     FullAttention,
     ImprovedClusteredAttention,
@@ -195,3 +196,111 @@ def test_length_cost_says_which_variants_are_quadratic():
     assert length_cost(build_attention("i-clustered-5")) == "linear"
     with pytest.raises(ValueError, match="unknown attention spec"):
         length_cost("dense")
+
+
+# Every exported variant, with the numbers it is built with directly (its spec number only).
+DIRECT = {
+    FullAttention: [None],
+    LSHAttention: [1, 4],
+    ClusteredAttention: [100, 5],
+    ImprovedClusteredAttention: [100, 5],
+    TopKAttention: [32, 5],
+    AutoAttention: [1024, 8],  # 8: a call of N = 37 takes the i-clustered branch
+}
+
+
+def test_direct_construction_covers_every_exported_variant():
+    import fastasr.attention as attention
+
+    exported = {
+        obj
+        for obj in (getattr(attention, name) for name in attention.__all__)
+        if isinstance(obj, type) and issubclass(obj, InnerAttention) and obj is not InnerAttention
+    }
+    assert exported == set(DIRECT)
+
+
+@pytest.mark.parametrize(
+    "cls,number",
+    [(cls, n) for cls, numbers in DIRECT.items() for n in numbers],
+    ids=lambda x: x.__name__ if isinstance(x, type) else str(x),
+)
+def test_every_exported_class_constructs_and_runs_on_its_own(cls, number):
+    attn = cls() if number is None else cls(number)
+    built = build_attention(cls.name if number is None else f"{cls.name}-{number}")
+    # the same module as the registry builds: same class, parameters, canonical spec
+    assert type(built) is cls and attn.hparams == built.hparams and attn.spec == built.spec
+    assert list(attn.hparams.items()) == list(built.hparams.items())  # same order too
+    assert list(attn.parameters()) == [] and attn.state_dict() == {}
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 37, 8, generator=g) for _ in range(3))
+    if cls.requires_shared_qk:
+        k = q
+    lengths = torch.tensor([37, 20])
+    torch.manual_seed(0)  # the random variants draw from torch's global RNG (no seed)
+    out = attn(q, k, v, lengths)
+    assert out.shape == (2, 2, 37, 8) and out.dtype == v.dtype
+    assert torch.isfinite(out).all()
+    assert (out[1, :, 20:] == 0).all()  # padded queries
+    torch.manual_seed(0)
+    assert torch.equal(out, built(q, k, v, lengths))
+
+
+@pytest.mark.parametrize("cls", list(DIRECT), ids=lambda c: c.__name__)
+def test_defaults_live_in_the_constructor(cls):
+    assert set(cls.defaults()) == {p.name for p in cls.params}
+    assert cls().hparams == cls.defaults() == build_attention(cls.name).hparams
+
+
+def test_paper_defaults():
+    assert ClusteredAttention.defaults() == {
+        "clusters": 100,
+        "bits": 63,
+        "iterations": 10,
+        "seed": None,
+    }
+    assert ImprovedClusteredAttention.defaults()["topk"] == 32
+    assert TopKAttention.defaults() == {"k": 32, "chunk": 1024}
+    assert LSHAttention.defaults() == {"rounds": 1, "chunk": 32, "buckets": 32, "seed": None}
+    auto = AutoAttention.defaults()
+    assert {k: auto[k] for k in ImprovedClusteredAttention.defaults()} == (
+        ImprovedClusteredAttention.defaults()
+    )
+
+
+def test_direct_construction_checks_values_like_the_registry():
+    with pytest.raises(
+        ValueError, match=r"'clustered': bits=64 is out of range; expected an integer in \[1, 63\]"
+    ):
+        ClusteredAttention(100, bits=64)
+    with pytest.raises(ValueError, match=r"'i-clustered': topk=0 is out of range"):
+        ImprovedClusteredAttention(topk=0)
+    with pytest.raises(ValueError, match=r"'auto': topk=0 is out of range"):
+        AutoAttention(topk=0)
+    with pytest.raises(ValueError, match=r"buckets=7 is odd"):
+        LSHAttention(buckets=7)
+    with pytest.raises(ValueError, match=r"k=2.5 \(float\)"):
+        TopKAttention(2.5)
+    with pytest.raises(TypeError, match="topk"):
+        ClusteredAttention(100, topk=5)
+    # a numpy-style integral value is stored as an int
+    assert type(TopKAttention(torch.tensor(7).item()).k) is int
+
+
+def test_register_rejects_a_constructor_that_does_not_match_its_params():
+    from fastasr.attention.registry import available, register
+    from fastasr.attention.spec import Param
+
+    class Bad(InnerAttention):
+        name = "bad-variant"
+        number_param = "n"
+        params = (Param("n", low=1), Param("m", low=1))
+
+        def __init__(self, n: int = 1) -> None:
+            super().__init__()
+            self._set_hparams(n=n)
+
+    with pytest.raises(ValueError, match=r"constructor arguments \['n'\] != params \['m', 'n'\]"):
+        register(Bad)
+    assert "bad-variant" not in available()

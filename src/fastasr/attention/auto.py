@@ -24,23 +24,59 @@ from fastasr.attention.spec import Param
 __all__ = ["AutoAttention"]
 
 
+#: i-clustered's defaults, read from its constructor (their one home).
+_CLUSTERED = ImprovedClusteredAttention.defaults()
+
+
 @register
 class AutoAttention(InnerAttention):
-    """``full`` for calls shorter than the crossover, ``i-clustered`` from it on."""
+    """``full`` for calls shorter than the crossover, ``i-clustered`` from it on.
+
+    ``AutoAttention(1024)(q, k, v, lengths)``: ``q, k`` ``(B, H, N, E)``, ``v``
+    ``(B, H, N, Ev)``, ``lengths`` ``(B,)`` or None -> ``(B, H, N, Ev)``.
+
+    Args:
+        crossover: ``N`` from which calls under autograd (training) use i-clustered.
+        crossover_no_grad: ``N`` from which calls without autograd (decoding) do.
+        clusters, bits, iterations, seed, topk: the i-clustered part, as
+            :class:`ImprovedClusteredAttention` (same defaults).
+
+    Raises:
+        ValueError: a parameter out of range, naming it and what is expected.
+    """
 
     name = "auto"
     number_param = "crossover"
     params = (
-        Param("crossover", 1024, low=1, doc="N from which calls under autograd use i-clustered"),
-        Param("crossover_no_grad", 1024, low=1, doc="N from which calls without autograd do"),
+        Param("crossover", low=1, doc="N from which calls under autograd use i-clustered"),
+        Param("crossover_no_grad", low=1, doc="N from which calls without autograd do"),
     ) + ImprovedClusteredAttention.params
     # Quadratic only below the crossover, a bounded length: priced as linear.
     length_cost = "linear"
 
-    def __init__(self, **values: int | None) -> None:
-        super().__init__(**values)
-        clustered = {p.name: values[p.name] for p in ImprovedClusteredAttention.params}
+    def __init__(
+        self,
+        crossover: int = 1024,
+        *,
+        crossover_no_grad: int = 1024,
+        clusters: int = _CLUSTERED["clusters"],
+        bits: int = _CLUSTERED["bits"],
+        iterations: int = _CLUSTERED["iterations"],
+        seed: int | None = _CLUSTERED["seed"],
+        topk: int = _CLUSTERED["topk"],
+    ) -> None:
+        super().__init__()
+        self._set_hparams(
+            crossover=crossover,
+            crossover_no_grad=crossover_no_grad,
+            clusters=clusters,
+            bits=bits,
+            iterations=iterations,
+            seed=seed,
+            topk=topk,
+        )
         self.exact = FullAttention()
+        clustered = {p.name: self.hparams[p.name] for p in ImprovedClusteredAttention.params}
         self.approximate = ImprovedClusteredAttention(**clustered)
 
     def choose(self, n: int) -> InnerAttention:

@@ -7,6 +7,7 @@ it owns no weights, a trained model can swap one variant for another.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import ClassVar
 
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from fastasr.attention.masking import check_lengths
-from fastasr.attention.spec import Param
+from fastasr.attention.spec import Param, check_params
 from fastasr.kernels import ops
 
 __all__ = ["InnerAttention", "compute_dtype", "kernel_dtype"]
@@ -42,15 +43,19 @@ def kernel_dtype(x: torch.Tensor) -> torch.dtype:
 class InnerAttention(nn.Module):
     """Base class of the attention variants.
 
-    Subclasses set the class attributes and implement :meth:`_forward` and
-    :meth:`_dense_weights`; this class validates inputs, owns the random number
-    generator and builds the canonical spec string.
+    Subclasses set the class attributes, implement :meth:`_forward` and
+    :meth:`_dense_weights`, and take their parameters as typed constructor
+    arguments whose defaults are the variant's defaults (the only place they are
+    written; :meth:`defaults` reads them), handing them to :meth:`_set_hparams`.
+    This class validates parameters and inputs, owns the random number generator and
+    builds the canonical spec string.
 
     Class attributes:
         name: variant name in spec strings (``"i-clustered"``).
         number_param: the parameter a spec's trailing number sets (``"clusters"``),
             or None.
-        params: the variant's parameters.
+        params: the accepted values of each constructor argument (bounds, ``None`` or
+            not, a doc line), one :class:`Param` per argument.
         requires_shared_qk: whether ``q`` and ``k`` must be the same tensor.
         length_cost: how time and memory grow with the sequence length, ``"linear"`` or
             ``"quadratic"``; the frame-budget sampler prices batches by it.
@@ -62,12 +67,32 @@ class InnerAttention(nn.Module):
     requires_shared_qk: ClassVar[bool] = False
     length_cost: ClassVar[str] = "linear"
 
-    def __init__(self, **values: int | None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.hparams: dict[str, int | None] = dict(values)
-        for key, value in values.items():
-            setattr(self, key, value)
+        self.hparams: dict[str, int | None] = {}
         self._generators: dict[torch.device, torch.Generator] = {}
+
+    def _set_hparams(self, **values: int | None) -> None:
+        """Check ``values`` against :attr:`params` and store them as attributes and in
+        :attr:`hparams` (kept in ``params`` order).
+
+        Raises:
+            ValueError: a value out of range or of the wrong type, naming the parameter
+                and what is expected.
+        """
+        values = {**self.hparams, **values}
+        self.hparams = check_params(self.name, self.params, values)
+        for key, value in self.hparams.items():
+            setattr(self, key, value)
+
+    @classmethod
+    def defaults(cls) -> dict[str, int | None]:
+        """The constructor's defaults, by parameter name (``{"clusters": 100, ...}``)."""
+        return {
+            name: p.default
+            for name, p in inspect.signature(cls).parameters.items()
+            if p.default is not p.empty
+        }
 
     # ------------------------------------------------------------------ naming
     @property

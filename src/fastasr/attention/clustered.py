@@ -30,10 +30,10 @@ from fastasr.kernels.reference import MAX_BITS
 __all__ = ["ClusteredAttention", "CentroidAttention", "cluster_means", "gather_padded"]
 
 CLUSTERING_PARAMS = (
-    Param("clusters", 100, low=1, doc="number of query clusters C"),
-    Param("bits", 63, low=1, high=MAX_BITS, doc="hash bits per query"),
-    Param("iterations", 10, low=0, doc="Lloyd iterations of Hamming K-means"),
-    Param("seed", None, low=0, optional=True, doc="seed of the hash planes (None: global RNG)"),
+    Param("clusters", low=1, doc="number of query clusters C"),
+    Param("bits", low=1, high=MAX_BITS, doc="hash bits per query"),
+    Param("iterations", low=0, doc="Lloyd iterations of Hamming K-means"),
+    Param("seed", low=0, optional=True, doc="seed of the hash planes (None: global RNG)"),
 )
 
 
@@ -88,11 +88,31 @@ def gather_padded(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
 
 @register
 class ClusteredAttention(InnerAttention):
-    """Clustered attention with ``clusters`` centroids per sequence and head."""
+    """Clustered attention with ``clusters`` centroids per sequence and head.
+
+    ``ClusteredAttention(100)(q, k, v, lengths)``: ``q, k`` ``(B, H, N, E)``, ``v``
+    ``(B, H, N, Ev)``, ``lengths`` ``(B,)`` or None -> ``(B, H, N, Ev)``.
+
+    Args:
+        clusters: query clusters ``C`` per sequence and head (paper: 100; 25 for short text).
+        bits: sign-random-projection hash bits per query, 1 to 63.
+        iterations: Lloyd iterations of K-means in Hamming space.
+        seed: seed of the hash planes, redrawn identically at every call; None: torch's
+            global RNG (new planes every call).
+
+    Raises:
+        ValueError: a parameter out of range, naming it and what is expected.
+    """
 
     name = "clustered"
     number_param = "clusters"
     params = CLUSTERING_PARAMS
+
+    def __init__(
+        self, clusters: int = 100, *, bits: int = 63, iterations: int = 10, seed: int | None = None
+    ) -> None:
+        super().__init__()
+        self._set_hparams(clusters=clusters, bits=bits, iterations=iterations, seed=seed)
 
     def hash_planes(self, dim: int, device: torch.device) -> torch.Tensor:
         """``(dim + 1, bits)`` float32 hyperplanes (last row: offsets), drawn on ``device``."""

@@ -82,7 +82,11 @@ def packed_attention(
 
 @register
 class FullAttention(InnerAttention):
-    """``softmax(Q K^T / sqrt(E)) V`` over the valid keys. O(N^2)."""
+    """``softmax(Q K^T / sqrt(E)) V`` over the valid keys. O(N^2). No parameters.
+
+    ``FullAttention()(q, k, v, lengths)``: ``q, k`` ``(B, H, N, E)``, ``v``
+    ``(B, H, N, Ev)``, ``lengths`` ``(B,)`` or None -> ``(B, H, N, Ev)``.
+    """
 
     name = "full"
     length_cost = "quadratic"

@@ -38,13 +38,35 @@ __all__ = ["ImprovedClusteredAttention"]
 
 @register
 class ImprovedClusteredAttention(ClusteredAttention):
-    """Clustered attention with the exact top-k correction; extra cost O(N topk E)."""
+    """Clustered attention with the exact top-k correction; extra cost O(N topk E).
+
+    ``ImprovedClusteredAttention(100)(q, k, v, lengths)``: ``q, k`` ``(B, H, N, E)``,
+    ``v`` ``(B, H, N, Ev)``, ``lengths`` ``(B,)`` or None -> ``(B, H, N, Ev)``.
+
+    Args:
+        clusters, bits, iterations, seed: as :class:`ClusteredAttention`.
+        topk: keys per centroid whose attention is recomputed exactly for each query
+            (paper: 32; at most ``N`` are used).
+
+    Raises:
+        ValueError: a parameter out of range, naming it and what is expected.
+    """
 
     name = "i-clustered"
     number_param = "clusters"
-    params = CLUSTERING_PARAMS + (
-        Param("topk", 32, low=1, doc="keys per centroid recomputed exactly"),
-    )
+    params = CLUSTERING_PARAMS + (Param("topk", low=1, doc="keys per centroid recomputed exactly"),)
+
+    def __init__(
+        self,
+        clusters: int = 100,
+        *,
+        bits: int = 63,
+        iterations: int = 10,
+        seed: int | None = None,
+        topk: int = 32,
+    ) -> None:
+        super().__init__(clusters, bits=bits, iterations=iterations, seed=seed)
+        self._set_hparams(topk=topk)
 
     def _forward(self, q, k, v, lengths):
         dt = kernel_dtype(q)

@@ -45,29 +45,40 @@ _SELF_SCORE = -1e5
 
 @register
 class LSHAttention(InnerAttention):
-    """Shared-QK attention within LSH buckets, over ``rounds`` hashing rounds."""
+    """Shared-QK attention within LSH buckets, over ``rounds`` hashing rounds.
+
+    ``LSHAttention(1)(x, x, v, lengths)``: ``x`` ``(B, H, N, E)`` (one tensor as both
+    queries and keys), ``v`` ``(B, H, N, Ev)``, ``lengths`` ``(B,)`` or None ->
+    ``(B, H, N, Ev)``.
+
+    Args:
+        rounds: hashing rounds, combined by log-sum-exp; a key found by several
+            rounds counts once (paper: 1 or 4).
+        chunk: positions per chunk after sorting by bucket; a chunk also sees the
+            previous one.
+        buckets: hash buckets per round, even (Reformer: about ``N / chunk``).
+        seed: seed of the random rotations, redrawn identically at every call; None:
+            torch's global RNG (new rotations every call).
+
+    Raises:
+        ValueError: a parameter out of range, naming it and what is expected.
+    """
 
     name = "lsh"
     number_param = "rounds"
     params = (
-        Param("rounds", 1, low=1, doc="hashing rounds, combined by log-sum-exp (duplicates once)"),
-        Param("chunk", 32, low=1, doc="positions per chunk; a chunk also sees the previous one"),
-        Param(
-            "buckets",
-            32,
-            low=2,
-            even=True,
-            doc="hash buckets per round (Reformer: about N / chunk)",
-        ),
-        Param(
-            "seed",
-            None,
-            low=0,
-            optional=True,
-            doc="seed of the random rotations (None: global RNG)",
-        ),
+        Param("rounds", low=1, doc="hashing rounds, combined by log-sum-exp (duplicates once)"),
+        Param("chunk", low=1, doc="positions per chunk; a chunk also sees the previous one"),
+        Param("buckets", low=2, even=True, doc="hash buckets per round (Reformer: ~N / chunk)"),
+        Param("seed", low=0, optional=True, doc="seed of the random rotations (None: global RNG)"),
     )
     requires_shared_qk = True
+
+    def __init__(
+        self, rounds: int = 1, *, chunk: int = 32, buckets: int = 32, seed: int | None = None
+    ) -> None:
+        super().__init__()
+        self._set_hparams(rounds=rounds, chunk=chunk, buckets=buckets, seed=seed)
 
     def _order(self, x: torch.Tensor, valid: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
         """One round's hash and sort: ``(B, H, Np)`` sorted slot -> original position.

@@ -5,20 +5,21 @@ A spec names a variant and, optionally, its main number: ``full``,
 ``topk-<k>``, and the alias ``oracle-top`` (= ``topk-32``). Underscores are read
 as hyphens (``i_clustered-100``), so config group names work too.
 
-This module knows nothing about the variants themselves: each variant declares
-its parameters as :class:`Param` objects and the registry asks this module to
-parse and check them.
+This module knows nothing about the variants themselves: each variant's
+constructor signature holds its parameters and their defaults, its ``params``
+declare the accepted values of each as :class:`Param` objects, and this module
+parses spec strings and checks values against them.
 """
 
 from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Param", "SpecName", "parse_spec_string", "check_params"]
+__all__ = ["Param", "SpecName", "parse_spec_string", "check_names", "check_params"]
 
 # A spec string: a name made of letters and hyphens, then an optional "-<digits>".
 _SPEC_RE = re.compile(r"^(?P<name>[a-z]+(?:-[a-z]+)*)(?:-(?P<number>\d+))?$")
@@ -26,11 +27,12 @@ _SPEC_RE = re.compile(r"^(?P<name>[a-z]+(?:-[a-z]+)*)(?:-(?P<number>\d+))?$")
 
 @dataclass(frozen=True)
 class Param:
-    """One integer parameter of an attention variant.
+    """The accepted values of one integer parameter of an attention variant.
+
+    The default is not here: it is the default of the variant's constructor argument.
 
     Attributes:
         name: the keyword (``clusters``).
-        default: value when not given (``None`` allowed only if ``optional``).
         low, high: inclusive bounds (``None`` = unbounded).
         optional: whether ``None`` is a valid value.
         even: whether the value must be even.
@@ -38,7 +40,6 @@ class Param:
     """
 
     name: str
-    default: int | None
     low: int | None = None
     high: int | None = None
     optional: bool = False
@@ -127,19 +128,27 @@ def parse_spec_string(
     return SpecName(name, None if number is None else int(number))
 
 
-def check_params(
-    variant: str, params: tuple[Param, ...], given: Mapping[str, Any]
-) -> dict[str, int | None]:
-    """Fill defaults and validate ``given`` against ``params``.
-
-    Raises:
-        ValueError: an unknown key (naming the accepted ones) or a bad value.
-    """
-    accepted = {p.name: p for p in params}
+def check_names(variant: str, params: tuple[Param, ...], given: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the first key of ``given`` that is not in ``params``
+    (and the accepted ones)."""
+    accepted = {p.name for p in params}
     for key in given:
         if key not in accepted:
             names = ", ".join(sorted(accepted)) or "none"
             raise ValueError(
                 f"attention {variant!r}: unknown parameter {key!r}; accepted parameters: {names}"
             )
-    return {p.name: p.check(variant, given.get(p.name, p.default)) for p in params}
+
+
+def check_params(
+    variant: str, params: tuple[Param, ...], given: Mapping[str, Any]
+) -> dict[str, int | None]:
+    """Validate the values in ``given``; return them as ints (or None) in ``params`` order.
+
+    Keys missing from ``given`` are left out (no defaults are filled in here).
+
+    Raises:
+        ValueError: an unknown key (naming the accepted ones) or a bad value.
+    """
+    check_names(variant, params, given)
+    return {p.name: p.check(variant, given[p.name]) for p in params if p.name in given}

@@ -108,15 +108,32 @@ def topk_attention(
 
 @register
 class TopKAttention(InnerAttention):
-    """Softmax over each query's ``k`` largest scores."""
+    """Softmax over each query's ``k`` largest scores.
+
+    ``TopKAttention(32)(q, k, v, lengths)``: ``q, k`` ``(B, H, N, E)``, ``v``
+    ``(B, H, N, Ev)``, ``lengths`` ``(B,)`` or None -> ``(B, H, N, Ev)``.
+
+    Args:
+        k: scores kept per query (the clustered paper's "oracle-top": 32; at most ``N``
+            are used).
+        chunk: queries per sequence scored per step, over its heads; forward memory
+            ``O(B chunk N)``.
+
+    Raises:
+        ValueError: a parameter out of range, naming it and what is expected.
+    """
 
     name = "topk"
     length_cost = "quadratic"  # every score is computed before k are kept
     number_param = "k"
     params = (
-        Param("k", 32, low=1, doc="scores kept per query"),
-        Param("chunk", 1024, low=1, doc="queries per sequence scored per step (memory O(B chunk N))"),
+        Param("k", low=1, doc="scores kept per query"),
+        Param("chunk", low=1, doc="queries per sequence scored per step (memory O(B chunk N))"),
     )
+
+    def __init__(self, k: int = 32, *, chunk: int = 1024) -> None:
+        super().__init__()
+        self._set_hparams(k=k, chunk=chunk)
 
     def _forward(self, q, k, v, lengths):
         B, H, N, E = q.shape
