@@ -7,6 +7,7 @@
     LargestBatchProbe     forward+backward on the largest training batches before training (OOM at minute one)
     BadAudioReport        counts utterances skipped for unusable audio; one summary naming every file
     NonFiniteLossGuard    skips the update of a batch with a NaN/inf loss; stops after several in a row
+    PreemptionCheckpoint  on SIGTERM, a resumable checkpoint of the current step (``step-last.ckpt``)
 
 Names are imported on first use, so importing one callback does not import the others.
 Where their files go in a run directory is :mod:`fastasr.rundir`'s business.
@@ -26,6 +27,7 @@ _EXPORTS = {
     "mean_l1_distance": "attention_maps",
     "FitCompletionMarker": "completion",
     "LargestBatchProbe": "largest_batches",
+    "PreemptionCheckpoint": "preemption",
     "RunInfoLogger": "run_info",
     "attention_info": "run_info",
     "ThroughputLogger": "throughput",
