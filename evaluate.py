@@ -1,6 +1,9 @@
-"""Decode a manifest with a checkpoint: `python evaluate.py ckpt_path=PATH [attention=...]`.
+"""Decode a manifest with a checkpoint:
+`python evaluate.py ckpt_path=PATH [data.test_manifest=E.jsonl] [attention=...] [decoding=beam_lm]`.
 
-Prints `PER=<x> WER=<y>` (percent) as its last line and writes results.json to its run dir.
+The checkpoint carries all decoding needs (lexicon and word LM included); conf/evaluate.yaml
+composes no training data config. Prints `PER=<x> WER=<y>` (percent) as its last line and
+writes results.json to its run dir.
 """
 
 import hydra

@@ -114,3 +114,33 @@ def test_config_errors_are_clear(lexicon, tmp_path):
         BeamSearchDecoder(PHONES, lexicon, bad)
     with pytest.raises(ValueError, match="word boundary"):
         BeamSearchDecoder(Tokenizer("phoneme", ["<blank>", "a"]), None)
+
+
+def test_auto_sources_take_the_recognisers_lexicon_and_lm(lexicon, xa_lm, tmp_path):
+    """``lexicon.source`` / ``lm.source`` ``auto`` use what the recogniser carries; an explicit
+    ``lm.path`` wins, ``none`` has no LM, and an LM that cannot be found says what to pass."""
+    from fastasr.decoding.builder import resolve_lm
+    from fastasr.lm import BundledLM
+
+    own_lm = BundledLM.from_file(xa_lm)
+    emissions = frames(PHONES, "x", {"b": 0.5, "a": 0.4})  # acoustics prefer "xb", the LM "xa"
+    beam_lm = {"name": "beam", "lexicon": {"source": "auto"}, "lm": {"source": "auto", "path": None}}
+    decoder, used = build_decoder(beam_lm, PHONES, None, bundled_lexicon=lexicon, bundled_lm=own_lm)
+    assert used is lexicon and decoder(emissions).words == ["xa"]
+    assert decoder.describe()["lm_sha256"] == own_lm.sha256 and decoder.describe()["lm"] == str(xa_lm)
+    no_lm, _ = build_decoder(dict(beam_lm, lm={"source": "none"}), PHONES, bundled_lexicon=lexicon,
+                             bundled_lm=own_lm)
+    assert no_lm(emissions).words == ["xb"] and no_lm.describe()["lm"] is None
+    assert resolve_lm({"source": "auto", "path": "/my/lm.arpa"}, None, own_lm) == "/my/lm.arpa"
+    assert resolve_lm({"path": None}, None, own_lm) is None  # a spec without a source: no LM, as before
+    # a checkpoint without an LM of its own: the corpus LM beside the training manifest, else an error
+    (tmp_path / "lm").mkdir()
+    corpus_lm = tmp_path / "lm" / "words-3gram.arpa"
+    corpus_lm.write_bytes(xa_lm.read_bytes())
+    assert resolve_lm({"source": "auto"}, tmp_path / "train.jsonl", None) == str(corpus_lm)
+    with pytest.raises(FileNotFoundError, match="carries no word LM.*decoding.lm.path"):
+        resolve_lm({"source": "auto"}, tmp_path / "elsewhere" / "train.jsonl", None)
+    with pytest.raises(FileNotFoundError, match="carries no word LM"):
+        resolve_lm({"source": "recogniser"}, tmp_path / "train.jsonl", None)
+    with pytest.raises(ValueError, match="decoding.lm.source='kenlm'"):
+        resolve_lm({"source": "kenlm"})

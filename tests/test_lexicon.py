@@ -114,3 +114,35 @@ def test_auto_source_per_model_kind(tmp_path):
         build_lexicon({"source": "train"}, phonemes, None)
     with pytest.raises(ValueError, match="expected one of"):
         build_lexicon({"source": "wordnet"}, phonemes, train)
+
+
+def test_auto_source_prefers_the_recogniser_lexicon(tmp_path):
+    """``auto`` uses the lexicon a recogniser carries, with or without a training manifest;
+    an explicit source still reads the manifest; ``recogniser`` without one is a clear error."""
+    train = write_manifest(tmp_path / "train.jsonl", ROWS)
+    phonemes = Tokenizer("phoneme", ["<blank>", "n", "oʊ", "əʊ", "k", "æ", "t", "d", "ɒ", "ɡ", "|"])
+    own = Lexicon()
+    own.add("know", ["n", "oʊ"], 7)
+    assert resolve_source("auto", phonemes, None, own) == resolve_source("auto", phonemes, train, own) == "recogniser"
+    assert build_lexicon({"source": "auto"}, phonemes, tmp_path / "moved.jsonl", own) is own
+    assert build_lexicon(None, phonemes, None, own) is own
+    assert "know" not in build_lexicon({"source": "train"}, phonemes, train, own)  # explicit: the manifest's
+    user = tmp_path / "user.txt"
+    user.write_text("zebra z iː\n")
+    assert set(build_lexicon({"source": "auto", "path": str(user)}, phonemes, None, own).entries) == {"know", "zebra"}
+    with pytest.raises(ValueError, match="carries no lexicon"):
+        build_lexicon({"source": "recogniser"}, phonemes, train)
+
+
+def test_lines_round_trip_keeps_counts_and_order():
+    lexicon = Lexicon()
+    lexicon.add("no", ["n", "oʊ"], 3)
+    lexicon.add("no", ["n", "əʊ"], 1)
+    lexicon.add("cat", ["k", "æ", "t"])
+    lines = lexicon.lines(with_counts=True)
+    assert lines == ["cat\tk æ t\t1", "no\tn oʊ\t3", "no\tn əʊ\t1"]
+    assert Lexicon.from_lines(lines) == lexicon
+    with pytest.raises(ValueError, match=r"ckpt: recogniser lexicon line 2"):
+        Lexicon.from_lines(["cat\tk æ t\t1", "dog\t\t1"], where="ckpt: recogniser lexicon")
+    with pytest.raises(ValueError, match="without spaces"):
+        lexicon.add("dog", ["d", "ɒ ɡ"])  # a unit with a space could not be written to a lexicon file

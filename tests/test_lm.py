@@ -5,7 +5,7 @@ import math
 import pytest
 
 from fastasr.config import corpus_lm
-from fastasr.lm import estimate, read_arpa, write_arpa
+from fastasr.lm import BundledLM, ensure_corpus_lm, estimate, read_arpa, write_arpa
 from fastasr.lm.__main__ import main as lm_main
 from fastasr.lm.kneser_ney import adjusted_counts, count_ngrams, discounts_from_counts
 
@@ -92,3 +92,60 @@ def test_bad_input_is_a_clear_error(tmp_path):
     bad.write_text("\\data\\\nngram 1=1\n\n\\1-grams:\n-1.0\n")
     with pytest.raises(ValueError, match="bad.arpa line 5"):
         read_arpa(bad)
+
+
+def _manifest(path, texts):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f'{{"audio_filepath": "x.wav", "duration": 1.0, "text": "{t}"}}\n' for t in texts))
+    return path
+
+
+def test_bundled_lm_embeds_small_arpa_and_references_large(tmp_path):
+    """A small ARPA travels as its text (plain data); a larger one by path, size and SHA-256,
+    and decoding refuses it, naming the path, once it is missing or changed."""
+    import hashlib
+    import json
+
+    arpa = write_arpa(estimate([["the", "cat"], ["a", "dog"]] * 3, order=2), tmp_path / "lm" / "w.arpa")
+    data = arpa.read_bytes()
+    embedded = BundledLM.from_file(arpa)
+    assert embedded.embedded and embedded.arpa == data.decode() and embedded.size == len(data)
+    assert embedded.sha256 == hashlib.sha256(data).hexdigest() and embedded.path == str(arpa.resolve())
+    state = embedded.to_dict()
+    assert json.loads(json.dumps(state)) == state and BundledLM.from_dict(state) == embedded
+    arpa.unlink()  # the embedded text is all it needs
+    with embedded.file() as path:
+        assert path.read_bytes() == data and read_arpa(path).order == 2
+
+    arpa.write_bytes(data)
+    referenced = BundledLM.from_file(arpa, embed_limit=len(data) - 1)
+    assert not referenced.embedded and referenced.sha256 == embedded.sha256
+    assert BundledLM.from_dict(referenced.to_dict()) == referenced
+    with referenced.file() as path:
+        assert path == arpa.resolve()
+    arpa.write_text(data.decode().replace("\\end\\", "\n\\end\\"))  # another LM at the same path
+    with pytest.raises(ValueError, match=rf"word LM {arpa}.* has changed since the model was trained"):
+        referenced.check_file()
+    arpa.unlink()
+    with pytest.raises(FileNotFoundError, match=rf"word LM {arpa}: no such file"):
+        with referenced.file():
+            pass
+    with pytest.raises(ValueError, match="bad word LM entry"):
+        BundledLM.from_dict({"path": "x"}, source="a.ckpt")
+
+
+def test_ensure_corpus_lm_builds_once_beside_the_manifest(tmp_path):
+    manifest = _manifest(tmp_path / "corpus" / "train.jsonl", ["the cat", "a dog", "the dog"])
+    built = ensure_corpus_lm(manifest)
+    assert built == tmp_path / "corpus" / "lm" / "words-3gram.arpa" and read_arpa(built).order == 3
+    assert built.read_text() == write_arpa(estimate([["the", "cat"], ["a", "dog"], ["the", "dog"]], 3),
+                                           tmp_path / "same.arpa").read_text()  # = python -m fastasr.lm build
+    mtime = built.stat().st_mtime_ns
+    assert ensure_corpus_lm(manifest) == built and built.stat().st_mtime_ns == mtime  # not rebuilt
+    assert [p.name for p in built.parent.iterdir()] == ["words-3gram.arpa"]  # no temporary left behind
+    # a corpus directory that cannot take it: the LM goes to the fallback directory
+    other = _manifest(tmp_path / "ro" / "train.jsonl", ["a b"])
+    (tmp_path / "ro" / "lm").write_text("not a directory")
+    assert ensure_corpus_lm(other, tmp_path / "run") == tmp_path / "run" / "lm" / "words-3gram.arpa"
+    with pytest.raises(OSError, match="can be written"):
+        ensure_corpus_lm(other)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +13,9 @@ import torch
 from fastasr.data.features import FeatureConfig
 from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import Tokenizer
+from fastasr.decoding.lexicon import lexicon_from_manifests
 from fastasr.lit import ASRLitModule
+from fastasr.lm import BundledLM, estimate, write_arpa
 from fastasr.recogniser import (
     RECOGNISER_KEY,
     Recogniser,
@@ -19,6 +24,7 @@ from fastasr.recogniser import (
     decoding_options,
     load_recogniser,
     training_manifest,
+    with_decoding_data,
 )
 
 MODEL = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2,
@@ -34,6 +40,13 @@ def tokenizer(tiny_corpus) -> Tokenizer:
 
 def recogniser(tokenizer: Tokenizer, bins: int = 23) -> Recogniser:
     return Recogniser.from_model_config(MODEL, tokenizer, {"num_mel_bins": bins, "dither": 0.5})
+
+
+def copy_train_manifest(corpus: Path, to: Path) -> Path:
+    """A corpus directory holding only a copy of ``corpus``'s training manifest."""
+    to.mkdir(parents=True)
+    shutil.copy(corpus / "train.jsonl", to / "train.jsonl")
+    return to
 
 
 def save_checkpoint(rec: Recogniser, path, seed: int = 0):
@@ -161,3 +174,94 @@ def test_decode_needs_a_model_and_options_come_from_a_data_config(tokenizer, tin
     data = {"max_frames_per_batch": 4000, "max_batch_size": None, "num_workers": 0, "tokenizer": "char",
             "on_bad_utterance": "raise", "features": {"num_mel_bins": 80}}
     assert decoding_options(data) == {"max_frames_per_batch": 4000, "num_workers": 0, "on_bad_utterance": "raise"}
+
+
+def test_lexicon_and_lm_travel_in_the_bundle(tokenizer, tiny_corpus, tmp_path):
+    """The lexicon and the word LM are plain data in the bundle: they round-trip through
+    to_dict/from_dict and a weights_only checkpoint; an entry written before they existed
+    loads without them."""
+    lexicon, _ = lexicon_from_manifests([tiny_corpus / "train.jsonl"], tokenizer)
+    lm = BundledLM.from_file(write_arpa(estimate([["a", "b"], ["b"]], 2), tmp_path / "w.arpa"))
+    rec = Recogniser.from_model_config(MODEL, tokenizer, {"num_mel_bins": 23})
+    rec = replace(rec, lexicon=lexicon, lexicon_source="train: t.jsonl", lm=lm)
+    state = rec.to_dict()
+    assert json.loads(json.dumps(state)) == state
+    assert state["lexicon"]["source"] == "train: t.jsonl" and state["lm"]["arpa"] == lm.arpa
+    back = Recogniser.from_dict(state)
+    assert back == rec and back.lexicon == lexicon and back.lm == lm
+    save_checkpoint(rec, tmp_path / "a.ckpt")
+    loaded = load_recogniser(tmp_path / "a.ckpt")
+    assert loaded.lexicon == lexicon and loaded.lexicon_source == "train: t.jsonl" and loaded.lm == lm
+    older = {k: v for k, v in state.items() if k not in ("lexicon", "lm")}
+    assert Recogniser.from_dict(older).lexicon is None and Recogniser.from_dict(older).lm is None
+    with pytest.raises(ValueError, match="b.ckpt: bad recogniser lexicon entry"):
+        Recogniser.from_dict(dict(state, lexicon=["a a"]), source="b.ckpt")
+
+
+def test_with_decoding_data_builds_the_lexicon_and_the_corpus_lm(tokenizer, tiny_corpus, tmp_path):
+    """What training adds at its start: the auto lexicon of the training manifest and the corpus
+    LM beside it (built when missing), embedded; a subword model gets neither."""
+    corpus = copy_train_manifest(tiny_corpus, tmp_path / "corpus")
+    rec = with_decoding_data(recogniser(tokenizer), corpus / "train.jsonl")
+    assert rec.lexicon == lexicon_from_manifests([corpus / "train.jsonl"], tokenizer)[0]
+    assert rec.lexicon_source == f"train: {corpus / 'train.jsonl'}"
+    assert rec.lm.embedded and rec.lm.path == str(corpus / "lm" / "words-3gram.arpa")
+    assert rec.lm.arpa == (corpus / "lm" / "words-3gram.arpa").read_text()
+    given = write_arpa(estimate([["a", "b"]], 2), tmp_path / "given.arpa")
+    assert with_decoding_data(recogniser(tokenizer), corpus / "train.jsonl", lm_path=given).lm.path == str(given)
+    assert with_decoding_data(recogniser(tokenizer), None).lexicon is None
+    bpe = Tokenizer.build(read_manifest(tiny_corpus / "train.jsonl"), "bpe", vocab_size=40)
+    bare = with_decoding_data(Recogniser.from_model_config(MODEL, bpe, {}), corpus / "train.jsonl")
+    assert bare.lexicon is None and bare.lm is None
+
+
+def test_decoding_uses_the_recognisers_lexicon_and_lm(tokenizer, tiny_corpus, tmp_path):
+    """With no training manifest anywhere, ``auto`` decodes over the recogniser's lexicon and
+    LM; a referenced LM that changed since training stops the decoding, naming the file."""
+    corpus = copy_train_manifest(tiny_corpus, tmp_path / "corpus")
+    rec = with_decoding_data(recogniser(tokenizer), corpus / "train.jsonl")
+    save_checkpoint(rec, tmp_path / "a.ckpt")
+    shutil.rmtree(corpus)  # the training manifest and the LM beside it are gone
+    loaded = load_recogniser(tmp_path / "a.ckpt", attention="full")
+    greedy = decode_manifest(loaded, tiny_corpus / "test.jsonl", accelerator="cpu")
+    assert greedy["words"] == "real" and greedy["decoding"]["lexicon_words"] == len(rec.lexicon)
+    beam_lm = {"name": "beam", "beam_size": 4, "lm": {"source": "auto"}}
+    beam = decode_manifest(loaded, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm)
+    assert beam["words"] == "real" and beam["decoding"]["lm"] == rec.lm.path
+    assert beam["decoding"]["lm_sha256"] == rec.lm.sha256 and beam["decoding"]["lm_embedded"]
+    # too large to embed: the file is read where it was, and must not have changed
+    lm_file = tmp_path / "big" / "words.arpa"
+    lm_file.parent.mkdir()
+    lm_file.write_text(rec.lm.arpa)
+    referenced = BundledLM.from_file(lm_file, embed_limit=0)
+    save_checkpoint(replace(rec, lm=referenced), tmp_path / "b.ckpt")
+    far = load_recogniser(tmp_path / "b.ckpt", attention="full")
+    again = decode_manifest(far, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm)
+    assert (again["wer"], again["per"]) == (beam["wer"], beam["per"]) and not again["decoding"]["lm_embedded"]
+    lm_file.write_text(rec.lm.arpa.replace("\\end\\", "\n\\end\\"))
+    with pytest.raises(ValueError, match=rf"word LM {lm_file} has changed since the model was trained"):
+        decode_manifest(far, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm)
+    # explicit settings still win: no LM, or another file
+    plain = decode_manifest(far, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=dict(beam_lm, lm={"source": "none"}))
+    assert plain["decoding"]["lm"] is None
+    other = decode_manifest(far, tiny_corpus / "test.jsonl", accelerator="cpu",
+                            decoding=dict(beam_lm, lm={"source": "auto", "path": str(lm_file)}))
+    assert other["decoding"]["lm"] == str(lm_file) and "lm_sha256" not in other["decoding"]
+
+
+def test_a_recogniser_without_lexicon_or_lm_decodes_as_before(tokenizer, tiny_corpus, tmp_path):
+    """Checkpoints written before the lexicon and LM travelled with the model: ``auto`` builds
+    the lexicon from the training manifest and takes the corpus LM beside it, when given."""
+    corpus = copy_train_manifest(tiny_corpus, tmp_path / "corpus")
+    write_arpa(estimate([["a", "b"]], 2), corpus / "lm" / "words-3gram.arpa")
+    save_checkpoint(recogniser(tokenizer), tmp_path / "old.ckpt")
+    old = load_recogniser(tmp_path / "old.ckpt", attention="full")
+    assert old.lexicon is None and old.lm is None
+    beam_lm = {"name": "beam", "beam_size": 4, "lm": {"source": "auto"}}
+    result = decode_manifest(old, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm,
+                             train_manifest=corpus / "train.jsonl")
+    lexicon, _ = lexicon_from_manifests([corpus / "train.jsonl"], tokenizer)
+    assert result["words"] == "real" and result["decoding"]["lexicon_words"] == len(lexicon)
+    assert result["decoding"]["lm"] == str(corpus / "lm" / "words-3gram.arpa")
+    with pytest.raises(FileNotFoundError, match="carries no word LM"):
+        decode_manifest(old, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm)

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +25,25 @@ from fastasr.training import train
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_dim=64"]
 
 
+# The pipeline tests train with the built-in recipe's schedule and no speed perturbation, whatever
+# data=manifest's recipe (conf/recipe/real_speech.yaml, tested in test_recipe.py) is.
+BUILTIN_RECIPE = ["recipe=builtin", "data.augment.speed_perturb=false"]
+
+
 def data_overrides(corpus: Path) -> list[str]:
     return [
-        "data=manifest",
+        "data=manifest", *BUILTIN_RECIPE,
         f"data.train_manifest={corpus / 'train.jsonl'}",
         f"data.dev_manifest={corpus / 'dev.jsonl'}",
         f"data.test_manifest={corpus / 'test.jsonl'}",
         "data.num_workers=0",
     ]
+
+
+def eval_overrides(corpus: Path) -> list[str]:
+    """evaluate.py / the tuner: only the manifests to decode (no training data config)."""
+    return [f"data.test_manifest={corpus / 'test.jsonl'}", f"data.dev_manifest={corpus / 'dev.jsonl'}",
+            "data.num_workers=0"]
 
 
 def compose_train(corpus: Path, out: Path, *overrides: str):
@@ -55,6 +67,10 @@ def test_fast_dev_run(tiny_corpus, tmp_path):
     assert Path(result["last_ckpt"]).parent == tmp_path / "given" / "checkpoints"
     assert state["global_step"] == 1  # exactly one optimiser step
     assert build_attention(state["recogniser"]["attention"]).spec == "i-clustered-4"
+    # what word decoding needs travels too: the training lexicon and the corpus's word LM (embedded)
+    assert state["recogniser"]["lexicon"]["source"] == f"train: {tiny_corpus / 'train.jsonl'}"
+    assert state["recogniser"]["lexicon"]["entries"] and state["recogniser"]["lm"]["arpa"].startswith("\\data\\")
+    assert state["recogniser"]["lm"]["path"] == str(tiny_corpus / "lm" / "words-3gram.arpa")
     assert set(result["val"]) >= {"val/loss", "val/per", "val/wer"}
     assert all(math.isfinite(v) for v in result["val"].values()) and result["val"]["val/loss"] > 0
     assert "test" not in result  # debug=fast skips testing
@@ -118,16 +134,21 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     assert resumed["global_step"] == 2 * steps_after_one
     assert second["test"]["utterances"] == 2
     assert set(second["test"]) >= {"per", "wer", "decode_seconds", "attention"}
-    # then the test split again by beam search over the training lexicon (no LM file here: left out)
+    # then the test split again by beam search over the training lexicon and the corpus's word
+    # 3-gram, which training built beside the manifest and embedded in the checkpoint
     final = second["final_decoding"]
-    assert final["decoding"]["name"] == "beam" and final["decoding"]["lm"] is None and final["words"] == "real"
+    corpus_lm = tiny_corpus / "lm" / "words-3gram.arpa"
+    assert final["decoding"]["name"] == "beam" and final["decoding"]["lm"] == str(corpus_lm) and final["words"] == "real"
+    assert final["decoding"]["lm_embedded"] and corpus_lm.is_file()
     assert final["utterances"] == 2 and final["ckpt_path"] == second["best_ckpt"]
     run = RunDir(second["run_dir"])
     assert run.read_results()["wer"] == pytest.approx(final["wer"])
     assert all(p.is_file() for p in run.recognition_files("test-beam").values())
 
     # the checkpoint alone plus the manifest decodes, and gives the training's own test score
-    alone = decode_manifest(load_recogniser(second["best_ckpt"]), tiny_corpus / "test.jsonl", accelerator="cpu")
+    # (which is over phonetic words: no lexicon)
+    alone = decode_manifest(load_recogniser(second["best_ckpt"]), tiny_corpus / "test.jsonl", accelerator="cpu",
+                            decoding={"name": "greedy", "lexicon": {"source": "none"}})
     assert alone["utterances"] == 2 and alone["attention"] == second["test"]["attention"] == "full"
     assert alone["per"] == pytest.approx(second["test"]["per"]) and alone["wer"] == pytest.approx(second["test"]["wer"])
 
@@ -135,8 +156,8 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
         [sys.executable, str(PROJECT_ROOT / "evaluate.py"), f"ckpt_path={second['last_ckpt']}",
-         # only the manifest to decode: the vocabulary, CMVN and features come from the checkpoint
-         "data=manifest", f"data.test_manifest={tiny_corpus / 'test.jsonl'}", "data.num_workers=0",
+         # only the manifest to decode: the vocabulary, CMVN, features and lexicon come from the checkpoint
+         f"data.test_manifest={tiny_corpus / 'test.jsonl'}", "data.num_workers=0",
          "attention=i_clustered", "attention.clusters=3",
          f"paths.output_dir={tmp_path}", "hydra.run.dir=" + str(tmp_path / "eval_run")],
         capture_output=True, text=True, env=env, timeout=300,
@@ -148,18 +169,18 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     assert results["attention"] == "i-clustered-3"
     assert results["utterances"] == 2
     assert f"PER={results['per']:.2f} WER={results['wer']:.2f}" == last_line
-    # no training manifest given: no lexicon, so the words are phonetic; per-utterance files beside
-    assert results["words"] == "phonetic" and results["wer_breakdown"]["reference"] > 0
+    # no training manifest given, yet real words: the lexicon is the checkpoint's; per-utterance files beside
+    assert results["words"] == "real" and results["wer_breakdown"]["reference"] > 0
     assert (tmp_path / "eval_run" / "errs-test-greedy.txt").is_file()
 
-    # beam search with the training manifest's lexicon and a word LM, on the average of both epochs
+    # beam search with the checkpoint's lexicon and another word LM, on the average of both epochs
     lm = tmp_path / "words.arpa"
     lm_build([tiny_corpus / "train.jsonl"], lm, order=2)
     ckpt = f"ckpt_path={second['last_ckpt']}"
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[ckpt, *data_overrides(tiny_corpus), "decoding=beam",
+        cfg = compose("evaluate", overrides=[ckpt, *eval_overrides(tiny_corpus), "decoding=beam",
                                              f"decoding.lm.path={lm}", "average.last=2", f"paths.output_dir={tmp_path}"])
-        tune_cfg = compose("tune_decoding", overrides=[ckpt, *data_overrides(tiny_corpus), f"decoding.lm.path={lm}",
+        tune_cfg = compose("tune_decoding", overrides=[ckpt, *eval_overrides(tiny_corpus), f"decoding.lm.path={lm}",
                                                        "tune.lm_weight=[0,1]", "tune.word_score=[0]",
                                                        f"paths.output_dir={tmp_path}"])
     beam = evaluate(cfg)
@@ -169,6 +190,46 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     tuned = tune(tune_cfg)
     assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
     assert (tmp_path / "tune.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_checkpoint_decodes_the_same_away_from_its_corpus(tiny_corpus, tmp_path):
+    """Beam search over the lexicon, and beam + LM, recognise exactly the same once the
+    checkpoint is copied away and its corpus (training manifest, word LM) is gone: training wrote
+    the lexicon and the LM into the checkpoint."""
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, corpus, ignore=shutil.ignore_patterns("lm"))
+    trained = train(compose_train(corpus, tmp_path / "out", "name=m", "trainer.max_epochs=1", "test=false"))
+    assert (corpus / "lm" / "words-3gram.arpa").is_file()  # the corpus LM, built at training start
+
+    def decode(ckpt: Path | str, manifests: Path, decoding: str, out: str) -> dict:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("evaluate", overrides=[f"ckpt_path={ckpt}", *eval_overrides(manifests), f"decoding={decoding}",
+                                                 "decoding.beam_size=8", "accelerator=cpu",
+                                                 f"paths.output_dir={tmp_path / out}"])
+        return evaluate(cfg)
+
+    decodings = ("beam", "beam_lm")
+    before = {d: decode(trained["last_ckpt"], corpus, d, f"before-{d}") for d in decodings}
+    # another machine: the checkpoint alone, and test audio without the training manifest or LM
+    ckpt = tmp_path / "elsewhere" / "model.ckpt"
+    ckpt.parent.mkdir()
+    shutil.copy(trained["last_ckpt"], ckpt)
+    shutil.rmtree(tmp_path / "out")
+    moved = corpus.rename(tmp_path / "moved")
+    (moved / "train.jsonl").unlink()
+    shutil.rmtree(moved / "lm")
+    after = {d: decode(ckpt, moved, d, f"after-{d}") for d in decodings}
+
+    for d in decodings:
+        assert before[d]["words"] == after[d]["words"] == "real"
+        assert before[d]["decoding"]["lexicon_words"] == after[d]["decoding"]["lexicon_words"] > 0
+        assert (after[d]["wer"], after[d]["per"]) == (before[d]["wer"], before[d]["per"])
+        assert Path(after[d]["files"]["recogs"]).read_text() == Path(before[d]["files"]["recogs"]).read_text()
+    assert before["beam"]["decoding"]["lm"] is None
+    lm = after["beam_lm"]["decoding"]
+    assert lm["lm"] == str(corpus / "lm" / "words-3gram.arpa") and lm["lm_embedded"]
+    assert lm["lm_sha256"] == before["beam_lm"]["decoding"]["lm_sha256"]
 
 
 def test_resume_last_without_checkpoint_is_a_clear_error(tiny_corpus, tmp_path):

@@ -1,12 +1,13 @@
 """Evaluation entry: decode a manifest with a trained checkpoint, optionally with another
 attention, another decoder (``decoding=beam``) or the average of several epochs.
 
-``python evaluate.py ckpt_path=PATH [attention=...] [decoding=beam] [data.test_manifest=...]``
+``python evaluate.py ckpt_path=PATH [data.test_manifest=...] [attention=...] [decoding=beam_lm]``
 calls :func:`evaluate`, prints ``PER=<x> WER=<y>`` as its last line and writes
 ``results.json`` and the per-utterance ``recogs-*`` / ``errs-*`` files to its run directory.
-The checkpoint carries the tokenizer, features, CMVN and model config
-(:func:`fastasr.recogniser.load_recogniser`); the data config names the manifest to decode,
-the batching and the training manifest (the lexicon's source).
+The checkpoint carries the tokenizer, features, CMVN, model config, lexicon and word LM
+(:func:`fastasr.recogniser.load_recogniser`); ``conf/evaluate.yaml``'s own ``data`` section
+names the manifest to decode and the batching (and, for checkpoints that carry no lexicon or
+LM, the training manifest they come from). No training data config is composed.
 """
 
 from __future__ import annotations

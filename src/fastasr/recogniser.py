@@ -2,27 +2,33 @@
 
 A :class:`Recogniser` holds the model config (the ``CTCModel`` arguments other than
 ``vocab_size``, ``feat_in`` and ``attention``; the subsampling factor lives here, as
-``model_config["subsampling"]``), the attention the model was trained with, the tokenizer
-and the filterbank settings. The global CMVN statistics are buffers of the model, so they are
-in the checkpoint's weights and nowhere else.
+``model_config["subsampling"]``), the attention the model was trained with, the tokenizer,
+the filterbank settings, and what word decoding needs: the lexicon (words and their unit
+spellings, built from the training manifest) and the word n-gram LM (its ARPA text, or its
+path and hash when large: :class:`fastasr.lm.BundledLM`). The global CMVN statistics are
+buffers of the model, so they are in the checkpoint's weights and nowhere else.
 
-* Training writes the bundle into every checkpoint once, as plain data:
-  ``checkpoint["recogniser"]`` (:meth:`Recogniser.to_dict`, by
-  ``ASRLitModule.on_save_checkpoint``).
+* Training makes the bundle at its start (``fastasr.training.build_module``:
+  :func:`with_decoding_data` adds the lexicon and the LM) and writes it into every checkpoint
+  once, as plain data: ``checkpoint["recogniser"]`` (:meth:`Recogniser.to_dict`, by
+  ``ASRLitModule.on_save_checkpoint``). Checkpoints written before the lexicon and LM travelled
+  with the model load as before, without them (decoding then reads the training manifest, if given).
 * :func:`load_recogniser` reads a checkpoint with ``torch.load(weights_only=True)`` and
   returns the bundle with its model (weights loaded, eval mode).
 * :func:`decoding_loader` builds the dataloader of any manifest with the bundle's tokenizer,
   features and subsampling; :func:`decode_manifest` decodes (greedy or beam search,
   ``fastasr.decoding``) and scores a manifest.
 
-A checkpoint plus a manifest is all decoding needs::
+A checkpoint plus a manifest is all decoding needs, beam search and LM included::
 
     rec = load_recogniser("best.ckpt", attention="i-clustered-100")
     result = decode_manifest(rec, "test.jsonl")      # {"per", "wer", "utterances", ...}
+    result = decode_manifest(rec, "test.jsonl", decoding={"name": "beam", "lm": {"source": "auto"}})
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -33,7 +39,11 @@ import torch
 
 from fastasr.data.features import FeatureConfig
 from fastasr.data.tokenizer import Tokenizer
+from fastasr.decoding.lexicon import Lexicon
+from fastasr.lm.bundled import BundledLM
 from fastasr.model import CTCModel
+
+log = logging.getLogger(__name__)
 
 RECOGNISER_KEY = "recogniser"  # the checkpoint entry
 FORMAT = 1  # version of the plain-data layout below
@@ -54,6 +64,11 @@ class Recogniser:
             (``{"name": "clustered", "clusters": 100, ...}``).
         tokenizer: the output units (``vocab_size = len(tokenizer.vocab)``).
         features: the filterbank settings (``feat_in = features.num_mel_bins``).
+        lexicon: the words and their unit spellings that decoding's ``lexicon.source=auto``
+            uses (phoneme models: the pronunciations spoken in training; char models: the
+            training words spelt); None: none (subword models; checkpoints written before).
+        lexicon_source: what the lexicon was built from, e.g. ``train: /data/wsj/train.jsonl``.
+        lm: the word LM that ``lm.source=auto`` (``decoding=beam_lm``) decodes with; None: none.
         model: the ``CTCModel`` with its weights (set by :func:`load_recogniser`, or by the
             LightningModule during training); None in a bare configuration.
     """
@@ -62,6 +77,9 @@ class Recogniser:
     attention: str | dict[str, Any]
     tokenizer: Tokenizer
     features: FeatureConfig
+    lexicon: Lexicon | None = field(default=None, repr=False)
+    lexicon_source: str | None = None
+    lm: BundledLM | None = field(default=None, repr=False)
     model: CTCModel | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -115,13 +133,22 @@ class Recogniser:
     # ------------------------------------------------------------------ plain data
     def to_dict(self) -> dict[str, Any]:
         """The bundle as plain data (str/int/float/bool/None/list/dict), as written into
-        checkpoints under ``checkpoint["recogniser"]``; the model's weights are not in it."""
+        checkpoints under ``checkpoint["recogniser"]``; the model's weights are not in it.
+
+        ``lexicon``: ``{"source", "entries": ["word<TAB>units<TAB>count", ...]}`` or None;
+        ``lm``: :meth:`fastasr.lm.BundledLM.to_dict` (path, sha256, size, the ARPA text when
+        embedded) or None. Both keys are optional on reading (older checkpoints lack them)."""
+        lexicon = None
+        if self.lexicon is not None:
+            lexicon = {"source": self.lexicon_source, "entries": self.lexicon.lines(with_counts=True)}
         return {
             "format": FORMAT,
             "model": _plain(self.model_config, "model"),
             "attention": _plain(self.attention, "attention"),
             "tokenizer": self.tokenizer.state_dict(),
             "features": asdict(self.features),
+            "lexicon": lexicon,
+            "lm": None if self.lm is None else self.lm.to_dict(),
         }
 
     @classmethod
@@ -137,7 +164,51 @@ class Recogniser:
             features = FeatureConfig.from_dict(state["features"])
         except (ValueError, KeyError, TypeError) as err:
             raise ValueError(f"{source}: bad recogniser entry: {err}") from err
-        return cls(dict(state["model"]), state["attention"], tokenizer, features)
+        lexicon, lexicon_source = None, None
+        if state.get("lexicon") is not None:
+            entry = state["lexicon"]
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("entries"), (list, tuple)):
+                raise ValueError(f"{source}: bad recogniser lexicon entry; expected {{'source', 'entries': [lines]}}")
+            lexicon = Lexicon.from_lines(entry["entries"], where=f"{source}: recogniser lexicon")
+            lexicon_source = entry.get("source")
+        lm = None if state.get("lm") is None else BundledLM.from_dict(state["lm"], source)
+        return cls(dict(state["model"]), state["attention"], tokenizer, features, lexicon, lexicon_source, lm)
+
+
+def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike | None, *,
+                       lm_path: str | os.PathLike | None = None,
+                       lm_dir: str | os.PathLike | None = None) -> Recogniser:
+    """``recogniser`` with the lexicon and word LM of its training data (training calls this at
+    its start, so that checkpoints decode by beam search + LM without the training data).
+
+    The lexicon is what decoding's ``lexicon.source=auto`` builds from ``train_manifest``
+    (``fastasr.decoding.builder``: a phoneme model's pronunciations spoken in training, a char
+    model's training words spelt, CMUdict for ARPAbet units); none for a subword model. The LM
+    (only with a lexicon) is ``lm_path`` when given, else the corpus's word 3-gram
+    ``lm/words-3gram.arpa`` beside the manifest, estimated from its transcripts when it does
+    not exist (in ``lm_dir/lm/`` when the corpus directory is read-only:
+    :func:`fastasr.lm.ensure_corpus_lm`); embedded when small (:class:`fastasr.lm.BundledLM`).
+    An LM that cannot be had is left out with a warning (training goes on)."""
+    from fastasr.decoding.builder import build_lexicon, resolve_source
+    from fastasr.lm.bundled import ensure_corpus_lm
+
+    if not train_manifest:
+        return recogniser
+    source = resolve_source("auto", recogniser.tokenizer, train_manifest)
+    if source == "none":
+        log.info("no lexicon for this %s model: the recogniser carries no lexicon nor word LM",
+                 recogniser.tokenizer.kind)
+        return recogniser
+    lexicon = build_lexicon({"source": source}, recogniser.tokenizer, train_manifest)
+    lm = None
+    try:
+        lm = BundledLM.from_file(lm_path if lm_path else ensure_corpus_lm(train_manifest, lm_dir))
+    except (OSError, ValueError) as err:
+        log.warning("the recogniser carries no word LM (decoding=beam_lm will need decoding.lm.path): %s", err)
+    if lm is not None:
+        log.info("recogniser: lexicon of %d words (%s), word LM %s (%s)", len(lexicon), source, lm.path,
+                 "embedded" if lm.embedded else f"{lm.size / 2**20:.0f} MiB, referenced by path and sha256")
+    return replace(recogniser, lexicon=lexicon, lexicon_source=f"{source}: {Path(train_manifest).resolve()}", lm=lm)
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -199,8 +270,9 @@ def decoding_options(data_cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def training_manifest(data_cfg: Mapping[str, Any]) -> str | None:
     """The training manifest of a data config (``data.train_manifest``), or None when it is
-    unset (null or ``???``): decoding reads the lexicon's words and pronunciations from it
-    (``decoding.lexicon.source`` auto/train/spelling); the vocabulary is the checkpoint's."""
+    unset (null or ``???``): training builds the recogniser's lexicon and LM from it; decoding
+    reads it only for ``decoding.lexicon.source`` train/spelling, and for checkpoints that carry
+    no lexicon or LM (``auto``); the vocabulary is the checkpoint's."""
     value = data_cfg.get("train_manifest")
     return None if value in (None, "???") else str(value)
 
@@ -232,9 +304,11 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
         accelerator: ``cpu``, ``gpu`` or ``auto`` (the GPU when there is one).
         seed: fixes the randomised attentions' hashing.
         decoding: a ``conf/decoding`` mapping (``{"name": "beam", "lexicon": ..., "lm": ...,
-            "beam_size": ...}``); None: greedy.
-        train_manifest: where the lexicon of ``lexicon.source: auto | train | spelling`` comes
-            from (the words and pronunciations spoken in training); None: no such lexicon.
+            "beam_size": ...}``); None: greedy. ``lexicon.source`` / ``lm.source`` ``auto`` use
+            the recogniser's own lexicon and word LM (``recogniser.lexicon`` / ``.lm``).
+        train_manifest: where the lexicon of ``lexicon.source: train | spelling`` comes from (the
+            words and pronunciations spoken in training), and ``auto``'s lexicon and LM for a
+            recogniser that carries none (older checkpoints); None: no such lexicon.
         out_dir: a run directory to write the per-utterance ``recogs-*`` / ``errs-*`` files
             to (tag: the manifest's stem and the decoder's name, e.g. ``test-beam``); None: none.
         loader_options: the batching keyword arguments of :func:`decoding_loader`.
@@ -261,7 +335,8 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
         raise ValueError("decode_manifest: the recogniser has no model; get one from load_recogniser(ckpt_path)")
     L.seed_everything(seed, workers=True)
     device = decoding_device(accelerator)
-    decoder, _ = build_decoder(decoding, recogniser.tokenizer, train_manifest)
+    decoder, _ = build_decoder(decoding, recogniser.tokenizer, train_manifest,
+                               bundled_lexicon=recogniser.lexicon, bundled_lm=recogniser.lm)
     loader = decoding_loader(recogniser, manifest, **loader_options)
     tag = f"{Path(manifest).stem}-{decoder.describe()['name']}"
     files = RunDir(out_dir).recognition_files(tag) if out_dir is not None else None

@@ -20,7 +20,7 @@ from fastasr.config_check import check_train_config
 from fastasr.distributed import is_rank_zero_process
 from fastasr.lit import ASRLitModule
 from fastasr.loggers import build_loggers, finish_wandb
-from fastasr.recogniser import Recogniser
+from fastasr.recogniser import Recogniser, training_manifest, with_decoding_data
 from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -46,11 +46,20 @@ def build_callbacks(cfg: DictConfig, run_dir: RunDir) -> list[L.Callback]:
     return callbacks
 
 
-def build_module(cfg: DictConfig, datamodule) -> ASRLitModule:
-    """The LightningModule for ``cfg.model`` with the data's tokenizer, features and CMVN stats."""
+def build_module(cfg: DictConfig, datamodule, run_dir: RunDir | None = None) -> ASRLitModule:
+    """The LightningModule for ``cfg.model`` with the data's tokenizer, features and CMVN stats.
+
+    Its recogniser also carries what word decoding needs, so that a checkpoint decodes by beam
+    search + LM without the training data (:func:`fastasr.recogniser.with_decoding_data`): the
+    lexicon of ``data.train_manifest`` and the word LM of ``final_decoding.lm.path`` when set,
+    else the corpus's ``lm/words-3gram.arpa`` (built here when missing; in ``run_dir``'s ``lm/``
+    when the corpus directory is read-only)."""
     recogniser = Recogniser.from_model_config(
         OmegaConf.to_container(cfg.model, resolve=True), datamodule.tokenizer, datamodule.feature_config
     )
+    recogniser = with_decoding_data(recogniser, training_manifest(cfg.data),
+                                    lm_path=OmegaConf.select(cfg, "final_decoding.lm.path", default=None),
+                                    lm_dir=run_dir.path if run_dir is not None else None)
     lit = ASRLitModule(
         recogniser,
         optimizer=OmegaConf.to_container(cfg.optim, resolve=True),
@@ -78,7 +87,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     # the subsampling factor's one home is the model config; the label-length filter needs it
     datamodule = instantiate(cfg.data, subsampling_factor=cfg.model.get("subsampling", 1), _convert_="all")
     datamodule.setup("fit")
-    lit = build_module(cfg, datamodule)
+    lit = build_module(cfg, datamodule, run_dir)
 
     trainer: L.Trainer = instantiate(
         cfg.trainer,
@@ -92,7 +101,9 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     except SIGTERMException:
         # Lightning stops after the batch it is in and raises SystemExit *without* a code,
         # i.e. exit status 0: a cluster job script could not tell a preempted run from a
-        # finished one. Say where to resume and exit as a terminated process does.
+        # finished one. callbacks.PreemptionCheckpoint has by now written step-last.ckpt at
+        # this step (in on_exception, before Lightning's teardown), so `last` below is normally it
+        # (or last.ckpt of the same step). Say where to resume and exit as a terminated process does.
         last = run_dir.latest_checkpoint()
         log.warning("SIGTERM: training stopped at step %d; rerun the same command to resume from %s",
                     trainer.global_step, last or "the start (no checkpoint was written yet)")
@@ -125,12 +136,14 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[s
     option; beam search by default), through the decoding path evaluate.py takes, so that a
     training ends with the word error rate over real words.
 
-    Skipped (None) when no lexicon can be had for the model (a subword model, or a phoneme model
-    whose training manifest has no phonemes): beam search would give phonetic words only. An LM
-    file that does not exist (``make lm`` not run) is left out with a warning. Writes
-    ``results.json`` and the recogs/errs files to the run directory.
+    The lexicon and word LM are the checkpoint's own (written at training start, see
+    :func:`build_module`), so this is what ``python evaluate.py ckpt_path=CKPT decoding=beam_lm``
+    gives later, wherever the checkpoint is. Skipped (None) when no lexicon can be had for the
+    model (a subword model, or a phoneme model whose training manifest has no phonemes): beam
+    search would give phonetic words only. An LM that cannot be had is left out with a warning.
+    Writes ``results.json`` and the recogs/errs files to the run directory.
     """
-    from fastasr.decoding.builder import resolve_source
+    from fastasr.decoding.builder import resolve_lm, resolve_source
     from fastasr.recogniser import (
         decode_manifest,
         decoding_options,
@@ -145,14 +158,21 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[s
     train_manifest = training_manifest(cfg.data)
     lexicon = spec.get("lexicon") or {}
     if not lexicon.get("path") and resolve_source(lexicon.get("source", "auto"), recogniser.tokenizer,
-                                                  train_manifest) == "none":
+                                                  train_manifest, recogniser.lexicon) == "none":
         log.info("final decoding skipped: no lexicon for this %s model (final_decoding.lexicon)",
                  recogniser.tokenizer.kind)
         return None
-    lm = (spec.get("lm") or {}).get("path")
-    if lm and not Path(lm).is_file():
-        log.warning("final decoding without an LM: %s does not exist (`make lm` builds the built-in corpus's)", lm)
-        spec["lm"] = {"path": None}
+    if spec.get("name") == "beam":
+        lm = spec.get("lm") or {}
+        try:
+            resolved = resolve_lm(lm, train_manifest, recogniser.lm)
+        except FileNotFoundError as err:
+            resolved, lm = None, {"source": "none", "path": None}
+            log.warning("final decoding without an LM: %s", err)
+        if isinstance(resolved, str) and not Path(resolved).is_file():
+            log.warning("final decoding without an LM: %s does not exist", resolved)
+            lm = {"source": "none", "path": None}
+        spec["lm"] = lm
     accelerator = cfg.trainer.get("accelerator")  # decode where training ran
     accelerator = accelerator if accelerator in ("cpu", "gpu", "cuda") else "auto"
     decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,

@@ -38,7 +38,13 @@ from fastasr.data.augment import AugmentConfig, EpochListeners, WaveformAugment
 from fastasr.data.bad_audio import SKIPPED_KEY, skipped_item, split_skipped
 from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.feature_sources import AudioFeatures, FeatureSource, feature_source
-from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats, with_native_rate
+from fastasr.data.features import (
+    Fbank,
+    FeatureConfig,
+    cmvn_cache_path,
+    compute_cmvn_stats,
+    with_native_rate,
+)
 from fastasr.data.manifest import Utterance, read_manifest
 from fastasr.data.resumable import ResumableDataLoader, training_position
 from fastasr.data.sampler import FrameBudgetBatchSampler, budget_for_batches

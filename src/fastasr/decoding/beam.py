@@ -27,6 +27,7 @@ import torch
 from fastasr.data.tokenizer import BLANK, Tokenizer
 from fastasr.decoding.hypothesis import Hypothesis, tidy_boundaries
 from fastasr.decoding.lexicon import Lexicon
+from fastasr.lm.bundled import BundledLM
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +75,14 @@ class BeamSearchDecoder:
         tokenizer: the model's units (``vocab[0]`` the blank, ``|`` the word boundary).
         lexicon: words and their pronunciations/spellings for lexicon-constrained decoding;
             None for lexicon-free decoding (the LM, if any, is then over units).
-        lm_path: ARPA or KenLM binary file; None for no LM.
+        lm_path: ARPA or KenLM binary file, or the word LM a recogniser carries
+            (:class:`fastasr.lm.BundledLM`: its embedded text, or its file after a hash check);
+            None for no LM.
         options: search settings.
     """
 
-    def __init__(self, tokenizer: Tokenizer, lexicon: Lexicon | None = None, lm_path: str | Path | None = None,
-                 options: BeamSearchOptions | None = None) -> None:
+    def __init__(self, tokenizer: Tokenizer, lexicon: Lexicon | None = None,
+                 lm_path: str | Path | BundledLM | None = None, options: BeamSearchOptions | None = None) -> None:
         from torchaudio.models.decoder import ctc_decoder  # needs flashlight-text
 
         self.tokenizer = tokenizer
@@ -91,8 +94,9 @@ class BeamSearchDecoder:
                              "decode bpe/unigram models with decoding=greedy)")
         self.boundary = boundary
         self.options = options or BeamSearchOptions()
-        self.lm_path = None if lm_path is None else Path(lm_path)
-        if self.lm_path is not None and not self.lm_path.is_file():
+        self.bundled_lm = lm_path if isinstance(lm_path, BundledLM) else None
+        self.lm_path = None if lm_path is None else Path(lm_path.path if self.bundled_lm else lm_path)
+        if self.lm_path is not None and self.bundled_lm is None and not self.lm_path.is_file():
             raise FileNotFoundError(f"decoding.lm.path={lm_path}: no such LM file (build one with "
                                     "`python -m fastasr.lm build` or `make lm`)")
         self.lexicon = None
@@ -104,7 +108,9 @@ class BeamSearchDecoder:
             if not len(self.lexicon):
                 raise ValueError("no lexicon word can be spelt with the model's units")
         self._boundary_id = self.vocab.index(boundary)
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as files:
+            lm_file = None if self.lm_path is None else (
+                files.enter_context(self.bundled_lm.file()) if self.bundled_lm else self.lm_path)
             lexicon_file = None
             if self.lexicon is not None:
                 lexicon_file = Path(tmp) / "lexicon.txt"
@@ -117,7 +123,7 @@ class BeamSearchDecoder:
                     self._decoder = ctc_decoder(
                         lexicon=None if lexicon_file is None else str(lexicon_file),
                         tokens=self.vocab,
-                        lm=None if self.lm_path is None else str(self.lm_path),
+                        lm=None if lm_file is None else str(lm_file),
                         blank_token=BLANK, sil_token=boundary, unk_word=UNK_WORD, nbest=1, **opts)
             except RuntimeError as err:
                 if self.lm_path is None:
@@ -134,8 +140,10 @@ class BeamSearchDecoder:
         """The settings, for results.json."""
         options = {k: v if not isinstance(v, float) or math.isfinite(v) else str(v)  # JSON has no inf
                    for k, v in asdict(self.options).items()}
-        return {"name": "beam", "lexicon_words": len(self.lexicon) if self.lexicon else None,
-                "lm": str(self.lm_path) if self.lm_path else None, **options}
+        lm = {"lm": str(self.lm_path) if self.lm_path else None}
+        if self.bundled_lm is not None:  # the recogniser's own LM: its identity
+            lm.update(lm_sha256=self.bundled_lm.sha256, lm_embedded=self.bundled_lm.embedded)
+        return {"name": "beam", "lexicon_words": len(self.lexicon) if self.lexicon else None, **lm, **options}
 
     def __call__(self, log_probs: torch.Tensor) -> Hypothesis:
         """Decode one utterance's ``(T, V)`` log-probabilities (any float dtype/device)."""

@@ -96,8 +96,9 @@ class Lexicon:
         pron = tuple(pron)
         if not word or any(c.isspace() for c in word):
             raise ValueError(f"lexicon word {word!r}; expected a non-empty word without spaces")
-        if not pron or WORD_BOUNDARY in pron:
-            raise ValueError(f"lexicon pronunciation {pron} of {word!r}; expected units without {WORD_BOUNDARY!r}")
+        if not pron or WORD_BOUNDARY in pron or any(not u or any(c.isspace() for c in u) for u in pron):
+            raise ValueError(f"lexicon pronunciation {pron} of {word!r}; expected non-empty units without "
+                             f"spaces and without {WORD_BOUNDARY!r}")
         self.entries.setdefault(word, Counter())[pron] += count
 
     def __contains__(self, word: str) -> bool:
@@ -162,6 +163,29 @@ class Lexicon:
                 units = " ".join(pron)
                 out.append(f"{word}\t{units}\t{self.entries[word][pron]}" if with_counts else f"{word} {units}")
         return out
+
+    @classmethod
+    def from_lines(cls, lines: Iterable[str], where: str = "lexicon") -> Lexicon:
+        """Inverse of :meth:`lines`: ``word unit unit ...`` or ``word<TAB>units<TAB>count`` per line
+        (``#`` comments and blank lines ignored; words lower-cased). Errors name ``where`` and the line."""
+        lexicon = cls()
+        for lineno, raw in enumerate(lines, 1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                if "\t" in line:
+                    fields = line.split("\t")
+                    word, units = fields[0], fields[1].split()
+                    count = int(fields[2]) if len(fields) > 2 and fields[2].strip() else 1
+                else:
+                    word, *units = line.split()
+                    count = 1
+                lexicon.add(word.lower(), units, count)
+            except (ValueError, IndexError) as err:
+                raise ValueError(f"{where} line {lineno}: {err}; expected 'word unit unit ...' or "
+                                 "'word<TAB>units<TAB>count'") from None
+        return lexicon
 
 
 def lexicon_from_manifests(paths: Iterable[str | Path],
@@ -231,23 +255,8 @@ def spelling_lexicon(words: Iterable[str]) -> Lexicon:
 def read_lexicon(path: str | Path) -> Lexicon:
     """A lexicon file: ``word unit unit ...`` or ``word<TAB>units<TAB>count`` per line
     (``#`` comments and blank lines ignored). Errors name the file and line."""
-    lexicon = Lexicon()
     with Path(path).open(encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            if "\t" in line:
-                fields = line.split("\t")
-                word, units = fields[0], fields[1].split()
-                count = int(fields[2]) if len(fields) > 2 and fields[2].strip() else 1
-            else:
-                word, *units = line.split()
-                count = 1
-            try:
-                lexicon.add(word.lower(), units, count)
-            except ValueError as err:
-                raise ValueError(f"lexicon {path} line {lineno}: {err}") from None
+        lexicon = Lexicon.from_lines(f, where=f"lexicon {path}")
     if not len(lexicon):
         raise ValueError(f"lexicon {path}: no entries; expected lines 'word unit unit ...'")
     return lexicon

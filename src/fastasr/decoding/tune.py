@@ -1,10 +1,11 @@
 """Tune the beam search's LM weight and word score on the dev split.
 
     python -m fastasr.decoding.tune ckpt_path=PATH                       # decoding=beam_lm, dev split
-    python -m fastasr.decoding.tune ckpt_path=PATH decoding.lm.path=LM tune.lm_weight=[0,1,2]
+    python -m fastasr.decoding.tune ckpt_path=PATH data.dev_manifest=D.jsonl decoding.lm.path=LM tune.lm_weight=[0,1,2]
 
 The model runs once over the manifest (:func:`compute_emissions`); each grid point re-runs
-only the search. Prints one line per point and, last, the best pair as overrides for
+only the search. The lexicon and word LM are the checkpoint's own (``decoding=beam_lm``, source
+``auto``) unless ``decoding.lexicon`` / ``decoding.lm`` name others. Prints one line per point and, last, the best pair as overrides for
 ``evaluate.py``; writes ``tune.json`` (every point) to the run directory.
 """
 
@@ -25,7 +26,7 @@ from fastasr.config import CONFIG_DIR
 from fastasr.config import unit_metric as unit_metric_of
 from fastasr.data.bad_audio import SkippedAudio
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.decoding.builder import build_decoder, build_lexicon
+from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_lm
 from fastasr.decoding.lexicon import Lexicon
 from fastasr.decoding.transcribe import (
     Emission,
@@ -34,6 +35,7 @@ from fastasr.decoding.transcribe import (
     score,
     transcribe,
 )
+from fastasr.lm.bundled import BundledLM
 from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -41,19 +43,21 @@ log = logging.getLogger(__name__)
 
 def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer, decoding: Mapping[str, Any],
                 lm_weights: Sequence[float], word_scores: Sequence[float],
-                train_manifest: str | None = None, lexicon: Lexicon | None = None) -> list[dict[str, float]]:
+                train_manifest: str | None = None, lexicon: Lexicon | None = None, *,
+                bundled_lexicon: Lexicon | None = None, bundled_lm: BundledLM | None = None) -> list[dict[str, float]]:
     """WER (and unit error rate) of the ``decoding`` config for every (lm_weight, word_score),
-    best first. The lexicon (``decoding.lexicon``, unless given) is built once for the grid."""
+    best first. The lexicon (``decoding.lexicon``, unless given) is built once for the grid.
+    ``bundled_lexicon`` / ``bundled_lm``: the recogniser's own (what the ``auto`` sources use)."""
     spec = dict(decoding, name="beam")
     if lexicon is None:
-        lexicon = build_lexicon(spec.get("lexicon"), tokenizer, train_manifest)
+        lexicon = build_lexicon(spec.get("lexicon"), tokenizer, train_manifest, bundled_lexicon)
     unit_metric = unit_metric_of(tokenizer.kind)
     points = []
     for lm_weight in lm_weights:
         for word_score in word_scores:
             start = time.perf_counter()
             decoder, _ = build_decoder(dict(spec, lm_weight=float(lm_weight), word_score=float(word_score)),
-                                       tokenizer, train_manifest, lexicon=lexicon)
+                                       tokenizer, train_manifest, lexicon=lexicon, bundled_lm=bundled_lm)
             result, _, _ = score(transcribe(emissions, decoder, tokenizer), unit_metric)
             point = {"lm_weight": float(lm_weight), "word_score": float(word_score), "wer": result["wer"],
                      unit_metric: result[unit_metric], "seconds": time.perf_counter() - start}
@@ -87,9 +91,14 @@ def tune(cfg: DictConfig) -> dict[str, Any]:
     skipped_audio = skipped.finish(str(manifest))
     log.info("emissions of %d utterances of %s in %.1f s", len(emissions), manifest, time.perf_counter() - start)
     decoding = OmegaConf.to_container(cfg.decoding, resolve=True)
+    train_manifest = training_manifest(cfg.data)
     points = grid_search(emissions, recogniser.tokenizer, decoding, list(cfg.tune.lm_weight),
-                         list(cfg.tune.word_score), training_manifest(cfg.data))
-    out = {"manifest": str(manifest), "ckpt_path": str(cfg.ckpt_path), "lm": decoding.get("lm", {}).get("path"),
+                         list(cfg.tune.word_score), train_manifest, bundled_lexicon=recogniser.lexicon,
+                         bundled_lm=recogniser.lm)
+    lm = resolve_lm(decoding.get("lm"), train_manifest, recogniser.lm)
+    out = {"manifest": str(manifest), "ckpt_path": str(cfg.ckpt_path),
+           "lm": lm.path if isinstance(lm, BundledLM) else lm,  # the checkpoint's LM: where it was built
+           "lm_sha256": lm.sha256 if isinstance(lm, BundledLM) else None,
            "best": points[0], "points": points, "skipped_audio": skipped_audio}
     run_dir = RunDir(HydraConfig.get().runtime.output_dir if HydraConfig.initialized()
                      else cfg.paths.output_dir).create()

@@ -74,7 +74,7 @@ def load_checkpoint(ckpt: Path):
 
 def decoding_of(member: Member, cfg: DictConfig) -> dict[str, Any] | None:
     """``cfg.matrix.decoding`` (a ``conf/decoding`` option; None: greedy) resolved in the
-    member's training config, so ``${data.train_manifest}`` (the LM beside it) is the member's."""
+    member's training config, so interpolations such as ``${data.train_manifest}`` are the member's."""
     spec = cfg.matrix.get("decoding")
     if not spec:
         return None
@@ -87,8 +87,9 @@ def decoding_of(member: Member, cfg: DictConfig) -> dict[str, Any] | None:
 def decode_with(member: Member, recogniser, manifest: str, cfg: DictConfig) -> dict[str, Any]:
     """Decode ``manifest`` with ``recogniser`` as it is (its attention already swapped) and
     ``cfg.matrix.decoding``, through :func:`fastasr.recogniser.decode_manifest`; returns per/cer,
-    wer (%), utterances, decode_seconds, ... Tokenizer and features are the checkpoint's;
-    batching and the lexicon's training manifest follow the member's data config."""
+    wer (%), utterances, decode_seconds, ... Tokenizer, features, lexicon and word LM are the
+    checkpoint's; batching follows the member's data config, whose training manifest serves only
+    checkpoints that carry no lexicon or LM (written before they travelled with the model)."""
     from fastasr.recogniser import decode_manifest, decoding_options, training_manifest
 
     return decode_manifest(recogniser, manifest, accelerator=cfg.matrix.accelerator, seed=cfg.seed,
@@ -204,9 +205,11 @@ def _decoder_text(cfg: DictConfig) -> str:
     spec = OmegaConf.to_container(cfg.matrix.decoding, resolve=False) if cfg.matrix.get("decoding") else {}
     if spec.get("name", "greedy") == "greedy":
         return "greedy CTC decoding"
-    lm = (spec.get("lm") or {}).get("path")
+    lm_spec = spec.get("lm") or {}
+    lm = f"`{lm_spec['path']}`" if lm_spec.get("path") else (
+        "the model's own word LM" if lm_spec.get("source", "none") != "none" else None)
     return (f"CTC beam search (beam {spec.get('beam_size')}, lexicon {spec.get('lexicon', {}).get('source')}"
-            + (f", LM `{lm}` weight {spec.get('lm_weight')}, word score {spec.get('word_score')}" if lm else ", no LM")
+            + (f", LM {lm} weight {spec.get('lm_weight')}, word score {spec.get('word_score')}" if lm else ", no LM")
             + ")")
 
 
