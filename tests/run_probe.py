@@ -134,8 +134,8 @@ def train_command(corpus: Path, out: Path, probe: Path, *overrides: str) -> list
     """``python train.py`` on the tiny corpus and model with the probe writing to ``probe``."""
     return [
         sys.executable, str(PROJECT_ROOT / "train.py"),
-        "data=manifest", f"data.train_manifest={corpus / 'train.jsonl'}",
-        f"data.dev_manifest={corpus / 'dev.jsonl'}", f"data.test_manifest={corpus / 'test.jsonl'}",
+        "data=manifest", "recipe=builtin", "data.augment.speed_perturb=false",
+        f"data.train_manifest={corpus / 'train.jsonl'}", f"data.dev_manifest={corpus / 'dev.jsonl'}", f"data.test_manifest={corpus / 'test.jsonl'}",
         "data.num_workers=0", "model.subsampling=2", *TINY_MODEL,
         "logger=csv", f"paths.output_dir={out}", "trainer.enable_progress_bar=false",
         "+callbacks.probe._target_=run_probe.RunProbe", f"+callbacks.probe.out={probe}", *overrides,

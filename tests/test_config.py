@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from fastasr.attention import build_attention
 from fastasr.config import CONFIG_DIR
 
-GROUPS = ["data", "features", "model", "attention", "optim", "scheduler", "trainer", "logger",
+GROUPS = ["data", "features", "model", "attention", "optim", "scheduler", "trainer", "logger", "recipe",
           "callbacks", "experiment", "debug"]
 
 

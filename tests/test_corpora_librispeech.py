@@ -59,3 +59,41 @@ def test_librispeech_one_part_and_errors(tmp_path):
         librispeech.convert(src, tmp_path / "o", parts=["train-clean-100"])
     with pytest.raises(SystemExit):
         librispeech.main([str(tmp_path / "nowhere"), str(tmp_path / "o")])
+
+
+def make_mini_librispeech(root, speakers):
+    """A copy of a repository holding LibriSpeech/train-clean-5 with one utterance per speaker."""
+    part = root / "repo" / "LibriSpeech" / "train-clean-5"
+    for spk in speakers:
+        d = part / spk / "100"
+        d.mkdir(parents=True)
+        write_wav(d / f"{spk}-100-0000.flac", tone(0.5), 16000)
+        (d / f"{spk}-100.trans.txt").write_text(f"{spk}-100-0000 WORDS OF SPEAKER {spk}\n")
+    return root / "repo"
+
+
+def test_mini_librispeech_fixed_speaker_split(tmp_path, capsys):
+    from fastasr.corpora import mini_librispeech
+
+    held_out = [s for split in mini_librispeech.SPLIT.values() for s in split]
+    repo = make_mini_librispeech(tmp_path, [*held_out, "1088", "3526"])
+    for src in (repo, repo / "LibriSpeech", repo / "LibriSpeech" / "train-clean-5"):  # any of the three levels
+        assert mini_librispeech.find_part(src).name == "train-clean-5"
+    assert mini_librispeech.main([str(repo), str(tmp_path / "out")]) == 0
+    speakers = {s: sorted({u.speaker for u in read_manifest(tmp_path / "out" / f"{s}.jsonl")})
+                for s in ("train", "dev", "test")}
+    assert speakers == {"train": ["1088", "3526"], "dev": ["1737", "1867"], "test": ["19", "2136", "5789", "6848"]}
+    assert read_manifest(tmp_path / "out" / "test.jsonl")[0].text.startswith("words of speaker")
+    capsys.readouterr()
+    mini_librispeech.main([str(repo), str(tmp_path / "out")])  # idempotent
+    assert "complete" in capsys.readouterr().out
+
+
+def test_mini_librispeech_names_a_missing_held_out_speaker(tmp_path):
+    from fastasr.corpora import mini_librispeech
+
+    repo = make_mini_librispeech(tmp_path, ["19", "2136", "5789", "1737", "1867", "1088"])  # 6848 missing
+    with pytest.raises(CorpusLayoutError, match=r"\['6848'\].*missing"):
+        mini_librispeech.build(repo, tmp_path / "out")
+    with pytest.raises(CorpusLayoutError, match="no train-clean-5"):
+        mini_librispeech.build(tmp_path, tmp_path / "out2")

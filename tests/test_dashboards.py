@@ -189,7 +189,8 @@ def test_training_fills_tensorboard_wandb_csv_and_pngs(tiny_corpus, tmp_path, of
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[
             "name=dash", f"paths.output_dir={tmp_path}", "logger=default",
-            "data=manifest", f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
+            "data=manifest", "recipe=builtin", "data.augment.speed_perturb=false",
+            f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
             f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}", f"data.test_manifest={tiny_corpus / 'test.jsonl'}",
             "data.num_workers=0", "data.max_frames_per_batch=4000", *TINY_MODEL,
             "attention=i_clustered", "attention.clusters=8",

@@ -35,18 +35,33 @@ def test_forward_shapes_and_log_probs():
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(3, 25))
 
 
-@pytest.mark.parametrize("spec", ["full", "topk-4"])
-def test_padding_does_not_change_valid_outputs(spec):
-    """An utterance decoded in a padded batch gives what it gives alone."""
+@pytest.mark.parametrize("spec, conv_kernel", [("full", None), ("topk-4", None), ("full", 5)])
+def test_padding_does_not_change_valid_outputs(spec, conv_kernel):
+    """An utterance decoded in a padded batch gives what it gives alone (with the convolution
+    module too: padded frames must not reach valid ones through its depthwise conv)."""
     torch.manual_seed(0)
-    model = small_model(attention=spec).eval()
+    model = small_model(attention=spec, conv_kernel=conv_kernel).eval()
+    if conv_kernel:  # a strong depthwise kernel: any leak of the padding would show
+        torch.nn.init.normal_(model.encoder.layers[0].conv.depthwise.weight, std=1.0)
     a, b = torch.randn(1, 30, 20), torch.randn(1, 12, 20)
-    batch = torch.zeros(2, 30, 20)
+    batch = torch.full((2, 30, 20), 5.0)  # padding far from the data
     batch[0], batch[1, :12] = a[0], b[0]
     lp, _ = model(batch, torch.tensor([30, 12]))
     lp_b, _ = model(b, torch.tensor([12]))
     torch.testing.assert_close(lp[1, :12], lp_b[0], atol=1e-5, rtol=1e-5)
     assert torch.isfinite(lp).all()
+
+
+def test_convolution_module_shape_and_checks():
+    from fastasr.model.encoder import ConvolutionModule
+
+    model = small_model(conv_kernel=3)
+    assert all(layer.conv.depthwise.kernel_size == (3,) for layer in model.encoder.layers)
+    assert sum(p.numel() for p in model.parameters()) > sum(p.numel() for p in small_model().parameters())
+    with pytest.raises(ValueError, match="model.conv_kernel 4; expected an odd"):
+        ConvolutionModule(32, 4)
+    with pytest.raises(ValueError, match="norm_first"):
+        small_model(conv_kernel=3, norm_first=False)
 
 
 def test_set_attention_swaps_every_layer_and_keeps_parameters():

@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import grad_norm, rank_zero_info
 
 from fastasr.decoding import ErrorRates, ctc_greedy
 from fastasr.distributed import loss_without_update
-from fastasr.lr_schedules import build_lr_schedulers
+from fastasr.lr_schedules import BudgetSchedule, budget_progress, build_lr_schedulers
 from fastasr.model import CTCModel
 from fastasr.recogniser import RECOGNISER_KEY, Recogniser
 
@@ -165,6 +165,9 @@ class ASRLitModule(L.LightningModule):
             raise ValueError("no optimizer config: set optim=... (e.g. optim=radam)")
         optimizer = instantiate(dict(self.hparams.optimizer))(params=self.parameters())
         schedulers = build_lr_schedulers(optimizer, self.hparams.scheduler)
+        for entry in schedulers:
+            if isinstance(entry["scheduler"], BudgetSchedule):  # follows the trainer's time/step/epoch budget
+                entry["scheduler"].progress = lambda: budget_progress(self.trainer)
         if not schedulers:
             return optimizer
         return [optimizer], schedulers

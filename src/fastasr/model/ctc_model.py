@@ -51,6 +51,8 @@ class CTCModel(nn.Module):
         spec_augment: keyword arguments of :class:`fastasr.model.frontend.SpecAugment`, or None.
         utterance_cmvn: after the global CMVN, normalise each utterance by its own mean and
             standard deviation (:class:`fastasr.model.utterance_cmvn.UtteranceCMVN`).
+        conv_kernel: add a Conformer-style convolution module of this (odd) kernel to every
+            encoder layer (:class:`fastasr.model.encoder.ConvolutionModule`); None: none.
 
     The global CMVN statistics are buffers of this module (``cmvn``), so they travel
     inside every checkpoint; :meth:`set_cmvn` fills them from the training set's statistics.
@@ -71,6 +73,7 @@ class CTCModel(nn.Module):
         norm_first: bool = True,
         spec_augment: Mapping[str, Any] | None = None,
         utterance_cmvn: bool = False,
+        conv_kernel: int | None = None,
     ):
         super().__init__()
         self.vocab_size = vocab_size
@@ -80,7 +83,7 @@ class CTCModel(nn.Module):
         self.frontend = ConvSubsampling(feat_in, d_model, subsampling)
         self.positions = SinusoidalPositionalEncoding(d_model, dropout)
         self.encoder = TransformerEncoder(
-            d_model, heads, ff_dim, layers, attention, shared_qk, dropout, norm_first
+            d_model, heads, ff_dim, layers, attention, shared_qk, dropout, norm_first, conv_kernel
         )
         self.head = nn.Linear(d_model, vocab_size)
 

@@ -76,8 +76,37 @@ class AttentionLayer(nn.Module):
         return self.dropout(self.out_proj(out.transpose(1, 2).reshape(b, n, h * e)))
 
 
+class ConvolutionModule(nn.Module):
+    """Conformer's convolution module (Gulati et al. 2020), padding-safe: pointwise conv to
+    2·d, GLU, depthwise conv over time (``kernel`` frames, odd), LayerNorm, SiLU, pointwise
+    conv, dropout. Padded frames (index ≥ length) are zeroed before the depthwise conv, so they
+    never reach valid frames. LayerNorm rather than BatchNorm: statistics that do not depend on
+    the batch's padding or size. Input and output (B, T, d)."""
+
+    def __init__(self, d_model: int, kernel: int = 15, dropout: float = 0.1):
+        super().__init__()
+        if kernel < 1 or kernel % 2 == 0:
+            raise ValueError(f"model.conv_kernel {kernel}; expected an odd number of frames ≥ 1 (or null: no convolution)")
+        self.pointwise_in = nn.Linear(d_model, 2 * d_model)
+        self.depthwise = nn.Conv1d(d_model, d_model, kernel, padding=kernel // 2, groups=d_model)
+        self.norm = nn.LayerNorm(d_model)
+        self.pointwise_out = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        y = nn.functional.glu(self.pointwise_in(x), dim=-1)
+        if lengths is not None:
+            valid = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
+            y = y * valid[..., None].to(y.dtype)
+        y = self.depthwise(y.transpose(1, 2)).transpose(1, 2)
+        y = nn.functional.silu(self.norm(y))
+        return self.dropout(self.pointwise_out(y))
+
+
 class EncoderLayer(nn.Module):
-    """Self-attention + feed-forward block with residuals (pre-norm by default)."""
+    """Self-attention + feed-forward block with residuals (pre-norm by default), with an
+    optional convolution module between them (``conv_kernel``: a Conformer-style layer
+    without the macaron feed-forward; pre-norm only)."""
 
     def __init__(
         self,
@@ -88,9 +117,14 @@ class EncoderLayer(nn.Module):
         shared_qk: bool = False,
         dropout: float = 0.1,
         norm_first: bool = True,
+        conv_kernel: int | None = None,
     ):
         super().__init__()
+        if conv_kernel is not None and not norm_first:
+            raise ValueError("model.conv_kernel needs model.norm_first=true (the convolution module is pre-norm)")
         self.attn = AttentionLayer(d_model, heads, attention, shared_qk, dropout)
+        self.conv = ConvolutionModule(d_model, conv_kernel, dropout) if conv_kernel is not None else None
+        self.norm_conv = nn.LayerNorm(d_model) if conv_kernel is not None else None
         self.ff = nn.Sequential(
             nn.Linear(d_model, ff_dim),
             nn.GELU(),
@@ -105,6 +139,8 @@ class EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         if self.norm_first:
             x = x + self.attn(self.norm1(x), lengths)
+            if self.conv is not None:
+                x = x + self.conv(self.norm_conv(x), lengths)
             return x + self.ff(self.norm2(x))
         x = self.norm1(x + self.attn(x, lengths))
         return self.norm2(x + self.ff(x))
@@ -123,10 +159,11 @@ class TransformerEncoder(nn.Module):
         shared_qk: bool = False,
         dropout: float = 0.1,
         norm_first: bool = True,
+        conv_kernel: int | None = None,
     ):
         super().__init__()
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, heads, ff_dim, attention, shared_qk, dropout, norm_first)
+            EncoderLayer(d_model, heads, ff_dim, attention, shared_qk, dropout, norm_first, conv_kernel)
             for _ in range(layers)
         )
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()

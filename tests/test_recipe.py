@@ -1,0 +1,69 @@
+"""The recorded-speech recipe (conf/recipe/real_speech.yaml): what data=manifest chooses, and a
+run that the wall-clock budget ends, with the learning rate decayed over that budget."""
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from test_train_eval import TINY_MODEL
+
+from fastasr.config import CONFIG_DIR
+from fastasr.training import train
+
+
+def _compose(*overrides: str):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("data", ["manifest", "digits", "librispeech", "timit", "kaldi", "commonvoice"])
+def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
+    cfg = _compose(f"data={data}")
+    assert cfg.scheduler._target_ == "fastasr.lr_schedules.BudgetSchedule"
+    assert cfg.trainer.max_epochs == -1 and cfg.trainer.max_time == "00:00:30:00"
+    assert cfg.data.augment.speed_perturb is True and cfg.model.utterance_cmvn is True
+
+
+def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
+    builtin = _compose()
+    assert builtin.scheduler._target_.endswith("ReduceLROnPlateau")
+    assert builtin.trainer.max_epochs == 30 and builtin.trainer.max_time == "00:00:18:00"
+    assert builtin.model.layers == 4 and builtin.data.augment.speed_perturb is False
+    for preset in ("paper_wsj", "paper_swbd", "matrix_member"):
+        cfg = _compose(f"experiment={preset}")
+        assert cfg.scheduler._target_.endswith("ReduceLROnPlateau"), preset
+        assert cfg.data.augment.speed_perturb is False and cfg.model.utterance_cmvn is False, preset
+        assert cfg.trainer.max_epochs > 0, preset
+    # a user's choice still wins over the recipe
+    assert _compose("data=manifest", "recipe=builtin").scheduler._target_.endswith("ReduceLROnPlateau")
+    assert _compose("data=manifest", "trainer.max_time=00:02:00:00").trainer.max_time == "00:02:00:00"
+
+
+@pytest.mark.slow
+def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, tmp_path, caplog):
+    """No epoch cap: an 8-second budget stops training, and the learning rate logged at the last
+    update has decayed from the peak towards final_factor × peak."""
+    cfg = _compose(
+        "data=manifest", f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
+        f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}", f"data.test_manifest={tiny_corpus / 'test.jsonl'}",
+        "data.num_workers=0", "data.augment.speed_perturb=false", *TINY_MODEL, "logger=csv",
+        "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"paths.output_dir={tmp_path}",
+        "trainer.max_time=00:00:00:08", "trainer.log_every_n_steps=1", "scheduler.warmup_steps=0",
+        "callbacks.lr_monitor.logging_interval=step", "test=false", "final_decoding=null", "name=budget",
+    )
+    assert cfg.trainer.max_epochs == -1
+    with caplog.at_level("INFO"):
+        result = train(cfg)
+    assert "Time limit reached" in caplog.text  # Lightning's Timer ended the run
+    state = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
+    timer = next(v for k, v in state["callbacks"].items() if k.startswith("Timer"))
+    assert timer["time_elapsed"]["train"] >= 8.0  # in the checkpoint: a resumed run continues the budget
+    (sched,) = state["lr_schedulers"]
+    assert state["global_step"] >= 1 and sched["last_epoch"] == state["global_step"]
+    peak = cfg.optim.lr
+    assert sched["_last_lr"][0] < peak  # decayed with the budget spent (the exact shape: test_lr_schedules.py)
+    rows = list(csv.DictReader(open(Path(result["run_dir"]) / "csv" / "version_0" / "metrics.csv")))
+    rates = [float(r["lr-RAdam"]) for r in rows if r.get("lr-RAdam")]
+    assert rates and all(a >= b for a, b in zip(rates, rates[1:])) and rates[0] <= peak
