@@ -75,6 +75,17 @@ calibrate-auto: $(KERNELS)  ## measure this machine's full/i-clustered crossover
 matrix: $(CORPUS)  ## train-with-X / decode-with-Y table (conf/cross_eval.yaml)
 	$(PY) -m fastasr.cross_eval $(ARGS)
 
+.PHONY: data-long budget
+LONG_CORPUS := data/synthetic_long/.complete
+
+$(LONG_CORPUS): $(KERNELS)
+	$(PY) -m fastasr.corpora.synthetic --out data/synthetic_long --min-seconds 10 --max-seconds 40 --train 600 --dev 60 --test 60
+
+data-long: $(LONG_CORPUS)  ## synthesise the long-utterance corpus (10-40 s, 600/60/60, 3.6 h of training audio) under data/synthetic_long (offline)
+
+budget: $(LONG_CORPUS)  ## dev PER for a wall-clock budget, against training and forward time (Figure 1; conf/budget.yaml, docs/BUDGET.md)
+	$(PY) -m fastasr.budget $(ARGS)
+
 report: $(KERNELS)  ## static HTML report of a run or matrix dir: make report DIR=outputs/...
 	$(PY) -m fastasr.report $(DIR)
 

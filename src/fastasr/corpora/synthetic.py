@@ -2,6 +2,8 @@
 
     python -m fastasr.corpora.synthetic --out data/synthetic [--seed 0] \
         [--train 3000 --dev 300 --test 300] [--workers 2] [--force]
+    python -m fastasr.corpora.synthetic --out data/synthetic_long \
+        --min-seconds 10 --max-seconds 40 [--train 600 --dev 60 --test 60]     (make data-long)
 
 writes ``train.jsonl``, ``dev.jsonl``, ``test.jsonl`` and ``wav/<split>/*.wav``
 (16 kHz, 16-bit PCM) under ``--out``, then a completion marker
@@ -13,6 +15,12 @@ Each utterance is a sentence from simple templates over the lexicon in
 (accent × variant) at a random rate, pitch and pitch range, with 0.1–0.4 s of
 silence either side, then mixed with white, pink or brown noise at a random
 SNR of 10–30 dB and scaled to a random peak level. Durations are 1–8 s.
+
+With ``--min-seconds``/``--max-seconds`` (the long corpus, ``data=synthetic_long``) each
+utterance instead joins several such sentences of one voice and one speaking style with
+short pauses, to a duration within those bounds (10–40 s, ~21 s on average: 1,000–4,000
+frames reach an unsubsampled encoder); its ``phonemes`` are the sentences' phonemes joined
+by ``|``. Same voices, splits, noise and determinism; see :mod:`fastasr.corpora.synthetic_long`.
 
 Voices (the manifest's ``speaker``) are ``<accent>+<variant>``. Accents are
 shared by all splits (each has its own phoneme set, so every accent must be
@@ -85,6 +93,7 @@ SNR_DB = (10.0, 30.0)
 NOISES = ("white", "pink", "brown")
 PAD_S = (0.1, 0.4)  # silence added before and after the speech
 PEAK = (0.25, 0.9)  # peak level of the final waveform
+LONG_COUNTS = {"train": 600, "dev": 60, "test": 60}  # default size of a long corpus (make data-long)
 
 
 
@@ -129,33 +138,88 @@ class _Job:
     split: str
     index: int
     out: str
+    min_seconds: float | None = None  # both set: a long utterance (fastasr.corpora.synthetic_long)
+    max_seconds: float | None = None
 
 
-def synthesize_utterance(job: _Job) -> dict:
-    """Synthesise, write and describe one utterance (runs in a worker process)."""
-    import torch
+@dataclass(frozen=True)
+class _Style:
+    """How one utterance is spoken: the voice (``accent+variant``) and espeak's settings."""
 
-    from fastasr.data.audio import resample, write_wav
+    voice: str
+    rate: int
+    pitch: int
+    pitch_range: int
 
-    es = Espeak()
-    rng = np.random.default_rng([job.seed, SPLITS.index(job.split), job.index])
-    split_voices = voices(job.split)
+
+def _draw_style(rng: np.random.Generator, split: str) -> _Style:
+    """A voice of ``split`` and a random rate, pitch and pitch range (4 draws, in that order)."""
+    split_voices = voices(split)
     voice = split_voices[int(rng.integers(len(split_voices)))]
     rate = int(rng.integers(RATE_WPM[0], RATE_WPM[1] + 1))
     pitch = int(rng.integers(PITCH[0], PITCH[1] + 1))
     prange = int(rng.integers(PITCH_RANGE[0], PITCH_RANGE[1] + 1))
+    return _Style(voice, rate, pitch, prange)
+
+
+def _speak(es: Espeak, text: str, style: _Style) -> np.ndarray:
+    """``text`` spoken in ``style``, espeak's leading and trailing silence trimmed: float64
+    samples ``(T,)`` at ``SAMPLE_RATE``."""
+    import torch
+
+    from fastasr.data.audio import resample
+
+    pcm = es.synthesize(text, espeak_voice_name(style.voice), rate=style.rate, pitch=style.pitch,
+                        pitch_range=style.pitch_range)
+    raw = pcm.astype(np.float32) / 32768.0
+    loud = np.flatnonzero(np.abs(raw) > 0.01 * max(np.abs(raw).max(), 1e-6))
+    if loud.size:
+        raw = raw[max(loud[0] - 80, 0): loud[-1] + 80]  # trim espeak's own silences
+    return resample(torch.from_numpy(raw), es.sample_rate, SAMPLE_RATE).numpy().astype(np.float64)
+
+
+def _phonemes(es: Espeak, text: str, voice: str) -> str:
+    """The manifest's ``phonemes`` of ``text`` spoken by ``voice``: units, `` | `` between words."""
+    return " | ".join(" ".join(w) for w in es.phonemize(text, espeak_voice_name(voice)))
+
+
+def _mix_and_write(rng: np.random.Generator, job: _Job, speech: np.ndarray, pad_samples: Sequence[int],
+                   speech_power: float) -> tuple[np.ndarray, dict]:
+    """Pad ``speech``, add noise at a random SNR relative to ``speech_power``, scale to a random
+    peak, write ``wav/<split>/<split>_<index>.wav``; returns the waveform and its manifest fields
+    (``audio_filepath``, ``duration``, ``noise``, ``snr_db``). Draws noise kind, SNR, noise, peak."""
+    from fastasr.data.audio import write_wav
+
+    wav = np.concatenate([np.zeros(pad_samples[0]), speech, np.zeros(pad_samples[1])])
+    noise_kind = NOISES[int(rng.integers(len(NOISES)))]
+    snr_db = float(rng.uniform(*SNR_DB))
+    noise = _colored_noise(rng, noise_kind, wav.shape[0])
+    wav = wav + noise * np.sqrt(speech_power / 10 ** (snr_db / 10))
+    wav *= rng.uniform(*PEAK) / max(np.abs(wav).max(), 1e-9)
+
+    rel = Path("wav") / job.split / f"{job.split}_{job.index:05d}.wav"
+    write_wav(Path(job.out) / rel, wav, SAMPLE_RATE)
+    fields = {"audio_filepath": rel.as_posix(), "duration": round(wav.shape[0] / SAMPLE_RATE, 6),
+              "noise": noise_kind, "snr_db": round(snr_db, 2)}
+    return wav, fields
+
+
+def synthesize_utterance(job: _Job) -> dict:
+    """Synthesise, write and describe one utterance (runs in a worker process)."""
+    if job.max_seconds is not None:
+        from fastasr.corpora.synthetic_long import synthesize_long_utterance
+
+        return synthesize_long_utterance(job)
+    es = Espeak()
+    rng = np.random.default_rng([job.seed, SPLITS.index(job.split), job.index])
+    style = _draw_style(rng, job.split)
     pads = rng.uniform(*PAD_S, size=2)
     target = int(rng.integers(2, 21))
     pad_samples = [int(p * SAMPLE_RATE) for p in pads]
 
     for _attempt in range(20):
         text = make_sentence(rng, target)
-        pcm = es.synthesize(text, espeak_voice_name(voice), rate=rate, pitch=pitch, pitch_range=prange)
-        raw = pcm.astype(np.float32) / 32768.0
-        loud = np.flatnonzero(np.abs(raw) > 0.01 * max(np.abs(raw).max(), 1e-6))
-        if loud.size:
-            raw = raw[max(loud[0] - 80, 0): loud[-1] + 80]  # trim espeak's own silences
-        speech = resample(torch.from_numpy(raw), es.sample_rate, SAMPLE_RATE).numpy().astype(np.float64)
+        speech = _speak(es, text, style)
         duration = (speech.shape[0] + sum(pad_samples)) / SAMPLE_RATE
         if duration > MAX_DURATION:
             target = max(2, min(target - 1, int(len(text.split()) * (MAX_DURATION - 0.8) / duration)))
@@ -166,57 +230,75 @@ def synthesize_utterance(job: _Job) -> dict:
     else:
         raise RuntimeError(f"{job.split} {job.index}: no sentence of {MIN_DURATION}-{MAX_DURATION} s in 20 attempts")
 
-    speech_power = np.mean(speech**2)
-    wav = np.concatenate([np.zeros(pad_samples[0]), speech, np.zeros(pad_samples[1])])
-    noise_kind = NOISES[int(rng.integers(len(NOISES)))]
-    snr_db = float(rng.uniform(*SNR_DB))
-    noise = _colored_noise(rng, noise_kind, wav.shape[0])
-    wav = wav + noise * np.sqrt(speech_power / 10 ** (snr_db / 10))
-    wav *= rng.uniform(*PEAK) / max(np.abs(wav).max(), 1e-9)
-
-    rel = Path("wav") / job.split / f"{job.split}_{job.index:05d}.wav"
-    write_wav(Path(job.out) / rel, wav, SAMPLE_RATE)
-    phonemes = " | ".join(" ".join(w) for w in es.phonemize(text, espeak_voice_name(voice)))
+    _, fields = _mix_and_write(rng, job, speech, pad_samples, float(np.mean(speech**2)))
     return {
-        "audio_filepath": rel.as_posix(),
-        "duration": round(wav.shape[0] / SAMPLE_RATE, 6),
+        "audio_filepath": fields["audio_filepath"],
+        "duration": fields["duration"],
         "text": text,
-        "phonemes": phonemes,
-        "speaker": voice,
-        "rate_wpm": rate,
-        "pitch": pitch,
-        "noise": noise_kind,
-        "snr_db": round(snr_db, 2),
+        "phonemes": _phonemes(es, text, style.voice),
+        "speaker": style.voice,
+        "rate_wpm": style.rate,
+        "pitch": style.pitch,
+        "noise": fields["noise"],
+        "snr_db": fields["snr_db"],
     }
 
 
 # --------------------------------------------------------------------- corpus
 
 
-def _settings(seed: int, counts: Mapping[str, int]) -> dict:
-    return {
+def _settings(seed: int, counts: Mapping[str, int], durations: tuple[float, float] | None = None) -> dict:
+    settings = {
         "generator_version": GENERATOR_VERSION,
         "seed": int(seed),
         "counts": {s: int(counts[s]) for s in SPLITS},
         "voices": {s: voices(s) for s in SPLITS},
         "sample_rate": SAMPLE_RATE,
     }
+    if durations is not None:  # long utterances; the 1-8 s corpus's marker is unchanged
+        from fastasr.corpora.synthetic_long import LONG_GENERATOR_VERSION
+
+        settings["durations"] = [float(durations[0]), float(durations[1])]
+        settings["long_generator_version"] = LONG_GENERATOR_VERSION
+    return settings
+
+
+def check_durations(min_seconds: float, max_seconds: float) -> tuple[float, float]:
+    """``(min, max)`` of a long corpus, or ValueError naming what is wrong."""
+    from fastasr.corpora.synthetic_long import MIN_SPAN_S
+
+    lo, hi = float(min_seconds), float(max_seconds)
+    if not 0.0 < lo < hi:
+        raise ValueError(f"utterance durations {lo}-{hi} s; expected 0 < min < max")
+    if hi - lo < MIN_SPAN_S:
+        raise ValueError(f"utterance durations {lo}-{hi} s: a span of {hi - lo:g} s; expected at least "
+                         f"{MIN_SPAN_S:g} s (one sentence must fit between the bounds)")
+    return lo, hi
 
 
 def build_corpus(out: str | Path, seed: int = 0, counts: Mapping[str, int] | None = None,
-                 workers: int | None = None, force: bool = False) -> bool:
+                 workers: int | None = None, force: bool = False,
+                 durations: tuple[float, float] | None = None) -> bool:
     """Synthesise the corpus under ``out``. Returns False (and does nothing) if
-    a complete corpus with the same settings is already there."""
+    a complete corpus with the same settings is already there.
+
+    ``durations``: ``(min, max)`` seconds makes every utterance a long one, several sentences
+    of one voice joined by short pauses (:mod:`fastasr.corpora.synthetic_long`; ``make
+    data-long`` uses 10-40 s); None: one sentence of 1-8 s each."""
     out = Path(out)
-    counts = dict(counts or {"train": 3000, "dev": 300, "test": 300})
-    settings = _settings(seed, counts)
-    if not needs_build(out, settings, [f"{s}.jsonl" for s in SPLITS], force, "synthetic corpus"):
+    if durations is not None:
+        durations = check_durations(*durations)
+    counts = dict(counts or (LONG_COUNTS if durations else {"train": 3000, "dev": 300, "test": 300}))
+    settings = _settings(seed, counts, durations)
+    what = "synthetic corpus" if durations is None else "long synthetic corpus"
+    if not needs_build(out, settings, [f"{s}.jsonl" for s in SPLITS], force, what):
         return False
     for split in SPLITS:
         shutil.rmtree(out / "wav" / split, ignore_errors=True)
         (out / "wav" / split).mkdir(parents=True, exist_ok=True)
 
-    jobs = [_Job(seed, s, i, str(out)) for s in SPLITS for i in range(counts[s])]
+    lo, hi = durations if durations is not None else (None, None)
+    jobs = [_Job(seed, s, i, str(out), lo, hi) for s in SPLITS for i in range(counts[s])]
     workers = workers or min(2, os.cpu_count() or 1)
     t0 = time.time()
     if workers <= 1:
@@ -248,17 +330,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fastasr.corpora.synthetic", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory (manifests + wav/)")
     p.add_argument("--seed", type=int, default=0, help="same seed → same corpus")
-    p.add_argument("--train", type=int, default=3000, help="train utterances")
-    p.add_argument("--dev", type=int, default=300, help="dev utterances")
-    p.add_argument("--test", type=int, default=300, help="test utterances")
+    p.add_argument("--train", type=int, default=None, help="train utterances (default 3000; long: 600)")
+    p.add_argument("--dev", type=int, default=None, help="dev utterances (default 300; long: 60)")
+    p.add_argument("--test", type=int, default=None, help="test utterances (default 300; long: 60)")
+    p.add_argument("--min-seconds", type=float, default=None,
+                   help="with --max-seconds: long utterances of several sentences of one voice, "
+                        "this long at least (make data-long: 10)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="with --min-seconds: long utterances at most this long (make data-long: 40)")
     p.add_argument("--workers", type=int, default=None, help="processes (default: min(2, CPUs))")
     p.add_argument("--force", action="store_true", help="rebuild even if complete")
     args = p.parse_args(argv)
-    counts = {"train": args.train, "dev": args.dev, "test": args.test}
+    durations = None
+    if (args.min_seconds is None) != (args.max_seconds is None):
+        p.error("--min-seconds and --max-seconds go together; expected both or neither")
+    if args.min_seconds is not None:
+        try:
+            durations = check_durations(args.min_seconds, args.max_seconds)
+        except ValueError as err:
+            p.error(str(err))
+    defaults = LONG_COUNTS if durations else {"train": 3000, "dev": 300, "test": 300}
+    counts = {s: defaults[s] if getattr(args, s) is None else getattr(args, s) for s in SPLITS}
     for split, n in counts.items():
         if n < 1:
             p.error(f"--{split} {n}; expected ≥ 1")
-    build_corpus(args.out, seed=args.seed, counts=counts, workers=args.workers, force=args.force)
+    build_corpus(args.out, seed=args.seed, counts=counts, workers=args.workers, force=args.force,
+                 durations=durations)
     return 0
 
 

@@ -1,0 +1,55 @@
+"""The budget study (Figure 1 of Vyas et al. 2020): which attention and depth give the best
+dev error for a given compute budget.
+
+    python -m fastasr.budget [budget=default|smoke] [overrides]        (make budget)
+
+Each *member* — an attention spec at an encoder depth, e.g. full at 2, 4 and 6 layers,
+i-clustered-100/200 at 4 and 6, clustered-100 at 6 — is a ``train.py`` run in
+``${paths.output_dir}/budget/<name>/runs/<attention>-L<layers>/`` that trains to one fixed
+wall-clock budget (``trainer.max_time``; everything else the same for every member). After
+training, each model's forward pass is timed. The study directory receives ``budget.csv``
+(one row per member), ``budget_curves.csv`` (every validation), ``budget.md``,
+``budget_time.png`` (dev error against training time), ``budget_forward.png`` (best dev error
+against forward time per epoch, the paper's axes, Pareto front marked) and a wandb table.
+Finished runs are reused, interrupted ones resume with what is left of their budget, failed
+ones are retried (docs/BUDGET.md).
+
+Modules: :mod:`~fastasr.budget.members` (members, composing, training; reuses
+:mod:`fastasr.matrix.members`), :mod:`~fastasr.budget.clock` (the training-time callback),
+:mod:`~fastasr.budget.curves` (curves from the CSV logs), :mod:`~fastasr.budget.forward`
+(forward timing), :mod:`~fastasr.budget.table` (budget.csv, Pareto front),
+:mod:`~fastasr.budget.render` (Markdown, figures), :mod:`~fastasr.budget.running` (the run
+loop), ``__main__`` (the Hydra entry point).
+"""
+
+from fastasr.budget.clock import TrainingClock
+from fastasr.budget.curves import CurvePoint, best_point, read_curve
+from fastasr.budget.members import (
+    BudgetError,
+    BudgetMember,
+    MemberSpec,
+    compose_budget_member,
+    max_time_seconds,
+    member_specs,
+)
+from fastasr.budget.running import BudgetResult, run_budget
+from fastasr.budget.table import (
+    CSV_FILE,
+    CURVES_FILE,
+    FAILED,
+    FORWARD_PNG,
+    MD_FILE,
+    MISSING,
+    OK,
+    TIME_PNG,
+    BudgetRow,
+    mark_pareto,
+    read_rows,
+)
+
+__all__ = [
+    "CSV_FILE", "CURVES_FILE", "FAILED", "FORWARD_PNG", "MD_FILE", "MISSING", "OK", "TIME_PNG",
+    "BudgetError", "BudgetMember", "BudgetResult", "BudgetRow", "CurvePoint", "MemberSpec", "TrainingClock",
+    "best_point", "compose_budget_member", "mark_pareto", "max_time_seconds", "member_specs", "read_curve",
+    "read_rows", "run_budget",
+]
