@@ -1,5 +1,9 @@
-"""Every config group option composes, and the composed objects instantiate."""
+"""Every config group option composes, and the composed objects instantiate; the values a config
+derives from others are worked out in Python (fastasr.derived_config), not by resolvers."""
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,11 @@ from omegaconf import OmegaConf
 
 from fastasr.attention import build_attention
 from fastasr.config import CONFIG_DIR
+from fastasr.data.features import FeatureConfig
+from fastasr.data.tokenizer import Tokenizer
+from fastasr.derived_config import derive_train_config
+from fastasr.model import CTCModel
+from fastasr.recogniser import DEFAULT_MODEL_TARGET, Recogniser
 
 GROUPS = ["data", "features", "model", "attention", "optim", "scheduler", "trainer", "logger", "recipe",
           "callbacks", "experiment", "debug"]
@@ -18,9 +27,15 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
 
 
-def compose_train(*overrides: str):
+def compose_raw(*overrides: str):
+    """train.yaml as Hydra composes it: the derived values still unset (``???``)."""
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("train", overrides=list(overrides), return_hydra_config=False)
+
+
+def compose_train(*overrides: str):
+    """train.yaml as training runs it: composed, then its derived values filled in."""
+    return derive_train_config(compose_raw(*overrides))
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -74,7 +89,7 @@ def test_attention_override_from_command_line():
 
 def test_model_instantiates_from_config():
     cfg = compose_train("attention=clustered", "model.layers=1")
-    model = instantiate(OmegaConf.to_container(cfg.model, resolve=True), vocab_size=7, feat_in=40)
+    model = instantiate(OmegaConf.to_container(cfg.model, resolve=True))(vocab_size=7, feat_in=40)  # a partial
     assert model.attention_spec == "clustered-100"
     assert len(model.encoder.layers) == 1
 
@@ -99,3 +114,78 @@ def test_evaluate_config_composes():
         cfg = compose("evaluate", overrides=["ckpt_path=x.ckpt", "attention=i_clustered"])
         assert cfg.attention.name == "i-clustered"
     assert Path(OmegaConf.to_container(cfg, resolve=True)["data"]["test_manifest"]).name == "test.jsonl"
+
+
+# ----------------------------------------------------------------------------- derived values
+def test_no_resolvers_and_config_imports_nothing_above_it():
+    """config.py is the bottom layer: it imports no other fastasr module and registers no
+    resolver; the YAML uses only OmegaConf's own (oc.*) and Hydra's (now)."""
+    code = ("import sys; from omegaconf import OmegaConf; import fastasr.config; "
+            "mods = sorted(m for m in sys.modules if m.startswith('fastasr') and m not in ('fastasr', 'fastasr.config')); "
+            "names = [n for n in ('unit_metric', 'matrix_attention', 'matrix_shared_qk', 'fallback', 'corpus_lm', "
+            "'attention_length_cost') if OmegaConf.has_resolver(n)]; sys.exit(f'{mods} {names}' if mods or names else 0)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    used = {m.group(1) for path in CONFIG_DIR.rglob("*.yaml")
+            for m in re.finditer(r"\$\{([\w.]+):", path.read_text())}
+    assert used <= {"oc.select", "oc.env", "now"}, used
+
+
+def test_the_tokenizer_a_top_level_choice_or_the_data_configs_own():
+    assert compose_raw().data.tokenizer == "phoneme"  # a plain value in the data config
+    assert compose_train().data.tokenizer == "phoneme"
+    assert compose_train("data=digits").data.tokenizer == "char"
+    assert compose_train("tokenizer=char").data.tokenizer == "char"
+    assert compose_train("data=digits", "tokenizer=phoneme").data.tokenizer == "phoneme"
+    cfg = compose_train("data=librispeech", "tokenizer=bpe")
+    assert cfg.data.tokenizer == "bpe" and cfg.callbacks.model_checkpoint.monitor == "val/cer"
+    assert compose_train("data.tokenizer=char").data.tokenizer == "char"
+
+
+def test_batch_price_and_monitor_follow_the_config_unless_given():
+    raw = compose_raw()
+    assert OmegaConf.is_missing(raw.data, "length_cost") and OmegaConf.is_missing(raw.callbacks.model_checkpoint, "monitor")
+    cfg = compose_train()
+    assert cfg.data.length_cost == "quadratic" and cfg.callbacks.model_checkpoint.monitor == "val/per"
+    assert cfg.callbacks.epoch_checkpoint.filename == "epoch{epoch:03d}-score{val/per:.4f}"
+    assert compose_train("attention=clustered").data.length_cost == "linear"
+    assert compose_train("data=manifest", "attention=lsh").data.length_cost == "linear"
+    given = compose_train("attention=clustered", "data.length_cost=quadratic", "callbacks.model_checkpoint.monitor=val/loss")
+    assert given.data.length_cost == "quadratic" and given.callbacks.model_checkpoint.monitor == "val/loss"
+    assert given.callbacks.epoch_checkpoint.filename == "epoch{epoch:03d}-score{val/loss:.4f}"
+    char = compose_train("tokenizer=char")
+    assert char.callbacks.epoch_checkpoint.filename == "epoch{epoch:03d}-score{val/cer:.4f}"
+    assert derive_train_config(char.copy()) == char  # idempotent
+
+
+def test_the_builtin_corpus_is_a_manifest_corpus_with_its_own_recipe():
+    """conf/data/synthetic.yaml inherits data=manifest's keys but not its recipe (real_speech)."""
+    synthetic, manifest = (OmegaConf.to_container(compose_train(*o).data, resolve=True)
+                           for o in ([], ["data=manifest"]))
+    differ = {k for k in synthetic.keys() | manifest.keys() if synthetic.get(k) != manifest.get(k)}
+    assert differ == {"train_manifest", "dev_manifest", "test_manifest", "max_frames_per_batch",
+                      "min_batches_per_epoch", "augment"}
+    assert synthetic["augment"] == {**manifest["augment"], "speed_perturb": False}
+    assert compose_train().scheduler._target_.endswith("ReduceLROnPlateau")
+
+
+class WideCTC(CTCModel):
+    """Stands in for a new encoder: a CTCModel subclass a config names."""
+
+
+def test_the_model_is_the_class_the_config_names():
+    """conf/model is a Hydra partial of its _target_; the recogniser stores it as plain data and
+    builds it again from a checkpoint's entry; entries that name no class build CTCModel."""
+    cfg = compose_train(f"model._target_={__name__}.WideCTC", "model.layers=1")
+    tokenizer = Tokenizer("char", ["<blank>", "a", "b", "|"])
+    rec = Recogniser.from_model_config(OmegaConf.to_container(cfg.model, resolve=True), tokenizer,
+                                       FeatureConfig(num_mel_bins=40))
+    assert type(rec.build_model()) is WideCTC and rec.build_model().head.out_features == 4
+    state = rec.to_dict()
+    assert state["model"]["_target_"] == f"{__name__}.WideCTC" and "_partial_" not in state["model"]
+    assert type(Recogniser.from_dict(state).build_model()) is WideCTC
+    del state["model"]["_target_"]  # a checkpoint written before the model entry named its class
+    old = Recogniser.from_dict({**state, "format": 1})
+    assert old.model_target == DEFAULT_MODEL_TARGET and type(old.build_model()) is CTCModel
+    with pytest.raises(ValueError, match="is not a fastasr.model.CTCModel subclass"):
+        Recogniser.from_dict({**state, "model": {**state["model"], "_target_": "torch.nn.Linear"}}, source="x.ckpt")

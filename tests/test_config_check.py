@@ -7,6 +7,7 @@ import re
 
 import pytest
 import soundfile
+from omegaconf import OmegaConf
 from test_train_eval import compose_train
 
 from fastasr.config_check import ConfigError, check_train_config
@@ -77,6 +78,17 @@ def test_a_phoneme_model_needs_phonemes_in_the_manifest(tiny_corpus, tmp_path, n
                                           r"on 10 of 10 lines \(first: line 1\); add phonemes or use tokenizer=char"):
         check_train_config(compose_train(tiny_corpus, tmp_path, f"data.train_manifest={manifest}"))
     check_train_config(compose_train(tiny_corpus, tmp_path, f"data.train_manifest={manifest}", "tokenizer=char"))
+
+
+def test_the_config_is_checked_with_its_derived_values(tiny_corpus, tmp_path, no_audio_reads):
+    """The check sees what training runs (fastasr.derived_config), on a copy of the config."""
+    raw = compose_train(tiny_corpus, tmp_path)
+    check_train_config(raw)
+    assert OmegaConf.is_missing(raw.data, "length_cost")  # the caller's config is not changed
+    with pytest.raises(ConfigError, match=r"member='fulll': unknown attention spec 'fulll'"):
+        check_train_config(compose_train(tiny_corpus, tmp_path, "experiment=matrix_member", "member=fulll"))
+    with pytest.raises(ConfigError, match=r"model: model._target_ 'torch.nn.Linear' is not a fastasr.model.CTCModel "):
+        check_train_config(compose_train(tiny_corpus, tmp_path, "model._target_=torch.nn.Linear"))
 
 
 def test_train_checks_the_config_first(tiny_corpus, tmp_path, no_audio_reads):

@@ -160,12 +160,13 @@ def test_tokenizer_options_reach_the_datamodule_through_the_config(tiny_corpus):
     from hydra.utils import instantiate
 
     from fastasr.config import CONFIG_DIR
+    from fastasr.derived_config import derive_train_config
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        default = compose("train")
-        cfg = compose("train", overrides=["tokenizer=unigram", "data.vocab_size=48",
-                                          f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
-                                          f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}"])
+        default = derive_train_config(compose("train"))
+        cfg = derive_train_config(compose("train", overrides=["tokenizer=unigram", "data.vocab_size=48",
+                                                              f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
+                                                              f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}"]))
     assert default.data.tokenizer == "phoneme"  # top-level null: the data config's own default
     assert cfg.data.tokenizer == "unigram" and cfg.callbacks.model_checkpoint.monitor == "val/cer"
     dm = instantiate(cfg.data, features={"num_mel_bins": 40}, num_workers=0)

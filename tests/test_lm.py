@@ -4,8 +4,7 @@ import math
 
 import pytest
 
-from fastasr.config import corpus_lm
-from fastasr.lm import BundledLM, ensure_corpus_lm, estimate, read_arpa, write_arpa
+from fastasr.lm import BundledLM, corpus_lm_path, ensure_corpus_lm, estimate, read_arpa, write_arpa
 from fastasr.lm.__main__ import main as lm_main
 from fastasr.lm.kneser_ney import adjusted_counts, count_ngrams, discounts_from_counts
 
@@ -77,10 +76,10 @@ def test_build_command_writes_arpa_from_manifest(tmp_path, capsys):
     assert arpa.order == 2 and ("the", "cat") in arpa.logprob  # lower-cased words
     assert math.isfinite(arpa.perplexity([["the", "cat"]]))
     # without --out: the corpus's LM, lm/words-<order>gram.arpa beside the manifest, where
-    # conf/decoding/beam_lm.yaml (the corpus_lm resolver) and training's final decoding look
+    # decoding's lm.source=auto and training's final decoding look
     assert lm_main(["build", "--manifest", str(manifest)]) == 0
     assert read_arpa(tmp_path / "lm" / "words-3gram.arpa").order == 3
-    assert corpus_lm(str(manifest)) == str(tmp_path / "lm" / "words-3gram.arpa") and corpus_lm(None) is None
+    assert corpus_lm_path(manifest) == tmp_path / "lm" / "words-3gram.arpa"
 
 
 def test_bad_input_is_a_clear_error(tmp_path):

@@ -9,6 +9,7 @@ validation). Manifests are read as JSON lines only.
 
 from __future__ import annotations
 
+import copy
 import json
 import typing
 from collections.abc import Mapping
@@ -26,6 +27,7 @@ from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.features import FeatureConfig
 from fastasr.data.phone_sets import folding
 from fastasr.data.tokenizer import KINDS
+from fastasr.derived_config import derive_train_config
 
 
 class ConfigError(ValueError):
@@ -66,10 +68,17 @@ def _check_attention(cfg: DictConfig, errors: list[str]) -> None:
 
 
 def _check_model(cfg: DictConfig, feat_in: int, errors: list[str]) -> None:
-    """Build the model on the meta device (no memory, no weights): its own checks run."""
+    """Build the model the config names on the meta device (no memory, no weights), as the
+    recogniser will (:meth:`fastasr.recogniser.Recogniser.build_model`: the class ``_target_``
+    names, a CTCModel subclass, as a partial completed with the data's sizes): its own checks run."""
+    from fastasr.recogniser import DEFAULT_MODEL_TARGET, model_class
+
+    config = _container(cfg.model)
     try:
+        model_class(config.get("_target_") or DEFAULT_MODEL_TARGET)
         with torch.device("meta"):
-            instantiate(_container(cfg.model), vocab_size=2, feat_in=feat_in, _convert_="all")
+            build = instantiate(config, _partial_=True, _recursive_=False, _convert_="all")
+            build(vocab_size=2, feat_in=feat_in)
     except (InstantiationException, ValueError, TypeError) as err:
         errors.append(f"model: {err.__cause__ or err}")  # the model's own message, not Hydra's wrapper
 
@@ -175,12 +184,18 @@ def _check_callbacks(cfg: DictConfig, errors: list[str]) -> None:
 
 
 def check_train_config(cfg: DictConfig) -> None:
-    """Check a composed training config without reading audio.
+    """Check a composed training config without reading audio: the config training runs, i.e.
+    with its derived values (:func:`fastasr.derived_config.derive_train_config`, on a copy:
+    ``cfg`` is not changed).
 
     Raises:
         ConfigError: listing every problem found, each with its config key, the value and
             what was expected.
     """
+    try:
+        cfg = derive_train_config(copy.deepcopy(cfg))
+    except ValueError as err:  # a matrix member that is no train spec: nothing else can be derived
+        raise ConfigError(f"invalid config:\n  {err}") from None
     errors: list[str] = []
     _check_attention(cfg, errors)
     features = _check_features(cfg, errors)

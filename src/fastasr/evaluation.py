@@ -19,7 +19,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-import fastasr.config  # noqa: F401  (registers resolvers)
+import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.checkpoint_averaging import average_into
 from fastasr.recogniser import decode_manifest, decoding_options, load_recogniser, training_manifest
 from fastasr.rundir import RunDir

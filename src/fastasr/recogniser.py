@@ -1,13 +1,18 @@
 """The recogniser bundle: what a trained model needs to decode, travelling as one piece.
 
-A :class:`Recogniser` holds the model config (the ``CTCModel`` arguments other than
-``vocab_size``, ``feat_in`` and ``attention``; the subsampling factor lives here, as
+A :class:`Recogniser` holds the model config (the class its ``_target_`` names and its arguments
+other than ``vocab_size``, ``feat_in`` and ``attention``; the subsampling factor lives here, as
 ``model_config["subsampling"]``), the attention the model was trained with, the tokenizer,
 the filterbank settings, and what word decoding needs: the lexicon (words and their unit
 spellings, built from the training manifest) and the word n-gram LM (its ARPA text, or its
 path and hash when large: :class:`fastasr.lm.BundledLM`). The global CMVN statistics are
 buffers of the model, so they are in the checkpoint's weights and nowhere else.
 
+* The model config is what ``conf/model`` says: a Hydra partial (``_partial_: true``) of the class
+  ``_target_`` names, ``fastasr.model.CTCModel`` or a subclass. :meth:`Recogniser.build_model`
+  instantiates it with Hydra and completes it with ``vocab_size`` (the tokenizer's) and
+  ``feat_in`` (the filterbank bins), in training and when a checkpoint is loaded alike, so a new
+  encoder is a config change. Checkpoints that name no class (format 1) build ``CTCModel``.
 * Training makes the bundle at its start (``fastasr.training.build_module``:
   :func:`with_decoding_data` adds the lexicon and the LM) and writes it into every checkpoint
   once, as plain data: ``checkpoint["recogniser"]`` (:meth:`Recogniser.to_dict`, by
@@ -18,27 +23,32 @@ buffers of the model, so they are in the checkpoint's weights and nowhere else.
 * :func:`decoding_loader` builds the dataloader of any manifest with the bundle's tokenizer,
   features and subsampling; :func:`decode_manifest` decodes (greedy or beam search,
   ``fastasr.decoding``) and scores a manifest.
+* :meth:`Recogniser.transcribe` turns audio files or waveforms (no reference needed, any length,
+  any rate, any channel count) into :class:`Transcription` s with timed :class:`Word` s: the API
+  of ``python -m fastasr.transcribe`` (``fastasr.transcribe``, docs/TRANSCRIBE.md).
 
 A checkpoint plus a manifest is all decoding needs, beam search and LM included::
 
     rec = load_recogniser("best.ckpt", attention="i-clustered-100")
     result = decode_manifest(rec, "test.jsonl")      # {"per", "wer", "utterances", ...}
     result = decode_manifest(rec, "test.jsonl", decoding={"name": "beam", "lm": {"source": "auto"}})
+    texts = [t.text for t in rec.transcribe(["a.wav", "b.flac"], decoding="beam_lm")]
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.utils import get_class, instantiate
 
 from fastasr.data.features import FeatureConfig
-from fastasr.data.tokenizer import Tokenizer
+from fastasr.data.tokenizer import Tokenizer, unit_metric
 from fastasr.decoding.lexicon import Lexicon
 from fastasr.lm.bundled import BundledLM
 from fastasr.model import CTCModel
@@ -46,11 +56,26 @@ from fastasr.model import CTCModel
 log = logging.getLogger(__name__)
 
 RECOGNISER_KEY = "recogniser"  # the checkpoint entry
-FORMAT = 1  # version of the plain-data layout below
-_MODEL_TARGETS = ("fastasr.model.CTCModel", "fastasr.model.ctc_model.CTCModel")
+FORMAT = 2  # version of the plain-data layout below; 2: the model entry names its class (`_target_`)
+DEFAULT_MODEL_TARGET = "fastasr.model.CTCModel"  # the class of a model config that names none (format 1)
 _DERIVED = ("vocab_size", "feat_in")  # come from the tokenizer and the features
 # Batching keys of a data config (conf/data/*.yaml) that decoding uses.
 _LOADER_KEYS = ("max_frames_per_batch", "max_batch_size", "num_workers", "on_bad_utterance")
+
+
+def model_class(target: str, where: str = "model._target_") -> type[CTCModel]:
+    """The class a model config's ``_target_`` names: ``fastasr.model.CTCModel`` or a subclass
+    (the interface training and decoding use), else a ValueError naming ``where``. Nothing else
+    is ever built from a config or a checkpoint."""
+    try:
+        cls = get_class(str(target))
+    except (ImportError, ValueError) as err:
+        raise ValueError(f"{where} {target!r}: {err}; a recogniser builds {DEFAULT_MODEL_TARGET} "
+                         "or a subclass of it") from None
+    if not issubclass(cls, CTCModel):
+        raise ValueError(f"{where} {target!r} is not a {DEFAULT_MODEL_TARGET} subclass; a recogniser builds "
+                         f"{DEFAULT_MODEL_TARGET} or a subclass of it")
+    return cls
 
 
 @dataclass
@@ -58,7 +83,7 @@ class Recogniser:
     """A trained recogniser: configuration as plain data, plus the model once loaded.
 
     Attributes:
-        model_config: ``CTCModel`` keyword arguments other than ``vocab_size``, ``feat_in``
+        model_config: the model's keyword arguments other than ``vocab_size``, ``feat_in``
             and ``attention`` (``d_model``, ``heads``, ``layers``, ``subsampling``, …).
         attention: the attention it was trained with: a spec string or a config mapping
             (``{"name": "clustered", "clusters": 100, ...}``).
@@ -69,6 +94,8 @@ class Recogniser:
             training words spelt); None: none (subword models; checkpoints written before).
         lexicon_source: what the lexicon was built from, e.g. ``train: /data/wsj/train.jsonl``.
         lm: the word LM that ``lm.source=auto`` (``decoding=beam_lm``) decodes with; None: none.
+        model_target: the model class, as the model config's ``_target_`` names it
+            (``fastasr.model.CTCModel`` or a subclass).
         model: the ``CTCModel`` with its weights (set by :func:`load_recogniser`, or by the
             LightningModule during training); None in a bare configuration.
     """
@@ -80,6 +107,7 @@ class Recogniser:
     lexicon: Lexicon | None = field(default=None, repr=False)
     lexicon_source: str | None = None
     lm: BundledLM | None = field(default=None, repr=False)
+    model_target: str = DEFAULT_MODEL_TARGET
     model: CTCModel | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -87,20 +115,22 @@ class Recogniser:
                           features: FeatureConfig | Mapping[str, Any]) -> Recogniser:
         """From a resolved ``cfg.model`` mapping (``conf/model/*.yaml``, with ``attention``).
 
-        ``_target_``, when given, must name ``fastasr.model.CTCModel``; ``vocab_size`` and
-        ``feat_in`` must not be given (they follow from the tokenizer and the features).
+        The mapping is a Hydra partial: ``_target_`` names the model class (``fastasr.model.CTCModel``
+        when absent; another must subclass it), ``_partial_`` says that ``vocab_size`` and
+        ``feat_in`` are left out: they follow from the tokenizer and the features, and must not be
+        given. :meth:`build_model` instantiates it.
         """
         config = dict(model_config)
-        target = config.pop("_target_", None)
-        if target is not None and target not in _MODEL_TARGETS:
-            raise ValueError(f"model._target_ {target!r}; a recogniser builds {_MODEL_TARGETS[0]}")
+        target = str(config.pop("_target_", None) or DEFAULT_MODEL_TARGET)
+        config.pop("_partial_", None)  # always a partial: the sizes come from the data
+        model_class(target)
         given = sorted(set(_DERIVED) & set(config))
         if given:
             raise ValueError(f"model config sets {given}; they come from the tokenizer and the features")
         if "attention" not in config:
             raise ValueError("model config has no 'attention'; expected a spec string or mapping")
         attention = config.pop("attention")
-        return cls(config, attention, tokenizer, FeatureConfig.from_dict(features))
+        return cls(config, attention, tokenizer, FeatureConfig.from_dict(features), model_target=target)
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -118,13 +148,19 @@ class Recogniser:
 
     @property
     def unit_metric(self) -> str:
-        """``per`` for phoneme models, ``cer`` for character models."""
-        return "per" if self.tokenizer.kind == "phoneme" else "cer"
+        """``per`` for phoneme models, ``cer`` for character (and subword) models."""
+        return unit_metric(self.tokenizer.kind)
 
     def build_model(self) -> CTCModel:
-        """A new ``CTCModel`` of this configuration (fresh weights, CMVN at 0/1, train mode)."""
-        return CTCModel(vocab_size=self.vocab_size, feat_in=self.feat_in, attention=self.attention,
-                        **self.model_config)
+        """A new model of this configuration (fresh weights, CMVN at 0/1, train mode): Hydra
+        instantiates ``model_target`` with ``model_config`` and ``attention`` as a partial, which
+        is completed with ``vocab_size`` (the tokenizer's) and ``feat_in`` (the features' bins).
+        The config's values are passed as they are (``_recursive_=False``): a checkpoint names one
+        class, which must be a ``CTCModel`` subclass (:func:`model_class`)."""
+        model_class(self.model_target)
+        config = {"_target_": self.model_target, **self.model_config, "attention": self.attention}
+        build = instantiate(config, _partial_=True, _recursive_=False, _convert_="all")
+        return build(vocab_size=self.vocab_size, feat_in=self.feat_in)
 
     def with_model(self, model: CTCModel) -> Recogniser:
         """A copy of this bundle carrying ``model``."""
@@ -135,6 +171,7 @@ class Recogniser:
         """The bundle as plain data (str/int/float/bool/None/list/dict), as written into
         checkpoints under ``checkpoint["recogniser"]``; the model's weights are not in it.
 
+        ``model``: the model config with its class, ``{"_target_", **model_config}``;
         ``lexicon``: ``{"source", "entries": ["word<TAB>units<TAB>count", ...]}`` or None;
         ``lm``: :meth:`fastasr.lm.BundledLM.to_dict` (path, sha256, size, the ARPA text when
         embedded) or None. Both keys are optional on reading (older checkpoints lack them)."""
@@ -143,7 +180,7 @@ class Recogniser:
             lexicon = {"source": self.lexicon_source, "entries": self.lexicon.lines(with_counts=True)}
         return {
             "format": FORMAT,
-            "model": _plain(self.model_config, "model"),
+            "model": {"_target_": self.model_target, **_plain(self.model_config, "model")},
             "attention": _plain(self.attention, "attention"),
             "tokenizer": self.tokenizer.state_dict(),
             "features": asdict(self.features),
@@ -172,7 +209,236 @@ class Recogniser:
             lexicon = Lexicon.from_lines(entry["entries"], where=f"{source}: recogniser lexicon")
             lexicon_source = entry.get("source")
         lm = None if state.get("lm") is None else BundledLM.from_dict(state["lm"], source)
-        return cls(dict(state["model"]), state["attention"], tokenizer, features, lexicon, lexicon_source, lm)
+        model_config = dict(state["model"])
+        target = str(model_config.pop("_target_", None) or DEFAULT_MODEL_TARGET)  # format 1: CTCModel
+        model_config.pop("_partial_", None)
+        model_class(target, f"{source}: recogniser model._target_")
+        return cls(model_config, state["attention"], tokenizer, features, lexicon, lexicon_source, lm,
+                   model_target=target)
+
+    # ------------------------------------------------------------------ transcription
+    @property
+    def frame_seconds(self) -> float:
+        """Seconds per output frame of the model: subsampling × the features' frame shift."""
+        return self.subsampling * self.features.frame_shift_ms / 1000.0
+
+    def decoder(self, decoding: str | Mapping[str, Any] | Any | None = None):
+        """The decoder ``decoding`` names, with this recogniser's own lexicon and word LM
+        (:func:`fastasr.decoding.builder.build_decoder`, the one every decoding path uses).
+
+        ``decoding``: None or ``"greedy"``; ``"beam"`` (lexicon, no LM); ``"beam_lm"`` (lexicon
+        and the word LM the checkpoint carries); a ``conf/decoding`` mapping; or a decoder
+        already built (returned as it is: build a beam search once, decode many times)."""
+        from fastasr.decoding.builder import build_decoder
+
+        if callable(decoding) and hasattr(decoding, "describe"):
+            return decoding
+        if decoding is None or isinstance(decoding, str):
+            name = decoding or "greedy"
+            if name not in DECODING_PRESETS:
+                raise ValueError(f"decoding={name!r}; expected one of {sorted(DECODING_PRESETS)}, a conf/decoding "
+                                 "mapping or a decoder")
+            decoding = DECODING_PRESETS[name]
+        decoder, _ = build_decoder(dict(decoding), self.tokenizer, None, bundled_lexicon=self.lexicon,
+                                   bundled_lm=self.lm)
+        return decoder
+
+    def transcribe(self, audio: Any, batch_size: int = 4, *, sample_rate: int | None = None,
+                   decoding: str | Mapping[str, Any] | Any | None = None,
+                   long_form: Mapping[str, Any] | Any | None = None, device: str | torch.device | None = None,
+                   num_workers: int = 0, progress: bool = False, on_bad_audio: str = "skip",
+                   seed: int | None = None) -> list[Transcription]:
+        """Transcribe audio files or waveforms: one :class:`Transcription` per input, in order.
+
+            rec = load_recogniser("best.ckpt")
+            for t in rec.transcribe(["a.wav", "b.flac"], batch_size=8, decoding="beam_lm"):
+                print(t.text, [(w.word, w.start, w.end) for w in t.words])
+            rec.transcribe(waveform, sample_rate=8000)   # (T,) or (C, T) tensor / numpy array
+
+        Args:
+            audio: a path, a waveform (``torch.Tensor`` / ``numpy`` array, with ``sample_rate``),
+                a :class:`fastasr.data.recordings.Recording`, or a list of them. Audio of any rate
+                is resampled to the recogniser's; any channel count is mixed down to mono.
+            batch_size: recordings (or windows of long ones) run through the model together.
+            sample_rate: the rate (Hz) of the waveforms given.
+            decoding: greedy (default), ``beam``, ``beam_lm``, a ``conf/decoding`` mapping or a
+                decoder (:meth:`decoder`).
+            long_form: how a recording reaches the model, ``{"mode": auto | one_pass |
+                windowed, "window_s", "overlap_s"}`` (:class:`fastasr.decoding.long_form.LongFormConfig`).
+            device: ``cpu``, ``gpu``/``cuda`` or ``auto``; None: where the model is. The model
+                is moved there.
+            num_workers: processes reading audio and computing features.
+            progress: show a progress bar (stderr).
+            on_bad_audio: ``skip``: an unusable input gives a Transcription whose ``error`` says
+                why (the others are transcribed); ``raise``: it raises ``BadAudioError``.
+            seed: seeds torch's RNG first (the randomised attentions' hashing).
+
+        Word times come from a forced alignment of the hypothesis' units against the
+        log-probabilities (:mod:`fastasr.decoding.alignment`).
+        """
+        return list(self.iter_transcribe(audio, batch_size, sample_rate=sample_rate, decoding=decoding,
+                                         long_form=long_form, device=device, num_workers=num_workers,
+                                         progress=progress, on_bad_audio=on_bad_audio, seed=seed))
+
+    def iter_transcribe(self, audio: Any, batch_size: int = 4, *, sample_rate: int | None = None,
+                        decoding: str | Mapping[str, Any] | Any | None = None,
+                        long_form: Mapping[str, Any] | Any | None = None, device: str | torch.device | None = None,
+                        num_workers: int = 0, progress: bool = False, on_bad_audio: str = "skip",
+                        seed: int | None = None) -> Iterator[Transcription]:
+        """:meth:`transcribe`, yielding each :class:`Transcription` as soon as its batch is decoded
+        (in input order): what ``python -m fastasr.transcribe`` prints and writes as it goes."""
+        import numpy as np
+        from torch.utils.data import DataLoader
+
+        from fastasr.data.audio import BadAudioError
+        from fastasr.data.bad_audio import SKIPPED_KEY
+        from fastasr.data.recordings import Recording, RecordingFeatures
+        from fastasr.decoding.long_form import (
+            LongFormConfig,
+            long_form_log_probs,
+            output_frames,
+            resolve_mode,
+        )
+        from fastasr.decoding.transcribe import decoding_device
+
+        if self.model is None:
+            raise ValueError("transcribe: the recogniser has no model; get one from load_recogniser(ckpt_path)")
+        if on_bad_audio not in ("skip", "raise"):
+            raise ValueError(f"on_bad_audio {on_bad_audio!r}; expected 'skip' or 'raise'")
+        single = isinstance(audio, (str, os.PathLike, torch.Tensor, np.ndarray, Recording))
+        recordings = [Recording.of(x, sample_rate, i) for i, x in enumerate([audio] if single else list(audio))]
+        decoder = self.decoder(decoding)
+        config = LongFormConfig.from_dict(long_form)
+        model = self.model
+        target = next(model.parameters()).device if device is None else decoding_device(device)
+        was_training = model.training
+        model.eval().to(target)
+        if seed is not None:
+            torch.manual_seed(seed)
+        items: Iterator[dict] = iter(DataLoader(RecordingFeatures(recordings, self.features), batch_size=None,
+                                                num_workers=num_workers, collate_fn=_as_is))
+        if progress:
+            import sys
+
+            from tqdm import tqdm
+
+            items = iter(tqdm(items, total=len(recordings), desc="transcribe", unit="file", file=sys.stderr))
+        batch_size = max(1, int(batch_size))
+        try:
+            while group := [item for _, item in zip(range(batch_size), items)]:
+                usable = [item for item in group if SKIPPED_KEY not in item]
+                log_probs = long_form_log_probs(model, [item["features"] for item in usable], config,
+                                                frame_shift_ms=self.features.frame_shift_ms, batch_size=batch_size,
+                                                device=target)
+                by_index = {item["index"]: lp for item, lp in zip(usable, log_probs)}
+                for item in group:
+                    rec = recordings[item["index"]]
+                    if SKIPPED_KEY in item:
+                        reason = item[SKIPPED_KEY].reason
+                        if on_bad_audio == "raise":
+                            raise BadAudioError(rec.name, reason)
+                        yield Transcription(rec.id, rec.audio_filepath, "", [], [], 0.0, error=reason)
+                        continue
+                    lp = by_index[item["index"]]
+                    mode = resolve_mode(config, model, output_frames(item["features"].shape[0], self.subsampling))
+                    yield self._transcription(rec, lp, item["seconds"], decoder, mode)
+        finally:
+            model.train(was_training)
+
+    def _transcription(self, recording: Any, log_probs: torch.Tensor, seconds: float, decoder: Any,
+                       mode: str) -> Transcription:
+        """Decode one recording's ``(T', V)`` log-probabilities and time its words."""
+        from fastasr.data.subword import WORD_START
+        from fastasr.decoding.alignment import align_units, word_frames
+
+        tok = self.tokenizer
+        hyp = decoder(log_probs)
+        index = {u: i for i, u in enumerate(tok.vocab)}
+        spans = align_units(log_probs, [index[u] for u in hyp.units], blank=tok.blank_id, frames=hyp.frames,
+                            cut_before=[u == tok.word_boundary for u in hyp.units])
+        if spans is None and hyp.frames is not None:
+            spans = [(f, f + 1) for f in hyp.frames]  # no alignment: the frames the decoder emitted them at
+        subword = tok.kind in ("bpe", "unigram")
+        frames = None if spans is None else word_frames(hyp.units, spans, None if subword else tok.word_boundary,
+                                                        WORD_START if subword else None)
+        if frames is None or len(frames) != len(hyp.words):
+            log.warning("%s: no word times (%s); each word is given the whole recording", recording.name,
+                        "no alignment" if frames is None else f"{len(hyp.words)} words, {len(frames)} unit groups")
+            frames = [(0, log_probs.shape[0])] * len(hyp.words)
+        step = self.frame_seconds
+        words = []
+        for word, (a, b) in zip(hyp.words, frames):
+            end = round(min(b * step, seconds), 3)
+            words.append(Word(word, round(min(a * step, end), 3), end))
+        return Transcription(recording.id, recording.audio_filepath, " ".join(hyp.words), words, list(hyp.units),
+                             round(seconds, 3), real_words=bool(decoder.real_words), score=hyp.score, mode=mode)
+
+
+# Decoders by name (Recogniser.decoder), as conf/decoding/{greedy,beam,beam_lm}.yaml with their defaults.
+DECODING_PRESETS: dict[str, dict[str, Any]] = {
+    "greedy": {"name": "greedy"},
+    "beam": {"name": "beam"},
+    "beam_lm": {"name": "beam", "lm": {"source": "auto"}},
+}
+
+
+def _as_is(item: Any) -> Any:
+    return item  # DataLoader collate_fn: items as the dataset made them (picklable for workers)
+
+
+@dataclass
+class Word:
+    """A recognised word and where it was spoken: ``start`` / ``end`` in seconds from the
+    beginning of the recording (0 ≤ start ≤ end ≤ duration)."""
+
+    word: str
+    start: float
+    end: float
+
+
+@dataclass
+class Transcription:
+    """What :meth:`Recogniser.transcribe` gives for one input (and ``python -m fastasr.transcribe``
+    writes as one JSON line).
+
+    Attributes:
+        id: the input's name (a file's stem, a manifest's id, ``waveform-<i>``).
+        audio_filepath: the file; None for a waveform.
+        text: the words, space-separated ("" when nothing was recognised, or on error).
+        words: each word with its start and end time.
+        units: the recognised units (phonemes, characters or subwords; ``|`` between words).
+        duration: seconds of audio.
+        real_words: False when the words are a phoneme model's phonetic words (no lexicon).
+        score: the beam search's score (None for greedy decoding).
+        mode: how the model read it: ``one_pass`` or ``windowed`` (``fastasr.decoding.long_form``).
+        error: why the input could not be transcribed (unusable audio); None when it was.
+    """
+
+    id: str
+    audio_filepath: str | None
+    text: str
+    words: list[Word]
+    units: list[str]
+    duration: float
+    real_words: bool = True
+    score: float | None = None
+    mode: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the input was transcribed."""
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for a JSON line: ``id, audio_filepath, duration, text, words [{word, start,
+        end}], units`` (space-separated), ``real_words``, ``mode``, ``score`` (and ``error``)."""
+        out = {"id": self.id, "audio_filepath": self.audio_filepath, "duration": self.duration, "text": self.text,
+               "words": [asdict(w) for w in self.words], "units": " ".join(self.units),
+               "real_words": self.real_words, "mode": self.mode, "score": self.score}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
 
 
 def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike | None, *,

@@ -1,6 +1,10 @@
-"""Training entry: compose config → instantiate data, model, trainer → fit → test.
+"""Training entry: compose config → derive its computed values → instantiate data, model,
+trainer → fit → test.
 
-``python train.py`` (Hydra) calls :func:`train`; tests call it with a composed config.
+``python train.py`` (Hydra) calls :func:`train`; tests call it with a composed config. The values
+a config derives from others (``data.tokenizer`` from a top-level ``tokenizer=``, the batch price
+of the attention, the checkpoint monitor, a matrix member's attention) are filled in by
+:func:`fastasr.derived_config.derive_train_config` at its start.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from hydra.utils import instantiate
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
-import fastasr.config  # noqa: F401  (registers resolvers)
+import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.config_check import check_train_config
+from fastasr.derived_config import derive_train_config
 from fastasr.distributed import is_rank_zero_process
 from fastasr.lit import ASRLitModule
 from fastasr.loggers import build_loggers, finish_wandb
@@ -49,6 +54,11 @@ def build_callbacks(cfg: DictConfig, run_dir: RunDir) -> list[L.Callback]:
 def build_module(cfg: DictConfig, datamodule, run_dir: RunDir | None = None) -> ASRLitModule:
     """The LightningModule for ``cfg.model`` with the data's tokenizer, features and CMVN stats.
 
+    ``cfg.model`` is a Hydra partial of the model class its ``_target_`` names; the recogniser
+    keeps it as plain data and completes it with the data's sizes, ``vocab_size`` (the tokenizer's)
+    and ``feat_in`` (the filterbank bins): :meth:`fastasr.recogniser.Recogniser.build_model`,
+    the one place a model is built, in training and at checkpoint loading alike.
+
     Its recogniser also carries what word decoding needs, so that a checkpoint decodes by beam
     search + LM without the training data (:func:`fastasr.recogniser.with_decoding_data`): the
     lexicon of ``data.train_manifest`` and the word LM of ``final_decoding.lm.path`` when set,
@@ -78,6 +88,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     Returns ``{"run_dir", "best_ckpt", "last_ckpt", "val": {...}, "test": {...}}``.
     """
     check_train_config(cfg)  # config mistakes fail here, naming the key, before any audio is read
+    derive_train_config(cfg)  # the values that follow from others: before config.yaml is written
     L.seed_everything(cfg.seed, workers=True)
     run_dir = RunDir(run_dir if run_dir is not None else run_dir_of(cfg)).create()
     ckpt_path = run_dir.resolve_ckpt_path(cfg.get("ckpt_path"))
@@ -141,6 +152,9 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[s
     gives later, wherever the checkpoint is. Skipped (None) when no lexicon can be had for the
     model (a subword model, or a phoneme model whose training manifest has no phonemes): beam
     search would give phonetic words only. An LM that cannot be had is left out with a warning.
+    With ``cfg.final_tuning`` (``{lm_weight: [...], word_score: [...]}``) and an LM, the LM weight
+    and word score are first chosen on the dev split (:func:`fastasr.decoding.tune.tune_recogniser`;
+    never the test split), and the grid is kept in ``results.json`` under ``tuned_on_dev``.
     Writes ``results.json`` and the recogs/errs files to the run directory.
     """
     from fastasr.decoding.builder import resolve_lm, resolve_source
@@ -175,10 +189,23 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[s
         spec["lm"] = lm
     accelerator = cfg.trainer.get("accelerator")  # decode where training ran
     accelerator = accelerator if accelerator in ("cpu", "gpu", "cuda") else "auto"
+    tuning = cfg.get("final_tuning")
+    tuned = None
+    if tuning and spec.get("name") == "beam" and (spec.get("lm") or {}).get("source") != "none":
+        from fastasr.decoding.tune import tune_recogniser
+
+        tuned = tune_recogniser(recogniser, cfg.data.dev_manifest, spec, tuning.lm_weight, tuning.word_score,
+                                accelerator=accelerator, train_manifest=train_manifest, **decoding_options(cfg.data))
+        best = tuned["best"]
+        spec.update(lm_weight=best["lm_weight"], word_score=best["word_score"])
+        log.info("final decoding: lm_weight=%g word_score=%g, tuned on the dev split (dev WER %.2f over %d points)",
+                 best["lm_weight"], best["word_score"], best["wer"], len(tuned["points"]))
     decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,
                               decoding=spec, train_manifest=train_manifest, out_dir=run_dir.path,
                               **decoding_options(cfg.data))
     decoded["ckpt_path"] = str(ckpt)
+    if tuned is not None:
+        decoded["tuned_on_dev"] = {"manifest": tuned["manifest"], "best": tuned["best"], "points": tuned["points"]}
     run_dir.write_results(decoded)
     log.info("test, %s decoding (%s words): %s", decoded["decoding"]["name"], decoded["words"],
              {k: decoded.get(k) for k in ("per", "cer", "wer", "decode_seconds")})

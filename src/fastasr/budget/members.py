@@ -22,6 +22,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from fastasr.budget.clock import TrainingClock
+from fastasr.derived_config import derive_train_config
 from fastasr.matrix.members import Member, train_member_model
 from fastasr.matrix.rules import MatrixError, train_member
 from fastasr.rundir import RunDir
@@ -165,12 +166,12 @@ def compose_budget_member(cfg: DictConfig, spec: MemberSpec) -> BudgetMember:
     when the composed run would not be the member asked for (attention, depth, budget, clock)."""
     attention, shared_qk = train_member(spec.attention)
     overrides = member_overrides(cfg, spec)
-    composed = hydra.compose(config_name="train", overrides=overrides)
+    composed = derive_train_config(hydra.compose(config_name="train", overrides=overrides))
     wanted_s = max_time_seconds(cfg.budget.max_time)
     problems = []
     if str(composed.model.get("attention")) != attention:
         problems.append(f"model.attention={composed.model.get('attention')}, expected {attention} "
-                        f"(budget.experiment must set attention: ${{matrix_attention:${{member}}}})")
+                        "(budget.experiment must leave attention to the member's spec: matrix_member_base)")
     if bool(composed.model.get("shared_qk")) != shared_qk:
         problems.append(f"model.shared_qk={composed.model.get('shared_qk')}, expected {shared_qk}")
     if int(composed.model.layers) != spec.layers:

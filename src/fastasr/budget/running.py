@@ -50,7 +50,8 @@ from fastasr.budget.table import (
     write_curves,
     write_rows,
 )
-from fastasr.config import CONFIG_DIR, unit_metric
+from fastasr.config import CONFIG_DIR
+from fastasr.data.tokenizer import unit_metric
 from fastasr.matrix.dashboard import log_study
 from fastasr.matrix.rules import MatrixError
 

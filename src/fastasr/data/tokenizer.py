@@ -47,6 +47,15 @@ KINDS = ("phoneme", "char", *SUBWORD_KINDS)
 CHAR_BASE = frozenset("abcdefghijklmnopqrstuvwxyz" + WORD_BOUNDARY)  # always in a char vocabulary
 
 
+def unit_metric(kind: str) -> str:
+    """Name of the unit error rate of a tokenizer kind: ``per`` (phonemes) or ``cer`` (chars, and
+    subwords, which are scored on their characters: :meth:`Tokenizer.scored_units`). The one home
+    of this rule: the metric names logged (``val/per``), the checkpoint monitor, decoding results."""
+    if kind not in KINDS:
+        raise ValueError(f"tokenizer kind {kind!r}; expected one of {', '.join(KINDS)}")
+    return "per" if kind == "phoneme" else "cer"
+
+
 class UnknownUnitError(ValueError):
     """A unit that is not in the vocabulary."""
 

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
-from fastasr.config import unit_metric as unit_metric_of
 from fastasr.data.tokenizer import Tokenizer
+from fastasr.data.tokenizer import unit_metric as unit_metric_of
 from fastasr.decoding.hypothesis import Hypothesis
 from fastasr.decoding.lexicon import Lexicon, words_of
 from fastasr.decoding.metrics import Alignment, align

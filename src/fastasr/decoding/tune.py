@@ -23,9 +23,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fastasr.config import CONFIG_DIR
-from fastasr.config import unit_metric as unit_metric_of
 from fastasr.data.bad_audio import SkippedAudio
 from fastasr.data.tokenizer import Tokenizer
+from fastasr.data.tokenizer import unit_metric as unit_metric_of
 from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_lm
 from fastasr.decoding.lexicon import Lexicon
 from fastasr.decoding.transcribe import (
@@ -66,40 +66,45 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer, decoding: M
     return sorted(points, key=lambda p: (p["wer"], p[unit_metric]))
 
 
+def tune_recogniser(recogniser, manifest: str, decoding: Mapping[str, Any], lm_weights: Sequence[float],
+                    word_scores: Sequence[float], *, accelerator: str = "auto", train_manifest: str | None = None,
+                    **loader_options: Any) -> dict[str, Any]:
+    """Compute ``manifest``'s emissions with ``recogniser`` once and search the (lm_weight,
+    word_score) grid of the ``decoding`` config over them. Returns ``{"manifest", "lm",
+    "lm_sha256", "best", "points", "skipped_audio"}`` (``points`` best first).
+    ``loader_options``: :func:`fastasr.recogniser.decoding_options` of a data config."""
+    from fastasr.recogniser import decoding_loader
+
+    loader = decoding_loader(recogniser, manifest, **loader_options)
+    skipped = SkippedAudio(loader_options.get("on_bad_utterance", "skip"))  # unusable audio: left out, reported
+    start = time.perf_counter()
+    emissions = compute_emissions(recogniser.model, skipped.batches(loader), recogniser.tokenizer,
+                                  decoding_device(accelerator))
+    skipped_audio = skipped.finish(str(manifest))
+    log.info("emissions of %d utterances of %s in %.1f s", len(emissions), manifest, time.perf_counter() - start)
+    points = grid_search(emissions, recogniser.tokenizer, decoding, list(lm_weights), list(word_scores),
+                         train_manifest, bundled_lexicon=recogniser.lexicon, bundled_lm=recogniser.lm)
+    lm = resolve_lm(decoding.get("lm"), train_manifest, recogniser.lm)
+    return {"manifest": str(manifest),
+            "lm": lm.path if isinstance(lm, BundledLM) else lm,  # the checkpoint's LM: where it was built
+            "lm_sha256": lm.sha256 if isinstance(lm, BundledLM) else None,
+            "best": points[0], "points": points, "skipped_audio": skipped_audio}
+
+
 def tune(cfg: DictConfig) -> dict[str, Any]:
     """Load ``cfg.ckpt_path`` (averaged with ``cfg.average``), compute the emissions of
     ``cfg.tune.manifest`` once, search the grid; writes ``tune.json`` to the run directory."""
     from fastasr.checkpoint_averaging import average_into
-    from fastasr.recogniser import (
-        decoding_loader,
-        decoding_options,
-        load_recogniser,
-        training_manifest,
-    )
+    from fastasr.recogniser import decoding_options, load_recogniser, training_manifest
 
     L.seed_everything(cfg.seed, workers=True)
     attention = OmegaConf.to_container(cfg.attention, resolve=True) if cfg.get("attention") else None
     recogniser = load_recogniser(cfg.ckpt_path, attention)
     average_into(recogniser.model, cfg.ckpt_path, **(cfg.get("average") or {}))
-    manifest = cfg.tune.manifest
-    options = decoding_options(cfg.data)
-    loader = decoding_loader(recogniser, manifest, **options)
-    skipped = SkippedAudio(options.get("on_bad_utterance", "skip"))  # unusable audio: left out, reported
-    start = time.perf_counter()
-    emissions = compute_emissions(recogniser.model, skipped.batches(loader), recogniser.tokenizer,
-                                  decoding_device(cfg.accelerator))
-    skipped_audio = skipped.finish(str(manifest))
-    log.info("emissions of %d utterances of %s in %.1f s", len(emissions), manifest, time.perf_counter() - start)
-    decoding = OmegaConf.to_container(cfg.decoding, resolve=True)
-    train_manifest = training_manifest(cfg.data)
-    points = grid_search(emissions, recogniser.tokenizer, decoding, list(cfg.tune.lm_weight),
-                         list(cfg.tune.word_score), train_manifest, bundled_lexicon=recogniser.lexicon,
-                         bundled_lm=recogniser.lm)
-    lm = resolve_lm(decoding.get("lm"), train_manifest, recogniser.lm)
-    out = {"manifest": str(manifest), "ckpt_path": str(cfg.ckpt_path),
-           "lm": lm.path if isinstance(lm, BundledLM) else lm,  # the checkpoint's LM: where it was built
-           "lm_sha256": lm.sha256 if isinstance(lm, BundledLM) else None,
-           "best": points[0], "points": points, "skipped_audio": skipped_audio}
+    result = tune_recogniser(recogniser, cfg.tune.manifest, OmegaConf.to_container(cfg.decoding, resolve=True),
+                             cfg.tune.lm_weight, cfg.tune.word_score, accelerator=cfg.accelerator,
+                             train_manifest=training_manifest(cfg.data), **decoding_options(cfg.data))
+    out = {"ckpt_path": str(cfg.ckpt_path), **result}
     run_dir = RunDir(HydraConfig.get().runtime.output_dir if HydraConfig.initialized()
                      else cfg.paths.output_dir).create()
     run_dir.tune_file.write_text(json.dumps(out, indent=2) + "\n")

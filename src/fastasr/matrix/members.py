@@ -18,6 +18,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from fastasr.derived_config import derive_train_config
 from fastasr.loggers import finish_wandb
 from fastasr.matrix.rules import MatrixError, train_member
 from fastasr.rundir import RunDir
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 
 # What makes two trainings "the same model" for reuse: its architecture and what it learnt from.
 IDENTITY_KEYS = ("model", "data.train_manifest", "data.tokenizer", "data.features")
+# Keys of those sections that say how a config is built, not what is built (conf/model's
+# `_partial_: true`, absent from configs saved before the model config was a Hydra partial).
+_BUILD_KEYS = ("model._partial_",)
 
 
 @dataclass
@@ -67,7 +71,8 @@ class Member:
         wanted = OmegaConf.to_container(self.cfg, resolve=True)
         diffs = []
         for key in IDENTITY_KEYS:
-            diffs += _diff(_select(saved, key), _select(wanted, key), key)
+            diffs += [d for d in _diff(_select(saved, key), _select(wanted, key), key)
+                      if d.split(":", 1)[0] not in _BUILD_KEYS]
         if diffs:
             raise MatrixError(
                 f"{self.run_dir} was trained with another config ({'; '.join(diffs[:5])}); "
@@ -110,7 +115,8 @@ def member_overrides(cfg: DictConfig, spec: str) -> list[str]:
 
 
 def compose_member(cfg: DictConfig, spec: str) -> Member:
-    """Compose train.yaml for one member with Hydra (the same config ``train.py`` would see).
+    """Compose train.yaml for one member with Hydra, its derived values filled in
+    (:func:`fastasr.derived_config.derive_train_config`): the config ``train.py`` would run.
 
     ``cfg`` is the composed ``cross_eval`` config; Hydra must be initialised with the
     project's config directory. Raises :class:`MatrixError` when the experiment does not
@@ -118,7 +124,7 @@ def compose_member(cfg: DictConfig, spec: str) -> Member:
     """
     attention, shared_qk = train_member(spec)
     overrides = member_overrides(cfg, spec)
-    composed = hydra.compose(config_name="train", overrides=overrides)
+    composed = derive_train_config(hydra.compose(config_name="train", overrides=overrides))
     run_dir = Path(composed.paths.run_dir)
     expected = Path(cfg.matrix_dir) / "runs" / spec
     if run_dir.resolve() != expected.resolve():
@@ -126,7 +132,8 @@ def compose_member(cfg: DictConfig, spec: str) -> Member:
             f"member {spec}: experiment={cfg.matrix.experiment} puts its run in {run_dir}, "
             f"expected {expected}; set paths.run_dir: ${{paths.output_dir}}/matrix/${{matrix_name}}/runs/${{member}}"
         )
-    rule = "set it with ${matrix_shared_qk:${member}} / ${matrix_attention:${member}} (matrix_member_base)"
+    rule = ("leave attention and model.shared_qk to the member's spec (experiment=matrix_member_base: "
+            "fastasr.derived_config sets them from `member`)")
     if composed.model.get("shared_qk") != shared_qk:
         raise MatrixError(f"member {spec}: model.shared_qk={composed.model.shared_qk}, expected {shared_qk}; {rule}")
     if str(composed.model.get("attention")) != attention:

@@ -12,9 +12,9 @@ An *eval spec* is the attention swapped in at decoding time; ``shared-full`` is 
 on a shared-Q/K model. A pair whose eval spec needs shared Q/K on a model trained without
 it is ``n/a``, with the reason.
 
-``conf/experiment/matrix_member_base.yaml`` reads the same rule through the resolvers
-``${matrix_attention:${member}}`` and ``${matrix_shared_qk:${member}}`` (registered in
-:mod:`fastasr.config`), so ``python train.py experiment=matrix_member member=lsh-4`` and
+``conf/experiment/matrix_member_base.yaml`` leaves ``attention`` and ``model.shared_qk`` to this
+rule (``???``): :func:`fastasr.derived_config.derive_train_config` fills them in from ``member``
+where training starts, so ``python train.py experiment=matrix_member member=lsh-4`` and
 multirun jobs build the model the matrix expects.
 """
 
@@ -57,12 +57,12 @@ def train_member(spec: str) -> tuple[str, bool]:
 
 
 def member_attention(spec: str) -> str:
-    """The attention spec a model trained for train spec ``spec`` uses (config resolver)."""
+    """The attention spec a model trained for train spec ``spec`` uses."""
     return train_member(str(spec))[0]
 
 
 def member_shared_qk(spec: str) -> bool:
-    """Whether the model trained for train spec ``spec`` shares Q/K (config resolver)."""
+    """Whether the model trained for train spec ``spec`` shares Q/K."""
     return train_member(str(spec))[1]
 
 

@@ -1,0 +1,90 @@
+"""The values of a training config that follow from other values, worked out in Python.
+
+The YAML under ``conf/`` holds plain values and ``${}`` references; a value that follows from
+others by a rule is filled in here, by :func:`derive_train_config`. :func:`fastasr.training.train`
+calls it where training starts (after :func:`fastasr.config_check.check_train_config`, before the
+config is saved as the run's ``config.yaml`` and instantiated), and the matrix and the budget study
+call it on every member they compose (``fastasr.matrix.members``, ``fastasr.budget.members``), so
+what they compare and train is what ``python train.py`` runs:
+
+* ``data.tokenizer``: the top-level ``tokenizer`` when it is set (``python train.py tokenizer=char``;
+  it wins over ``data.tokenizer``), else the data config's own (``conf/data/*.yaml``).
+* ``attention`` (``???``) and ``model.shared_qk`` (null) of a matrix member
+  (``conf/experiment/matrix_member_base.yaml``): what its train spec ``member`` stands for,
+  :func:`fastasr.matrix.rules.train_member` (``shared-full`` → full attention with shared Q/K;
+  LSH → shared Q/K). A value given instead is kept (the matrix refuses a member whose
+  values contradict its spec: ``fastasr.matrix.members.compose_member``).
+* ``data.length_cost`` (``???`` in ``conf/data/manifest.yaml``): the batch price of the model's
+  attention, :func:`fastasr.attention.length_cost` (``quadratic``: full, top-k; ``linear``:
+  clustered, i-clustered, LSH).
+* ``callbacks.model_checkpoint.monitor`` (``???`` in ``conf/callbacks/default.yaml``):
+  ``val/<unit metric>`` of ``data.tokenizer``, :func:`fastasr.data.tokenizer.unit_metric`
+  (``val/per`` for phonemes, ``val/cer`` for characters and subwords); the epoch checkpoints' file
+  name refers to it (``${callbacks.model_checkpoint.monitor}``).
+
+A value marked ``???`` is filled only while it is missing, so one given on the command line
+(``data.length_cost=linear``, ``callbacks.model_checkpoint.monitor=val/loss``) wins. Filling is
+idempotent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from fastasr.attention import length_cost
+from fastasr.data.tokenizer import unit_metric
+
+
+def _missing(node: Any, key: str) -> bool:
+    """Whether ``node`` (a DictConfig section or None) has ``key`` and it is ``???``."""
+    return isinstance(node, DictConfig) and OmegaConf.is_missing(node, key)  # (`key in node` is False for ???)
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def derive_train_config(cfg: DictConfig) -> DictConfig:
+    """Fill in the derived values of a composed ``train.yaml`` config (in place; returns ``cfg``).
+
+    Raises:
+        ValueError: ``member`` is not a train spec (the message names it). Other bad values
+            (an unknown attention, tokenizer kind) leave what follows from them unset, for
+            :func:`fastasr.config_check.check_train_config` to report with its key.
+    """
+    data = cfg.get("data")
+    if cfg.get("tokenizer") is not None and isinstance(data, DictConfig):
+        data.tokenizer = cfg.tokenizer
+
+    model = cfg.get("model")
+    qk_unset = isinstance(model, DictConfig) and "shared_qk" in model and model.shared_qk is None
+    if cfg.get("member") is not None and (_missing(cfg, "attention") or qk_unset):
+        # imported here: the matrix package imports its members module, which imports this one
+        from fastasr.matrix.rules import train_member
+
+        try:
+            attention, shared_qk = train_member(str(cfg.member))
+        except ValueError as err:
+            raise ValueError(f"member={cfg.member!r}: {err}") from None
+        if _missing(cfg, "attention"):
+            cfg.attention = attention
+        if qk_unset:
+            model.shared_qk = shared_qk
+
+    if _missing(data, "length_cost"):
+        spec = _plain(OmegaConf.select(cfg, "model.attention", default=None,
+                                        throw_on_missing=False, throw_on_resolution_failure=False))
+        try:
+            data.length_cost = length_cost(spec)
+        except (ValueError, KeyError, TypeError):
+            pass  # an unknown attention: check_train_config names it
+
+    checkpoint = OmegaConf.select(cfg, "callbacks.model_checkpoint", default=None)
+    if _missing(checkpoint, "monitor") and isinstance(data, DictConfig) and not _missing(data, "tokenizer"):
+        try:
+            checkpoint.monitor = f"val/{unit_metric(str(data.tokenizer))}"
+        except ValueError:
+            pass  # an unknown tokenizer kind: check_train_config names it
+    return cfg
