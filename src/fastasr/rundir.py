@@ -14,6 +14,9 @@ A training run (``outputs/runs/<name>``, or a matrix member's ``.../runs/<spec>`
     recogs-<tag>.txt errs-<tag>.txt errs-units-<tag>.txt   beside it: per-utterance hypotheses and
                          aligned errors of one decoding (tag = manifest stem and decoder, e.g. test-beam)
     tune.json            the decoding tuner's grid (python -m fastasr.decoding.tune), in its run directory
+    transcripts.jsonl    a transcription's output (python -m fastasr.transcribe): one JSON line per file
+    transcribe.json      its report: files transcribed, files that could not be (and why), settings, speed
+    transcripts.ctm srt/<id>.srt   its optional CTM file and SubRip subtitles
 
 Everything that reads or writes these names goes through :class:`RunDir`. This module
 imports neither torch nor Lightning at import time (``fastasr.report`` uses it).
@@ -40,6 +43,11 @@ CSV_DIR = "csv"
 ATTENTION_MAPS_DIR = "attention_maps"
 RESULTS_FILE = "results.json"
 TUNE_FILE = "tune.json"
+# A transcription's files (python -m fastasr.transcribe).
+TRANSCRIPTS_FILE = "transcripts.jsonl"
+TRANSCRIBE_REPORT_FILE = "transcribe.json"
+CTM_FILE = "transcripts.ctm"
+SRT_DIR = "srt"
 # Checkpoints a run resumes from: last.ckpt (end of validation), step-last.ckpt (every N steps).
 RESUME_NAMES = ("last.ckpt", "step-last.ckpt")
 # Every epoch's weights, named by the epoch_checkpoint callback (conf/callbacks/default.yaml).
@@ -121,6 +129,22 @@ class RunDir:
     @property
     def tune_file(self) -> Path:
         return self.path / TUNE_FILE
+
+    @property
+    def transcripts_file(self) -> Path:
+        return self.path / TRANSCRIPTS_FILE
+
+    @property
+    def transcribe_report_file(self) -> Path:
+        return self.path / TRANSCRIBE_REPORT_FILE
+
+    @property
+    def ctm_file(self) -> Path:
+        return self.path / CTM_FILE
+
+    @property
+    def srt_dir(self) -> Path:
+        return self.path / SRT_DIR
 
     def recognition_files(self, tag: str) -> dict[str, Path]:
         """The per-utterance files of one decoding tagged ``tag``, by kind: ``recogs``,
@@ -240,6 +264,11 @@ class RunDir:
         """Write ``results.json`` (an evaluation's numbers)."""
         _write_json_atomic(self.results_file, result)
         return self.results_file
+
+    def write_transcribe_report(self, report: Mapping[str, Any]) -> Path:
+        """Write ``transcribe.json`` (a transcription's report)."""
+        _write_json_atomic(self.transcribe_report_file, report)
+        return self.transcribe_report_file
 
     def read_results(self) -> dict[str, Any] | None:
         if not self.results_file.is_file():

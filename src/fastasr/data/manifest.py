@@ -6,6 +6,11 @@ Optional: ``phonemes`` (space-separated units, ``|`` between words),
 ``speaker``, ``id`` (defaults to the audio file's stem). Other fields are
 ignored when reading.
 
+A manifest of audio to transcribe (``python -m fastasr.transcribe``) needs no ``text``:
+``read_manifest(path, require_text=False)`` reads it (``Utterance.text`` is then None where
+the line has none). Training and evaluation read with the default ``require_text=True``, and a
+line without ``text`` is a bad line there.
+
 Every line is validated; a bad line is reported as
 ``manifest train.jsonl line 812: duration 0.0 s; expected > 0``.
 """
@@ -25,6 +30,7 @@ import soundfile as sf
 log = logging.getLogger(__name__)
 
 REQUIRED_FIELDS = ("audio_filepath", "duration", "text")
+TRANSCRIPTION_FIELDS = ("audio_filepath", "duration")  # what a manifest to transcribe must have
 MAX_WARNINGS = 10  # bad lines logged one by one in skip mode; the rest are only counted
 
 
@@ -34,27 +40,29 @@ class ManifestError(ValueError):
 
 @dataclass(frozen=True)
 class Utterance:
-    """One manifest line. ``audio_filepath`` is resolved (absolute)."""
+    """One manifest line. ``audio_filepath`` is resolved (absolute). ``text`` is None only
+    when read with ``require_text=False`` from a line that has none (transcription)."""
 
     id: str
     audio_filepath: str
     duration: float
-    text: str
+    text: str | None
     phonemes: str | None = None
     speaker: str | None = None
 
 
-def _check_line(raw: str, base: Path, check_audio: bool) -> Utterance:
+def _check_line(raw: str, base: Path, check_audio: bool, require_text: bool = True) -> Utterance:
     """Parse and validate one manifest line; raise ``ValueError`` with the reason."""
+    required = REQUIRED_FIELDS if require_text else TRANSCRIPTION_FIELDS
     try:
         rec = json.loads(raw)
     except json.JSONDecodeError as e:
         raise ValueError(f"not valid JSON ({e.msg} at column {e.colno}); expected one JSON object") from None
     if not isinstance(rec, dict):
-        raise ValueError(f"JSON {type(rec).__name__}; expected an object with fields {', '.join(REQUIRED_FIELDS)}")
-    for field in REQUIRED_FIELDS:
+        raise ValueError(f"JSON {type(rec).__name__}; expected an object with fields {', '.join(required)}")
+    for field in required:
         if field not in rec:
-            raise ValueError(f"missing field {field!r}; expected fields {', '.join(REQUIRED_FIELDS)}")
+            raise ValueError(f"missing field {field!r}; expected fields {', '.join(required)}")
 
     duration = rec["duration"]
     if isinstance(duration, bool) or not isinstance(duration, int | float):
@@ -62,8 +70,10 @@ def _check_line(raw: str, base: Path, check_audio: bool) -> Utterance:
     if not math.isfinite(duration) or duration <= 0:
         raise ValueError(f"duration {duration} s; expected > 0 and finite")
 
-    text = rec["text"]
-    if not isinstance(text, str) or not text.strip():
+    text = rec.get("text")
+    if not require_text and (not isinstance(text, str) or not text.strip()):
+        text = None  # transcription: a reference text is not needed
+    elif not isinstance(text, str) or not text.strip():
         raise ValueError(f"text {text!r}; expected non-empty words")
 
     phonemes = rec.get("phonemes")
@@ -97,13 +107,14 @@ def _check_line(raw: str, base: Path, check_audio: bool) -> Utterance:
         id=utt_id,
         audio_filepath=str(path.resolve()) if check_audio else str(path),
         duration=float(duration),
-        text=text.strip(),
+        text=text.strip() if text is not None else None,
         phonemes=phonemes.strip() if phonemes is not None else None,
         speaker=speaker,
     )
 
 
-def read_manifest(path: str | Path, on_error: str = "skip", check_audio: bool = True) -> list[Utterance]:
+def read_manifest(path: str | Path, on_error: str = "skip", check_audio: bool = True,
+                  require_text: bool = True) -> list[Utterance]:
     """Read and validate a manifest.
 
     Args:
@@ -113,6 +124,8 @@ def read_manifest(path: str | Path, on_error: str = "skip", check_audio: bool = 
             raises ``ManifestError`` at the first bad line.
         check_audio: check that every audio file exists and has a readable
             header (``soundfile.info``).
+        require_text: a line without ``text`` is bad (training, evaluation); False: ``text``
+            is optional (transcription; ``Utterance.text`` None where absent or empty).
 
     Returns:
         the valid utterances in file order. Raises ``ManifestError`` if the
@@ -127,26 +140,32 @@ def read_manifest(path: str | Path, on_error: str = "skip", check_audio: bool = 
     utterances: list[Utterance] = []
     bad = 0
     n_lines = 0
+    first_error = ""
     with open(path, encoding="utf-8") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             n_lines += 1
             try:
-                utterances.append(_check_line(raw, base, check_audio))
+                utterances.append(_check_line(raw, base, check_audio, require_text))
             except ValueError as e:
                 msg = f"manifest {path} line {lineno}: {e}"
                 if on_error == "raise":
                     raise ManifestError(msg) from None
                 bad += 1
+                first_error = first_error or msg
                 if bad <= MAX_WARNINGS:
                     log.warning("%s (skipped)", msg)
     if bad:
         more = f"; only the first {MAX_WARNINGS} are shown above" if bad > MAX_WARNINGS else ""
         log.warning("manifest %s: skipped %d of %d lines%s", path, bad, n_lines, more)
     if not utterances:
+        hint = ""
+        if "missing field 'text'" in first_error:
+            hint = " (a manifest without text can be transcribed: python -m fastasr.transcribe audio=MANIFEST)"
+        first = f"; the first: {first_error}{hint}" if first_error else ""
         raise ManifestError(
-            f"manifest {path}: no valid utterance ({n_lines} lines, {bad} bad); expected at least one"
+            f"manifest {path}: no valid utterance ({n_lines} lines, {bad} bad); expected at least one{first}"
         )
     return utterances
 

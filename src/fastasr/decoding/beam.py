@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from fastasr.data.tokenizer import BLANK, Tokenizer
-from fastasr.decoding.hypothesis import Hypothesis, tidy_boundaries
+from fastasr.decoding.hypothesis import Hypothesis, tidy_boundary_indices
 from fastasr.decoding.lexicon import Lexicon
 from fastasr.lm.bundled import BundledLM
 
@@ -153,6 +153,12 @@ class BeamSearchDecoder:
         closing[0, self._boundary_id] = 0.0
         emissions = torch.cat([log_probs.detach().float().cpu(), closing]).unsqueeze(0).contiguous()
         best = self._decoder(emissions)[0][0]
-        units = tidy_boundaries([self.vocab[i] for i in best.tokens.tolist()], self.boundary)
+        raw = [self.vocab[i] for i in best.tokens.tolist()]
+        kept = tidy_boundary_indices(raw, self.boundary)
+        units = [raw[i] for i in kept]
+        frames = None
+        if len(best.timesteps) == len(raw):  # flashlight's path starts with a start token: step t is frame t - 1
+            last = log_probs.shape[0] - 1
+            frames = [min(max(int(best.timesteps[i]) - 1, 0), last) for i in kept]
         words = list(best.words) if self.lexicon is not None else self.tokenizer.units_to_words(units)
-        return Hypothesis(units=units, words=words, score=float(best.score))
+        return Hypothesis(units=units, words=words, score=float(best.score), frames=frames)

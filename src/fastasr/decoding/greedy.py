@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.decoding.hypothesis import Hypothesis, tidy_boundaries, word_groups
+from fastasr.decoding.hypothesis import Hypothesis, tidy_boundary_indices, word_groups
 from fastasr.decoding.lexicon import Lexicon
 
 
@@ -56,11 +56,18 @@ class GreedyDecoder:
         return {"name": "greedy", "lexicon_words": len(self.lexicon) if self.lexicon is not None else None}
 
     def __call__(self, log_probs: torch.Tensor) -> Hypothesis:
-        """Decode one utterance's ``(T, V)`` log-probabilities."""
+        """Decode one utterance's ``(T, V)`` log-probabilities (``frames``: where each unit's
+        argmax run starts)."""
         tok = self.tokenizer
-        ids = ctc_greedy(log_probs.unsqueeze(0), torch.tensor([log_probs.shape[0]]), tok.blank_id)[0]
-        units = tidy_boundaries(tok.decode(ids), tok.word_boundary)
+        best = log_probs.detach().argmax(dim=-1).cpu()  # (T,): ctc_greedy's path, with its frames
+        starts = torch.ones_like(best, dtype=torch.bool)
+        starts[1:] = best[1:] != best[:-1]
+        starts &= best != tok.blank_id
+        frames = starts.nonzero().flatten().tolist()
+        raw = tok.decode(best[frames].tolist())
+        kept = tidy_boundary_indices(raw, tok.word_boundary)
+        units, frames = [raw[i] for i in kept], [frames[i] for i in kept]
         if self._words is None:
-            return Hypothesis(units=units, words=tok.units_to_words(units))
+            return Hypothesis(units=units, words=tok.units_to_words(units), frames=frames)
         words = [self._words.get(tuple(g), "".join(g)) for g in word_groups(units, tok.word_boundary)]
-        return Hypothesis(units=units, words=words)
+        return Hypothesis(units=units, words=words, frames=frames)

@@ -11,23 +11,36 @@ from fastasr.data.tokenizer import WORD_BOUNDARY
 class Hypothesis:
     """A decoded utterance: ``units`` (phonemes or characters, ``|`` between words, none at
     either end) and ``words`` — real words when the decoder knows them (a lexicon, or a
-    character model), else the phonetic words (units between boundaries, joined)."""
+    character model), else the phonetic words (units between boundaries, joined).
+
+    ``frames``: for each unit, the output frame (of the ``(T, V)`` log-probabilities decoded)
+    at which the decoder emitted it — greedy: the first frame of the unit's argmax run; beam
+    search: the search's time step. None when the decoder does not say. Word times come
+    from a forced alignment (``fastasr.decoding.alignment``), which uses these frames only
+    to cut a long recording into pieces it aligns one at a time."""
 
     units: list[str]
     words: list[str]
     score: float | None = None
+    frames: list[int] | None = None
 
 
 def tidy_boundaries(units: list[str], boundary: str = WORD_BOUNDARY) -> list[str]:
     """Drop word boundaries at either end and merge repeated ones."""
-    out: list[str] = []
-    for u in units:
-        if u == boundary and (not out or out[-1] == boundary):
+    return [units[i] for i in tidy_boundary_indices(units, boundary)]
+
+
+def tidy_boundary_indices(units: list[str], boundary: str = WORD_BOUNDARY) -> list[int]:
+    """The indices of ``units`` that :func:`tidy_boundaries` keeps (to keep a parallel list,
+    e.g. the units' frames, in step)."""
+    kept: list[int] = []
+    for i, u in enumerate(units):
+        if u == boundary and (not kept or units[kept[-1]] == boundary):
             continue
-        out.append(u)
-    if out and out[-1] == boundary:
-        out.pop()
-    return out
+        kept.append(i)
+    if kept and units[kept[-1]] == boundary:
+        kept.pop()
+    return kept
 
 
 def word_groups(units: list[str], boundary: str = WORD_BOUNDARY) -> list[list[str]]:
