@@ -1,4 +1,4 @@
-"""benchmarks/learning_curves.py: the README's learning-curve tables from run CSV logs."""
+"""benchmarks/learning_curves.py: the learning-curve tables of docs/results/*/RESULTS.md from run CSV logs."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ level in the features: a microphone's spectral tilt, a quieter speaker, a compre
 dynamic range. With few training speakers a model learns those as cues and fails on a new
 speaker's recordings. Normalising each utterance by its own per-bin mean and standard
 deviation, over its valid frames, removes them (Kaldi's per-utterance CMVN; on the FSDD
-digits corpus, README "Real speech", it lowered dev CER from 35 % to 28 % after 8 epochs).
+digits corpus, docs/results/fsdd/RESULTS.md, it lowered dev CER from 35 % to 28 % after 8 epochs).
 """
 
 from __future__ import annotations

@@ -1,0 +1,257 @@
+"""The documentation's references resolve: README.md and docs/**/*.md.
+
+* every relative Markdown link (``[text](target)``, ``![alt](target)``, ``[ref]: target``) names a
+  file or directory of the repository; an anchor (``page.md#section``, ``#section``) must be the
+  GitHub slug of a heading of the Markdown page it points into (anchors into other files are not
+  checked);
+* every ``make <target>`` written in code (fenced blocks and inline code) is a target of the
+  Makefile;
+* every ``group=option`` written in code for a config group (a directory of ``conf/``; also
+  ``group@package=option`` and ``hydra/launcher=option``) names ``conf/<group>/<option>.yaml``;
+  comma-separated sweeps are checked one by one, a glob (``paper_*``) must match a file, and
+  ``null`` and placeholders (``X``, ``CKPT``, ``<name>``, ``...``) are skipped;
+* README.md stays a front page: at most 300 lines, its first code block holding ``make train``
+  and ``make test``.
+
+A failure names the file, the line and the bad link, target or option.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import unicodedata
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+README = ROOT / "README.md"
+README_MAX_LINES = 300
+
+FENCE = re.compile(r"^\s*(```|~~~)")
+INLINE_CODE = re.compile(r"(`+)(.+?)\1")
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REF_LINK = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$")
+# `make <target>` where a command starts: a line or code span, or after ; && || | ( $
+MAKE = re.compile(r"(?:^|[;&|(]|\$)\s*make\s+((?:[A-Z_]+=\S*\s+)*)([a-z][\w-]*)(?![\w=-])", re.MULTILINE)
+HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+MAKE_TARGET = re.compile(r"^([A-Za-z0-9][\w.-]*(?:\s+[A-Za-z0-9][\w.-]*)*)\s*:(?!=)")
+EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)  # http:, https:, mailto:, ...
+
+
+def doc_files() -> list[Path]:
+    """README.md and every Markdown page under docs/."""
+    return [README, *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def split_code(path: Path) -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """(prose, code) of a Markdown file as (line number, text) pairs: prose is every line outside
+    fenced blocks with inline code removed; code is every line of a fenced block and every
+    inline code span."""
+    prose: list[tuple[int, str]] = []
+    code: list[tuple[int, str]] = []
+    fence: str | None = None
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        opening = FENCE.match(line)
+        if fence is not None:
+            if opening and opening.group(1) == fence:
+                fence = None
+            else:
+                code.append((number, line))
+            continue
+        if opening:
+            fence = opening.group(1)
+            continue
+        code.extend((number, span.group(2)) for span in INLINE_CODE.finditer(line))
+        prose.append((number, INLINE_CODE.sub("", line)))
+    return prose, code
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: markup dropped, lower case, punctuation removed, spaces → '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links and images: their text
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "").replace("*", "")
+    text = unicodedata.normalize("NFC", text).strip().lower()
+    text = "".join(ch for ch in text if ch in " -_" or unicodedata.category(ch)[0] in "LNM")
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of a Markdown file, with GitHub's -1, -2 suffixes for repeats."""
+    found: set[str] = set()
+    repeats: dict[str, int] = {}
+    fence: str | None = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        opening = FENCE.match(line)
+        if fence is not None:
+            if opening and opening.group(1) == fence:
+                fence = None
+            continue
+        if opening:
+            fence = opening.group(1)
+            continue
+        heading = HEADING.match(line)
+        if heading:
+            base = slug(heading.group(2))
+            count = repeats.get(base, 0)
+            repeats[base] = count + 1
+            found.add(f"{base}-{count}" if count else base)
+    return found
+
+
+def link_problems(path: Path) -> list[str]:
+    prose, _ = split_code(path)
+    problems = []
+    for number, line in prose:
+        targets = [m.group(1) for m in LINK.finditer(line)]
+        ref = REF_LINK.match(line)
+        if ref:
+            targets.append(ref.group(1))
+        for target in targets:
+            if EXTERNAL.match(target):
+                continue
+            file_part, _, anchor = target.partition("#")
+            if file_part:
+                base = ROOT if file_part.startswith("/") else path.parent
+                resolved = (base / file_part.lstrip("/")).resolve()
+                if not resolved.exists():
+                    where = rel(resolved) if resolved.is_relative_to(ROOT) else str(resolved)
+                    problems.append(f"{rel(path)}:{number}: link '{target}' does not resolve "
+                                    f"(no file or directory {where})")
+                    continue
+            else:
+                resolved = path
+            if anchor and resolved.suffix == ".md" and resolved.is_file() and anchor not in anchors(resolved):
+                problems.append(f"{rel(path)}:{number}: link '{target}': no heading with anchor "
+                                f"'#{anchor}' in {rel(resolved)}")
+    return problems
+
+
+def makefile_targets() -> set[str]:
+    targets: set[str] = set()
+    for line in (ROOT / "Makefile").read_text(encoding="utf-8").splitlines():
+        match = MAKE_TARGET.match(line)
+        if match and not line.startswith((".", "\t")):
+            targets.update(match.group(1).split())
+    return targets
+
+
+def make_problems(path: Path, targets: set[str]) -> list[str]:
+    _, code = split_code(path)
+    problems = []
+    for number, text in code:
+        for match in MAKE.finditer(text):
+            target = match.group(2)
+            if target not in targets:
+                problems.append(f"{rel(path)}:{number}: 'make {target}': no target '{target}' in the "
+                                f"Makefile (targets: {', '.join(sorted(targets))})")
+    return problems
+
+
+def config_groups() -> list[str]:
+    """Config groups: every directory under conf/ that holds option files, as 'data', 'hydra/launcher'."""
+    groups = {rel_dir.relative_to(CONF).as_posix() for rel_dir in CONF.rglob("*")
+              if rel_dir.is_dir() and any(rel_dir.glob("*.yaml"))}
+    return sorted(groups, key=len, reverse=True)
+
+
+def group_pattern(groups: list[str]) -> re.Pattern[str]:
+    names = "|".join(re.escape(g) for g in groups)
+    return re.compile(rf"(?<![\w.$/{{@+~-])(?:\+{{1,2}}|~)?({names})(?:@[\w.]+)?=([^\s'\"`)\]}};]+)")
+
+
+PLACEHOLDER = re.compile(r"^(null|None|\?\?\?|\.\.\.|…|[A-Z][A-Z0-9_]*)$")
+
+
+def option_problems(path: Path, pattern: re.Pattern[str]) -> list[str]:
+    _, code = split_code(path)
+    problems = []
+    for number, text in code:
+        for match in pattern.finditer(text):
+            group, value = match.group(1), match.group(2).rstrip(".,:")
+            for option in value.split(","):
+                if not option or PLACEHOLDER.match(option) or any(c in option for c in "<>${}[]…"):
+                    continue
+                directory = CONF / group
+                if any(c in option for c in "*?"):
+                    if not any(fnmatch(p.stem, option) for p in directory.glob("*.yaml")):
+                        problems.append(f"{rel(path)}:{number}: '{group}={option}': no conf/{group}/*.yaml "
+                                        f"matches '{option}'")
+                elif not (directory / f"{option}.yaml").is_file():
+                    known = ", ".join(sorted(p.stem for p in directory.glob("*.yaml")))
+                    problems.append(f"{rel(path)}:{number}: '{group}={option}': no conf/{group}/{option}.yaml "
+                                    f"(options: {known})")
+    return problems
+
+
+def report(problems: list[str]) -> str:
+    return f"{len(problems)} problem(s):\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=rel)
+def test_relative_links_resolve(path):
+    problems = link_problems(path)
+    assert not problems, report(problems)
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=rel)
+def test_make_targets_exist(path):
+    problems = make_problems(path, makefile_targets())
+    assert not problems, report(problems)
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=rel)
+def test_config_options_exist(path):
+    problems = option_problems(path, group_pattern(config_groups()))
+    assert not problems, report(problems)
+
+
+def test_readme_is_a_front_page():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md: {len(lines)} lines; expected at most {README_MAX_LINES} (topics belong in docs/)")
+    fence, first_block = None, []
+    for line in lines:
+        opening = FENCE.match(line)
+        if fence is None and opening:
+            fence = opening.group(1)
+            continue
+        if fence is not None:
+            if opening and opening.group(1) == fence:
+                break
+            first_block.append(line)
+    block = "\n".join(first_block)
+    for command in ("make train", "make test"):
+        assert re.search(rf"(?m)^\s*{command}\b", block), (
+            f"README.md: the first code block does not hold '{command}'; it opens with the two commands "
+            f"(first block:\n{block})")
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
+    """A bad link, anchor, make target and config option are each reported with file and line."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (tmp_path / "conf" / "attention").mkdir(parents=True)
+    (tmp_path / "conf" / "attention" / "full.yaml").write_text("name: full\n")
+    (tmp_path / "Makefile").write_text("train: lm\n\tpython train.py\n")
+    page = docs / "PAGE.md"
+    page.write_text("# Page\n\n## A section\n\n[ok](#a-section) [bad](MISSING.md) [anchor](#nope)\n\n"
+                    "```bash\nmake train ARGS=x\nmake trian\npython train.py attention=full,fast\n"
+                    "# make sure of it; then make a plan\n```\n"
+                    "`attention=X` `make train`\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "CONF", tmp_path / "conf")
+    links = link_problems(page)
+    assert len(links) == 2 and links[0].startswith("docs/PAGE.md:5: link 'MISSING.md'"), links
+    assert "'#nope'" in links[1], links
+    makes = make_problems(page, makefile_targets())
+    assert makes == [makes[0]] and makes[0].startswith("docs/PAGE.md:9: 'make trian'"), makes
+    options = option_problems(page, group_pattern(config_groups()))
+    assert len(options) == 1 and options[0].startswith("docs/PAGE.md:10: 'attention=fast'"), options
