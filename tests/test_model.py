@@ -35,20 +35,23 @@ def test_forward_shapes_and_log_probs():
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(3, 25))
 
 
-@pytest.mark.parametrize("spec, conv_kernel", [("full", None), ("topk-4", None), ("full", 5)])
-def test_padding_does_not_change_valid_outputs(spec, conv_kernel):
+@pytest.mark.parametrize("spec, conv_kernel, subsampling", [("full", None, 1), ("topk-4", None, 1), ("full", 5, 1),
+                                                            ("full", None, 4), ("full", 5, 8)])
+def test_padding_does_not_change_valid_outputs(spec, conv_kernel, subsampling):
     """An utterance decoded in a padded batch gives what it gives alone (with the convolution
     module too: padded frames must not reach valid ones through its depthwise conv)."""
     torch.manual_seed(0)
-    model = small_model(attention=spec, conv_kernel=conv_kernel).eval()
+    model = small_model(attention=spec, conv_kernel=conv_kernel, subsampling=subsampling).eval()
     if conv_kernel:  # a strong depthwise kernel: any leak of the padding would show
         torch.nn.init.normal_(model.encoder.layers[0].conv.depthwise.weight, std=1.0)
-    a, b = torch.randn(1, 30, 20), torch.randn(1, 12, 20)
+    a, b = torch.randn(1, 30, 20), torch.randn(1, 10, 20)  # 10 frames: after the first stride-2 conv an odd count (5), whose last frame sees padding
     batch = torch.full((2, 30, 20), 5.0)  # padding far from the data
-    batch[0], batch[1, :12] = a[0], b[0]
-    lp, _ = model(batch, torch.tensor([30, 12]))
-    lp_b, _ = model(b, torch.tensor([12]))
-    torch.testing.assert_close(lp[1, :12], lp_b[0], atol=1e-5, rtol=1e-5)
+    batch[0], batch[1, :10] = a[0], b[0]
+    lp, out = model(batch, torch.tensor([30, 10]))
+    lp_b, out_b = model(b, torch.tensor([10]))
+    n = int(out_b[0])  # 10 frames, or fewer after subsampling (the conv front end: every frame of it)
+    assert int(out[1]) == n
+    torch.testing.assert_close(lp[1, :n], lp_b[0, :n], atol=1e-5, rtol=1e-5)
     assert torch.isfinite(lp).all()
 
 

@@ -126,7 +126,16 @@ class ConvSubsampling(nn.Module):
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.factor == 1:
             return self.proj(x), lengths
-        y = self.conv(x.unsqueeze(1))  # (B, C, T', F')
+        y = x.unsqueeze(1)  # (B, 1, T, F)
+        stage = lengths.to(x.device)
+        for i in range(0, len(self.conv), 2):  # (conv, ReLU) pairs
+            y = self.conv[i + 1](self.conv[i](y))
+            # zero the frames past each utterance's end (ReLU(bias) there would reach the last valid
+            # frame through the next conv): an utterance gives the same output padded or alone
+            stage = torch.div(stage + 1, 2, rounding_mode="floor")
+            valid = torch.arange(y.shape[2], device=y.device)[None, :] < stage[:, None]
+            y = y * valid[:, None, :, None].to(y.dtype)
+        # y: (B, C, T', F')
         b, c, t, f = y.shape
         y = self.proj(y.transpose(1, 2).reshape(b, t, c * f))
         return y, self.out_lengths(lengths)
