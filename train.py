@@ -20,8 +20,8 @@ def main(cfg: DictConfig) -> None:
         print(f"test: PER={test.get('per', float('nan')):.2f} WER={test['wer']:.2f} ({result['best_ckpt']})")
     final = result.get("final_decoding")
     if final:  # the same split by final_decoding (beam search, + LM when built): WER over real words
-        lm = " + LM" if final["decoding"].get("lm") else ""
-        print(f"test, {final['decoding']['name']}{lm}, {final['words']} words: {format_result_line(final)}")
+        lm = " + LM" if final.decoding.get("lm") else ""
+        print(f"test, {final.decoding['name']}{lm}, {final.words} words: {format_result_line(final)}")
 
 
 if __name__ == "__main__":

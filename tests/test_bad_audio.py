@@ -196,14 +196,15 @@ def test_training_skips_bad_audio_and_reports_every_file(tiny_corpus, tmp_path, 
     assert result["val"]["val/per"] == result["val"]["val/per"]  # scored on the usable dev utterance
 
     # evaluate.py's decoding skips it as well, and names it in the result and the log
-    from fastasr.recogniser import decode_manifest, load_recogniser
+    from fastasr.recogniser import load_recogniser
+    from fastasr.scoring import decode_manifest
 
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         decoded = decode_manifest(load_recogniser(result["last_ckpt"]), corpus / "dev.jsonl", accelerator="cpu",
                                   max_batch_size=1)
-    assert decoded["utterances"] == 1 and decoded["skipped_utterances"] == 1
-    assert decoded["skipped_audio"] == [{"id": dev_id, "path": reasons_path(report, dev_id), "reason": reasons[dev_id]}]
+    assert decoded.utterances == 1 and decoded.skipped_utterances == 1
+    assert decoded.skipped_audio == [{"id": dev_id, "path": reasons_path(report, dev_id), "reason": reasons[dev_id]}]
     assert "1 of 2 utterance(s) skipped for unusable audio" in caplog.text and dev_id in caplog.text
 
 

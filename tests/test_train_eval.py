@@ -18,8 +18,9 @@ from fastasr.config import CONFIG_DIR, PROJECT_ROOT
 from fastasr.decoding.tune import tune
 from fastasr.evaluation import evaluate
 from fastasr.lm.__main__ import build as lm_build
-from fastasr.recogniser import decode_manifest, load_recogniser
+from fastasr.recogniser import load_recogniser
 from fastasr.rundir import RunDir
+from fastasr.scoring import DecodeResult, decode_manifest
 from fastasr.training import train
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_dim=64"]
@@ -138,19 +139,19 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     # 3-gram, which training built beside the manifest and embedded in the checkpoint
     final = second["final_decoding"]
     corpus_lm = tiny_corpus / "lm" / "words-3gram.arpa"
-    assert final["decoding"]["name"] == "beam" and final["decoding"]["lm"] == str(corpus_lm) and final["words"] == "real"
-    assert final["decoding"]["lm_embedded"] and corpus_lm.is_file()
-    assert final["utterances"] == 2 and final["ckpt_path"] == second["best_ckpt"]
+    assert final.decoding["name"] == "beam" and final.decoding["lm"] == str(corpus_lm) and final.words == "real"
+    assert final.decoding["lm_embedded"] and corpus_lm.is_file()
+    assert final.utterances == 2 and final.ckpt_path == second["best_ckpt"]
     run = RunDir(second["run_dir"])
-    assert run.read_results()["wer"] == pytest.approx(final["wer"])
+    assert run.read_results()["wer"] == pytest.approx(final.wer)
     assert all(p.is_file() for p in run.recognition_files("test-beam").values())
 
     # the checkpoint alone plus the manifest decodes, and gives the training's own test score
     # (which is over phonetic words: no lexicon)
     alone = decode_manifest(load_recogniser(second["best_ckpt"]), tiny_corpus / "test.jsonl", accelerator="cpu",
                             decoding={"name": "greedy", "lexicon": {"source": "none"}})
-    assert alone["utterances"] == 2 and alone["attention"] == second["test"]["attention"] == "full"
-    assert alone["per"] == pytest.approx(second["test"]["per"]) and alone["wer"] == pytest.approx(second["test"]["wer"])
+    assert alone.utterances == 2 and alone.attention == second["test"]["attention"] == "full"
+    assert alone.per == pytest.approx(second["test"]["per"]) and alone.wer == pytest.approx(second["test"]["wer"])
 
     # evaluate.py decodes the full-attention model with another attention
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -184,9 +185,9 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
                                                        "tune.lm_weight=[0,1]", "tune.word_score=[0]",
                                                        f"paths.output_dir={tmp_path}"])
     beam = evaluate(cfg)
-    assert beam["words"] == "real" and beam["decoding"]["name"] == "beam" and beam["decoding"]["lm"] == str(lm)
-    assert [Path(p).name[:8] for p in beam["averaged_checkpoints"]] == ["epoch000", "epoch001"]
-    assert (Path(beam["run_dir"]) / "recogs-test-beam.txt").is_file() and "oov" in beam
+    assert beam.words == "real" and beam.decoding["name"] == "beam" and beam.decoding["lm"] == str(lm)
+    assert [Path(p).name[:8] for p in beam.averaged_checkpoints] == ["epoch000", "epoch001"]
+    assert (Path(beam.run_dir) / "recogs-test-beam.txt").is_file() and "oov" in beam.to_dict()
     tuned = tune(tune_cfg)
     assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
     assert (tmp_path / "tune.json").is_file()
@@ -202,7 +203,7 @@ def test_a_checkpoint_decodes_the_same_away_from_its_corpus(tiny_corpus, tmp_pat
     trained = train(compose_train(corpus, tmp_path / "out", "name=m", "trainer.max_epochs=1", "test=false"))
     assert (corpus / "lm" / "words-3gram.arpa").is_file()  # the corpus LM, built at training start
 
-    def decode(ckpt: Path | str, manifests: Path, decoding: str, out: str) -> dict:
+    def decode(ckpt: Path | str, manifests: Path, decoding: str, out: str) -> DecodeResult:
         with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose("evaluate", overrides=[f"ckpt_path={ckpt}", *eval_overrides(manifests), f"decoding={decoding}",
                                                  "decoding.beam_size=8", "accelerator=cpu",
@@ -222,14 +223,14 @@ def test_a_checkpoint_decodes_the_same_away_from_its_corpus(tiny_corpus, tmp_pat
     after = {d: decode(ckpt, moved, d, f"after-{d}") for d in decodings}
 
     for d in decodings:
-        assert before[d]["words"] == after[d]["words"] == "real"
-        assert before[d]["decoding"]["lexicon_words"] == after[d]["decoding"]["lexicon_words"] > 0
-        assert (after[d]["wer"], after[d]["per"]) == (before[d]["wer"], before[d]["per"])
-        assert Path(after[d]["files"]["recogs"]).read_text() == Path(before[d]["files"]["recogs"]).read_text()
-    assert before["beam"]["decoding"]["lm"] is None
-    lm = after["beam_lm"]["decoding"]
+        assert before[d].words == after[d].words == "real"
+        assert before[d].decoding["lexicon_words"] == after[d].decoding["lexicon_words"] > 0
+        assert (after[d].wer, after[d].per) == (before[d].wer, before[d].per)
+        assert Path(after[d].files["recogs"]).read_text() == Path(before[d].files["recogs"]).read_text()
+    assert before["beam"].decoding["lm"] is None
+    lm = after["beam_lm"].decoding
     assert lm["lm"] == str(corpus / "lm" / "words-3gram.arpa") and lm["lm_embedded"]
-    assert lm["lm_sha256"] == before["beam_lm"]["decoding"]["lm_sha256"]
+    assert lm["lm_sha256"] == before["beam_lm"].decoding["lm_sha256"]
 
 
 def test_resume_last_without_checkpoint_is_a_clear_error(tiny_corpus, tmp_path):

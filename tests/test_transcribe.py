@@ -36,7 +36,8 @@ from fastasr.decoding.long_form import (
 )
 from fastasr.model import CTCModel
 from fastasr.model.frontend import ConvSubsampling
-from fastasr.recogniser import Transcription, decode_manifest, load_recogniser
+from fastasr.recogniser import Transcription, load_recogniser
+from fastasr.scoring import decode_manifest
 from fastasr.transcribe import resolve_inputs, run_transcription, srt_text, summary
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The recogniser bundle: what a trained model needs to decode, travelling as one piece.
+"""The recogniser: the inference object a trained model is, travelling as one piece in its checkpoint.
 
 A :class:`Recogniser` holds the model config (the class its ``_target_`` names and its arguments
 other than ``vocab_size``, ``feat_in`` and ``attention``; the subsampling factor lives here, as
@@ -19,19 +19,20 @@ buffers of the model, so they are in the checkpoint's weights and nowhere else.
   ``ASRLitModule.on_save_checkpoint``). Checkpoints written before the lexicon and LM travelled
   with the model load as before, without them (decoding then reads the training manifest, if given).
 * :func:`load_recogniser` reads a checkpoint with ``torch.load(weights_only=True)`` and
-  returns the bundle with its model (weights loaded, eval mode).
-* :func:`decoding_loader` builds the dataloader of any manifest with the bundle's tokenizer,
-  features and subsampling; :func:`decode_manifest` decodes (greedy or beam search,
-  ``fastasr.decoding``) and scores a manifest.
+  returns the bundle with its model (weights loaded, eval mode), optionally with another
+  attention (:meth:`fastasr.model.CTCModel.set_attention` swaps it later). Checkpoints written
+  before the bundle existed are read by ``fastasr.checkpoint_migration``.
 * :meth:`Recogniser.transcribe` turns audio files or waveforms (no reference needed, any length,
   any rate, any channel count) into :class:`Transcription` s with timed :class:`Word` s: the API
   of ``python -m fastasr.transcribe`` (``fastasr.transcribe``, docs/TRANSCRIBE.md).
+  :meth:`Recogniser.decoder` picks the decoder (greedy, beam, beam + LM).
 
-A checkpoint plus a manifest is all decoding needs, beam search and LM included::
+Scoring a labelled manifest (error rates against its transcripts) is the evaluation layer's:
+``fastasr.scoring.decode_manifest``.
+
+A checkpoint and audio are all transcription needs, beam search and LM included::
 
     rec = load_recogniser("best.ckpt", attention="i-clustered-100")
-    result = decode_manifest(rec, "test.jsonl")      # {"per", "wer", "utterances", ...}
-    result = decode_manifest(rec, "test.jsonl", decoding={"name": "beam", "lm": {"source": "auto"}})
     texts = [t.text for t in rec.transcribe(["a.wav", "b.flac"], decoding="beam_lm")]
 """
 
@@ -39,18 +40,36 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from hydra.utils import get_class, instantiate
+from torch.utils.data import DataLoader
+from tqdm import tqdm
 
+from fastasr.checkpoint_migration import legacy_recogniser_state
+from fastasr.data.audio import BadAudioError
+from fastasr.data.bad_audio import SKIPPED_KEY
 from fastasr.data.features import FeatureConfig
+from fastasr.data.recordings import Recording, RecordingFeatures
+from fastasr.data.subword import WORD_START
 from fastasr.data.tokenizer import Tokenizer, unit_metric
+from fastasr.decoding.alignment import align_units, word_frames
+from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_source
 from fastasr.decoding.lexicon import Lexicon
-from fastasr.lm.bundled import BundledLM
+from fastasr.decoding.long_form import (
+    LongFormConfig,
+    long_form_log_probs,
+    output_frames,
+    resolve_mode,
+)
+from fastasr.decoding.transcribe import decoding_device
+from fastasr.lm.bundled import BundledLM, ensure_corpus_lm
 from fastasr.model import CTCModel
 
 log = logging.getLogger(__name__)
@@ -59,8 +78,6 @@ RECOGNISER_KEY = "recogniser"  # the checkpoint entry
 FORMAT = 2  # version of the plain-data layout below; 2: the model entry names its class (`_target_`)
 DEFAULT_MODEL_TARGET = "fastasr.model.CTCModel"  # the class of a model config that names none (format 1)
 _DERIVED = ("vocab_size", "feat_in")  # come from the tokenizer and the features
-# Batching keys of a data config (conf/data/*.yaml) that decoding uses.
-_LOADER_KEYS = ("max_frames_per_batch", "max_batch_size", "num_workers", "on_bad_utterance")
 
 
 def model_class(target: str, where: str = "model._target_") -> type[CTCModel]:
@@ -229,8 +246,6 @@ class Recogniser:
         ``decoding``: None or ``"greedy"``; ``"beam"`` (lexicon, no LM); ``"beam_lm"`` (lexicon
         and the word LM the checkpoint carries); a ``conf/decoding`` mapping; or a decoder
         already built (returned as it is: build a beam search once, decode many times)."""
-        from fastasr.decoding.builder import build_decoder
-
         if callable(decoding) and hasattr(decoding, "describe"):
             return decoding
         if decoding is None or isinstance(decoding, str):
@@ -287,20 +302,6 @@ class Recogniser:
                         seed: int | None = None) -> Iterator[Transcription]:
         """:meth:`transcribe`, yielding each :class:`Transcription` as soon as its batch is decoded
         (in input order): what ``python -m fastasr.transcribe`` prints and writes as it goes."""
-        import numpy as np
-        from torch.utils.data import DataLoader
-
-        from fastasr.data.audio import BadAudioError
-        from fastasr.data.bad_audio import SKIPPED_KEY
-        from fastasr.data.recordings import Recording, RecordingFeatures
-        from fastasr.decoding.long_form import (
-            LongFormConfig,
-            long_form_log_probs,
-            output_frames,
-            resolve_mode,
-        )
-        from fastasr.decoding.transcribe import decoding_device
-
         if self.model is None:
             raise ValueError("transcribe: the recogniser has no model; get one from load_recogniser(ckpt_path)")
         if on_bad_audio not in ("skip", "raise"):
@@ -318,10 +319,6 @@ class Recogniser:
         items: Iterator[dict] = iter(DataLoader(RecordingFeatures(recordings, self.features), batch_size=None,
                                                 num_workers=num_workers, collate_fn=_as_is))
         if progress:
-            import sys
-
-            from tqdm import tqdm
-
             items = iter(tqdm(items, total=len(recordings), desc="transcribe", unit="file", file=sys.stderr))
         batch_size = max(1, int(batch_size))
         try:
@@ -348,9 +345,6 @@ class Recogniser:
     def _transcription(self, recording: Any, log_probs: torch.Tensor, seconds: float, decoder: Any,
                        mode: str) -> Transcription:
         """Decode one recording's ``(T', V)`` log-probabilities and time its words."""
-        from fastasr.data.subword import WORD_START
-        from fastasr.decoding.alignment import align_units, word_frames
-
         tok = self.tokenizer
         hyp = decoder(log_probs)
         index = {u: i for i, u in enumerate(tok.vocab)}
@@ -455,9 +449,6 @@ def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike
     not exist (in ``lm_dir/lm/`` when the corpus directory is read-only:
     :func:`fastasr.lm.ensure_corpus_lm`); embedded when small (:class:`fastasr.lm.BundledLM`).
     An LM that cannot be had is left out with a warning (training goes on)."""
-    from fastasr.decoding.builder import build_lexicon, resolve_source
-    from fastasr.lm.bundled import ensure_corpus_lm
-
     if not train_manifest:
         return recogniser
     source = resolve_source("auto", recogniser.tokenizer, train_manifest)
@@ -488,16 +479,6 @@ def _plain(value: Any, where: str) -> Any:
     raise ValueError(f"recogniser {where}: {type(value).__name__} {value!r}; expected plain data")
 
 
-def _legacy_state(hparams: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The recogniser entry of a checkpoint written before ``checkpoint["recogniser"]``
-    existed (then the LightningModule's hyper-parameters held model, tokenizer, feat_in, features)."""
-    if not hparams or not {"model", "tokenizer", "feat_in"} <= set(hparams):
-        return None
-    features = dict(hparams.get("features") or {"num_mel_bins": int(hparams["feat_in"])})
-    tokenizer = Tokenizer.from_state_dict(dict(hparams["tokenizer"]))
-    return Recogniser.from_model_config(hparams["model"], tokenizer, features).to_dict()
-
-
 # ---------------------------------------------------------------------- loading
 def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, Any] | None = None,
                     map_location: str | torch.device = "cpu") -> Recogniser:
@@ -511,7 +492,7 @@ def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, 
     if not path.is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
     checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    state = checkpoint.get(RECOGNISER_KEY) or _legacy_state(checkpoint.get("hyper_parameters"))
+    state = checkpoint.get(RECOGNISER_KEY) or legacy_recogniser_state(checkpoint.get("hyper_parameters"))
     if state is None:
         raise ValueError(f"{path}: no '{RECOGNISER_KEY}' entry; expected a checkpoint written by fastasr training")
     recogniser = Recogniser.from_dict(state, source=str(path))
@@ -525,89 +506,3 @@ def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, 
     if attention is not None:
         model.set_attention(attention)
     return recogniser.with_model(model.to(map_location).eval())
-
-
-# ---------------------------------------------------------------------- decoding
-def decoding_options(data_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """The batching options of a data config (``conf/data/*.yaml``) that
-    :func:`decoding_loader` takes: frame budget, batch cap, workers, bad-utterance policy."""
-    return {k: data_cfg[k] for k in _LOADER_KEYS if data_cfg.get(k) is not None}
-
-
-def training_manifest(data_cfg: Mapping[str, Any]) -> str | None:
-    """The training manifest of a data config (``data.train_manifest``), or None when it is
-    unset (null or ``???``): training builds the recogniser's lexicon and LM from it; decoding
-    reads it only for ``decoding.lexicon.source`` train/spelling, and for checkpoints that carry
-    no lexicon or LM (``auto``); the vocabulary is the checkpoint's."""
-    value = data_cfg.get("train_manifest")
-    return None if value in (None, "???") else str(value)
-
-
-def decoding_loader(recogniser: Recogniser, manifest: str | os.PathLike, *, max_frames_per_batch: int = 16000,
-                    max_batch_size: int | None = None, num_workers: int = 0,
-                    on_bad_utterance: str = "skip") -> torch.utils.data.DataLoader:
-    """The evaluation dataloader of ``manifest`` with the recogniser's tokenizer, features and
-    subsampling: batches as described in ``fastasr.data.datamodule`` (no shuffling, no
-    filtering; utterances with units unknown to the tokenizer are skipped or raise)."""
-    from fastasr.data.datamodule import ASRDataModule
-
-    datamodule = ASRDataModule(
-        tokenizer=recogniser.tokenizer.kind, vocab=recogniser.tokenizer, features=recogniser.features,
-        subsampling_factor=recogniser.subsampling, max_frames_per_batch=max_frames_per_batch,
-        max_batch_size=max_batch_size, num_workers=num_workers, on_bad_utterance=on_bad_utterance,
-    )
-    return datamodule.dataloader_for(manifest)
-
-
-def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, accelerator: str = "auto",
-                    seed: int = 1234, decoding: Mapping[str, Any] | None = None,
-                    train_manifest: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
-                    **loader_options: Any) -> dict[str, Any]:
-    """Decode and score ``manifest`` with ``recogniser.model`` (its current attention): the one
-    decoding path of evaluate.py, the decoding tuner, the matrix and training's final decoding.
-
-    Args:
-        accelerator: ``cpu``, ``gpu`` or ``auto`` (the GPU when there is one).
-        seed: fixes the randomised attentions' hashing.
-        decoding: a ``conf/decoding`` mapping (``{"name": "beam", "lexicon": ..., "lm": ...,
-            "beam_size": ...}``); None: greedy. ``lexicon.source`` / ``lm.source`` ``auto`` use
-            the recogniser's own lexicon and word LM (``recogniser.lexicon`` / ``.lm``).
-        train_manifest: where the lexicon of ``lexicon.source: train | spelling`` comes from (the
-            words and pronunciations spoken in training), and ``auto``'s lexicon and LM for a
-            recogniser that carries none (older checkpoints); None: no such lexicon.
-        out_dir: a run directory to write the per-utterance ``recogs-*`` / ``errs-*`` files
-            to (tag: the manifest's stem and the decoder's name, e.g. ``test-beam``); None: none.
-        loader_options: the batching keyword arguments of :func:`decoding_loader`.
-
-    Returns ``{"per" (or "cer"), "wer"`` (%), their ``*_breakdown`` (substitutions, deletions,
-    insertions, reference length), ``"words"`` (``real`` or ``phonetic``), ``"decoding"`` (the
-    decoder's settings), ``"oov"`` (with a lexicon), ``"utterances", "forward_seconds",
-    "search_seconds", "decode_seconds", "attention"`` (spec string), ``"manifest"``, and
-    ``"files"`` (with ``out_dir``), ``"skipped_utterances"`` and ``"skipped_audio"``
-    (``{"id", "path", "reason"}`` of each utterance left out for unusable audio, by id)``}``.
-
-    Unusable audio (``fastasr.data.bad_audio``) is skipped, counted and named in the result
-    and the log (``on_bad_utterance="raise"``: the first one raises ``BadAudioError``); a
-    manifest with no usable audio raises ``AllAudioBadError``.
-    """
-    import lightning as L
-
-    from fastasr.data.bad_audio import SkippedAudio
-    from fastasr.decoding.builder import build_decoder
-    from fastasr.decoding.transcribe import decode_and_score, decoding_device
-    from fastasr.rundir import RunDir
-
-    if recogniser.model is None:
-        raise ValueError("decode_manifest: the recogniser has no model; get one from load_recogniser(ckpt_path)")
-    L.seed_everything(seed, workers=True)
-    device = decoding_device(accelerator)
-    decoder, _ = build_decoder(decoding, recogniser.tokenizer, train_manifest,
-                               bundled_lexicon=recogniser.lexicon, bundled_lm=recogniser.lm)
-    loader = decoding_loader(recogniser, manifest, **loader_options)
-    tag = f"{Path(manifest).stem}-{decoder.describe()['name']}"
-    files = RunDir(out_dir).recognition_files(tag) if out_dir is not None else None
-    skipped = SkippedAudio(loader_options.get("on_bad_utterance", "skip"))
-    result = decode_and_score(recogniser.model, skipped.batches(loader), recogniser.tokenizer, decoder, device, files)
-    skipped_audio = skipped.finish(str(manifest))
-    return dict(result, attention=recogniser.model.attention_spec, manifest=str(manifest),
-                skipped_utterances=len(skipped_audio), skipped_audio=skipped_audio)

@@ -10,6 +10,7 @@ of the attention, the checkpoint monitor, a matrix member's attention) are fille
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,15 @@ from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.config_check import check_train_config
+from fastasr.decoding.builder import resolve_lm, resolve_source
+from fastasr.decoding.tune import tune_recogniser
 from fastasr.derived_config import derive_train_config
 from fastasr.distributed import is_rank_zero_process
 from fastasr.lit import ASRLitModule
 from fastasr.loggers import build_loggers, finish_wandb
-from fastasr.recogniser import Recogniser, training_manifest, with_decoding_data
+from fastasr.recogniser import Recogniser, load_recogniser, with_decoding_data
 from fastasr.rundir import RunDir
+from fastasr.scoring import DecodeResult, decode_manifest, decoding_options, training_manifest
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +146,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     return result
 
 
-def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[str, Any] | None:
+def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> DecodeResult | None:
     """Decode the test split with ``ckpt`` by ``cfg.final_decoding`` (a ``conf/decoding``
     option; beam search by default), through the decoding path evaluate.py takes, so that a
     training ends with the word error rate over real words.
@@ -157,14 +161,6 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[s
     never the test split), and the grid is kept in ``results.json`` under ``tuned_on_dev``.
     Writes ``results.json`` and the recogs/errs files to the run directory.
     """
-    from fastasr.decoding.builder import resolve_lm, resolve_source
-    from fastasr.recogniser import (
-        decode_manifest,
-        decoding_options,
-        load_recogniser,
-        training_manifest,
-    )
-
     if not ckpt:
         return None
     spec = OmegaConf.to_container(cfg.final_decoding, resolve=True)
@@ -192,8 +188,6 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[s
     tuning = cfg.get("final_tuning")
     tuned = None
     if tuning and spec.get("name") == "beam" and (spec.get("lm") or {}).get("source") != "none":
-        from fastasr.decoding.tune import tune_recogniser
-
         tuned = tune_recogniser(recogniser, cfg.data.dev_manifest, spec, tuning.lm_weight, tuning.word_score,
                                 accelerator=accelerator, train_manifest=train_manifest, **decoding_options(cfg.data))
         best = tuned["best"]
@@ -203,10 +197,10 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> dict[s
     decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,
                               decoding=spec, train_manifest=train_manifest, out_dir=run_dir.path,
                               **decoding_options(cfg.data))
-    decoded["ckpt_path"] = str(ckpt)
-    if tuned is not None:
-        decoded["tuned_on_dev"] = {"manifest": tuned["manifest"], "best": tuned["best"], "points": tuned["points"]}
-    run_dir.write_results(decoded)
-    log.info("test, %s decoding (%s words): %s", decoded["decoding"]["name"], decoded["words"],
-             {k: decoded.get(k) for k in ("per", "cer", "wer", "decode_seconds")})
+    tuned_on_dev = None if tuned is None else {"manifest": tuned["manifest"], "best": tuned["best"],
+                                               "points": tuned["points"]}
+    decoded = replace(decoded, ckpt_path=str(ckpt), tuned_on_dev=tuned_on_dev)
+    run_dir.write_results(decoded.to_dict())
+    log.info("test, %s decoding (%s words): %s", decoded.decoding["name"], decoded.words,
+             {k: getattr(decoded, k) for k in ("per", "cer", "wer", "decode_seconds")})
     return decoded

@@ -78,7 +78,8 @@ def measure_member(ckpt: str, data_cfg: Mapping[str, Any], split: str = "dev", r
     import lightning as L
 
     from fastasr.decoding.transcribe import decoding_device
-    from fastasr.recogniser import decoding_loader, decoding_options, load_recogniser
+    from fastasr.recogniser import load_recogniser
+    from fastasr.scoring import decoding_loader, decoding_options
 
     if split not in ("train", "dev", "test"):
         raise ValueError(f"budget.forward.split {split!r}; expected train, dev or test")

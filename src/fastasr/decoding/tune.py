@@ -36,7 +36,9 @@ from fastasr.decoding.transcribe import (
     transcribe,
 )
 from fastasr.lm.bundled import BundledLM
+from fastasr.recogniser import Recogniser, load_recogniser
 from fastasr.rundir import RunDir
+from fastasr.scoring import decoding_loader, decoding_options, training_manifest
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +68,13 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer, decoding: M
     return sorted(points, key=lambda p: (p["wer"], p[unit_metric]))
 
 
-def tune_recogniser(recogniser, manifest: str, decoding: Mapping[str, Any], lm_weights: Sequence[float],
+def tune_recogniser(recogniser: Recogniser, manifest: str, decoding: Mapping[str, Any], lm_weights: Sequence[float],
                     word_scores: Sequence[float], *, accelerator: str = "auto", train_manifest: str | None = None,
                     **loader_options: Any) -> dict[str, Any]:
     """Compute ``manifest``'s emissions with ``recogniser`` once and search the (lm_weight,
     word_score) grid of the ``decoding`` config over them. Returns ``{"manifest", "lm",
     "lm_sha256", "best", "points", "skipped_audio"}`` (``points`` best first).
-    ``loader_options``: :func:`fastasr.recogniser.decoding_options` of a data config."""
-    from fastasr.recogniser import decoding_loader
-
+    ``loader_options``: :func:`fastasr.scoring.decoding_options` of a data config."""
     loader = decoding_loader(recogniser, manifest, **loader_options)
     skipped = SkippedAudio(loader_options.get("on_bad_utterance", "skip"))  # unusable audio: left out, reported
     start = time.perf_counter()
@@ -95,7 +95,6 @@ def tune(cfg: DictConfig) -> dict[str, Any]:
     """Load ``cfg.ckpt_path`` (averaged with ``cfg.average``), compute the emissions of
     ``cfg.tune.manifest`` once, search the grid; writes ``tune.json`` to the run directory."""
     from fastasr.checkpoint_averaging import average_into
-    from fastasr.recogniser import decoding_options, load_recogniser, training_manifest
 
     L.seed_everything(cfg.seed, workers=True)
     attention = OmegaConf.to_container(cfg.attention, resolve=True) if cfg.get("attention") else None

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 from hydra.core.global_hydra import GlobalHydra
@@ -44,6 +44,9 @@ from fastasr.matrix.dashboard import log_to_wandb
 from fastasr.matrix.members import Member, compose_member, train_member_model
 from fastasr.matrix.render import cell_text, metric_name, plot_heatmap, write_markdown
 from fastasr.matrix.rules import MatrixError, check_spec_lists, eval_attention
+
+if TYPE_CHECKING:
+    from fastasr.scoring import DecodeResult
 
 log = logging.getLogger(__name__)
 
@@ -84,13 +87,14 @@ def decoding_of(member: Member, cfg: DictConfig) -> dict[str, Any] | None:
     return OmegaConf.to_container(context.matrix_decoding, resolve=True)
 
 
-def decode_with(member: Member, recogniser, manifest: str, cfg: DictConfig) -> dict[str, Any]:
+def decode_with(member: Member, recogniser, manifest: str, cfg: DictConfig) -> DecodeResult:
     """Decode ``manifest`` with ``recogniser`` as it is (its attention already swapped) and
-    ``cfg.matrix.decoding``, through :func:`fastasr.recogniser.decode_manifest`; returns per/cer,
-    wer (%), utterances, decode_seconds, ... Tokenizer, features, lexicon and word LM are the
+    ``cfg.matrix.decoding``, through :func:`fastasr.scoring.decode_manifest`; returns its
+    :class:`~fastasr.scoring.DecodeResult` (per/cer, wer (%), utterances, decode_seconds, ...).
+    Tokenizer, features, lexicon and word LM are the
     checkpoint's; batching follows the member's data config, whose training manifest serves only
     checkpoints that carry no lexicon or LM (written before they travelled with the model)."""
-    from fastasr.recogniser import decode_manifest, decoding_options, training_manifest
+    from fastasr.scoring import decode_manifest, decoding_options, training_manifest
 
     return decode_manifest(recogniser, manifest, accelerator=cfg.matrix.accelerator, seed=cfg.seed,
                            decoding=decoding_of(member, cfg), train_manifest=training_manifest(member.cfg.data),
@@ -112,9 +116,9 @@ def decode_cell(member: Member, recogniser, eval_spec: str, manifest: str, cfg: 
         cell.status, cell.reason = FAILED, f"{type(err).__name__}: {err}".replace("\n", " ")[:500]
         return cell
     cell.status = OK
-    cell.per, cell.cer, cell.wer = result.get("per"), result.get("cer"), result.get("wer")
-    cell.utterances = result.get("utterances")
-    cell.decode_seconds = result.get("decode_seconds")
+    cell.per, cell.cer, cell.wer = result.per, result.cer, result.wer
+    cell.utterances = result.utterances
+    cell.decode_seconds = result.decode_seconds
     return cell
 
 

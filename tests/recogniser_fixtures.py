@@ -1,0 +1,46 @@
+"""Helpers that make a small recogniser and write its checkpoint as training does
+(shared by test_recogniser.py, test_scoring.py and test_checkpoint_migration.py)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from fastasr.data.manifest import read_manifest
+from fastasr.data.tokenizer import Tokenizer
+from fastasr.lit import ASRLitModule
+from fastasr.recogniser import Recogniser
+
+MODEL = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2,
+         "dropout": 0.0, "shared_qk": False, "subsampling": 2, "norm_first": True,
+         "spec_augment": {"freq_masks": 1, "freq_width": 4, "time_masks": 1, "time_width": 5},
+         "attention": {"name": "clustered", "clusters": 3, "bits": 31, "iterations": 5, "seed": None}}
+
+
+def phoneme_tokenizer(corpus: Path) -> Tokenizer:
+    """The phoneme tokenizer of ``corpus``'s training manifest."""
+    return Tokenizer.build(read_manifest(corpus / "train.jsonl"), "phoneme")
+
+
+def recogniser(tokenizer: Tokenizer, bins: int = 23) -> Recogniser:
+    return Recogniser.from_model_config(MODEL, tokenizer, {"num_mel_bins": bins, "dither": 0.5})
+
+
+def copy_train_manifest(corpus: Path, to: Path) -> Path:
+    """A corpus directory holding only a copy of ``corpus``'s training manifest."""
+    to.mkdir(parents=True)
+    shutil.copy(corpus / "train.jsonl", to / "train.jsonl")
+    return to
+
+
+def save_checkpoint(rec: Recogniser, path, seed: int = 0):
+    """A checkpoint as training writes it: the LightningModule's weights plus its on_save_checkpoint entry."""
+    torch.manual_seed(seed)
+    lit = ASRLitModule(rec)
+    lit.model.set_cmvn(torch.linspace(-1, 1, rec.feat_in), torch.linspace(1, 2, rec.feat_in))
+    checkpoint = {"state_dict": lit.state_dict(), "global_step": 3}
+    lit.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, path)
+    return lit
