@@ -37,6 +37,16 @@ def _family_styles(rows: Sequence[BudgetRow]) -> tuple[dict[str, str], dict[int,
     return colours, markers
 
 
+def _save(fig, ax, title: str, path: str | Path, dpi: int) -> Path:
+    """Title ``ax`` (when ``title``), lay ``fig`` out and write it to ``path`` as PNG."""
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=dpi)
+    return path
+
+
 def plot_time(path: str | Path, rows: Sequence[BudgetRow], curves: Mapping[str, Sequence[CurvePoint]],
               budget_s: float, title: str = "", dpi: int = 120) -> Path:
     """budget_time.png: dev error (%) against training time (min), one line per member; the
@@ -63,12 +73,7 @@ def plot_time(path: str | Path, rows: Sequence[BudgetRow], curves: Mapping[str, 
     ax.grid(True, alpha=0.3)
     if any(curves.get(r.member) for r in rows):
         ax.legend(fontsize=7, title=f"member (best dev {metric})", title_fontsize=7)
-    if title:
-        ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=dpi)
-    return path
+    return _save(fig, ax, title, path, dpi)
 
 
 def plot_forward(path: str | Path, rows: Sequence[BudgetRow], front: Sequence[BudgetRow], title: str = "",
@@ -99,12 +104,7 @@ def plot_forward(path: str | Path, rows: Sequence[BudgetRow], front: Sequence[Bu
     ax.grid(True, alpha=0.3)
     if shown:
         ax.legend(fontsize=7)
-    if title:
-        ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=dpi)
-    return path
+    return _save(fig, ax, title, path, dpi)
 
 
 def markdown(rows: Sequence[BudgetRow], front: Sequence[BudgetRow], title: str, description: str,
