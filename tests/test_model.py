@@ -25,6 +25,42 @@ def test_positional_encoding_values():
     torch.testing.assert_close(pe.table(3000, torch.device("cpu"), torch.float32)[:5], tab)
 
 
+def test_rotary_scores_depend_on_the_offset_alone():
+    """rotate(q)_n · rotate(k)_m is a function of n − m: shifting both positions keeps it."""
+    from fastasr.model.positional import RotaryPositions
+
+    torch.manual_seed(0)
+    rope = RotaryPositions(8)
+    q, k = torch.randn(8), torch.randn(8)
+    seq_q, seq_k = q.expand(1, 1, 300, 8), k.expand(1, 1, 300, 8)  # the same vector at every position
+    rq, rk = rope(seq_q.contiguous())[0, 0], rope(seq_k.contiguous())[0, 0]
+    score = lambda n, m: float(rq[n] @ rk[m])  # noqa: E731
+    assert score(5, 2) == pytest.approx(score(205, 202), abs=1e-4)
+    assert score(5, 2) != pytest.approx(score(5, 3), abs=1e-3)
+    torch.testing.assert_close(rq[0], q)  # position 0 is not turned
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm().expand(300))  # a rotation keeps the norm
+    with pytest.raises(ValueError, match="even head dimension"):
+        RotaryPositions(7)
+
+
+def test_without_positions_the_model_is_blind_to_frame_order():
+    """positions=none, no convolutions: permuting the frames permutes the outputs, the same
+    model with sinusoids or rotary positions is not (so the option reaches the encoder)."""
+    torch.manual_seed(0)
+    feats, lengths = torch.randn(1, 40, 20), torch.tensor([40])
+    perm = torch.randperm(40)
+    for positions, blind in (("none", True), ("absolute", False), ("rotary", False)):
+        torch.manual_seed(1)
+        model = small_model(positions=positions).eval()
+        with torch.no_grad():
+            out, _ = model(feats, lengths)
+            permuted, _ = model(feats[:, perm], lengths)
+        assert torch.allclose(out[:, perm], permuted, atol=1e-5) == blind, positions
+    assert not any(isinstance(m, SinusoidalPositionalEncoding) for m in small_model(positions="rotary").modules())
+    with pytest.raises(ValueError, match=r"model.positions='relative'; expected one of"):
+        small_model(positions="relative")
+
+
 def test_forward_shapes_and_log_probs():
     model = small_model().eval()
     feats = torch.randn(3, 25, 20)
@@ -35,13 +71,16 @@ def test_forward_shapes_and_log_probs():
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(3, 25))
 
 
-@pytest.mark.parametrize("spec, conv_kernel, subsampling", [("full", None, 1), ("topk-4", None, 1), ("full", 5, 1),
-                                                            ("full", None, 4), ("full", 5, 8)])
-def test_padding_does_not_change_valid_outputs(spec, conv_kernel, subsampling):
+@pytest.mark.parametrize("spec, conv_kernel, subsampling, positions", [
+    ("full", None, 1, "absolute"), ("topk-4", None, 1, "absolute"), ("full", 5, 1, "absolute"),
+    ("full", None, 4, "absolute"), ("full", 5, 8, "absolute"), ("full", None, 1, "rotary"),
+    ("i-clustered-3", 5, 4, "none"),
+])
+def test_padding_does_not_change_valid_outputs(spec, conv_kernel, subsampling, positions):
     """An utterance decoded in a padded batch gives what it gives alone (with the convolution
     module too: padded frames must not reach valid ones through its depthwise conv)."""
     torch.manual_seed(0)
-    model = small_model(attention=spec, conv_kernel=conv_kernel, subsampling=subsampling).eval()
+    model = small_model(attention=spec, conv_kernel=conv_kernel, subsampling=subsampling, positions=positions).eval()
     if conv_kernel:  # a strong depthwise kernel: any leak of the padding would show
         torch.nn.init.normal_(model.encoder.layers[0].conv.depthwise.weight, std=1.0)
     a, b = torch.randn(1, 30, 20), torch.randn(1, 10, 20)  # 10 frames: after the first stride-2 conv an odd count (5), whose last frame sees padding

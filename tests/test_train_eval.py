@@ -201,7 +201,10 @@ def test_a_checkpoint_decodes_the_same_away_from_its_corpus(tiny_corpus, tmp_pat
     the lexicon and the LM into the checkpoint."""
     corpus = tmp_path / "corpus"
     shutil.copytree(tiny_corpus, corpus, ignore=shutil.ignore_patterns("lm"))
-    trained = train(compose_train(corpus, tmp_path / "out", "name=m", "trainer.max_epochs=1", "test=false"))
+    # the paper's plain encoder: the convolution module's oneDNN depthwise kernel may sum in another
+    # order in another process, and this barely trained model's near-ties would turn that into another PER
+    trained = train(compose_train(corpus, tmp_path / "out", "name=m", "trainer.max_epochs=1", "test=false",
+                                  "model.conv_kernel=null", "model.positions=absolute"))
     assert (corpus / "lm" / "words-3gram.arpa").is_file()  # the corpus LM, built at training start
 
     def decode(ckpt: Path | str, manifests: Path, decoding: str, out: str) -> dict:

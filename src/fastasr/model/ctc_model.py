@@ -1,4 +1,4 @@
-"""The CTC acoustic model: CMVN [→ per-utterance CMVN] → SpecAugment → [subsampling] → positions → encoder → CTC head.
+"""The CTC acoustic model: CMVN [→ per-utterance CMVN] → SpecAugment → [subsampling] → [positions] → encoder → CTC head.
 
 Observers (dashboards, analysis scripts) see the attention through a public API instead of
 reaching into layers: :meth:`CTCModel.attention_layers` and the context manager
@@ -17,7 +17,7 @@ from torch import nn
 
 from fastasr.model.encoder import AttentionLayer, AttentionSpec, TransformerEncoder
 from fastasr.model.frontend import ConvSubsampling, GlobalCMVN, SpecAugment
-from fastasr.model.positional import SinusoidalPositionalEncoding
+from fastasr.model.positional import SinusoidalPositionalEncoding, check_positions
 from fastasr.model.utterance_cmvn import UtteranceCMVN
 
 
@@ -53,6 +53,10 @@ class CTCModel(nn.Module):
             standard deviation (:class:`fastasr.model.utterance_cmvn.UtteranceCMVN`).
         conv_kernel: add a Conformer-style convolution module of this (odd) kernel to every
             encoder layer (:class:`fastasr.model.encoder.ConvolutionModule`); None: none.
+        positions: ``absolute`` (sinusoids added to the encoder input, the paper's),
+            ``rotary`` (queries and keys rotated in every attention layer) or ``none``
+            (order from the convolutions alone); :mod:`fastasr.model.positional` says when
+            each fits.
 
     The global CMVN statistics are buffers of this module (``cmvn``), so they travel
     inside every checkpoint; :meth:`set_cmvn` fills them from the training set's statistics.
@@ -74,16 +78,20 @@ class CTCModel(nn.Module):
         spec_augment: Mapping[str, Any] | None = None,
         utterance_cmvn: bool = False,
         conv_kernel: int | None = None,
+        positions: str = "absolute",
     ):
         super().__init__()
         self.vocab_size = vocab_size
+        self.position_kind = check_positions(positions)
         self.cmvn = GlobalCMVN(feat_in)
         self.utterance_cmvn = UtteranceCMVN() if utterance_cmvn else None
         self.spec_augment = SpecAugment(**spec_augment) if spec_augment else None
         self.frontend = ConvSubsampling(feat_in, d_model, subsampling)
-        self.positions = SinusoidalPositionalEncoding(d_model, dropout)
+        # the dropout the added positions carry stays where it was for the other two kinds
+        self.positions = SinusoidalPositionalEncoding(d_model, dropout) if positions == "absolute" else nn.Dropout(dropout)
         self.encoder = TransformerEncoder(
-            d_model, heads, ff_dim, layers, attention, shared_qk, dropout, norm_first, conv_kernel
+            d_model, heads, ff_dim, layers, attention, shared_qk, dropout, norm_first, conv_kernel,
+            rotary=positions == "rotary",
         )
         self.head = nn.Linear(d_model, vocab_size)
 

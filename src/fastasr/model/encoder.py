@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
+from fastasr.model.positional import RotaryPositions
 
 AttentionSpec = str | Mapping[str, Any]
 
@@ -27,6 +28,8 @@ class AttentionLayer(nn.Module):
         attention: spec string or mapping for :func:`fastasr.attention.build_attention`.
         shared_qk: one projection for queries and keys (the paper's "shared-full"; LSH needs it).
         dropout: dropout on the output projection.
+        rotary: rotate queries and keys by their position (:class:`RotaryPositions`) before
+            the inner attention, so every attention variant sees relative positions.
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class AttentionLayer(nn.Module):
         attention: AttentionSpec = "full",
         shared_qk: bool = False,
         dropout: float = 0.0,
+        rotary: bool = False,
     ):
         super().__init__()
         if d_model % heads:
@@ -47,6 +51,7 @@ class AttentionLayer(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout)
+        self.rotary = RotaryPositions(d_model // heads) if rotary else None
         self.inner = self._build(attention)
 
     def _build(self, attention: AttentionSpec) -> nn.Module:
@@ -71,6 +76,8 @@ class AttentionLayer(nn.Module):
         q = self._split(self.q_proj(x))
         k = q if self.k_proj is None else self._split(self.k_proj(x))
         v = self._split(self.v_proj(x))
+        if self.rotary is not None:
+            q, k = (self.rotary(q),) * 2 if k is q else (self.rotary(q), self.rotary(k))
         out = self.inner(q, k, v, lengths)  # (B, H, N, E); observed by CTCModel.capture_attention
         b, h, n, e = out.shape
         return self.dropout(self.out_proj(out.transpose(1, 2).reshape(b, n, h * e)))
@@ -106,7 +113,8 @@ class ConvolutionModule(nn.Module):
 class EncoderLayer(nn.Module):
     """Self-attention + feed-forward block with residuals (pre-norm by default), with an
     optional convolution module between them (``conv_kernel``: a Conformer-style layer
-    without the macaron feed-forward; pre-norm only)."""
+    without the macaron feed-forward; pre-norm only). ``rotary``: rotary positions in the
+    attention (:class:`AttentionLayer`)."""
 
     def __init__(
         self,
@@ -118,11 +126,12 @@ class EncoderLayer(nn.Module):
         dropout: float = 0.1,
         norm_first: bool = True,
         conv_kernel: int | None = None,
+        rotary: bool = False,
     ):
         super().__init__()
         if conv_kernel is not None and not norm_first:
             raise ValueError("model.conv_kernel needs model.norm_first=true (the convolution module is pre-norm)")
-        self.attn = AttentionLayer(d_model, heads, attention, shared_qk, dropout)
+        self.attn = AttentionLayer(d_model, heads, attention, shared_qk, dropout, rotary)
         self.conv = ConvolutionModule(d_model, conv_kernel, dropout) if conv_kernel is not None else None
         self.norm_conv = nn.LayerNorm(d_model) if conv_kernel is not None else None
         self.ff = nn.Sequential(
@@ -160,10 +169,11 @@ class TransformerEncoder(nn.Module):
         dropout: float = 0.1,
         norm_first: bool = True,
         conv_kernel: int | None = None,
+        rotary: bool = False,
     ):
         super().__init__()
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, heads, ff_dim, attention, shared_qk, dropout, norm_first, conv_kernel)
+            EncoderLayer(d_model, heads, ff_dim, attention, shared_qk, dropout, norm_first, conv_kernel, rotary)
             for _ in range(layers)
         )
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()

@@ -1,4 +1,17 @@
-"""Fixed sinusoidal positional encoding (Vaswani et al. 2017), as in the clustered-attention ASR models."""
+"""How the encoder knows where a frame is: added sinusoids, rotary queries and keys, or nothing.
+
+``model.positions`` chooses one of :data:`POSITIONS`:
+
+* ``absolute``: fixed sin/cos positions added to the input of the encoder (Vaswani et al. 2017),
+  as in the clustered-attention paper's models. A model trained on 8-second utterances has
+  never seen the positions of an hour-long recording.
+* ``rotary``: queries and keys rotated by their position (RoFormer, Su et al. 2021), so a
+  query-key score depends on their offset and not on where they are; applied inside every
+  attention layer, before the inner attention, so every attention variant sees it.
+* ``none``: no position signal at all; order comes only from the convolutions (the subsampling
+  front end and ``model.conv_kernel``'s modules). Attention is then a function of content
+  alone, which is what clustering approximates, and no position of a long recording is new.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +20,35 @@ import math
 import torch
 from torch import nn
 
+POSITIONS = ("absolute", "rotary", "none")
+
+
+def _frequencies(dim: int, device: torch.device) -> torch.Tensor:
+    """The ``dim / 2`` geometric frequencies 10000^(-2i/dim) of sinusoidal and rotary positions."""
+    return torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim))
+
+
+class _AngleTable:
+    """(length, dim / 2) angles position × frequency, cached and grown on demand (any length)."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+        self._angles: torch.Tensor | None = None
+
+    def __call__(self, length: int, device: torch.device) -> torch.Tensor:
+        cached = self._angles
+        if cached is None or cached.shape[0] < length or cached.device != device:
+            size = max(length, 1024 if cached is None else 2 * cached.shape[0])
+            pos = torch.arange(size, device=device, dtype=torch.float32)[:, None]
+            self._angles = cached = pos * _frequencies(self.dim, device)
+        return cached[:length]
+
 
 class SinusoidalPositionalEncoding(nn.Module):
     """Adds fixed sin/cos positions to ``x`` of shape (B, T, D); any T, computed on demand.
 
-    The table is cached per (T, device, dtype) and grown when a longer input arrives,
-    so there is no maximum length to configure.
+    The table is cached and grown when a longer input arrives, so there is no maximum length to
+    configure.
     """
 
     def __init__(self, d_model: int, dropout: float = 0.0):
@@ -21,23 +57,40 @@ class SinusoidalPositionalEncoding(nn.Module):
             raise ValueError(f"d_model must be even for sinusoidal positions, got {d_model}")
         self.d_model = d_model
         self.dropout = nn.Dropout(dropout)
-        self._table: torch.Tensor | None = None
+        self._angles = _AngleTable(d_model)
 
     def table(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """The (length, d_model) position table."""
-        cached = self._table
-        if cached is None or cached.shape[0] < length or cached.device != device:
-            size = max(length, 1024 if cached is None else 2 * cached.shape[0])
-            pos = torch.arange(size, device=device, dtype=torch.float32)[:, None]
-            freq = torch.exp(
-                torch.arange(0, self.d_model, 2, device=device, dtype=torch.float32)
-                * (-math.log(10000.0) / self.d_model)
-            )
-            tab = torch.zeros(size, self.d_model, device=device)
-            tab[:, 0::2] = torch.sin(pos * freq)
-            tab[:, 1::2] = torch.cos(pos * freq)
-            self._table = cached = tab
-        return cached[:length].to(dtype)
+        """The (length, d_model) position table: sin in the even columns, cos in the odd."""
+        angles = self._angles(length, device)
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(x + self.table(x.shape[1], x.device, x.dtype))
+
+
+class RotaryPositions(nn.Module):
+    """Rotates queries or keys ``(B, H, N, E)`` by their position (RoPE, Su et al. 2021).
+
+    Each pair of channels ``(2i, 2i+1)`` of a head turns by ``n · 10000^(-2i/E)`` at position
+    ``n``, so ``rotate(q)_n · rotate(k)_m`` depends on ``q``, ``k`` and ``n - m`` only. No
+    parameters; any length.
+    """
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary positions need an even head dimension, got {head_dim}")
+        self._angles = _AngleTable(head_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        angles = self._angles(x.shape[-2], x.device)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        even, odd = x[..., 0::2], x[..., 1::2]
+        return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
+
+
+def check_positions(positions: str) -> str:
+    """``positions`` if it is one of :data:`POSITIONS`; otherwise a ``ValueError`` naming it."""
+    if positions not in POSITIONS:
+        raise ValueError(f"model.positions={positions!r}; expected one of {POSITIONS}")
+    return positions
