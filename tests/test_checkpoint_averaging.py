@@ -5,7 +5,12 @@ import argparse
 import pytest
 import torch
 
-from fastasr.checkpoint_averaging import average_checkpoints, average_into, select_checkpoints
+from fastasr.checkpoint_averaging import (
+    average_checkpoints,
+    average_into,
+    select_checkpoints,
+    write_averaged_checkpoint,
+)
 from fastasr.rundir import RunDir
 
 
@@ -72,3 +77,29 @@ def test_pickled_objects_are_refused(tmp_path):
     torch.save({"state_dict": {"w": torch.zeros(1)}, "args": argparse.Namespace(lr=1)}, tmp_path / "pickled.ckpt")
     with pytest.raises(Exception, match="[Ww]eights only"):  # weights_only=True: no arbitrary unpickling
         average_checkpoints([tmp_path / "pickled.ckpt"])
+
+
+def test_the_averaged_checkpoint_is_the_template_with_the_mean_weights(tmp_path, caplog):
+    """final_average: averaged.ckpt beside the best checkpoint, its weights the mean of the best N
+    epochs, everything else the template's; fewer epochs than N average what there is."""
+    run = RunDir(tmp_path)
+    run.checkpoints.mkdir()
+    for epoch, (value, score) in enumerate([(1.0, 30.0), (2.0, 10.0), (6.0, 20.0), (9.0, 40.0)]):
+        save(run.checkpoints / f"epoch{epoch:03d}-score{score:.4f}.ckpt", torch.full((1, 2), value), torch.full((1,), value), epoch)
+    template = run.checkpoints / "best-epoch001-step20.ckpt"
+    torch.save({"epoch": 1, "global_step": 20, "recogniser": {"kind": "ctc"},
+                "state_dict": {"layer.weight": torch.zeros(1, 2), "layer.bias": torch.zeros(1),
+                               "bn.num_batches_tracked": torch.tensor(0)}}, template)
+    path, used = write_averaged_checkpoint(template, best=2)
+    assert path == run.checkpoints / "averaged.ckpt" and [p.name[:8] for p in used] == ["epoch001", "epoch002"]
+    written = torch.load(path, weights_only=True)
+    assert torch.equal(written["state_dict"]["layer.weight"], torch.full((1, 2), 4.0))  # (2 + 6) / 2
+    assert written["global_step"] == 20 and written["recogniser"] == {"kind": "ctc"}
+    assert run.latest_checkpoint() is None  # never a checkpoint to resume from
+    with caplog.at_level("INFO"):
+        _, used = write_averaged_checkpoint(template, last=10)
+    assert len(used) == 4 and "10 epoch checkpoints wanted, 4 written" in caplog.text
+    assert write_averaged_checkpoint(template) is None
+    for f in run.checkpoints.glob("epoch*.ckpt"):
+        f.unlink()
+    assert write_averaged_checkpoint(template, best=2) is None  # no epochs: the template as it is

@@ -25,6 +25,7 @@ def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
     assert cfg.scheduler._target_ == "fastasr.lr_schedules.BudgetSchedule"
     assert cfg.trainer.max_epochs == -1 and cfg.trainer.max_time == "00:00:30:00"
     assert cfg.data.augment.speed_perturb is True and cfg.model.utterance_cmvn is True
+    assert cfg.final_average == {"best": 5}
 
 
 def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
@@ -32,11 +33,15 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
     assert builtin.scheduler._target_.endswith("ReduceLROnPlateau")
     assert builtin.trainer.max_epochs == 30 and builtin.trainer.max_time == "00:00:18:00"
     assert builtin.model.layers == 4 and builtin.data.augment.speed_perturb is False
+    # make train's encoder reads any length: no positions, order from the convolution modules
+    assert builtin.model.positions == "none" and builtin.model.conv_kernel == 15
     for preset in ("paper_wsj", "paper_swbd", "matrix_member"):
         cfg = _compose(f"experiment={preset}")
         assert cfg.scheduler._target_.endswith("ReduceLROnPlateau"), preset
         assert cfg.data.augment.speed_perturb is False and cfg.model.utterance_cmvn is False, preset
-        assert cfg.trainer.max_epochs > 0, preset
+        assert cfg.trainer.max_epochs > 0 and cfg.final_average is None, preset
+        # the paper's model: added sinusoids and no convolution module
+        assert cfg.model.positions == "absolute" and cfg.model.conv_kernel is None, preset
     # a user's choice still wins over the recipe
     assert _compose("data=manifest", "recipe=builtin").scheduler._target_.endswith("ReduceLROnPlateau")
     assert _compose("data=manifest", "trainer.max_time=00:02:00:00").trainer.max_time == "00:02:00:00"
@@ -74,3 +79,7 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
     tuned = final["tuned_on_dev"]
     assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
     assert final["decoding"]["lm_weight"] == tuned["best"]["lm_weight"] and final["decoding"]["word_score"] == 0.0
+    # final_average: the best epochs' mean (as many as were written, up to 5) is what was tested and decoded
+    averaged = Path(result["averaged_ckpt"])
+    assert averaged.name == "averaged.ckpt" and final["ckpt_path"] == str(averaged)
+    assert 1 <= len(result["averaged_from"]) <= 5 and final["averaged_checkpoints"] == result["averaged_from"]

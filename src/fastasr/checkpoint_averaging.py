@@ -5,7 +5,9 @@ Training keeps the weights of every epoch as ``checkpoints/epochNNN-scoreX.ckpt`
 ``epoch_checkpoint`` callback; X is the validation unit error rate, lower is better; the
 names are read by :meth:`fastasr.rundir.RunDir.epoch_checkpoints`), so
 ``python evaluate.py ckpt_path=... average.last=5`` (or ``average.best=5``) decodes the
-average of the 5 newest (or best-scoring) epochs of the run ``ckpt_path`` belongs to.
+average of the 5 newest (or best-scoring) epochs of the run ``ckpt_path`` belongs to, and
+training with ``final_average`` ends by writing that average as ``checkpoints/averaged.ckpt``
+(:func:`write_averaged_checkpoint`), which its test and final decoding then use.
 """
 
 from __future__ import annotations
@@ -99,3 +101,39 @@ def average_into(model: torch.nn.Module, ckpt_path: str | os.PathLike, last: int
                          f"{err}") from err
     log.info("averaged %d checkpoints: %s", len(paths), ", ".join(p.name for p in paths))
     return paths
+
+
+AVERAGED_NAME = "averaged.ckpt"  # in a run's checkpoints/: never resumed from (RunDir.latest_checkpoint)
+
+
+def write_averaged_checkpoint(template: str | os.PathLike, last: int | None = None,
+                              best: int | None = None) -> tuple[Path, list[Path]] | None:
+    """Write ``averaged.ckpt`` beside ``template`` (a checkpoint of the run, normally its best):
+    the template with its weights replaced by the average of the run's ``last``/``best`` N epoch
+    checkpoints, so it decodes, evaluates and transcribes like any checkpoint. Fewer epochs
+    than N: all of them (logged). Returns ``(path, averaged files)``, or None when the run has
+    no epoch checkpoints or neither N is given.
+    """
+    if last is None and best is None:
+        return None
+    run_dir = RunDir.of_checkpoint(template)
+    available = len(run_dir.epoch_checkpoints())
+    if available == 0:
+        log.warning("final_average: no epoch checkpoints in %s; decoding %s as it is", run_dir.checkpoints, template)
+        return None
+    wanted = last if last is not None else best
+    if available < wanted:
+        log.info("final_average: %d epoch checkpoints wanted, %d written; averaging those", wanted, available)
+    n = min(wanted, available)
+    paths = select_checkpoints(run_dir, last=n if last is not None else None, best=n if best is not None else None)
+    averaged = average_checkpoints(paths)
+    ckpt = torch.load(template, map_location="cpu", weights_only=True)
+    if ckpt["state_dict"].keys() != averaged.keys():
+        raise ValueError(f"{template} and the epoch checkpoints {paths[-1].name} hold different weights")
+    ckpt["state_dict"] = averaged
+    out = Path(template).with_name(AVERAGED_NAME)
+    tmp = out.with_suffix(".ckpt.tmp")
+    torch.save(ckpt, tmp)
+    os.replace(tmp, out)  # a kill never leaves a half-written averaged.ckpt
+    log.info("final_average: %s = the mean of %s", out, ", ".join(p.name for p in paths))
+    return out, paths

@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
+from fastasr.checkpoint_averaging import write_averaged_checkpoint
 from fastasr.config_check import check_train_config
 from fastasr.decoding.builder import resolve_lm, resolve_source
 from fastasr.decoding.tune import tune_recogniser
@@ -132,13 +133,23 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     result["best_ckpt"] = best or None
     last = run_dir.latest_checkpoint()
     result["last_ckpt"] = str(last) if last else None
+    average = cfg.get("final_average")
+    if average and best and trainer.is_global_zero and not trainer.fast_dev_run:
+        written = write_averaged_checkpoint(best, last=average.get("last"), best=average.get("best"))
+        if written:  # the test and the final decoding read the averaged weights
+            best = str(written[0])
+            result["averaged_ckpt"] = best
+            result["averaged_from"] = [str(p) for p in written[1]]
+    if trainer.world_size > 1:  # every rank tests the same checkpoint
+        best = trainer.strategy.broadcast(best)
     if cfg.get("test") and not trainer.fast_dev_run:
         trainer.test(lit, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
         result["test"] = lit.test_result
         log.info("test: %s", lit.test_result)
         if cfg.get("final_decoding") and trainer.is_global_zero:
             try:
-                result["final_decoding"] = final_decoding(cfg, best or result["last_ckpt"], run_dir)
+                result["final_decoding"] = final_decoding(cfg, best or result["last_ckpt"], run_dir,
+                                                          averaged_from=result.get("averaged_from"))
             except Exception:  # the model is trained and tested; a decoding setting must not lose that
                 log.exception("final decoding failed; the run is complete: decode it with "
                               "python evaluate.py ckpt_path=%s decoding=...", best or result["last_ckpt"])
@@ -146,7 +157,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     return result
 
 
-def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> DecodeResult | None:
+def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
+                   averaged_from: list[str] | None = None) -> DecodeResult | None:
     """Decode the test split with ``ckpt`` by ``cfg.final_decoding`` (a ``conf/decoding``
     option; beam search by default), through the decoding path evaluate.py takes, so that a
     training ends with the word error rate over real words.
@@ -159,7 +171,8 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> Decode
     With ``cfg.final_tuning`` (``{lm_weight: [...], word_score: [...]}``) and an LM, the LM weight
     and word score are first chosen on the dev split (:func:`fastasr.decoding.tune.tune_recogniser`;
     never the test split), and the grid is kept in ``results.json`` under ``tuned_on_dev``.
-    Writes ``results.json`` and the recogs/errs files to the run directory.
+    ``averaged_from``: the epoch checkpoints ``ckpt`` averages (``final_average``), recorded as
+    ``averaged_checkpoints``. Writes ``results.json`` and the recogs/errs files to the run directory.
     """
     if not ckpt:
         return None
@@ -199,7 +212,7 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir) -> Decode
                               **decoding_options(cfg.data))
     tuned_on_dev = None if tuned is None else {"manifest": tuned["manifest"], "best": tuned["best"],
                                                "points": tuned["points"]}
-    decoded = replace(decoded, ckpt_path=str(ckpt), tuned_on_dev=tuned_on_dev)
+    decoded = replace(decoded, ckpt_path=str(ckpt), tuned_on_dev=tuned_on_dev, averaged_checkpoints=averaged_from)
     run_dir.write_results(decoded.to_dict())
     log.info("test, %s decoding (%s words): %s", decoded.decoding["name"], decoded.words,
              {k: getattr(decoded, k) for k in ("per", "cer", "wer", "decode_seconds")})
