@@ -26,8 +26,9 @@ Steps (issue #20, item 2):
    high-water mark: the loaded model and libraries included, shown apart as the RSS once
    loaded), and on a GPU ``torch.cuda.max_memory_allocated``.
 
-Full (or top-k) attention in one pass is quadratic: runs above ``--max-quadratic-one-pass-s``
-(900 s) are skipped and listed as such. Writes ``--out-dir``/long_recordings_<machine>.{md,json}.
+Full (or top-k) attention in one pass is quadratic: its runs above ``--max-quadratic-one-pass-s``
+(900 s) are skipped and listed as such (the attention's own ``length_cost``; ``auto``: the variant
+it chooses at the recording's length). Writes ``--out-dir``/long_recordings_<machine>.{md,json}.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -53,7 +55,6 @@ from fastasr.data.audio import file_sample_rate, load_audio, write_wav  # noqa: 
 from fastasr.data.manifest import Utterance, read_manifest, write_manifest  # noqa: E402
 
 RESULT_PREFIX = "RESULT "  # the line a child process answers with
-QUADRATIC = ("full", "topk", "oracle-top", "oracle_top")
 
 
 # ---------------------------------------------------------------------- recordings
@@ -100,6 +101,25 @@ def build_long_recording(utterances: list[Utterance], seconds: float, out_dir: P
 
 
 # ---------------------------------------------------------------------- one measurement (child process)
+def _cost(name: str, rec, seconds: float) -> str:
+    """``linear`` or ``quadratic``: what attention ``name`` costs on ``seconds`` of audio in one pass."""
+    from fastasr.attention import build_attention
+    from fastasr.decoding.long_form import attention_cost
+
+    spec = _attention(name)
+    frames = int(seconds / rec.frame_seconds)
+    return attention_cost(rec.model, frames) if spec is None else _inner_cost(build_attention(spec), frames)
+
+
+def _inner_cost(inner, frames: int) -> str:
+    if hasattr(inner, "choose"):  # auto: the variant it runs at this length
+        import torch
+
+        with torch.no_grad():
+            inner = inner.choose(frames)
+    return inner.length_cost
+
+
 def _attention(name: str):
     """A conf/attention option's mapping, a spec string, or None (``trained``)."""
     if name == "trained":
@@ -203,6 +223,8 @@ def render(report: dict) -> str:
              f"device {report['device']}",
              "- memory: peak RSS = `resource.getrusage(RUSAGE_SELF).ru_maxrss` of a fresh process per run (libraries, "
              "model, audio and features included); 'loaded' = the same once the model is loaded, before decoding",
+             "- voices: " + (f"one, {report['speaker']} (only its utterances are joined)" if report.get("speaker")
+                             else "the test set's, in manifest order (a new voice every utterance or two)"),
              "", "## Recordings", "", "| recording | duration (s) | utterances | times through the test set | words |",
              "| --- | ---: | ---: | ---: | ---: |"]
     for r in report["recordings"]:
@@ -249,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, nargs="+", default=[1, 10, 60], help="recording lengths (minutes)")
     p.add_argument("--seconds", type=float, nargs="+", help="recording lengths in seconds (instead of --minutes)")
     p.add_argument("--pause-s", type=float, default=0.3, help="silence between two utterances")
+    p.add_argument("--speaker", help="join only this speaker's utterances (manifest 'speaker'): a one-voice recording")
     p.add_argument("--attentions", nargs="+", default=["full", "clustered", "i_clustered"],
                    help="conf/attention options or spec strings; 'trained' = the checkpoint's own")
     p.add_argument("--modes", nargs="+", default=["one_pass", "windowed"], choices=["one_pass", "windowed", "auto"])
@@ -278,10 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     rec = load_recogniser(args.ckpt)
     machine = bench_io.machine_info(args.device if args.device != "auto" else "cpu")
     utterances = read_manifest(args.manifest)
+    if args.speaker:
+        utterances = [u for u in utterances if u.speaker == args.speaker]
+        if not utterances:
+            raise SystemExit(f"--speaker {args.speaker!r}: no utterance of {args.manifest} has this 'speaker'")
     lengths = args.seconds or [m * 60 for m in args.minutes]
     recordings = []
     for seconds in lengths:
-        name = f"long-{seconds:g}s"
+        name = f"long-{seconds:g}s" + (f"-{args.speaker}" if args.speaker else "")
         manifest = build_long_recording(utterances, seconds, Path(args.work_dir), name, args.pause_s,
                                         source=str(Path(args.manifest).resolve()))
         (ref,) = read_manifest(manifest, check_audio=False)
@@ -299,9 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in recordings:
             for mode in args.modes:
                 row = {"recording": r["name"], "attention": attention, "mode": mode}
-                spec = str(_attention(attention) if attention != "trained" else rec.attention)
                 if (mode == "one_pass" and r["duration"] > args.max_quadratic_one_pass_s
-                        and any(q in spec for q in QUADRATIC)):
+                        and _cost(attention, rec, r["duration"]) == "quadratic"):
                     row["skipped"] = f"skipped: quadratic attention in one pass over {r['duration']:.0f} s"
                 else:
                     result = run_child({**base, "kind": "long", "attention": attention, "manifest": r["manifest"],
@@ -319,11 +345,12 @@ def main(argv: list[str] | None = None) -> int:
               "load_start": load_start, "load_end": bench_io.load_average(), "ckpt": args.ckpt,
               "trained_attention": rec.model.attention_spec, "unit_metric": rec.unit_metric,
               "subsampling": rec.subsampling, "frame_ms": rec.frame_seconds * 1000, "decoding": args.decoding,
-              "window_s": args.window_s, "overlap_s": args.overlap_s, "device": args.device,
+              "window_s": args.window_s, "overlap_s": args.overlap_s, "device": args.device, "speaker": args.speaker,
               "recordings": recordings, "runs": runs}
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    slug = args.machine or machine["slug"]
+    slug = (args.machine or machine["slug"]) + (f"_{args.decoding}" if args.decoding != "greedy" else "") + (
+        f"_{re.sub(r'[^a-z0-9]+', '-', args.speaker.lower())}" if args.speaker else "")
     (out / f"long_recordings_{slug}.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / f"long_recordings_{slug}.md").write_text(render(report))
     print(f"wrote {out / f'long_recordings_{slug}.md'}", flush=True)

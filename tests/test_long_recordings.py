@@ -17,7 +17,7 @@ from fastasr.data.manifest import read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from long_recordings import build_long_recording, render  # noqa: E402
+from long_recordings import _attention, _inner_cost, build_long_recording, render  # noqa: E402
 
 RATE = 16000
 
@@ -101,3 +101,17 @@ def test_the_benchmark_runs_on_a_20_second_recording_of_the_tiny_corpus(tiny_cor
         assert 0 <= r["per"] and 0 <= r["wer"] and set(r["u2u"]) >= {"per", "wer"}
     page = (tmp_path / "out" / "long_recordings_test.md").read_text()
     assert "| long-20s | i-clustered-100 | windowed |" in page and "## Target" in page
+
+
+def test_only_quadratic_attention_is_kept_from_a_long_one_pass():
+    """The skip rule reads the attention's own cost: i-clustered (whose config has a ``topk``)
+    and clustered are linear, full and top-k quadratic, auto by the length it is given."""
+    from fastasr.attention import build_attention
+
+    hour = 90_000  # output frames of an hour at 40 ms
+    for name in ("i_clustered", "clustered"):
+        assert _inner_cost(build_attention(_attention(name)), hour) == "linear", name
+    for name in ("full", "topk-32"):
+        assert _inner_cost(build_attention(_attention(name)), hour) == "quadratic", name
+    auto = build_attention(_attention("auto"))
+    assert (_inner_cost(auto, 10), _inner_cost(auto, hour)) == ("quadratic", "linear")
