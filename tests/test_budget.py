@@ -126,7 +126,8 @@ def test_changed_member_config_is_refused(tmp_path):
 # ----------------------------------------------------------------------------- curves and table
 def _metrics(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    columns = ["epoch", "step", "train/loss", "val/per", "budget/train_seconds", "budget/epochs", "budget/updates"]
+    columns = ["epoch", "step", "train/loss", "val/per", "budget/train_seconds", "budget/epochs", "budget/updates",
+               "perf/peak_memory_mb", "test/per"]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
@@ -151,6 +152,33 @@ def test_read_curve_drops_what_a_resume_rolled_back(tmp_path):
         (10, 11.0, 90.0), (20, 21.0, 80.0), (30, 33.0, 70.0), (40, 43.0, 60.0)]
     assert bd.best_point(curve).dev == 60.0
     assert bd.read_curve(tmp_path / "nothing") == [] and bd.best_point([]) is None
+
+
+def test_table2_columns_peak_memory_test_error_and_time_to_the_common_target(tmp_path):
+    """Peak memory and test error come from the CSV logs; the common target is the worst member's
+    best dev error, and each member's time to target is its first validation at or below it."""
+    from fastasr.budget.table import mark_time_to_target
+
+    _metrics(tmp_path / "csv/version_0/metrics.csv",
+             [{"step": 5, "perf/peak_memory_mb": 900.0}, {"step": 10, "perf/peak_memory_mb": 1200.0}, _val(10, 11.0, 50.0)])
+    _metrics(tmp_path / "csv/version_1/metrics.csv", [{"step": 20, "perf/peak_memory_mb": 1000.0}, {"step": 20, "test/per": 31.5}])
+    assert max(bd.curves.logged_values(tmp_path, "perf/peak_memory_mb")) == 1200.0
+    assert bd.curves.logged_values(tmp_path, "test/per") == [31.5] and bd.curves.logged_values(tmp_path, "nothing") == []
+
+    def row(member, best, status=bd.OK):
+        return bd.BudgetRow(member, member, 4, status=status, best_dev=best)
+
+    rows = [row("full", 20.0), row("clustered-100", 30.0), row("i-clustered-100", 22.0), row("lsh-1", None, bd.FAILED)]
+    curves = {
+        "full": [bd.CurvePoint(100.0, 1, 10, 40.0), bd.CurvePoint(200.0, 2, 20, 28.0), bd.CurvePoint(300.0, 3, 30, 20.0)],
+        "clustered-100": [bd.CurvePoint(60.0, 1, 10, 45.0), bd.CurvePoint(120.0, 2, 20, 30.0)],
+        "i-clustered-100": [bd.CurvePoint(80.0, 1, 10, 29.0), bd.CurvePoint(160.0, 2, 20, 22.0)],
+    }
+    assert mark_time_to_target(rows, curves) == 30.0  # clustered-100's best: every finished member reached it
+    assert [r.to_target_seconds for r in rows] == [200.0, 120.0, 80.0, None]
+    assert mark_time_to_target([rows[3]], curves) is None
+    text = bd.render.markdown(rows, [], "T", "d", ["n"], ["c"])
+    assert "| time to target | test PER |" in text and "| 3 min 20 s |" in text
 
 
 def test_pareto_front_and_csv_roundtrip(tmp_path):
@@ -244,7 +272,7 @@ def test_smoke_budget_is_complete_reused_and_resumed(tiny_corpus, tmp_path, monk
         assert seconds and seconds == sorted(seconds)
     md = (bdir / bd.MD_FILE).read_text()
     table = [line for line in md.splitlines() if line.startswith("| ")]
-    assert len(table) == 1 + len(names) and all(line.count("|") == 13 for line in table)
+    assert len(table) == 1 + len(names) and all(line.count("|") == 16 for line in table)  # 15 columns
     assert "python train.py experiment=matrix_member_base member=i-clustered-8" in md
     for png in (bd.TIME_PNG, bd.FORWARD_PNG):
         assert matplotlib.image.imread(bdir / png).shape[2] in (3, 4)

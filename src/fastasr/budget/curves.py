@@ -69,3 +69,18 @@ def read_curve(run_dir: str | Path, metric: str = "per") -> list[CurvePoint]:
 def best_point(curve: list[CurvePoint]) -> CurvePoint | None:
     """The validation with the lowest dev error (the earliest of equals), None for an empty curve."""
     return min(curve, key=lambda p: (p.dev, p.train_seconds)) if curve else None
+
+
+def logged_values(run_dir: str | Path, column: str) -> list[float]:
+    """Every finite value a run logged in ``column`` of its CSV logs (all versions, in file
+    order): ``perf/peak_memory_mb`` for its peak memory, ``test/per`` for its test error."""
+    values = []
+    for path in RunDir(run_dir).metrics_files():
+        with path.open(newline="") as f:
+            values += [v for row in csv.DictReader(f) if (v := _number(row.get(column))) is not None]
+    return values
+
+
+def first_reaching(curve: list[CurvePoint], target: float) -> CurvePoint | None:
+    """The first validation whose dev error is at or below ``target`` (None: never)."""
+    return next((p for p in curve if p.dev <= target), None)

@@ -151,6 +151,8 @@ def member_overrides(cfg: DictConfig, spec: MemberSpec) -> list[str]:
         f"model.layers={spec.layers}",
         f"trainer.max_time={b.max_time}",
         "trainer.max_epochs=-1",
+        f"test={'true' if b.get('test') else 'false'}",  # the best checkpoint's test error (greedy), or none
+        "final_decoding=null",
         f"++callbacks.{CLOCK_CALLBACK}._target_={_CLOCK_TARGET}",
         f"++logger.wandb.group=budget-{b.name}",
     ]

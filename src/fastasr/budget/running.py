@@ -23,7 +23,7 @@ import hydra
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from fastasr.budget.curves import CurvePoint, best_point, read_curve
+from fastasr.budget.curves import CurvePoint, best_point, logged_values, read_curve
 from fastasr.budget.forward import measure_member
 from fastasr.budget.members import (
     BudgetError,
@@ -46,6 +46,7 @@ from fastasr.budget.table import (
     TIME_PNG,
     BudgetRow,
     mark_pareto,
+    mark_time_to_target,
     read_rows,
     write_curves,
     write_rows,
@@ -85,7 +86,8 @@ def _reason(prefix: str, err: BaseException) -> str:
     return f"{prefix}{type(err).__name__}: {err}".replace("\n", " ")[:500]
 
 
-def _fill_from_curve(row: BudgetRow, curve: list[CurvePoint], done: dict) -> None:
+def _fill_from_logs(row: BudgetRow, curve: list[CurvePoint], done: dict, run_dir: Path) -> None:
+    """The row's curve figures, and its peak memory and test error from the run's CSV logs."""
     best = best_point(curve)
     last = curve[-1] if curve else None
     row.best_dev = best.dev if best else None
@@ -95,6 +97,10 @@ def _fill_from_curve(row: BudgetRow, curve: list[CurvePoint], done: dict) -> Non
     row.epochs = last.epochs if last else None
     row.updates = int(done.get("global_step", last.updates if last else 0))
     row.seconds_per_epoch = (row.train_seconds / row.epochs) if last and last.epochs > 0 else None
+    peaks = logged_values(run_dir, "perf/peak_memory_mb")
+    row.peak_memory_mb = max(peaks) if peaks else None
+    tests = logged_values(run_dir, f"test/{row.metric}")
+    row.test = tests[-1] if tests else None
 
 
 def _timing_current(previous: BudgetRow | None, ckpt_rel: str, step: int, cfg: DictConfig) -> bool:
@@ -132,7 +138,7 @@ def _run_member(cfg: DictConfig, member: BudgetMember, previous: BudgetRow | Non
 
     curve = read_curve(member.run_dir, metric)
     result.curves[member.spec] = curve
-    _fill_from_curve(row, curve, done)
+    _fill_from_logs(row, curve, done, member.run_dir)
     ckpt = member.checkpoint(done)
     row.checkpoint, row.train_step = _relative(ckpt, Path(cfg.budget_dir)), int(done["global_step"])
     f = cfg.budget.forward
@@ -164,7 +170,7 @@ def _run_member(cfg: DictConfig, member: BudgetMember, previous: BudgetRow | Non
 
 
 # ----------------------------------------------------------------------------- outputs
-def _notes(cfg: DictConfig, members: Sequence[BudgetMember]) -> list[str]:
+def _notes(cfg: DictConfig, members: Sequence[BudgetMember], target: float | None = None) -> list[str]:
     b = cfg.budget
     data = members[0].cfg.data if members else None
     f = b.forward
@@ -183,6 +189,12 @@ def _notes(cfg: DictConfig, members: Sequence[BudgetMember]) -> list[str]:
         f"beforehand; the fastest of {int(f.repeats)} passes counts. Device: `budget.accelerator={b.accelerator}`.",
         "Pareto: no other member is at least as fast (forward per epoch) and at least as accurate (best dev), "
         "better in one.",
+        "peak memory: the largest `perf/peak_memory_mb` the run logged (the training process's peak RSS on a "
+        "CPU, the CUDA allocator's peak on a GPU); test: the test error of the best checkpoint (members run "
+        "with `test=true`; — otherwise).",
+        "time to target: training time of the first validation at or below the common target, the highest of "
+        "the members' best dev errors (the lowest error every member reached)"
+        + (f": {target:.2f} %." if target is not None else "; none yet."),
     ]
     if data is not None:
         notes.append(f"Data: `{data.train_manifest}` (train), `{data.dev_manifest}` (dev); batches of at most "
@@ -205,6 +217,7 @@ def write_outputs(cfg: DictConfig, result: BudgetResult, members: Sequence[Budge
     d = result.budget_dir
     rows = list(result.rows.values())
     front = mark_pareto(rows)
+    target = mark_time_to_target(rows, result.curves)
     write_rows(d / CSV_FILE, rows)
     write_curves(d / CURVES_FILE, rows, result.curves)
     b = cfg.budget
@@ -214,7 +227,7 @@ def write_outputs(cfg: DictConfig, result: BudgetResult, members: Sequence[Budge
                    f"{b.max_time} (DD:HH:MM:SS) of wall-clock time, dev error against training time "
                    f"and against forward time per epoch (Figure 1 of Vyas et al. 2020).")
     title = f"Accuracy for a compute budget: `{b.name}`"
-    (d / MD_FILE).write_text(markdown(rows, front, title, description, _notes(cfg, members),
+    (d / MD_FILE).write_text(markdown(rows, front, title, description, _notes(cfg, members, target),
                                       _commands(invocation, members)))
     plot_time(d / TIME_PNG, rows, result.curves, budget_s, title=f"budget {b.name}: dev error against training time")
     plot_forward(d / FORWARD_PNG, rows, front, title=f"budget {b.name}: best dev error against forward time per epoch")

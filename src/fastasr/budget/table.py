@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from fastasr.budget.curves import CurvePoint
+from fastasr.budget.curves import CurvePoint, first_reaching
 
 CSV_FILE = "budget.csv"
 CURVES_FILE = "budget_curves.csv"
@@ -31,7 +31,12 @@ class BudgetRow:
     ``train_seconds / epochs`` (validation included); ``forward_seconds``: the fastest forward
     pass over ``forward_split`` (``forward_utterances`` utterances, ``forward_frames`` frames);
     ``forward_seconds_epoch``: scaled to the training set (:mod:`fastasr.budget.forward`);
-    ``checkpoint`` / ``train_step``: what was timed (the timing is reused while they are unchanged).
+    ``checkpoint`` / ``train_step``: what was timed (the timing is reused while they are unchanged);
+    ``peak_memory_mb``: the largest peak memory the run logged (``perf/peak_memory_mb``: the
+    process's peak RSS on a CPU, the allocator's peak on a GPU); ``test``: the test error of the
+    best checkpoint when the members are tested (``test=true``); ``to_target_seconds``: training
+    time at which the dev error first reached the study's common target
+    (:func:`mark_time_to_target`).
     """
 
     member: str
@@ -56,6 +61,9 @@ class BudgetRow:
     pareto: bool = False
     checkpoint: str | None = None
     train_step: int | None = None
+    peak_memory_mb: float | None = None
+    test: float | None = None
+    to_target_seconds: float | None = None
     reason: str = ""
 
     def to_row(self) -> dict[str, str]:
@@ -157,3 +165,18 @@ def mark_pareto(rows: Sequence[BudgetRow]) -> list[BudgetRow]:
         if r.pareto:
             front.append(r)
     return sorted(front, key=lambda r: (r.forward_seconds_epoch, r.best_dev))
+
+
+def mark_time_to_target(rows: Sequence[BudgetRow], curves: Mapping[str, Sequence[CurvePoint]]) -> float | None:
+    """The common dev target — the highest of the finished members' best dev errors, the lowest
+    error every one of them reached — and, on each finished row, ``to_target_seconds``: the
+    training time of its first validation at or below it (the paper's Table 2 convergence
+    time, with a target every member attains). None (and nothing set) with no finished member."""
+    finished = [r for r in rows if r.status == OK and r.best_dev is not None]
+    if not finished:
+        return None
+    target = max(r.best_dev for r in finished)
+    for r in finished:
+        reached = first_reaching(list(curves.get(r.member, ())), target)
+        r.to_target_seconds = reached.train_seconds if reached else None
+    return target
