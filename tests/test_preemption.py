@@ -12,6 +12,7 @@ rank 0, whose Lightning launcher passes it on to rank 1).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -69,19 +70,26 @@ def batches_by_run(records: list[dict]) -> list[list[dict]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("processes", [1, 2], ids=["one-process", "ddp"])
-def test_sigterm_mid_epoch_writes_a_checkpoint_at_that_step_and_resumes_there(tiny_corpus, tmp_path, processes):
+@pytest.mark.parametrize("processes, whole_group", [(1, False), (1, True), (2, False)],
+                         ids=["one-process", "one-process-and-its-workers", "ddp"])
+def test_sigterm_mid_epoch_writes_a_checkpoint_at_that_step_and_resumes_there(tiny_corpus, tmp_path, processes,
+                                                                            whole_group):
+    """``whole_group``: the signal goes to the training process *and* its data-loader workers, as
+    SLURM sends it to every process of a job step."""
     ckpt_dir = tmp_path / "outputs" / "runs" / "preempt" / "checkpoints"
     cmd = command(tiny_corpus, tmp_path, processes)
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=run_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=whole_group)
     try:
         deadline = time.monotonic() + 150
         while not all((tmp_path / f"paused.rank{r}").exists() for r in range(processes)):
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "training never reached the step"
             time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
+        if whole_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

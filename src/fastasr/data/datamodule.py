@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import signal
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.utilities.seed import pl_worker_init_function
 from torch.utils.data import DataLoader, Dataset
 
 from fastasr.data.audio import BadAudioError
@@ -51,6 +54,18 @@ from fastasr.data.sampler import FrameBudgetBatchSampler, budget_for_batches
 from fastasr.data.tokenizer import KINDS, Tokenizer, UnknownUnitError
 
 log = logging.getLogger(__name__)
+
+
+def worker_init(worker_id: int) -> None:
+    """Every dataloader worker ignores SIGTERM. A scheduler (SLURM, Kubernetes) sends it to every
+    process of the job, workers included; a worker that died of it would end training with
+    "DataLoader worker killed" before the training process had written its preemption checkpoint
+    (``callbacks.PreemptionCheckpoint``), so only the training process handles it and then shuts
+    its workers down. Workers are seeded as Lightning seeds them (``seed_everything(workers=True)``),
+    which a loader with its own ``worker_init_fn`` would otherwise skip."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if int(os.environ.get("PL_SEED_WORKERS", "0")):
+        pl_worker_init_function(worker_id)
 
 
 class ASRDataset(Dataset):
@@ -376,7 +391,8 @@ class ASRDataModule(pl.LightningDataModule):
             pad="repeat" if shuffle else "empty",  # evaluation scores every utterance exactly once
         )
         kwargs = dict(batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
-                      pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0)
+                      pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
+                      worker_init_fn=worker_init)
         if shuffle:
             # Lightning's per-epoch set_epoch (and a resume's) also reaches the dataset's augmentation draws
             sampler.sampler = EpochListeners(sampler.sampler, dataset)
@@ -410,7 +426,7 @@ class ASRDataModule(pl.LightningDataModule):
         sampler = FrameBudgetBatchSampler(dataset.frame_lengths(), max_frames_per_batch or self.max_frames_per_batch,
                                           self.max_batch_size, shuffle=False, **self.pricing)
         return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
-                          pin_memory=self.pin_memory)
+                          pin_memory=self.pin_memory, worker_init_fn=worker_init)
 
     def largest_train_batches(self, k: int = 1) -> list[dict]:
         """The ``k`` most expensive training batches, by the sampler's price (to try before training)."""
