@@ -19,6 +19,18 @@ _LEGACY_KEYS = {"model", "tokenizer", "feat_in"}  # what the hyper-parameters he
 _DERIVED = ("vocab_size", "feat_in")  # come from the tokenizer and the features, never from the model config
 
 
+def split_attention(model: dict[str, Any]) -> Any:
+    """Check a model config (current or legacy) and take its ``attention`` out of it (in place);
+    returns the attention spec. ``ValueError`` when it sets ``vocab_size`` / ``feat_in`` or has
+    no ``attention``."""
+    given = sorted(set(_DERIVED) & set(model))
+    if given:
+        raise ValueError(f"model config sets {given}; they come from the tokenizer and the features")
+    if "attention" not in model:
+        raise ValueError("model config has no 'attention'; expected a spec string or mapping")
+    return model.pop("attention")
+
+
 def legacy_recogniser_state(hparams: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The recogniser entry (``Recogniser.to_dict()`` layout, no lexicon nor LM) of a checkpoint
     whose ``hyper_parameters`` hold ``model``, ``tokenizer``, ``feat_in`` (and ``features``);
@@ -29,12 +41,7 @@ def legacy_recogniser_state(hparams: Mapping[str, Any] | None) -> dict[str, Any]
         return None
     model = dict(hparams["model"])
     model.pop("_partial_", None)
-    given = sorted(set(_DERIVED) & set(model))
-    if given:
-        raise ValueError(f"model config sets {given}; they come from the tokenizer and the features")
-    if "attention" not in model:
-        raise ValueError("model config has no 'attention'; expected a spec string or mapping")
-    attention = model.pop("attention")
+    attention = split_attention(model)
     features = dict(hparams.get("features") or {"num_mel_bins": int(hparams["feat_in"])})
     return {"format": LEGACY_FORMAT, "model": model, "attention": attention,
             "tokenizer": dict(hparams["tokenizer"]), "features": features, "lexicon": None, "lm": None}

@@ -52,7 +52,7 @@ from hydra.utils import get_class, instantiate
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from fastasr.checkpoint_migration import legacy_recogniser_state
+from fastasr.checkpoint_migration import legacy_recogniser_state, split_attention
 from fastasr.data.audio import BadAudioError
 from fastasr.data.bad_audio import SKIPPED_KEY
 from fastasr.data.features import FeatureConfig
@@ -77,7 +77,6 @@ log = logging.getLogger(__name__)
 RECOGNISER_KEY = "recogniser"  # the checkpoint entry
 FORMAT = 2  # version of the plain-data layout below; 2: the model entry names its class (`_target_`)
 DEFAULT_MODEL_TARGET = "fastasr.model.CTCModel"  # the class of a model config that names none (format 1)
-_DERIVED = ("vocab_size", "feat_in")  # come from the tokenizer and the features
 
 
 def model_class(target: str, where: str = "model._target_") -> type[CTCModel]:
@@ -141,12 +140,7 @@ class Recogniser:
         target = str(config.pop("_target_", None) or DEFAULT_MODEL_TARGET)
         config.pop("_partial_", None)  # always a partial: the sizes come from the data
         model_class(target)
-        given = sorted(set(_DERIVED) & set(config))
-        if given:
-            raise ValueError(f"model config sets {given}; they come from the tokenizer and the features")
-        if "attention" not in config:
-            raise ValueError("model config has no 'attention'; expected a spec string or mapping")
-        attention = config.pop("attention")
+        attention = split_attention(config)
         return cls(config, attention, tokenizer, FeatureConfig.from_dict(features), model_target=target)
 
     # ------------------------------------------------------------------ derived values
