@@ -28,8 +28,8 @@ class AttentionLayer(nn.Module):
         attention: spec string or mapping for :func:`fastasr.attention.build_attention`.
         shared_qk: one projection for queries and keys (the paper's "shared-full"; LSH needs it).
         dropout: dropout on the output projection.
-        rotary: rotate queries and keys by their position (:class:`RotaryPositions`) before
-            the inner attention, so every attention variant sees relative positions.
+        rotary: a :class:`RotaryPositions` that turns queries and keys by their position before
+            the inner attention (every attention variant then sees relative positions), or None.
     """
 
     def __init__(
@@ -39,7 +39,7 @@ class AttentionLayer(nn.Module):
         attention: AttentionSpec = "full",
         shared_qk: bool = False,
         dropout: float = 0.0,
-        rotary: bool = False,
+        rotary: RotaryPositions | None = None,
     ):
         super().__init__()
         if d_model % heads:
@@ -51,7 +51,7 @@ class AttentionLayer(nn.Module):
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = nn.Dropout(dropout)
-        self.rotary = RotaryPositions(d_model // heads) if rotary else None
+        self.rotary = rotary
         self.inner = self._build(attention)
 
     def _build(self, attention: AttentionSpec) -> nn.Module:
@@ -114,7 +114,7 @@ class EncoderLayer(nn.Module):
     """Self-attention + feed-forward block with residuals (pre-norm by default), with an
     optional convolution module between them (``conv_kernel``: a Conformer-style layer
     without the macaron feed-forward; pre-norm only). ``rotary``: rotary positions in the
-    attention (:class:`AttentionLayer`)."""
+    attention (:class:`AttentionLayer`), or None."""
 
     def __init__(
         self,
@@ -126,7 +126,7 @@ class EncoderLayer(nn.Module):
         dropout: float = 0.1,
         norm_first: bool = True,
         conv_kernel: int | None = None,
-        rotary: bool = False,
+        rotary: RotaryPositions | None = None,
     ):
         super().__init__()
         if conv_kernel is not None and not norm_first:
@@ -172,8 +172,9 @@ class TransformerEncoder(nn.Module):
         rotary: bool = False,
     ):
         super().__init__()
+        positions = RotaryPositions(d_model // heads) if rotary else None  # one table for every layer
         self.layers = nn.ModuleList(
-            EncoderLayer(d_model, heads, ff_dim, attention, shared_qk, dropout, norm_first, conv_kernel, rotary)
+            EncoderLayer(d_model, heads, ff_dim, attention, shared_qk, dropout, norm_first, conv_kernel, positions)
             for _ in range(layers)
         )
         self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()

@@ -29,19 +29,20 @@ def _frequencies(dim: int, device: torch.device) -> torch.Tensor:
 
 
 class _AngleTable:
-    """(length, dim / 2) angles position × frequency, cached and grown on demand (any length)."""
+    """cos and sin of the (length, dim / 2) angles position × frequency, cached and grown on
+    demand (any length), so a forward pass computes no trigonometry."""
 
     def __init__(self, dim: int):
         self.dim = dim
-        self._angles: torch.Tensor | None = None
+        self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def __call__(self, length: int, device: torch.device) -> torch.Tensor:
-        cached = self._angles
-        if cached is None or cached.shape[0] < length or cached.device != device:
-            size = max(length, 1024 if cached is None else 2 * cached.shape[0])
-            pos = torch.arange(size, device=device, dtype=torch.float32)[:, None]
-            self._angles = cached = pos * _frequencies(self.dim, device)
-        return cached[:length]
+    def __call__(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        cached = self._cos_sin
+        if cached is None or cached[0].shape[0] < length or cached[0].device != device:
+            size = max(length, 1024 if cached is None else 2 * cached[0].shape[0])
+            angles = torch.arange(size, device=device, dtype=torch.float32)[:, None] * _frequencies(self.dim, device)
+            self._cos_sin = cached = (angles.cos(), angles.sin())
+        return cached[0][:length], cached[1][:length]
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -61,8 +62,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def table(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """The (length, d_model) position table: sin in the even columns, cos in the odd."""
-        angles = self._angles(length, device)
-        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2).to(dtype)
+        cos, sin = self._angles(length, device)
+        return torch.stack((sin, cos), dim=-1).flatten(-2).to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(x + self.table(x.shape[1], x.device, x.dtype))
@@ -73,7 +74,7 @@ class RotaryPositions(nn.Module):
 
     Each pair of channels ``(2i, 2i+1)`` of a head turns by ``n · 10000^(-2i/E)`` at position
     ``n``, so ``rotate(q)_n · rotate(k)_m`` depends on ``q``, ``k`` and ``n - m`` only. No
-    parameters; any length.
+    parameters; any length. One instance serves every layer of an encoder (one table).
     """
 
     def __init__(self, head_dim: int):
@@ -83,8 +84,7 @@ class RotaryPositions(nn.Module):
         self._angles = _AngleTable(head_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        angles = self._angles(x.shape[-2], x.device)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cos, sin = (t.to(x.dtype) for t in self._angles(x.shape[-2], x.device))
         even, odd = x[..., 0::2], x[..., 1::2]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
