@@ -104,20 +104,11 @@ def build_long_recording(utterances: list[Utterance], seconds: float, out_dir: P
 def _cost(name: str, rec, seconds: float) -> str:
     """``linear`` or ``quadratic``: what attention ``name`` costs on ``seconds`` of audio in one pass."""
     from fastasr.attention import build_attention
-    from fastasr.decoding.long_form import attention_cost
+    from fastasr.decoding.long_form import attention_cost, inner_attention_cost
 
     spec = _attention(name)
     frames = int(seconds / rec.frame_seconds)
-    return attention_cost(rec.model, frames) if spec is None else _inner_cost(build_attention(spec), frames)
-
-
-def _inner_cost(inner, frames: int) -> str:
-    if hasattr(inner, "choose"):  # auto: the variant it runs at this length
-        import torch
-
-        with torch.no_grad():
-            inner = inner.choose(frames)
-    return inner.length_cost
+    return attention_cost(rec.model, frames) if spec is None else inner_attention_cost(build_attention(spec), frames)
 
 
 def _attention(name: str):

@@ -17,7 +17,9 @@ from fastasr.data.manifest import read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from long_recordings import _attention, _inner_cost, build_long_recording, render  # noqa: E402
+from long_recordings import _attention, build_long_recording, render  # noqa: E402
+
+from fastasr.decoding.long_form import inner_attention_cost  # noqa: E402
 
 RATE = 16000
 
@@ -110,8 +112,8 @@ def test_only_quadratic_attention_is_kept_from_a_long_one_pass():
 
     hour = 90_000  # output frames of an hour at 40 ms
     for name in ("i_clustered", "clustered"):
-        assert _inner_cost(build_attention(_attention(name)), hour) == "linear", name
+        assert inner_attention_cost(build_attention(_attention(name)), hour) == "linear", name
     for name in ("full", "topk-32"):
-        assert _inner_cost(build_attention(_attention(name)), hour) == "quadratic", name
+        assert inner_attention_cost(build_attention(_attention(name)), hour) == "quadratic", name
     auto = build_attention(_attention("auto"))
-    assert (_inner_cost(auto, 10), _inner_cost(auto, hour)) == ("quadratic", "linear")
+    assert (inner_attention_cost(auto, 10), inner_attention_cost(auto, hour)) == ("quadratic", "linear")

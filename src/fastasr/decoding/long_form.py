@@ -108,9 +108,12 @@ def attention_cost(model: nn.Module, length: int) -> str:
     """``linear`` or ``quadratic``: the cost of the attention ``model`` runs on ``length`` output
     frames without autograd (``auto`` attention: the variant it chooses at that length)."""
     layers = model.attention_layers() if hasattr(model, "attention_layers") else []
-    if not layers:
-        return "linear"
-    inner = layers[0].inner
+    return inner_attention_cost(layers[0].inner, length) if layers else "linear"
+
+
+def inner_attention_cost(inner: nn.Module, length: int) -> str:
+    """``linear`` or ``quadratic``: the cost of inner attention ``inner`` on ``length`` positions
+    without autograd (``auto``: the variant it chooses at that length)."""
     if hasattr(inner, "choose"):  # AutoAttention: its own rule, as decoding runs it (no autograd)
         with torch.no_grad():
             inner = inner.choose(length)
