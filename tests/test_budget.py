@@ -13,6 +13,7 @@ from pathlib import Path
 
 import matplotlib.image
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -286,15 +287,17 @@ def test_smoke_budget_is_complete_reused_and_resumed(tiny_corpus, tmp_path, monk
     assert {p: p.stat().st_mtime_ns for p in bdir.glob("runs/*/checkpoints/*.ckpt")} == ckpts
     assert (bdir / bd.CSV_FILE).read_text() == csv_before
 
-    # A run without fit_done.json (killed before its budget ended) is resumed, not restarted:
-    # its spent time comes back with the checkpoint, and the others are reused
+    # A run without fit_done.json (killed before it could write it) is resumed, not restarted:
+    # last.ckpt holds the step where the budget stopped it and the time it had spent, so it
+    # trains no further (a restart would train another 15 s), and the others are reused
     run = RunDir(bdir / "runs" / "full-L1")
     step_before = json.loads(run.fit_done_file.read_text())["global_step"]
+    assert torch.load(run.checkpoints / "last.ckpt", map_location="cpu", weights_only=True)["global_step"] == step_before
     run.clear_fit_done()
     third = bd.run_budget(cfg)
     assert third.trained == ["full-L1"] and third.reused == ["i-clustered-8-L1"]
-    assert run.fit_done_file.is_file() and len(run.metrics_files()) == 2  # a second CSV version: resumed
-    assert json.loads(run.fit_done_file.read_text())["global_step"] >= step_before
+    assert run.fit_done_file.is_file() and json.loads(run.fit_done_file.read_text())["global_step"] == step_before
+    assert len(run.metrics_files()) == 1  # nothing trained, so no second CSV version
     assert float(bd.read_rows(bdir / bd.CSV_FILE)["full-L1"].train_seconds) < 60
 
     # The command-line entry point (what `make budget` runs) reuses the same directory

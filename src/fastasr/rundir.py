@@ -3,7 +3,7 @@
 A training run (``outputs/runs/<name>``, or a matrix member's ``.../runs/<spec>``) holds::
 
     config.yaml          the resolved config it was trained with (written by training.train)
-    checkpoints/         best-*.ckpt, last.ckpt (end of validation), step-last.ckpt (every N steps),
+    checkpoints/         best-*.ckpt, last.ckpt (every epoch end), step-last.ckpt (every N steps),
                          epochNNN-scoreX.ckpt (every epoch's weights, X the validation PER/CER; averaging)
     fit_done.json        written once fit ended normally (callbacks.FitCompletionMarker)
     wandb_run_id.txt     the wandb run id, so a resumed run continues the same wandb run
@@ -48,7 +48,7 @@ TRANSCRIPTS_FILE = "transcripts.jsonl"
 TRANSCRIBE_REPORT_FILE = "transcribe.json"
 CTM_FILE = "transcripts.ctm"
 SRT_DIR = "srt"
-# Checkpoints a run resumes from: last.ckpt (end of validation), step-last.ckpt (every N steps).
+# Checkpoints a run resumes from: last.ckpt (every epoch end, callbacks.LastCheckpoint), step-last.ckpt (every N steps).
 RESUME_NAMES = ("last.ckpt", "step-last.ckpt")
 # Every epoch's weights, named by the epoch_checkpoint callback (conf/callbacks/default.yaml).
 EPOCH_CHECKPOINT = re.compile(r"^epoch(?P<epoch>\d+)-score(?P<score>[-+0-9.eE]+|nan|inf)\.ckpt$")

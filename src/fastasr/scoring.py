@@ -58,6 +58,9 @@ class DecodeResult:
         attention: the attention decoded with (spec string).
         manifest: the manifest scored.
         skipped_audio: ``{"id", "path", "reason"}`` of each utterance left out for unusable audio.
+        search_score: beam search: the sum of the best hypotheses' scores (equal for the same
+            emissions, lexicon, LM and settings, whichever of equally scored hypotheses a tie
+            picked); None for greedy decoding.
         oov: with a lexicon, the reference words it lacks (``{"words", "missing", "rate",
             "most_frequent"}``); None without one.
         files: the per-utterance ``recogs`` / ``errs`` files written (with ``out_dir``); None: none.
@@ -80,6 +83,7 @@ class DecodeResult:
     attention: str
     manifest: str
     skipped_audio: list[dict[str, Any]] = field(default_factory=list)
+    search_score: float | None = None
     oov: dict[str, Any] | None = None
     files: dict[str, str] | None = None
     ckpt_path: str | None = None
@@ -104,7 +108,7 @@ class DecodeResult:
     def to_dict(self) -> dict[str, Any]:
         """``results.json``: ``{"per"|"cer", "wer", "wer_breakdown", "per_breakdown"|"cer_breakdown",
         "utterances", "words", "decoding", "forward_seconds", "search_seconds", "decode_seconds",
-        ["oov"], ["files"], "attention", "manifest", "skipped_utterances", "skipped_audio",
+        ["search_score"], ["oov"], ["files"], "attention", "manifest", "skipped_utterances", "skipped_audio",
         ["ckpt_path"], ["averaged_checkpoints"], ["tuned_on_dev"]}`` (bracketed: when set)."""
         metric = self.unit_metric
         out: dict[str, Any] = {metric: self.unit_error_rate, "wer": self.wer, "wer_breakdown": self.wer_breakdown,
@@ -112,6 +116,8 @@ class DecodeResult:
                                "words": self.words, "decoding": self.decoding,
                                "forward_seconds": self.forward_seconds, "search_seconds": self.search_seconds,
                                "decode_seconds": self.decode_seconds}
+        if self.search_score is not None:
+            out["search_score"] = self.search_score
         if self.oov is not None:
             out["oov"] = self.oov
         if self.files is not None:
@@ -198,5 +204,6 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
         utterances=scores["utterances"], words=scores["words"], decoding=scores["decoding"],
         forward_seconds=scores["forward_seconds"], search_seconds=scores["search_seconds"],
         decode_seconds=scores["decode_seconds"], attention=recogniser.model.attention_spec, manifest=str(manifest),
-        skipped_audio=skipped_audio, oov=scores.get("oov"), files=scores.get("files"),
+        skipped_audio=skipped_audio, search_score=scores.get("search_score"), oov=scores.get("oov"),
+        files=scores.get("files"),
     )

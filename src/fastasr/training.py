@@ -16,7 +16,8 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
@@ -51,7 +52,8 @@ def build_callbacks(cfg: DictConfig, run_dir: RunDir) -> list[L.Callback]:
     for ccfg in (cfg.get("callbacks") or {}).values():
         if ccfg is None or "_target_" not in ccfg:
             continue
-        extra = {"dirpath": str(run_dir.checkpoints)} if "ModelCheckpoint" in ccfg._target_ else {}
+        writes_checkpoints = issubclass(get_class(ccfg._target_), ModelCheckpoint)
+        extra = {"dirpath": str(run_dir.checkpoints)} if writes_checkpoints else {}
         callbacks.append(instantiate(ccfg, **extra))
     return callbacks
 

@@ -8,6 +8,7 @@
     BadAudioReport        counts utterances skipped for unusable audio; one summary naming every file
     NonFiniteLossGuard    skips the update of a batch with a NaN/inf loss; stops after several in a row
     PreemptionCheckpoint  on SIGTERM, a resumable checkpoint of the current step (``step-last.ckpt``)
+    LastCheckpoint        a resumable checkpoint of every epoch end (``last.ckpt``)
 
 Names are imported on first use, so importing one callback does not import the others.
 Where their files go in a run directory is :mod:`fastasr.rundir`'s business.
@@ -28,6 +29,7 @@ _EXPORTS = {
     "FitCompletionMarker": "completion",
     "LargestBatchProbe": "largest_batches",
     "PreemptionCheckpoint": "preemption",
+    "LastCheckpoint": "last_checkpoint",
     "RunInfoLogger": "run_info",
     "attention_info": "run_info",
     "ThroughputLogger": "throughput",

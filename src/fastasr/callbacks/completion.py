@@ -37,7 +37,7 @@ class FitCompletionMarker(L.Callback):
             return
         ckpt = trainer.checkpoint_callback
         best = getattr(ckpt, "best_model_path", "") or None
-        last = getattr(ckpt, "last_model_path", "") or None
+        last = RunDir(trainer.default_root_dir).latest_checkpoint()
         val = dict(self._previous_val)
         for key, value in trainer.callback_metrics.items():
             if key.startswith("val/"):
@@ -49,7 +49,7 @@ class FitCompletionMarker(L.Callback):
             "epochs": trainer.current_epoch,
             "global_step": trainer.global_step,
             "best_ckpt": best,
-            "last_ckpt": last,
+            "last_ckpt": str(last) if last else None,
             "val": val,
         }
         RunDir(trainer.default_root_dir).write_fit_done(record)

@@ -10,6 +10,7 @@ A tuning grid keeps the emissions (:func:`compute_emissions`) and re-runs only t
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -64,6 +65,7 @@ class Transcript:
     hyp_units: list[str]
     ref_scored_units: list[str]
     hyp_scored_units: list[str]
+    score: float | None = None  # the decoder's score of the hypothesis (beam search); None: greedy
 
 
 def decoding_device(accelerator: str = "auto") -> torch.device:
@@ -116,7 +118,7 @@ def transcribe_one(emission: Emission, decoder: Decoder, tokenizer: Tokenizer) -
     hyp = decoder(e.log_probs)
     ref_words = words_of(e.transcript) if decoder.real_words else tokenizer.units_to_words(e.units)
     return Transcript(e.id, ref_words, hyp.words, e.units, hyp.units,
-                      tokenizer.scored_units(e.units), tokenizer.scored_units(hyp.units))
+                      tokenizer.scored_units(e.units), tokenizer.scored_units(hyp.units), hyp.score)
 
 
 def transcribe(emissions: Iterable[Emission], decoder: Decoder, tokenizer: Tokenizer) -> list[Transcript]:
@@ -145,7 +147,11 @@ def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer:
     Returns the :func:`score` result plus ``words`` ("real" | "phonetic"), ``decoding``
     (the decoder's settings), ``oov`` (when a lexicon is given: reference words it lacks),
     ``forward_seconds`` (model, features and data loading), ``search_seconds`` and
-    ``decode_seconds`` (their sum)."""
+    ``decode_seconds`` (their sum), and for a decoder that scores its hypotheses (beam search)
+    ``search_score``: the sum over utterances of the best hypothesis's score (emissions + LM
+    weight × LM + word score). Two decodings of the same emissions with the same lexicon, LM
+    and settings reach the same ``search_score`` even where they pick different hypotheses of
+    equal score (the search breaks exact ties by memory order)."""
     unit_metric = unit_metric_of(tokenizer.kind)
     emissions = iter_emissions(model, batches, tokenizer, device)
     transcripts: list[Transcript] = []
@@ -162,6 +168,8 @@ def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer:
     result, words, units = score(transcripts, unit_metric, keep_chunks=recognition_files is not None)
     result.update(words="real" if decoder.real_words else "phonetic", decoding=decoder.describe(),
                   forward_seconds=forward, search_seconds=search, decode_seconds=forward + search)
+    if transcripts and all(t.score is not None for t in transcripts):
+        result["search_score"] = math.fsum(t.score for t in transcripts)
     if decoder.lexicon is not None and decoder.real_words:
         oov = decoder.lexicon.oov(t.ref_words for t in transcripts)
         result["oov"] = {"words": oov.tokens, "missing": oov.oov_tokens, "rate": oov.rate,
