@@ -83,6 +83,14 @@ $(LONG_CORPUS): $(KERNELS)
 
 data-long: $(LONG_CORPUS)  ## synthesise the long-utterance corpus (10-40 s, 600/60/60, 3.6 h of training audio) under data/synthetic_long (offline)
 
+.PHONY: data-joined
+JOINED_CORPUS := data/synthetic_joined/.complete
+
+$(JOINED_CORPUS): $(CORPUS)
+	$(PY) -m fastasr.corpora.join data/synthetic/train.jsonl data/synthetic_joined --count 150 --min-seconds 10 --max-seconds 30
+
+data-joined: $(JOINED_CORPUS)  ## the built-in training set plus 150 utterances of 10-30 s (~0.9 h) joined across voices (data=synthetic_joined, docs/TRANSCRIBE.md)
+
 budget: $(LONG_CORPUS)  ## dev PER for a wall-clock budget, against training and forward time (Figure 1; conf/budget.yaml, docs/BUDGET.md)
 	$(PY) -m fastasr.budget $(ARGS)
 

@@ -49,9 +49,8 @@ import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-import numpy as np  # noqa: E402
-
-from fastasr.data.audio import file_sample_rate, load_audio, write_wav  # noqa: E402
+from fastasr.corpora.join import join_audio, joined_record  # noqa: E402
+from fastasr.data.audio import write_wav  # noqa: E402
 from fastasr.data.manifest import Utterance, read_manifest, write_manifest  # noqa: E402
 
 RESULT_PREFIX = "RESULT "  # the line a child process answers with
@@ -72,30 +71,19 @@ def build_long_recording(utterances: list[Utterance], seconds: float, out_dir: P
         return manifest
     if not utterances:
         raise ValueError(f"{name}: no utterances to join")
-    rate = file_sample_rate(utterances[0].audio_filepath)
-    pause = np.zeros(int(round(pause_s * rate)), dtype=np.float32)
-    pieces: list[np.ndarray] = []
-    parts: list[dict] = []
-    total, i = 0, 0
-    while total < seconds * rate:
-        utt = utterances[i % len(utterances)]
-        i += 1
-        wav = load_audio(utt.audio_filepath, rate).numpy()
-        if pieces:
-            pieces.append(pause)
-            total += pause.shape[0]
-        parts.append({"id": f"{utt.id}#{i}", "audio_filepath": utt.audio_filepath, "duration": utt.duration,
-                      "text": utt.text, "phonemes": utt.phonemes, "start": round(total / rate, 4),
-                      "end": round((total + wav.shape[0]) / rate, 4)})
-        pieces.append(wav)
-        total += wav.shape[0]
-    write_wav(out_dir / f"{name}.wav", np.concatenate(pieces), rate)
-    phonemes = None if any(p["phonemes"] is None for p in parts) else " | ".join(p["phonemes"] for p in parts)
-    write_manifest(manifest, [{"audio_filepath": str((out_dir / f"{name}.wav").resolve()), "duration": total / rate,
-                               "text": " ".join(p["text"] for p in parts), "phonemes": phonemes,
-                               "utterances": len(parts), "cycles": -(-len(parts) // len(utterances)),
-                               "pause_s": pause_s, "source": source}])
-    write_manifest(parts_manifest, [{k: v for k, v in p.items() if v is not None} for p in parts])
+    chosen, total = [], 0.0
+    while total < seconds:  # by the manifest's durations
+        utt = utterances[len(chosen) % len(utterances)]
+        total += (pause_s if chosen else 0.0) + utt.duration
+        chosen.append(utt)
+    wav, rate, parts = join_audio(chosen, [pause_s] * (len(chosen) - 1))
+    for n, part in enumerate(parts, 1):
+        part["id"] = f"{part['id']}#{n}"
+    write_wav(out_dir / f"{name}.wav", wav, rate)
+    record = joined_record(parts, (out_dir / f"{name}.wav").resolve(), wav.shape[0] / rate)
+    record.update(utterances=len(parts), cycles=-(-len(parts) // len(utterances)), pause_s=pause_s, source=source)
+    write_manifest(manifest, [record])
+    write_manifest(parts_manifest, parts)
     meta.write_text(json.dumps(settings))
     return manifest
 
