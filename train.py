@@ -17,7 +17,9 @@ def main(cfg: DictConfig) -> None:
     result = train(cfg)
     test = result.get("test")
     if test:  # training's own test: greedy decoding; a phoneme model's WER is over phonetic words
-        print(f"test: PER={test.get('per', float('nan')):.2f} WER={test['wer']:.2f} ({result['best_ckpt']})")
+        metric = "per" if "per" in test else "cer"  # phoneme models: PER; character and subword models: CER
+        tested = result.get("averaged_ckpt") or result["best_ckpt"]  # final_average: the averaged weights
+        print(f"test: {metric.upper()}={test[metric]:.2f} WER={test['wer']:.2f} ({tested})")
     final = result.get("final_decoding")
     if final:  # the same split by final_decoding (beam search, + LM when built): WER over real words
         lm = " + LM" if final.decoding.get("lm") else ""

@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work-dir", default=str(ROOT / "outputs" / "long_recordings"), help="where recordings go")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--machine", help="name in the result file (default: CPU model and cores)")
+    p.add_argument("--tag", help="appended to the result file's name (e.g. the model: --tag joined)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -329,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     slug = (args.machine or machine["slug"]) + (f"_{args.decoding}" if args.decoding != "greedy" else "") + (
-        f"_{re.sub(r'[^a-z0-9]+', '-', args.speaker.lower())}" if args.speaker else "")
+        f"_{re.sub(r'[^a-z0-9]+', '-', args.speaker.lower())}" if args.speaker else "") + (
+        f"_{re.sub(r'[^a-z0-9]+', '-', args.tag.lower())}" if args.tag else "")
     (out / f"long_recordings_{slug}.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / f"long_recordings_{slug}.md").write_text(render(report))
     print(f"wrote {out / f'long_recordings_{slug}.md'}", flush=True)
