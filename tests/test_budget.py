@@ -87,7 +87,7 @@ def _flat(node, prefix=""):
 
 
 def test_default_members_differ_only_in_attention_and_depth(tmp_path):
-    """The default study: the paper's model without subsampling on the long corpus, one budget and
+    """The default study: the paper's model (2x subsampling) on the long corpus, one budget and
     one schedule for all; between members only the attention, the depth and the names differ."""
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("budget", overrides=[f"paths.output_dir={tmp_path}"])
@@ -99,7 +99,7 @@ def test_default_members_differ_only_in_attention_and_depth(tmp_path):
     for m in members:
         c = m.cfg
         assert m.run_dir == tmp_path / "budget" / "default" / "runs" / m.spec
-        assert (c.model.d_model, c.model.heads, c.model.ff_dim, c.model.subsampling) == (192, 6, 768, 1)
+        assert (c.model.d_model, c.model.heads, c.model.ff_dim, c.model.subsampling) == (192, 6, 768, 2)
         assert c.model.layers == m.layers and c.model.attention == m.attention and not c.model.shared_qk
         assert c.trainer.max_time == "00:00:20:00" and c.trainer.max_epochs == -1 and m.max_time_s == 1200
         assert c.scheduler._target_.endswith("BudgetSchedule") and c.scheduler.warmup_steps == 100

@@ -208,7 +208,7 @@ def test_paper_presets():
 
 def test_long_matrix_trains_the_budget_studys_model_on_the_long_corpus(tmp_path):
     """matrix=long (Table 1 in the long regime) and the budget study train the same model,
-    experiment=matrix_member_long: every frame reaches the attention, on data=synthetic_long."""
+    experiment=matrix_member_long: the paper's width, 2x subsampling, on data=synthetic_long."""
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("cross_eval", overrides=["matrix=long", f"paths.output_dir={tmp_path}"])
         assert list(cfg.matrix.train) == DEFAULT_TRAIN and list(cfg.matrix.eval) == DEFAULT_EVAL
@@ -217,7 +217,7 @@ def test_long_matrix_trains_the_budget_studys_model_on_the_long_corpus(tmp_path)
     assert member.run_dir == tmp_path / "matrix" / "long" / "runs" / "i-clustered-100"
     m = member.cfg
     assert m.data.train_manifest.endswith("synthetic_long/train.jsonl") and m.trainer.max_epochs == 8
-    assert (m.model.layers, m.model.d_model, m.model.heads, m.model.ff_dim, m.model.subsampling) == (6, 192, 6, 768, 1)
+    assert (m.model.layers, m.model.d_model, m.model.heads, m.model.ff_dim, m.model.subsampling) == (6, 192, 6, 768, 2)
     assert m.model.attention == "i-clustered-100" and m.model.positions == "absolute" and m.model.conv_kernel is None
     assert budget.budget.experiment == "matrix_member_long" and budget.budget.data is None
 
