@@ -53,8 +53,13 @@ def machine_info(device) -> dict:
         slug = info["gpu"]
     else:
         slug = f"{cpu}-{cores}c"
-    info["slug"] = re.sub(r"[^a-z0-9]+", "-", slug.lower()).strip("-")
+    info["slug"] = slugify(slug)
     return info
+
+
+def slugify(name: str) -> str:
+    """``name`` for a file name: lower case, each run of other characters one ``-``."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def load_average() -> str:

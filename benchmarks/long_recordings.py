@@ -37,7 +37,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -329,9 +328,8 @@ def main(argv: list[str] | None = None) -> int:
               "recordings": recordings, "runs": runs}
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    slug = (args.machine or machine["slug"]) + (f"_{args.decoding}" if args.decoding != "greedy" else "") + (
-        f"_{re.sub(r'[^a-z0-9]+', '-', args.speaker.lower())}" if args.speaker else "") + (
-        f"_{re.sub(r'[^a-z0-9]+', '-', args.tag.lower())}" if args.tag else "")
+    slug = "_".join([args.machine or machine["slug"], *([args.decoding] if args.decoding != "greedy" else []),
+                     *(bench_io.slugify(x) for x in (args.speaker, args.tag) if x)])
     (out / f"long_recordings_{slug}.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / f"long_recordings_{slug}.md").write_text(render(report))
     print(f"wrote {out / f'long_recordings_{slug}.md'}", flush=True)

@@ -66,10 +66,7 @@ def join_audio(utterances: Sequence, pauses_s: Sequence[float], sample_rate: int
             pieces.append(pause)
             total += pause.shape[0]
         wav = load_audio(utt.audio_filepath, rate).numpy().astype(np.float32, copy=False)
-        fields = {"id": utt.id, "audio_filepath": utt.audio_filepath, "duration": utt.duration, "text": utt.text,
-                  "phonemes": utt.phonemes, "speaker": utt.speaker}
-        parts.append({**{k: v for k, v in fields.items() if v is not None},
-                      "start": round(total / rate, 4), "end": round((total + wav.shape[0]) / rate, 4)})
+        parts.append({**utt.record(), "start": round(total / rate, 4), "end": round((total + wav.shape[0]) / rate, 4)})
         pieces.append(wav)
         total += wav.shape[0]
     return np.concatenate(pieces), rate, parts
@@ -151,8 +148,7 @@ def build_joined_corpus(manifest: str | Path, out: str | Path, count: int = 500,
         joined.append({"id": f"joined-{n:05d}", **joined_record(parts, path, wav.shape[0] / rate)})
     skipped = Skipped()
     write_split(out, "joined", joined, skipped, manifest)
-    originals = [{k: v for k, v in u.__dict__.items() if v is not None} for u in utterances]
-    train = write_split(out, "train", originals + joined, skipped, manifest)
+    train = write_split(out, "train", [u.record() for u in utterances] + joined, skipped, manifest)
     marker.mark_complete(out, settings)
     return train
 

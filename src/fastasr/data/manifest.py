@@ -24,6 +24,7 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import soundfile as sf
 
@@ -49,6 +50,10 @@ class Utterance:
     text: str | None
     phonemes: str | None = None
     speaker: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The manifest line's fields that are set (None fields left out)."""
+        return {k: v for k, v in self.__dict__.items() if v is not None}
 
 
 def _check_line(raw: str, base: Path, check_audio: bool, require_text: bool = True) -> Utterance:
@@ -183,7 +188,7 @@ def write_manifest(path: str | Path, records: Iterable[Mapping | Utterance], rel
     with open(tmp, "w", encoding="utf-8") as f:
         for rec in records:
             if isinstance(rec, Utterance):
-                rec = {k: v for k, v in rec.__dict__.items() if v is not None}
+                rec = rec.record()
             rec = dict(rec)
             audio = rec["audio_filepath"]
             if relative and os.path.isabs(audio):
