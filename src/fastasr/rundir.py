@@ -190,15 +190,14 @@ class RunDir:
     def latest_checkpoint(self) -> Path | None:
         """Newest of ``last.ckpt`` and ``step-last.ckpt`` by training step, or None.
 
-        The checkpoints are opened with ``torch.load(weights_only=True, mmap=True)``: only their
-        ``global_step`` is read, not their tensors.
+        The checkpoints are read with ``torch.load(weights_only=True)``.
         """
         found = [self.checkpoints / n for n in RESUME_NAMES if (self.checkpoints / n).is_file()]
         if len(found) <= 1:
             return found[0] if found else None
         import torch
 
-        return max(found, key=lambda p: torch.load(p, map_location="cpu", weights_only=True, mmap=True)["global_step"])
+        return max(found, key=lambda p: torch.load(p, map_location="cpu", weights_only=True)["global_step"])
 
     def resolve_ckpt_path(self, ckpt_path: str | os.PathLike | None) -> str | None:
         """Turn ``ckpt_path`` (null | auto | last | PATH) into the checkpoint to resume, or None.
