@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from corpus_fixtures import tone, write_wav
@@ -97,3 +98,23 @@ def test_mini_librispeech_names_a_missing_held_out_speaker(tmp_path):
         mini_librispeech.build(repo, tmp_path / "out")
     with pytest.raises(CorpusLayoutError, match="no train-clean-5"):
         mini_librispeech.build(tmp_path, tmp_path / "out2")
+
+
+def test_mini_librispeech_train_minutes_keeps_every_voice(tmp_path):
+    from fastasr.corpora import mini_librispeech
+
+    held_out = [s for split in mini_librispeech.SPLIT.values() for s in split]
+    repo = make_mini_librispeech(tmp_path, [*held_out, "1088", "3526", "4000"])
+    for spk in ("1088", "3526", "4000"):  # 4 utterances of 0.5 s each per training speaker
+        d = repo / "LibriSpeech" / "train-clean-5" / spk / "100"
+        for i in range(1, 4):
+            write_wav(d / f"{spk}-100-000{i}.flac", tone(0.5), 16000)
+        (d / f"{spk}-100.trans.txt").write_text("".join(f"{spk}-100-000{i} WORD {i}\n" for i in range(4)))
+    # 2.6 s: five utterances in turn (1088, 3526, 4000, 1088, 3526) reach 2.5 s, the sixth crosses it
+    mini_librispeech.main([str(repo), str(tmp_path / "sub"), "--train-minutes", str(2.6 / 60)])
+    train = read_manifest(tmp_path / "sub" / "train.jsonl")
+    assert [Path(u.audio_filepath).stem for u in train] == [
+        "1088-100-0000", "3526-100-0000", "4000-100-0000", "1088-100-0001", "3526-100-0001", "4000-100-0001"]
+    assert len(read_manifest(tmp_path / "sub" / "test.jsonl")) == 4  # dev and test untouched
+    with pytest.raises(ValueError, match="--train-minutes -1"):
+        mini_librispeech.round_robin_minutes([], -1)

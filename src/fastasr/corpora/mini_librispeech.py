@@ -13,6 +13,12 @@ The split is fixed so that numbers compare across runs and machines (``SPLIT``):
 * dev: speakers 1737, 1867 (64 utterances);
 * train: the other 22 speakers (1,298 utterances, 4.5 h).
 
+``--train-minutes M`` keeps only the first ``M`` minutes of train, taken in turn from every
+training speaker (each speaker's utterances in id order, one speaker after another, round
+after round), so the subset keeps all 22 voices: the small-corpus check of a recipe (40
+minutes is the scale of the smallest real corpora, such as AN4 or a new language's first
+recordings). Dev and test stay the same.
+
 Writes ``OUT/{train,dev,test}.jsonl`` (pointing at the FLAC files where they are; ``text``
 lower-cased, ``speaker`` the LibriSpeech speaker id). A speaker of ``SPLIT`` that the copy
 lacks is an error naming it; any other speaker goes to train. Idempotent: a second run with
@@ -57,11 +63,34 @@ def split_of(speaker: str) -> str:
     return "train"
 
 
-def build(src: str | Path, out: str | Path, force: bool = False) -> dict[str, list[dict]]:
-    """Write ``OUT/{train,dev,test}.jsonl`` of the fixed split; returns the records by split."""
+def round_robin_minutes(records: list[dict], minutes: float) -> list[dict]:
+    """The first ``minutes`` of ``records`` taken one utterance per speaker in turn (speakers and
+    each speaker's utterances in sorted order); the utterance that crosses ``minutes`` is kept."""
+    if minutes <= 0:
+        raise ValueError(f"--train-minutes {minutes}; expected a positive number of minutes")
+    by_speaker: dict[str, list[dict]] = {}
+    for rec in sorted(records, key=lambda r: (r["speaker"], r["audio_filepath"])):
+        by_speaker.setdefault(rec["speaker"], []).append(rec)
+    queues = [list(reversed(utts)) for _, utts in sorted(by_speaker.items())]
+    kept: list[dict] = []
+    total = 0.0
+    while total < minutes * 60 and any(queues):
+        for queue in queues:
+            if queue and total < minutes * 60:
+                kept.append(queue.pop())
+                total += kept[-1]["duration"]
+    return kept
+
+
+def build(src: str | Path, out: str | Path, force: bool = False,
+          train_minutes: float | None = None) -> dict[str, list[dict]]:
+    """Write ``OUT/{train,dev,test}.jsonl`` of the fixed split (train cut to ``train_minutes``
+    by :func:`round_robin_minutes` when given); returns the records by split."""
     part = find_part(require_dir(src, LAYOUT))
     out = Path(out)
     settings = {"corpus": "mini_librispeech", "source": str(part.resolve()), "split": SPLIT}
+    if train_minutes is not None:
+        settings["train_minutes"] = train_minutes
     if not needs_build(out, settings, [f"{s}.jsonl" for s in SPLITS], force, "Mini LibriSpeech"):
         return {}
     found = {p.name for p in part.iterdir() if p.is_dir()}
@@ -73,6 +102,8 @@ def build(src: str | Path, out: str | Path, force: bool = False) -> dict[str, li
     by_split: dict[str, list[dict]] = {s: [] for s in SPLITS}
     for rec in read_part(part, skipped):
         by_split[split_of(rec["speaker"])].append(rec)
+    if train_minutes is not None:
+        by_split["train"] = round_robin_minutes(by_split["train"], train_minutes)
     out.mkdir(parents=True, exist_ok=True)
     for name in SPLITS:
         write_split(out, name, by_split[name], skipped if name == "train" else Skipped("utterance"), part)
@@ -84,7 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = command.parser("mini_librispeech", __doc__, f"a copy holding LibriSpeech/{PART} (or that directory)",
                        "output directory for train/dev/test.jsonl")
     p.add_argument("--force", action="store_true", help="rebuild even if OUT holds this split already")
-    return command.run(p, argv, lambda a: build(a.src, a.out, a.force))
+    p.add_argument("--train-minutes", type=float, default=None, metavar="M",
+                   help="keep only M minutes of train, taken from every training speaker in turn")
+    return command.run(p, argv, lambda a: build(a.src, a.out, a.force, a.train_minutes))
 
 
 if __name__ == "__main__":
