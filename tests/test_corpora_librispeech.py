@@ -116,5 +116,5 @@ def test_mini_librispeech_train_minutes_keeps_every_voice(tmp_path):
     assert [Path(u.audio_filepath).stem for u in train] == [
         "1088-100-0000", "3526-100-0000", "4000-100-0000", "1088-100-0001", "3526-100-0001", "4000-100-0001"]
     assert len(read_manifest(tmp_path / "sub" / "test.jsonl")) == 4  # dev and test untouched
-    with pytest.raises(ValueError, match="--train-minutes -1"):
-        mini_librispeech.round_robin_minutes([], -1)
+    with pytest.raises(ValueError, match="--train-minutes -1"):  # before any audio is read
+        mini_librispeech.build(tmp_path / "nowhere", tmp_path / "bad", train_minutes=-1)

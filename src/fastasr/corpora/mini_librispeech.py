@@ -64,21 +64,20 @@ def split_of(speaker: str) -> str:
 
 
 def round_robin_minutes(records: list[dict], minutes: float) -> list[dict]:
-    """The first ``minutes`` of ``records`` taken one utterance per speaker in turn (speakers and
-    each speaker's utterances in sorted order); the utterance that crosses ``minutes`` is kept."""
-    if minutes <= 0:
-        raise ValueError(f"--train-minutes {minutes}; expected a positive number of minutes")
+    """The first ``minutes`` of ``records`` taken one utterance per speaker in turn: every
+    speaker's first utterance (by id), then every speaker's second, and so on, speakers in sorted
+    order; the utterance that crosses ``minutes`` is kept."""
     by_speaker: dict[str, list[dict]] = {}
-    for rec in sorted(records, key=lambda r: (r["speaker"], r["audio_filepath"])):
+    for rec in sorted(records, key=lambda r: r["id"]):
         by_speaker.setdefault(rec["speaker"], []).append(rec)
-    queues = [list(reversed(utts)) for _, utts in sorted(by_speaker.items())]
+    in_turn = sorted(((rank, speaker), rec) for speaker, utts in by_speaker.items() for rank, rec in enumerate(utts))
     kept: list[dict] = []
     total = 0.0
-    while total < minutes * 60 and any(queues):
-        for queue in queues:
-            if queue and total < minutes * 60:
-                kept.append(queue.pop())
-                total += kept[-1]["duration"]
+    for _, rec in in_turn:
+        if total >= minutes * 60:
+            break
+        kept.append(rec)
+        total += rec["duration"]
     return kept
 
 
@@ -86,6 +85,8 @@ def build(src: str | Path, out: str | Path, force: bool = False,
           train_minutes: float | None = None) -> dict[str, list[dict]]:
     """Write ``OUT/{train,dev,test}.jsonl`` of the fixed split (train cut to ``train_minutes``
     by :func:`round_robin_minutes` when given); returns the records by split."""
+    if train_minutes is not None and train_minutes <= 0:
+        raise ValueError(f"--train-minutes {train_minutes}; expected a positive number of minutes")
     part = find_part(require_dir(src, LAYOUT))
     out = Path(out)
     settings = {"corpus": "mini_librispeech", "source": str(part.resolve()), "split": SPLIT}
