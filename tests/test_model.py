@@ -220,3 +220,75 @@ def test_every_variant_trains_a_few_steps_without_nan(spec, shared_qk):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+def test_intermediate_ctc_outputs_are_the_tapped_layers_through_the_final_norm_and_head():
+    """forward_with_intermediate: the final log-probs are forward's, and the tapped layer's are
+    log_softmax(head(final_norm(output of that layer))), recomputed here layer by layer."""
+    torch.manual_seed(0)
+    model = small_model(layers=3, inter_ctc_layers=[2, 1], inter_ctc_weight=0.3).eval()
+    assert model.inter_ctc_layers == (1, 2)
+    feats, lengths = torch.randn(2, 48, 20), torch.tensor([48, 30])
+    with torch.no_grad():
+        final, out_lengths, inter = model.forward_with_intermediate(feats, lengths)
+        plain, plain_lengths = model(feats, lengths)
+        x, sub_lengths = model._encoder_input(feats, lengths)
+        expected = []
+        for layer in model.encoder.layers[:2]:
+            x = layer(x, sub_lengths)
+            expected.append(model.head(model.encoder.final_norm(x)).log_softmax(-1))
+    torch.testing.assert_close(final, plain)
+    assert torch.equal(out_lengths, plain_lengths) and torch.equal(out_lengths, sub_lengths)
+    assert len(inter) == 2 and all(t.shape == final.shape for t in inter)
+    for got, want in zip(inter, expected):
+        torch.testing.assert_close(got, want)
+    assert not torch.allclose(inter[0], final)  # a different layer's output, not a copy
+    # without taps the same call gives no intermediate outputs
+    _, _, none = small_model().eval().forward_with_intermediate(feats, lengths)
+    assert none == []
+
+
+@pytest.mark.parametrize("layers, weight, message", [
+    ([0], 0.3, r"model.inter_ctc_layers=\[0\]: expected distinct layer numbers in 1..2"),
+    ([3], 0.3, r"model.inter_ctc_layers=\[3\]: expected distinct layer numbers in 1..2"),
+    ([1, 1], 0.3, r"model.inter_ctc_layers=\[1, 1\]"),
+    ([1], 0.0, r"model.inter_ctc_weight=0.0: expected a value in \(0, 1\)"),
+    ([1], 1.0, r"model.inter_ctc_weight=1.0: expected a value in \(0, 1\)"),
+    ([], 0.3, r"model.inter_ctc_weight=0.3 but model.inter_ctc_layers is empty"),
+])
+def test_intermediate_ctc_settings_are_checked(layers, weight, message):
+    with pytest.raises(ValueError, match=message):
+        small_model(layers=3, inter_ctc_layers=layers, inter_ctc_weight=weight)
+
+
+def test_the_training_loss_mixes_final_and_intermediate_ctc_by_the_weight():
+    """(1 - w) * CTC(final) + w * mean over taps of CTC(tap), each CTC in nats per label."""
+    from fastasr.data.manifest import Utterance
+    from fastasr.data.tokenizer import Tokenizer
+    from fastasr.lit import ASRLitModule
+    from fastasr.recogniser import Recogniser
+
+    tok = Tokenizer.build([Utterance("a", "/a.wav", 1.0, "abc cab")], "char")
+    config = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 3,
+              "dropout": 0.0, "subsampling": 2, "spec_augment": None, "attention": "full",
+              "inter_ctc_layers": [1, 2], "inter_ctc_weight": 0.25}
+    torch.manual_seed(0)
+    lit = ASRLitModule(Recogniser.from_model_config(config, tok, {"num_mel_bins": 20}))
+    abc, cab_c = tok.encode("abc"), tok.encode("cab c")
+    assert len(abc) == 3 and len(cab_c) >= 4
+    targets = torch.tensor([abc + [0], cab_c[:4]])
+    batch = {"ids": ["u1", "u2"], "features": torch.randn(2, 40, 20), "feature_lengths": torch.tensor([40, 32]),
+             "targets": targets, "target_lengths": torch.tensor([3, 4])}
+    lit.train()
+    loss = lit._training_loss(batch)
+    with torch.no_grad():
+        final, out_lengths, inter = lit.model.forward_with_intermediate(batch["features"], batch["feature_lengths"])
+
+    def ctc(lp):
+        per = F.ctc_loss(lp.transpose(0, 1), targets, out_lengths, batch["target_lengths"], reduction="none",
+                         zero_infinity=True)
+        return (per / batch["target_lengths"]).mean()
+
+    want = 0.75 * ctc(final) + 0.25 * (ctc(inter[0]) + ctc(inter[1])) / 2
+    torch.testing.assert_close(loss.detach(), want)
+    assert not torch.allclose(want, ctc(final))  # the intermediate part changes the loss

@@ -67,8 +67,8 @@ class ASRLitModule(L.LightningModule):
     def forward(self, features: torch.Tensor, lengths: torch.Tensor):
         return self.model(features, lengths)
 
-    def _loss(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        log_probs, out_lengths = self.model(batch["features"], batch["feature_lengths"])
+    def _ctc(self, log_probs: torch.Tensor, out_lengths: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
+        """CTC loss of each utterance over its label length, averaged over the batch (nats per label)."""
         per_utt = F.ctc_loss(
             log_probs.transpose(0, 1).float(),
             batch["targets"],
@@ -78,14 +78,30 @@ class ASRLitModule(L.LightningModule):
             reduction="none",
             zero_infinity=True,
         )
-        # Per-utterance loss over its label length, averaged over the batch (nats per label).
-        loss = (per_utt / batch["target_lengths"].clamp(min=1)).mean()
-        return loss, log_probs, out_lengths
+        return (per_utt / batch["target_lengths"].clamp(min=1)).mean()
+
+    def _loss(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        log_probs, out_lengths = self.model(batch["features"], batch["feature_lengths"])
+        return self._ctc(log_probs, out_lengths, batch), log_probs, out_lengths
+
+    def _training_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The final layer's CTC loss; with intermediate CTC (``model.inter_ctc_layers``),
+        ``(1 - w) * final + w * mean(intermediate)`` (Lee & Watanabe 2021), each part logged."""
+        weight = getattr(self.model, "inter_ctc_weight", 0.0)
+        if not weight:
+            return self._loss(batch)[0]
+        log_probs, out_lengths, inter = self.model.forward_with_intermediate(batch["features"], batch["feature_lengths"])
+        final = self._ctc(log_probs, out_lengths, batch)
+        intermediate = torch.stack([self._ctc(lp, out_lengths, batch) for lp in inter]).mean()
+        bs = len(batch["ids"])
+        self.log("train/final_ctc", final, batch_size=bs)
+        self.log("train/inter_ctc", intermediate, batch_size=bs)
+        return (1.0 - weight) * final + weight * intermediate
 
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor | None:
         if not batch["ids"]:  # every utterance skipped for bad audio (fastasr.data.bad_audio)
             return loss_without_update(self)
-        loss, _, _ = self._loss(batch)
+        loss = self._training_loss(batch)
         bs = len(batch["ids"])
         self.log("train/loss", loss, prog_bar=True, batch_size=bs)
         self.log("train/frames", batch["feature_lengths"].sum().float(), reduce_fx="sum", batch_size=bs)

@@ -8,7 +8,7 @@ reaching into layers: :meth:`CTCModel.attention_layers` and the context manager
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,12 @@ class CTCModel(nn.Module):
             ``rotary`` (queries and keys rotated in every attention layer) or ``none``
             (order from the convolutions alone); :mod:`fastasr.model.positional` says when
             each fits.
+        inter_ctc_layers: 1-based numbers of the encoder layers (below the last) whose outputs
+            also get a CTC loss in training, through the final norm and the shared output layer
+            (intermediate CTC, Lee & Watanabe, ICASSP 2021); empty: none.
+        inter_ctc_weight: the weight ``w`` of their mean loss in training,
+            ``(1 - w) * final + w * mean(intermediate)``; 0 with no layers, in (0, 1) with some.
+            Decoding never computes them.
 
     The global CMVN statistics are buffers of this module (``cmvn``), so they travel
     inside every checkpoint; :meth:`set_cmvn` fills them from the training set's statistics.
@@ -79,8 +85,11 @@ class CTCModel(nn.Module):
         utterance_cmvn: bool = False,
         conv_kernel: int | None = None,
         positions: str = "absolute",
+        inter_ctc_layers: Sequence[int] = (),
+        inter_ctc_weight: float = 0.0,
     ):
         super().__init__()
+        self.inter_ctc_layers, self.inter_ctc_weight = check_inter_ctc(inter_ctc_layers, inter_ctc_weight, layers)
         self.vocab_size = vocab_size
         self.position_kind = check_positions(positions)
         self.cmvn = GlobalCMVN(feat_in)
@@ -155,13 +164,48 @@ class CTCModel(nn.Module):
         self, features: torch.Tensor, lengths: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """features: (B, T, F) raw filterbanks, lengths: (B,) → (log_probs (B, T', V) float32, lengths (B,))."""
+        x, lengths = self._encoder_input(features, lengths)
+        return self._log_probs(self.encoder(x, lengths)), lengths
+
+    def forward_with_intermediate(
+        self, features: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """As :meth:`forward`, plus the log-probabilities of each ``inter_ctc_layers`` layer
+        (same shape and lengths; an empty list with none): what intermediate CTC trains on."""
+        x, lengths = self._encoder_input(features, lengths)
+        if not self.inter_ctc_layers:
+            return self._log_probs(self.encoder(x, lengths)), lengths, []
+        x, tapped = self.encoder(x, lengths, taps=self.inter_ctc_layers)
+        return self._log_probs(x), lengths, [self._log_probs(t) for t in tapped]
+
+    def _encoder_input(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.cmvn(features, lengths)
         if self.utterance_cmvn is not None:
             x = self.utterance_cmvn(x, lengths)
         if self.spec_augment is not None and self.training:
             x = self.spec_augment(x, lengths)
         x, lengths = self.frontend(x, lengths)
-        x = self.positions(x)
-        x = self.encoder(x, lengths)
+        return self.positions(x), lengths
+
+    def _log_probs(self, x: torch.Tensor) -> torch.Tensor:
         # float32 log-probabilities under mixed precision too: CTC sums over many alignments
-        return self.head(x).float().log_softmax(dim=-1), lengths
+        return self.head(x).float().log_softmax(dim=-1)
+
+
+def check_inter_ctc(layers: Sequence[int], weight: float, depth: int) -> tuple[tuple[int, ...], float]:
+    """``(layers, weight)`` of intermediate CTC, checked: layer numbers distinct, in
+    ``1 .. depth - 1`` (the last layer's loss is the main one), and a weight in (0, 1) with
+    layers, 0 without. Raises ValueError naming the ``model.`` key and what is expected."""
+    taps = tuple(int(n) for n in (layers or ()))
+    bad = [n for n in taps if not 1 <= n < depth]
+    if bad or len(set(taps)) != len(taps):
+        raise ValueError(f"model.inter_ctc_layers={list(taps)}: expected distinct layer numbers in 1..{depth - 1} "
+                         f"(1-based, below the last of model.layers={depth})")
+    weight = float(weight)
+    if taps and not 0.0 < weight < 1.0:
+        raise ValueError(f"model.inter_ctc_weight={weight}: expected a value in (0, 1) with "
+                         f"model.inter_ctc_layers={list(taps)}")
+    if not taps and weight != 0.0:
+        raise ValueError(f"model.inter_ctc_weight={weight} but model.inter_ctc_layers is empty: "
+                         "name the layers (e.g. model.inter_ctc_layers=[3]) or set the weight to 0")
+    return tuple(sorted(taps)), weight
