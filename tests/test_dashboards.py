@@ -171,6 +171,20 @@ def test_peak_memory_is_positive_on_cpu():
     assert peak_memory_mb(torch.device("cpu")) > 10
 
 
+def test_resetting_the_peak_forgets_an_earlier_runs_memory():
+    """Runs that share a process (budget members) each report their own peak: after
+    reset_peak_memory the peak is the memory in use now, not an earlier 300 MB block's."""
+    from fastasr.callbacks import reset_peak_memory
+
+    block = torch.ones(75_000_000)  # 300 MB, touched
+    with_block = peak_memory_mb(torch.device("cpu"))
+    del block  # a block this large is returned to the OS at once (mmap)
+    assert peak_memory_mb(torch.device("cpu")) >= with_block - 1.0  # a high-water mark: the block still counts
+    if not reset_peak_memory():
+        pytest.skip("/proc/self/clear_refs is not writable here: the peak cannot be reset")
+    assert peak_memory_mb(torch.device("cpu")) < with_block - 250
+
+
 # ----------------------------------------------------------------------------- a tiny training
 @pytest.fixture
 def offline_wandb(tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
+from fastasr.callbacks import reset_peak_memory
 from fastasr.checkpoint_averaging import write_averaged_checkpoint
 from fastasr.config_check import check_train_config
 from fastasr.decoding.builder import resolve_lm, resolve_source
@@ -113,6 +114,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         logger=build_loggers(cfg, run_dir) or False,
         default_root_dir=str(run_dir.path),
     )
+    reset_peak_memory()  # this run's peak, not an earlier run's in the same process
     try:
         # checkpoints hold tensors and plain data only (the recogniser bundle included)
         trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)

@@ -190,7 +190,8 @@ def _notes(cfg: DictConfig, members: Sequence[BudgetMember], target: float | Non
         "Pareto: no other member is at least as fast (forward per epoch) and at least as accurate (best dev), "
         "better in one.",
         "peak memory: the largest `perf/peak_memory_mb` the run logged (the training process's peak RSS on a "
-        "CPU, the CUDA allocator's peak on a GPU); test: the test error of the best checkpoint (members run "
+        "CPU, the CUDA allocator's peak on a GPU; reset when each member's training starts, so that members "
+        "trained in one process each report their own); test: the test error of the best checkpoint (members run "
         "with `test=true`; — otherwise).",
         "time to target: training time of the first validation at or below the common target, the highest of "
         "the members' best dev errors (the lowest error every member reached)"

@@ -34,6 +34,7 @@ _EXPORTS = {
     "attention_info": "run_info",
     "ThroughputLogger": "throughput",
     "peak_memory_mb": "throughput",
+    "reset_peak_memory": "throughput",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -22,6 +22,24 @@ def peak_memory_mb(device: torch.device | None = None) -> float:
     return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
+def reset_peak_memory() -> bool:
+    """Start :func:`peak_memory_mb` afresh from the memory in use now, so that a run's peak is
+    its own when several runs share one process (the budget study and the matrix train their
+    members in one): on Linux the process's resident high-water mark, by writing ``5`` to
+    ``/proc/self/clear_refs`` (which resets ``ru_maxrss`` too), and the allocator peak of every
+    CUDA device already in use. Returns False where the resident peak cannot be reset (another
+    OS, a read-only /proc): it is then the process's since it started."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(index)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 class ThroughputLogger(L.Callback):
     """Logs, every training step (subject to ``trainer.log_every_n_steps``):
 
