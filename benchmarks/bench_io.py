@@ -6,6 +6,7 @@ import csv
 import os
 import platform
 import re
+import subprocess
 from dataclasses import asdict
 from pathlib import Path
 
@@ -68,3 +69,12 @@ def load_average() -> str:
         return f"{os.getloadavg()[0]:.1f}"
     except OSError:
         return "n/a"
+
+
+def git_commit(root: Path) -> str:
+    """The short commit hash of the repository at ``root`` (``unknown`` outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root)
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() or "unknown"

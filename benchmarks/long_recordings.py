@@ -318,9 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {r['name']} {attention} {mode}: "
                       f"{row.get('skipped') or row.get('error') or json.dumps({k: row[k] for k in ('wer', 'rtf')})}",
                       flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     report = {"command": "python " + " ".join([os.path.relpath(__file__, ROOT), *(argv if argv is not None else sys.argv[1:])]),
-              "date": datetime.date.today().isoformat(), "commit": commit or "unknown", "machine": machine,
+              "date": datetime.date.today().isoformat(), "commit": bench_io.git_commit(ROOT), "machine": machine,
               "load_start": load_start, "load_end": bench_io.load_average(), "ckpt": args.ckpt,
               "trained_attention": rec.model.attention_spec, "unit_metric": rec.unit_metric,
               "subsampling": rec.subsampling, "frame_ms": rec.frame_seconds * 1000, "decoding": args.decoding,

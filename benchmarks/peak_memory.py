@@ -80,12 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(json.loads(lines[-1][len(RESULT_PREFIX):]))
         print(f"{run}: {rows[-1]['peak_mb']:,.0f} MB", flush=True)
     machine = args.machine or bench_io.machine_info("cpu")["slug"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip() or "unknown"
     out = args.out or ROOT / "benchmarks" / "results" / f"peak_memory_{machine}.md"
     lines = [f"# Peak training memory, one fresh process per run ({machine})", "",
              f"- command: `python benchmarks/peak_memory.py {' '.join(str(r) for r in args.runs)} --steps {args.steps}`",
-             f"- date {datetime.date.today().isoformat()}, commit {commit}; 1-min load average {bench_io.load_average()} at the end",
+             f"- date {datetime.date.today().isoformat()}, commit {bench_io.git_commit(ROOT)}; 1-min load average {bench_io.load_average()} at the end",
              "- peak: resident high-water mark of the process (CPU) after the largest training batches' "
              f"forward + backward and {args.steps} updates; model, data loading and libraries included", "",
              "| run | attention | layers | peak memory (MB) |", "| --- | --- | ---: | ---: |"]

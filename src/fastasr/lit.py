@@ -87,7 +87,7 @@ class ASRLitModule(L.LightningModule):
     def _training_loss(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """The final layer's CTC loss; with intermediate CTC (``model.inter_ctc_layers``),
         ``(1 - w) * final + w * mean(intermediate)`` (Lee & Watanabe 2021), each part logged."""
-        weight = getattr(self.model, "inter_ctc_weight", 0.0)
+        weight = self.model.inter_ctc_weight
         if not weight:
             return self._loss(batch)[0]
         log_probs, out_lengths, inter = self.model.forward_with_intermediate(batch["features"], batch["feature_lengths"])

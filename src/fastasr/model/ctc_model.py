@@ -173,9 +173,7 @@ class CTCModel(nn.Module):
         """As :meth:`forward`, plus the log-probabilities of each ``inter_ctc_layers`` layer
         (same shape and lengths; an empty list with none): what intermediate CTC trains on."""
         x, lengths = self._encoder_input(features, lengths)
-        if not self.inter_ctc_layers:
-            return self._log_probs(self.encoder(x, lengths)), lengths, []
-        x, tapped = self.encoder(x, lengths, taps=self.inter_ctc_layers)
+        x, tapped = self.encoder.forward_with_taps(x, lengths, self.inter_ctc_layers)
         return self._log_probs(x), lengths, [self._log_probs(t) for t in tapped]
 
     def _encoder_input(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -183,14 +183,16 @@ class TransformerEncoder(nn.Module):
         for layer in self.layers:
             layer.attn.set_attention(attention)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None,
-                taps: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """The encoded sequence; with ``taps`` (1-based layer numbers) also the outputs of those
-        layers, each through the final norm as the last layer's is: ``(x, [x_tap, ...])``."""
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+        return self.forward_with_taps(x, lengths)[0]
+
+    def forward_with_taps(self, x: torch.Tensor, lengths: torch.Tensor | None,
+                          taps: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The encoded sequence and the outputs of the ``taps`` layers (1-based numbers), each
+        through the final norm as the last layer's is: ``(x, [x_tap, ...])``."""
         tapped: list[torch.Tensor] = []
         for number, layer in enumerate(self.layers, start=1):
             x = layer(x, lengths)
             if number in taps:
                 tapped.append(self.final_norm(x))
-        x = self.final_norm(x)
-        return (x, tapped) if taps else x
+        return self.final_norm(x), tapped
