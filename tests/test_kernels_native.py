@@ -40,6 +40,19 @@ def test_the_kernels_are_built_and_load():
     )
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernels_run_on_every_torch_thread(threads):
+    """parallel_items reaches torch.get_num_threads() threads (a build without -fopenmp: one)."""
+    assert native.available(), native.unavailable_reason()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert torch.ops.fastasr_cpu.worker_threads(16) == threads
+        assert torch.ops.fastasr_cpu.worker_threads(1) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 # ------------------------------------------------------------------ clustering
 @pytest.mark.parametrize(
     "B,H,N,E,bits,dtype",

@@ -62,7 +62,12 @@ STAMP = BUILD_DIR / "fastasr_cpu.json"
 #: Largest E, Ev and K of the fused sparse kernel (kMaxDim in csrc/improved_sparse.cpp);
 #: larger sizes run the reference.
 MAX_SPARSE_DIM = 256
-CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math"]
+# -fopenmp: ATen's parallel_for is a header template whose OpenMP pragma is compiled into
+# this library; without the flag every kernel runs on one thread whatever
+# torch.get_num_threads() says. The library then links libgomp.so.1, which resolves to
+# the copy torch has already loaded (one OpenMP runtime, one thread pool).
+CFLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 
 
 class NativeUnavailableError(RuntimeError):
@@ -102,6 +107,7 @@ def build(verbose: bool = False) -> Path:
             name="fastasr_cpu",
             sources=[str(p) for p in SOURCES],
             extra_cflags=CFLAGS,
+            extra_ldflags=LDFLAGS,
             build_directory=tmp,
             is_python_module=False,
             verbose=verbose,
@@ -138,6 +144,8 @@ def _stale_reason() -> str | None:
         return f"the build stamp {STAMP} is unreadable ({exc})"
     if stamp.get("source_sha256") != _source_hash():
         return f"the library was built from older sources than {CSRC}"
+    if stamp.get("cflags") != CFLAGS:
+        return f"the library was built with other compiler flags ({stamp.get('cflags')}, now {CFLAGS})"
     if stamp.get("torch") != torch.__version__:
         return f"the library was built against torch {stamp.get('torch')}, this is {torch.__version__}"
     if stamp.get("machine") != platform.machine():

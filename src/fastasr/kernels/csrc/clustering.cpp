@@ -3,17 +3,20 @@
 // CPU twins of ops in fastasr/kernels/reference.py (read it for the rules; the tests
 // check these against it), registered as torch.ops.fastasr_cpu.*:
 //
-//   clustering.cpp        hash_codes, hamming_kmeans: bit for bit the reference's
-//   centroid_softmax.cpp  topk_indices; softmax_topk_ / softmax_backward_: the centroid
-//                         attention's masking, scaling, top-k selection and softmax
-//                         (and its backward) in one pass over each row, in place
-//   improved_sparse.cpp   the per-query part of improved clustered attention, fused
+//   clustering.cpp          hash_codes, hamming_kmeans: bit for bit the reference's;
+//                           worker_threads (the threads parallel_items runs on)
+//   centroid_attention.cpp  topk_indices; the centroid attention (scores, masking,
+//                           softmax, top-k selection, values) and its backward, fused
+//   improved_sparse.cpp     the per-query part of improved clustered attention, fused
 //
 // Every op is parallel over (batch, head) or rows on torch's threads (parallel_items in
-// common.h), so torch.set_num_threads governs it. float32 and float64.
+// common.h), so torch.set_num_threads governs it; the library is built with -fopenmp,
+// without which ATen's parallel_for (a header template) runs serially. float32 and float64.
 
 #include <torch/library.h>
 
+#include <atomic>
+#include <chrono>
 #include <tuple>
 #include <vector>
 
@@ -163,10 +166,30 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes,
   return {assign, counts};
 }
 
+// How many distinct threads parallel_items hands `items` items to (each item waits a
+// moment, so that every thread of the region gets one): torch.get_num_threads() when the
+// library's parallel regions work, 1 when they silently run serially.
+int64_t worker_threads(int64_t items) {
+  std::vector<std::atomic<int>> seen(std::max(at::get_num_threads(), 1));
+  parallel_items(items, [&](const auto& take) {
+    for (int64_t i; take(i);) {
+      const int t = at::get_thread_num();
+      if (t >= 0 && t < static_cast<int>(seen.size())) seen[t].store(1);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+      while (std::chrono::steady_clock::now() < until) {
+      }
+    }
+  });
+  int64_t n = 0;
+  for (const auto& s : seen) n += s.load();
+  return n;
+}
+
 }  // namespace
 }  // namespace fastasr_cpu
 
 TORCH_LIBRARY(fastasr_cpu, m) {
+  m.def("worker_threads(int items) -> int", &fastasr_cpu::worker_threads);
   m.def("hash_codes(Tensor x, Tensor planes, Tensor? lengths) -> Tensor",
         &fastasr_cpu::hash_codes);
   m.def("hamming_kmeans(Tensor codes, Tensor? lengths, int clusters, int iterations, int bits)"

@@ -29,6 +29,10 @@ void parallel_items(int64_t n, const Worker& worker) {
   const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
   const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, threads));
   at::parallel_for(0, workers, 1, [&](int64_t lo, int64_t hi) {
+    // Autograd state is thread-local and OpenMP's threads start with it on: the ATen
+    // calls inside a kernel (at::mm_out on views of inputs that require grad) must
+    // dispatch below autograd, as they do on the calling thread inside a Function.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     for (int64_t w = lo; w < hi; ++w) worker(take);
   });
 }
