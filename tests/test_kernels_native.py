@@ -97,11 +97,14 @@ def test_kmeans_empty_sequence_and_high_bits():
     assert bool((got[0][1] == -1).all()) and int(got[1][1].sum()) == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("N,k", [(1000, 32), (37, 7), (33, 33), (200, 1), (64, 40)])
-def test_topk_indices_select_the_k_largest(N, k):
+def test_topk_indices_select_the_k_largest(N, k, dtype):
     g = _gen(N + k)
-    scores = torch.randn(3, 5, N, generator=g, dtype=torch.float64)
+    scores = torch.randn(3, 5, N, generator=g, dtype=dtype)
     scores[0, 0, N // 2 :] = float("-inf")  # masked keys: never before a finite score
+    scores[1, 0] = scores[1, 0].round()  # many ties, negative zeros among them
+    scores[1, 1] = -scores[1, 1].abs()  # every score negative
     got = native.topk_indices(scores, k)
     assert got.shape == (3, 5, k) and got.dtype == torch.int64
     assert bool((got.sort(-1).values.diff(dim=-1) > 0).all())  # k distinct positions

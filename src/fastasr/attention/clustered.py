@@ -152,7 +152,9 @@ class ClusteredAttention(InnerAttention):
 
     def _forward(self, q, k, v, lengths):
         dt = kernel_dtype(q)
-        q, k, vv = q.to(dt), k.to(dt), v.to(dt)
+        # One contiguous copy each (the model passes head-split views): every op below
+        # needs (B, H, N, E) rows and would otherwise copy them again, forward and backward.
+        q, k, vv = (t.to(dt).contiguous() for t in (q, k, v))
         assignments, _, centroids = self.cluster_queries(q, lengths)
         with record_function("attention.centroid_attention"):
             values, _, _ = ops.centroid_attention(

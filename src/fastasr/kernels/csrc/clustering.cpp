@@ -120,13 +120,18 @@ void kmeans_sequence(const int64_t* codes, int64_t L, int64_t C, int64_t iterati
       cnt[asg[n]] += 1;
       add_bits(x[n], ones.data() + 64 * asg[n]);
     }
+    bool moved = false;
     for (int64_t c = 0; c < ce; ++c) {
       if (cnt[c] == 0) continue;  // an empty cluster keeps its centroid
       uint64_t code = 0;
       for (int64_t b = 0; b < bits; ++b)
         code |= static_cast<uint64_t>(2 * ones[64 * c + b] > cnt[c]) << b;  // strict majority
+      moved |= code != cent[c];
       cent[c] = code;
     }
+    // No centroid moved: every later iteration repeats this one exactly (the same
+    // assignments, the same majorities), so stopping gives the reference's result.
+    if (!moved) break;
   }
   for (int64_t n = 0; n < L; ++n) {
     const int32_t a = nearest_centroid(x[n], cent.data(), ce);

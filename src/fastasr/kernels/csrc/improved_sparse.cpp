@@ -238,6 +238,7 @@ void backward_bh(const BackwardPtrs& a, const Sizes& z, int64_t bh, T sc, Cluste
                              {{q, E}, {g, Ev}});
     load_tiles<T, FEV, FK>(tiles, a.idx + off, static_cast<const T*>(a.top_w) + off, K, L, v, Ev);
     const int64_t nt = tiles.nt;
+    const bool all_slots = nt == K;
     const T* __restrict__ vals_t = tiles.t.data();
     T mass = 0;
     for (int64_t j = 0; j < nt; ++j) mass += tiles.w[j];
@@ -252,8 +253,15 @@ void backward_bh(const BackwardPtrs& a, const Sizes& z, int64_t bh, T sc, Cluste
         const int64_t n = members.order[m + std::min(u, count - 1)];
         gg[u] = g + n * Ev;
         qg[u] = q + n * E;
-        for (int64_t j = 0; j < KB; ++j)  // ... with p = 0, so that it adds nothing
-          pn[u][j] = (u < count && j < nt) ? p[n * K + tiles.slot[j]] : T(0);
+        const T* __restrict__ pr = p + n * K;
+        if (u >= count) {  // ... with p = 0, so that it adds nothing
+          for (int64_t j = 0; j < KB; ++j) pn[u][j] = 0;
+        } else if (all_slots) {  // every top key valid: slot j is j
+          for (int64_t j = 0; j < K; ++j) pn[u][j] = pr[j];
+          for (int64_t j = K; j < KB; ++j) pn[u][j] = 0;
+        } else {
+          for (int64_t j = 0; j < KB; ++j) pn[u][j] = j < nt ? pr[tiles.slot[j]] : T(0);
+        }
         for (int64_t j = 0; j < KB; ++j) dpt[u][j] = 0;  // dpt[u][j] = g_u . v_j
         for (int64_t e = 0; e < E; ++e) dqn[u][e] = 0;
       }
@@ -271,16 +279,27 @@ void backward_bh(const BackwardPtrs& a, const Sizes& z, int64_t bh, T sc, Cluste
         dmass += pd;
         for (int64_t j = 0; j < KB; ++j) ds[u][j] = mass * pn[u][j] * (dpt[u][j] - pd) * sc;
       }
+      // Slot j's key and value gradients gather the group's queries in local arrays
+      // (registers, for the fixed sizes) and are stored once: accumulating in place
+      // made every query wait on the previous one's store.
       for (int64_t j = 0; j < nt; ++j) {
         T* __restrict__ dvj = dvt + j * Ev;
         T* __restrict__ dkj = dkt + j * E;
         const T* __restrict__ kj = k + tiles.row[j] * E;
+        T dva[FEV ? FEV : kMaxDim], dka[FE ? FE : kMaxDim];
+        for (int64_t e = 0; e < Ev; ++e) dva[e] = dvj[e];
+        for (int64_t e = 0; e < E; ++e) dka[e] = dkj[e];
+#pragma GCC unroll 4
         for (int64_t u = 0; u < kGroup; ++u) {
           const T pj = mass * pn[u][j], dj = ds[u][j];
-          for (int64_t e = 0; e < Ev; ++e) dvj[e] += pj * gg[u][e];
-          for (int64_t e = 0; e < E; ++e) dkj[e] += dj * qg[u][e];
+          const T* __restrict__ gu = gg[u];
+          const T* __restrict__ qu = qg[u];
+          for (int64_t e = 0; e < Ev; ++e) dva[e] += pj * gu[e];
+          for (int64_t e = 0; e < E; ++e) dka[e] += dj * qu[e];
           for (int64_t e = 0; e < E; ++e) dqn[u][e] += dj * kj[e];
         }
+        for (int64_t e = 0; e < Ev; ++e) dvj[e] = dva[e];
+        for (int64_t e = 0; e < E; ++e) dkj[e] = dka[e];
       }
       for (int64_t u = 0; u < count; ++u) {
         T* __restrict__ dq_row = dq + members.order[m + u] * E;
