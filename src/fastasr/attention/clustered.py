@@ -150,11 +150,21 @@ class ClusteredAttention(InnerAttention):
         keys_ok = key_mask(lengths, B, N, q.device)
         return CentroidAttention(assignments, counts, logits, logits.softmax(-1), keys_ok)
 
-    def _forward(self, q, k, v, lengths):
+    @staticmethod
+    def kernel_inputs(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q, k, v`` in the kernel dtype (:func:`kernel_dtype`), contiguous.
+
+        One copy each: the model passes head-split views, and every op of the forward
+        needs ``(B, H, N, E)`` rows; without this each would copy them again, forward
+        and backward.
+        """
         dt = kernel_dtype(q)
-        # One contiguous copy each (the model passes head-split views): every op below
-        # needs (B, H, N, E) rows and would otherwise copy them again, forward and backward.
-        q, k, vv = (t.to(dt).contiguous() for t in (q, k, v))
+        return tuple(t.to(dt).contiguous() for t in (q, k, v))
+
+    def _forward(self, q, k, v, lengths):
+        q, k, vv = self.kernel_inputs(q, k, v)
         assignments, _, centroids = self.cluster_queries(q, lengths)
         with record_function("attention.centroid_attention"):
             values, _, _ = ops.centroid_attention(

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from torch.profiler import record_function
 
-from fastasr.attention.base import compute_dtype, kernel_dtype
+from fastasr.attention.base import compute_dtype
 from fastasr.attention.clustered import CLUSTERING_PARAMS, ClusteredAttention, gather_padded
 from fastasr.attention.masking import zero_padded_queries
 from fastasr.attention.registry import register
@@ -69,10 +69,7 @@ class ImprovedClusteredAttention(ClusteredAttention):
         self._set_hparams(topk=topk)
 
     def _forward(self, q, k, v, lengths):
-        dt = kernel_dtype(q)
-        # One contiguous copy each (the model passes head-split views): every op below
-        # needs (B, H, N, E) rows and would otherwise copy them again, forward and backward.
-        q, k, vv = (t.to(dt).contiguous() for t in (q, k, v))
+        q, k, vv = self.kernel_inputs(q, k, v)
         scale = self.scale(q.shape[-1])
         assignments, _, centroids = self.cluster_queries(q, lengths)
         kk = min(self.topk, q.shape[2])

@@ -14,13 +14,13 @@
 
 #include <cstring>
 #include <limits>
+#include <tuple>
+#include <type_traits>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
-#include <tuple>
-#include <type_traits>
-#include <vector>
 
 #include "common.h"
 
