@@ -40,6 +40,9 @@ from torch import nn  # noqa: E402
 from fastasr.model import CTCModel  # noqa: E402
 
 FLOOR = "floor"
+#: --torch-dropout: the floor once more with torch's own (one-thread) dropout in place of
+#: fastasr.kernels.dropout's, to price the dropout mask.
+FLOOR_TORCH_DROPOUT = "floor, torch dropout"
 DEFAULT_ATTENTIONS = ("full", "clustered-100", "i-clustered-100")
 
 
@@ -54,11 +57,17 @@ class IdentityAttention(nn.Module):
 
 def build_model(attention: str, layers: int, seed: int = 0) -> CTCModel:
     torch.manual_seed(seed)
+    floor = attention in (FLOOR, FLOOR_TORCH_DROPOUT)
     model = CTCModel(vocab_size=48, feat_in=40, d_model=192, heads=6, ff_dim=768, layers=layers, dropout=0.1,
-                     attention="full" if attention == FLOOR else attention, subsampling=1, positions="absolute")
-    if attention == FLOOR:
+                     attention="full" if floor else attention, subsampling=1, positions="absolute")
+    if floor:
         for layer in model.attention_layers():
             layer.inner = IdentityAttention()
+    if attention == FLOOR_TORCH_DROPOUT:
+        for module in list(model.modules()):
+            for name, child in module.named_children():
+                if isinstance(child, nn.Dropout):
+                    setattr(module, name, nn.Dropout(child.p))
     return model.train()
 
 
@@ -95,9 +104,13 @@ class Stepper:
         return time.perf_counter() - t0
 
 
+def _variants(args) -> list[str]:
+    return list(args.attentions) + [FLOOR] + ([FLOOR_TORCH_DROPOUT] if args.torch_dropout else [])
+
+
 def measure(args) -> list[dict]:
     rows = []
-    variants = list(args.attentions) + [FLOOR]
+    variants = _variants(args)
     for n in args.lengths:
         batch = make_batch(n, args.frames)
         steppers = {a: Stepper(a, args.layers) for a in variants}
@@ -139,7 +152,7 @@ def write_table(rows: list[dict], args, info: dict, load_before: str, load_after
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"step_time_{info['slug']}"
-    variants = list(args.attentions) + [FLOOR]
+    variants = _variants(args)
     lines = [
         "# One training step of the paper's model: each attention against the floor",
         "",
@@ -150,7 +163,9 @@ def write_table(rows: list[dict], args, info: dict, load_before: str, load_after
         "layers of 6 heads × 32, ff 768, no subsampling, dropout 0.1; a step is forward, CTC, backward, "
         f"clipping and RAdam on {args.frames} frames (B = {args.frames} // N, the last utterance N / 2). "
         f"Median of {args.rounds} interleaved rounds (min–max in the JSON); ratios are of those medians. "
-        "The floor: the same step with the inner attention replaced by the identity.",
+        "The floor: the same step with the inner attention replaced by the identity."
+        + (" 'floor, torch dropout': the floor with torch's one-thread dropout in place of fastasr's "
+           "threaded one (`fastasr.kernels.dropout`), which every other column uses." if args.torch_dropout else ""),
         "",
         "| N (batch) | " + " | ".join(variants) + " |",
         "|---|" + "---:|" * len(variants),
@@ -161,7 +176,7 @@ def write_table(rows: list[dict], args, info: dict, load_before: str, load_after
         for a in variants:
             r = by[a]
             ratio = [] if a == FLOOR else [f"{r['to_floor']:.2f}× floor"]
-            if a not in ("full", FLOOR) and r["to_full"] is not None:
+            if a not in ("full", FLOOR, FLOOR_TORCH_DROPOUT) and r["to_full"] is not None:
                 ratio.insert(0, f"{r['to_full']:.2f}× full")
             cells.append(f"{r['median_s']:.2f} s" + (f" ({', '.join(ratio)})" if ratio else ""))
         lines.append(f"| {n} ({by[FLOOR]['batch']}) | " + " | ".join(cells) + " |")
@@ -178,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--attentions", nargs="+", default=list(DEFAULT_ATTENTIONS), help="spec strings; the floor is added")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (the median counts)")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--torch-dropout", action="store_true",
+                   help="add the floor with torch's own dropout (prices fastasr's threaded dropout)")
     p.add_argument("--profile", default=None, help="a spec (or 'floor'): print its step's ops by self CPU time instead")
     p.add_argument("--top", type=int, default=30, help="--profile: rows shown")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))

@@ -2,6 +2,8 @@
 
 ``ops`` is what callers use (it picks the implementation for the tensors' device);
 ``reference`` is the ground truth every other implementation is tested against.
+``dropout`` is the one kernel outside attention: dropout whose CPU mask is drawn on
+all of torch's threads.
 """
 
 from fastasr.kernels import ops, reference

@@ -50,6 +50,7 @@ __all__ = [
     "topk_indices",
     "centroid_attention",
     "improved_sparse",
+    "dropout",
 ]
 
 CSRC = Path(__file__).with_name("csrc")
@@ -360,6 +361,32 @@ def improved_sparse(
         q, k, v, values, top_w, top_idx, assignments, _cpu_lengths(lengths), float(scale)
     )
     return out.to(dtype)
+
+
+class _Dropout(torch.autograd.Function):
+    """Dropout with the counter-based mask of csrc/dropout.cpp; the backward reads the saved mask."""
+
+    @staticmethod
+    def forward(ctx, x, p, seed):
+        out, keep = torch.ops.fastasr_cpu.dropout_forward(x, p, seed)
+        ctx.save_for_backward(keep)
+        ctx.p = p
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (keep,) = ctx.saved_tensors
+        return torch.ops.fastasr_cpu.dropout_backward(grad, keep, ctx.p), None, None
+
+
+def dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    """``x * keep / (1 - p)`` with ``keep`` = ``fastasr.kernels.dropout.keep_mask(x.shape, p, seed)``.
+
+    On all of torch's threads; the mask (one byte an element) is what the backward keeps.
+    ``p`` in ``[0, 1)``, ``seed`` any int64.
+    """
+    require("dropout")
+    return _Dropout.apply(x, float(p), int(seed))
 
 
 # ------------------------------------------------------------------------------- CLI

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fastasr.kernels.dropout import Dropout
 from fastasr.model.encoder import AttentionLayer, AttentionSpec, TransformerEncoder
 from fastasr.model.frontend import ConvSubsampling, GlobalCMVN, SpecAugment
 from fastasr.model.positional import SinusoidalPositionalEncoding, check_positions
@@ -97,7 +98,7 @@ class CTCModel(nn.Module):
         self.spec_augment = SpecAugment(**spec_augment) if spec_augment else None
         self.frontend = ConvSubsampling(feat_in, d_model, subsampling)
         # the dropout the added positions carry stays where it was for the other two kinds
-        self.positions = SinusoidalPositionalEncoding(d_model, dropout) if positions == "absolute" else nn.Dropout(dropout)
+        self.positions = SinusoidalPositionalEncoding(d_model, dropout) if positions == "absolute" else Dropout(dropout)
         self.encoder = TransformerEncoder(
             d_model, heads, ff_dim, layers, attention, shared_qk, dropout, norm_first, conv_kernel,
             rotary=positions == "rotary",

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
+from fastasr.kernels.dropout import Dropout
 from fastasr.model.positional import RotaryPositions
 
 AttentionSpec = str | Mapping[str, Any]
@@ -50,7 +51,7 @@ class AttentionLayer(nn.Module):
         self.k_proj = None if shared_qk else nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.rotary = rotary
         self.inner = self._build(attention)
 
@@ -98,7 +99,7 @@ class ConvolutionModule(nn.Module):
         self.depthwise = nn.Conv1d(d_model, d_model, kernel, padding=kernel // 2, groups=d_model)
         self.norm = nn.LayerNorm(d_model)
         self.pointwise_out = nn.Linear(d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
         y = nn.functional.glu(self.pointwise_in(x), dim=-1)
@@ -137,9 +138,9 @@ class EncoderLayer(nn.Module):
         self.ff = nn.Sequential(
             nn.Linear(d_model, ff_dim),
             nn.GELU(),
-            nn.Dropout(dropout),
+            Dropout(dropout),
             nn.Linear(ff_dim, d_model),
-            nn.Dropout(dropout),
+            Dropout(dropout),
         )
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)

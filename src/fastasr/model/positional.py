@@ -20,6 +20,8 @@ import math
 import torch
 from torch import nn
 
+from fastasr.kernels.dropout import Dropout
+
 POSITIONS = ("absolute", "rotary", "none")
 
 
@@ -57,7 +59,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         if d_model % 2:
             raise ValueError(f"d_model must be even for sinusoidal positions, got {d_model}")
         self.d_model = d_model
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self._angles = _AngleTable(d_model)
 
     def table(self, length: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

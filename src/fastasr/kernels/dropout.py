@@ -1,0 +1,96 @@
+"""Dropout whose CPU mask is drawn on all of torch's threads.
+
+torch's CPU dropout fills its mask with ``bernoulli_`` from one sequential generator,
+on one thread. The C++ kernel (``csrc/dropout.cpp``) instead makes element ``i`` of
+the mask a function of ``(seed, i)`` alone (a counter-based stream, like the Philox
+stream of GPU dropout), so both cores draw it, and the result does not depend on the
+number of threads. The seed of each call is drawn from torch's default generator:
+``torch.manual_seed`` (``seed=`` of a training run) makes a run's masks reproducible.
+
+:func:`dropout` runs the kernel on CPU tensors when the C++ kernels are built
+(``FASTASR_KERNELS`` = ``auto`` or ``native``) and ``p < 1``; otherwise it is
+``torch.nn.functional.dropout``: the same distribution (each element kept with
+probability ``1 - p``, kept ones scaled by ``1 / (1 - p)``) from torch's own stream.
+:func:`keep_mask` is the kernel's stream written in PyTorch, the ground truth its tests
+compare against bit for bit.
+
+Element ``i`` (row-major order of the tensor, up to 2^32 elements) is kept iff
+``u(i) >= round(p * 2^24)``, where ``u(i)`` is the top 24 bits of
+``mix(mix(i * 0x9E3779B9 + seed_lo) ^ seed_hi)`` in 32-bit arithmetic, ``mix`` is
+lowbias32 (Wellons' hash-prospector) and ``seed_lo`` / ``seed_hi`` are the seed's
+low and high 32 bits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastasr.kernels import native
+from fastasr.kernels.ops import kernel_choice
+
+__all__ = ["Dropout", "dropout", "keep_mask", "uses_native"]
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x * c mod 2^32`` for int64 ``x`` in ``[0, 2^32)``, without int64 overflow."""
+    low = x * (c & 0xFFFF)
+    high = ((x * (c >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int) -> torch.Tensor:
+    """The kernel's bool mask of ``shape`` for ``(p, seed)``, computed in PyTorch (CPU)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"keep_mask: p must be in [0, 1), got {p}")
+    numel = 1
+    for size in shape:
+        numel *= int(size)
+    if numel > 2**32:
+        raise ValueError(f"keep_mask: {numel} elements; the counter-based stream has 2^32")
+    seed &= 2**64 - 1
+    lo, hi = seed & _MASK32, seed >> 32
+    index = torch.arange(numel, dtype=torch.int64)
+    u = _mix32(_mix32((_mul32(index, 0x9E3779B9) + lo) & _MASK32) ^ hi) >> 8
+    return (u >= round(p * 2**24)).reshape(tuple(shape))
+
+
+def uses_native(x: torch.Tensor, p: float) -> bool:
+    """True if :func:`dropout` runs the C++ kernel for ``x`` and ``p`` in training."""
+    if x.device.type != "cpu" or not 0.0 < p < 1.0:
+        return False
+    choice = kernel_choice()
+    if choice == "native":
+        return True  # native.dropout raises NativeUnavailableError if they are not built
+    return choice == "auto" and native.available()
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``torch.nn.functional.dropout(x, p, training)``, drawn on all threads on CPU (module doc)."""
+    if not training or p == 0.0:
+        return x
+    if uses_native(x, p):
+        seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+        return native.dropout(x, p, seed)
+    return F.dropout(x, p, training=True)
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` through :func:`dropout` (no parameters or state: checkpoints are unchanged)."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p, self.training)
