@@ -3,6 +3,7 @@
     python benchmarks/step_time.py                                  # N = 800, 1600, 3200; 12,000 frames a batch
     python benchmarks/step_time.py --lengths 800 3200 --rounds 5 --layers 9
     python benchmarks/step_time.py --profile i-clustered-100 --lengths 800   # where the step's time goes
+    python benchmarks/step_time.py --torch-dropout                  # + the floor with torch's one-thread dropout
 
 The model is the clustered-attention paper's (6 heads × 32 = 192, feed-forward 768, fixed
 sinusoidal positions, no subsampling, dropout 0.1; ``--layers`` 9 as for WSJ), built through the

@@ -23,12 +23,14 @@ low and high 32 bits.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fastasr.kernels import native
-from fastasr.kernels.ops import kernel_choice
+from fastasr.kernels.ops import kernel_backend
 
 __all__ = ["Dropout", "dropout", "keep_mask", "uses_native"]
 
@@ -54,9 +56,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int) -> torch
     """The kernel's bool mask of ``shape`` for ``(p, seed)``, computed in PyTorch (CPU)."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"keep_mask: p must be in [0, 1), got {p}")
-    numel = 1
-    for size in shape:
-        numel *= int(size)
+    numel = math.prod(int(size) for size in shape)
     if numel > 2**32:
         raise ValueError(f"keep_mask: {numel} elements; the counter-based stream has 2^32")
     seed &= 2**64 - 1
@@ -68,12 +68,8 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int) -> torch
 
 def uses_native(x: torch.Tensor, p: float) -> bool:
     """True if :func:`dropout` runs the C++ kernel for ``x`` and ``p`` in training."""
-    if x.device.type != "cpu" or not 0.0 < p < 1.0:
-        return False
-    choice = kernel_choice()
-    if choice == "native":
-        return True  # native.dropout raises NativeUnavailableError if they are not built
-    return choice == "auto" and native.available()
+    # FASTASR_KERNELS=native with the kernels not built: native.dropout raises NativeUnavailableError
+    return x.device.type == "cpu" and 0.0 < p < 1.0 and kernel_backend(x, "dropout") == "native"
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:

@@ -71,6 +71,7 @@ _NATIVE_OPS = {
     "topk_indices",
     "centroid_attention",
     "improved_sparse",
+    "dropout",  # fastasr.kernels.dropout (not a clustering op; dispatched by the same rules)
 }
 _NO_FLOAT64 = {"clustered_dot", "clustered_weighted_sum", "improved_sparse"}  # Triton products
 

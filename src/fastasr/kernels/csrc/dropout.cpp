@@ -5,7 +5,7 @@
 // outside attention. Here element i of the mask is a pure function of (seed, i): a
 // 32-bit hash of the index, mixed with the 64-bit seed. Any thread can compute any
 // element, so the mask is the same for any number of threads, and the loop vectorises
-// (16 lanes of 32-bit integer multiplies with AVX-512). reference.dropout_keep_mask
+// (16 lanes of 32-bit integer multiplies with AVX-512). fastasr.kernels.dropout.keep_mask
 // computes the same stream in PyTorch; the tests compare the two bit for bit.
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
