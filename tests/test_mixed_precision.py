@@ -80,3 +80,46 @@ def test_16_mixed_training_on_gpu_with_every_attention(tiny_corpus, tmp_path, va
     ckpt = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     assert set(ctc_dtypes) == {torch.float32}
+
+
+@pytest.mark.parametrize(("avx512_bf16", "amx", "expected"), [
+    (True, False, "bf16-mixed"), (False, True, "bf16-mixed"), (False, False, "32-true"),
+])
+def test_auto_precision_on_the_cpu_follows_native_bfloat16(monkeypatch, avx512_bf16, amx, expected):
+    from fastasr.derived_config import auto_precision
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert auto_precision("cpu") == expected
+    assert auto_precision("auto") == expected  # no GPU visible: the CPU's
+    assert auto_precision("mps") == "32-true"
+
+
+def test_auto_precision_on_a_gpu_follows_its_bfloat16(monkeypatch):
+    from fastasr.derived_config import auto_precision
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for native, expected in ((True, "bf16-mixed"), (False, "32-true")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, n=native: n)
+        assert auto_precision("auto") == expected
+        assert auto_precision("gpu") == expected
+    assert auto_precision("cpu") == "32-true"  # trainer.accelerator=cpu beside a GPU: the CPU's
+
+
+def test_precision_auto_is_filled_in_and_other_values_stay(monkeypatch):
+    from test_config import compose_raw, compose_train
+
+    from fastasr.config_check import ConfigError, check_train_config
+
+    monkeypatch.setattr("fastasr.derived_config.native_bf16", lambda device_type: device_type == "cpu")
+    assert compose_train("trainer.precision=auto", "trainer.accelerator=cpu").trainer.precision == "bf16-mixed"
+    monkeypatch.setattr("fastasr.derived_config.native_bf16", lambda device_type: False)
+    assert compose_train("trainer.precision=auto", "trainer.accelerator=cpu").trainer.precision == "32-true"
+    assert compose_train("trainer.precision=bf16-mixed").trainer.precision == "bf16-mixed"
+    assert compose_train().trainer.precision == "32-true"  # the built-in recipe: float32
+    check_train_config(compose_raw("trainer.precision=auto"))  # accepted before it is filled in
+    with pytest.raises(ConfigError, match=r"trainer.precision='bf17'.*'auto'"):
+        check_train_config(compose_raw("trainer.precision=bf17"))

@@ -26,6 +26,7 @@ def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
     assert cfg.trainer.max_epochs == -1 and cfg.trainer.max_time == "00:00:30:00"
     assert cfg.data.augment.speed_perturb is True and cfg.model.utterance_cmvn is True
     assert cfg.final_average == {"best": 5}
+    assert cfg.trainer.precision == "auto"  # bf16-mixed where the hardware multiplies bfloat16
 
 
 def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
@@ -35,6 +36,7 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
     assert builtin.model.layers == 4 and builtin.data.augment.speed_perturb is False
     # make train's encoder reads any length: no positions, order from the convolution modules
     assert builtin.model.positions == "none" and builtin.model.conv_kernel == 15
+    assert builtin.trainer.precision == "32-true"
     for preset in ("paper_wsj", "paper_swbd", "matrix_member"):
         cfg = _compose(f"experiment={preset}")
         assert cfg.scheduler._target_.endswith("ReduceLROnPlateau"), preset

@@ -27,7 +27,7 @@ from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.features import FeatureConfig
 from fastasr.data.phone_sets import folding
 from fastasr.data.tokenizer import KINDS
-from fastasr.derived_config import derive_train_config
+from fastasr.derived_config import AUTO_PRECISION, derive_train_config
 
 
 class ConfigError(ValueError):
@@ -167,8 +167,8 @@ def _check_data(cfg: DictConfig, errors: list[str]) -> None:
 def _check_trainer(cfg: DictConfig, errors: list[str]) -> None:
     trainer = cfg.get("trainer") or {}
     precision = str(trainer.get("precision", "32-true"))
-    if precision not in _precisions():
-        errors.append(f"trainer.precision={precision!r}; expected one of {sorted(_precisions())}")
+    if precision not in _precisions() | {AUTO_PRECISION}:
+        errors.append(f"trainer.precision={precision!r}; expected one of {sorted(_precisions() | {AUTO_PRECISION})}")
     if int(trainer.get("num_nodes", 1)) < 1:
         errors.append(f"trainer.num_nodes={trainer.num_nodes}; expected ≥ 1")
 

@@ -21,6 +21,8 @@ what they compare and train is what ``python train.py`` runs:
   ``val/<unit metric>`` of ``data.tokenizer``, :func:`fastasr.data.tokenizer.unit_metric`
   (``val/per`` for phonemes, ``val/cer`` for characters and subwords); the epoch checkpoints' file
   name refers to it (``${callbacks.model_checkpoint.monitor}``).
+* ``trainer.precision`` ``auto`` (the recorded-speech recipe's): ``bf16-mixed`` where the device
+  training runs on multiplies bfloat16 natively, else ``32-true`` (:func:`auto_precision`).
 
 A value marked ``???`` is filled only while it is missing, so one given on the command line
 (``data.length_cost=linear``, ``callbacks.model_checkpoint.monitor=val/loss``) wins. Filling is
@@ -31,10 +33,45 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from fastasr.attention import length_cost
 from fastasr.data.tokenizer import unit_metric
+
+#: ``trainer.precision`` value that :func:`derive_train_config` replaces by :func:`auto_precision`'s.
+AUTO_PRECISION = "auto"
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether ``device_type`` (``"cuda"`` or ``"cpu"``) multiplies bfloat16 in hardware.
+
+    CUDA: compute capability 8.0 or newer (``torch.cuda.is_bf16_supported(including_emulation=False)``).
+    CPU: the AVX512-BF16 or AMX instructions (AMD Zen 4 and newer, Intel Cooper Lake and Sapphire
+    Rapids and newer), which oneDNN's bfloat16 matrix products use; without them bfloat16 is
+    emulated and slower than float32.
+    """
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if device_type == "cpu":
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return False
+
+
+def auto_precision(accelerator: Any) -> str:
+    """``trainer.precision: auto``: ``"bf16-mixed"`` where the training device has native bfloat16
+    (:func:`native_bf16`), else ``"32-true"``.
+
+    Mixed precision keeps float32 weights, optimiser state and CTC (the model's log-probabilities
+    are float32, ``fastasr.model.CTCModel``); under autocast the matrix products and convolutions
+    run in bfloat16, the attention variants in their own documented precision. ``accelerator`` is
+    ``trainer.accelerator``: ``auto`` trains on the GPU when one is visible, as Lightning does.
+    """
+    name = str(accelerator or "auto").lower()
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device_type = {"gpu": "cuda", "cuda": "cuda", "cpu": "cpu"}.get(name)
+    return "bf16-mixed" if device_type is not None and native_bf16(device_type) else "32-true"
 
 
 def _missing(node: Any, key: str) -> bool:
@@ -87,4 +124,8 @@ def derive_train_config(cfg: DictConfig) -> DictConfig:
             checkpoint.monitor = f"val/{unit_metric(str(data.tokenizer))}"
         except ValueError:
             pass  # an unknown tokenizer kind: check_train_config names it
+
+    trainer = cfg.get("trainer")
+    if isinstance(trainer, DictConfig) and trainer.get("precision") == AUTO_PRECISION:
+        trainer.precision = auto_precision(trainer.get("accelerator"))
     return cfg
