@@ -109,8 +109,9 @@ def test_auto_precision_on_a_gpu_follows_its_bfloat16(monkeypatch):
     assert auto_precision("cpu") == "32-true"  # trainer.accelerator=cpu beside a GPU: the CPU's
 
 
-def test_precision_auto_is_filled_in_and_other_values_stay(monkeypatch):
-    from test_config import compose_raw, compose_train
+def test_precision_auto_is_filled_in_and_other_values_stay(monkeypatch, tiny_corpus, tmp_path):
+    from test_config import compose_train
+    from test_train_eval import compose_train as compose_on
 
     from fastasr.config_check import ConfigError, check_train_config
 
@@ -120,6 +121,6 @@ def test_precision_auto_is_filled_in_and_other_values_stay(monkeypatch):
     assert compose_train("trainer.precision=auto", "trainer.accelerator=cpu").trainer.precision == "32-true"
     assert compose_train("trainer.precision=bf16-mixed").trainer.precision == "bf16-mixed"
     assert compose_train().trainer.precision == "32-true"  # the built-in recipe: float32
-    check_train_config(compose_raw("trainer.precision=auto"))  # accepted before it is filled in
+    check_train_config(compose_on(tiny_corpus, tmp_path, "trainer.precision=auto"))  # accepted before it is filled in
     with pytest.raises(ConfigError, match=r"trainer.precision='bf17'.*'auto'"):
-        check_train_config(compose_raw("trainer.precision=bf17"))
+        check_train_config(compose_on(tiny_corpus, tmp_path, "trainer.precision=bf17"))
