@@ -8,13 +8,13 @@ What ``trainer.precision`` costs per update: ``32-true`` against ``bf16-mixed`` 
 ``trainer.precision: auto`` takes where the CPU multiplies bfloat16 natively,
 :func:`fastasr.derived_config.auto_precision`). The model is the one ``python train.py
 <overrides>`` trains (its ``model`` config composed by Hydra; 40 characters of output, the
-features' bins in), built twice from one seed. A step is what training does with one batch:
-forward (under ``torch.autocast("cpu", torch.bfloat16)`` for bf16, as Lightning's
-``bf16-mixed`` runs it), CTC, backward, gradient clipping at 10 and a RAdam update, with
-SpecAugment on. Each batch holds ``--frames`` 10-ms frames of random filterbanks: ``B = frames
-// N`` utterances of ``N`` frames, the last ``N // 2`` long, with ``N // 12`` random targets
-each. Each round times both precisions once, in alternating order, after a warm-up step each;
-the table has the medians over ``--rounds`` rounds and their ratio. Writes
+features' bins in), built twice from one seed. A step is ``step_time.Stepper``'s, what training
+does with one batch: forward (under ``torch.autocast("cpu", torch.bfloat16)`` for bf16, as
+Lightning's ``bf16-mixed`` runs it), CTC, backward, gradient clipping at 10 and a RAdam update
+with training's weight decay, with SpecAugment on. Each batch holds ``--frames`` 10-ms frames of
+random filterbanks: ``B = frames // N`` utterances of ``N`` frames, the last ``N // 2`` long, with
+``N // 12`` random targets each. Each round times both precisions once, in alternating order,
+after a warm-up step each; the table has the medians over ``--rounds`` rounds and their ratio. Writes
 ``benchmarks/results/precision_step_<machine>.{md,json}``.
 """
 
@@ -25,10 +25,10 @@ import datetime
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from step_time import Stepper, make_batch  # noqa: E402  (one training step for both benchmarks)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -36,7 +36,6 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
-from torch import nn  # noqa: E402
 
 import fastasr.config  # noqa: E402,F401  (PROJECT_ROOT for conf/paths)
 from fastasr.derived_config import native_bf16  # noqa: E402
@@ -51,46 +50,18 @@ def model_config(overrides: list[str]):
     return cfg.model, int(cfg.features.num_mel_bins)
 
 
-def make_batch(n: int, frames: int, feat_in: int) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(0)
-    b = max(1, frames // n)
-    feats = torch.randn(b, n, feat_in, generator=g)
-    lengths = torch.full((b,), n, dtype=torch.long)
-    if b > 1:
-        lengths[-1] = n // 2
-    targets = torch.randint(1, VOCAB, (b, n // 12), generator=g)
-    return feats, lengths, targets, torch.full((b,), n // 12, dtype=torch.long)
-
-
-class Stepper:
-    """One model and its optimiser; :meth:`step` is one training step in ``precision``."""
-
-    def __init__(self, model_cfg, feat_in: int, precision: str):
-        torch.manual_seed(0)
-        self.model = instantiate(model_cfg)(vocab_size=VOCAB, feat_in=feat_in).train()
-        self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4)
-        self.bf16 = precision == "bf16-mixed"
-
-    def step(self, batch) -> float:
-        feats, lengths, targets, target_lengths = batch
-        t0 = time.perf_counter()
-        self.optim.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            log_probs, out_lengths = self.model(feats, lengths)
-        loss = nn.functional.ctc_loss(log_probs.transpose(0, 1), targets, out_lengths, target_lengths,
-                                      blank=0, zero_infinity=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
-        self.optim.step()
-        return time.perf_counter() - t0
+def build_stepper(model_cfg, feat_in: int, precision: str) -> Stepper:
+    torch.manual_seed(0)
+    model = instantiate(model_cfg)(vocab_size=VOCAB, feat_in=feat_in).train()
+    return Stepper(model, bf16=precision == "bf16-mixed")
 
 
 def measure(args) -> list[dict]:
     model_cfg, feat_in = model_config(args.overrides)
     rows = []
     for n in args.lengths:
-        batch = make_batch(n, args.frames, feat_in)
-        steppers = {p: Stepper(model_cfg, feat_in, p) for p in PRECISIONS}
+        batch = make_batch(n, args.frames, feat_in=feat_in, vocab=VOCAB, frames_per_target=12)
+        steppers = {p: build_stepper(model_cfg, feat_in, p) for p in PRECISIONS}
         for s in steppers.values():
             s.step(batch)
         times: dict[str, list[float]] = {p: [] for p in PRECISIONS}

@@ -72,31 +72,37 @@ def build_model(attention: str, layers: int, seed: int = 0) -> CTCModel:
     return model.train()
 
 
-def make_batch(n: int, frames: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
-    """``B = frames // n`` utterances of ``n`` frames (the last one ``n // 2``) and ``n // 8`` targets each."""
+def make_batch(n: int, frames: int, seed: int = 0, feat_in: int = 40, vocab: int = 48,
+               frames_per_target: int = 8) -> tuple[torch.Tensor, ...]:
+    """``B = frames // n`` utterances of ``n`` frames of ``feat_in`` random features (the last one
+    ``n // 2``) and ``n // frames_per_target`` random targets in ``[1, vocab)`` each."""
     g = torch.Generator().manual_seed(seed)
     b = max(1, frames // n)
-    feats = torch.randn(b, n, 40, generator=g)
+    feats = torch.randn(b, n, feat_in, generator=g)
     lengths = torch.full((b,), n, dtype=torch.long)
     if b > 1:
         lengths[-1] = n // 2
-    targets = torch.randint(1, 48, (b, n // 8), generator=g)
-    target_lengths = torch.full((b,), n // 8, dtype=torch.long)
+    targets = torch.randint(1, vocab, (b, n // frames_per_target), generator=g)
+    target_lengths = torch.full((b,), n // frames_per_target, dtype=torch.long)
     return feats, lengths, targets, target_lengths
 
 
 class Stepper:
-    """One model and its optimiser; :meth:`step` is one training step on ``batch``."""
+    """A model and its optimiser; :meth:`step` is one training step on ``batch``: forward (under
+    CPU bfloat16 autocast when ``bf16``, as Lightning's ``bf16-mixed`` runs it), CTC, backward,
+    gradient clipping at 10 and a RAdam update with training's weight decay."""
 
-    def __init__(self, attention: str, layers: int):
-        self.model = build_model(attention, layers)
+    def __init__(self, model: nn.Module, bf16: bool = False):
+        self.model = model
         self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01)
+        self.bf16 = bf16
 
     def step(self, batch) -> float:
         feats, lengths, targets, target_lengths = batch
         t0 = time.perf_counter()
         self.optim.zero_grad(set_to_none=True)
-        log_probs, out_lengths = self.model(feats, lengths)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            log_probs, out_lengths = self.model(feats, lengths)
         loss = nn.functional.ctc_loss(log_probs.transpose(0, 1), targets, out_lengths, target_lengths,
                                       blank=0, reduction="mean", zero_infinity=True)
         loss.backward()
@@ -114,7 +120,7 @@ def measure(args) -> list[dict]:
     variants = _variants(args)
     for n in args.lengths:
         batch = make_batch(n, args.frames)
-        steppers = {a: Stepper(a, args.layers) for a in variants}
+        steppers = {a: Stepper(build_model(a, args.layers)) for a in variants}
         for s in steppers.values():  # warm-up: allocator, kernel caches, the positions table
             s.step(batch)
         times: dict[str, list[float]] = {a: [] for a in variants}
@@ -140,7 +146,7 @@ def profile(args) -> str:
     out = []
     for n in args.lengths:
         batch = make_batch(n, args.frames)
-        stepper = Stepper(args.profile, args.layers)
+        stepper = Stepper(build_model(args.profile, args.layers))
         stepper.step(batch)
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             total = stepper.step(batch)

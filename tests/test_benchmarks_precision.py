@@ -15,14 +15,13 @@ import precision_step  # noqa: E402
 def test_precision_step_times_the_recipes_model_both_ways_and_writes_the_table(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["precision_step.py", "--lengths", "96", "48"])
     built = []
-    real_stepper = precision_step.Stepper
+    real_build = precision_step.build_stepper
 
-    class Recording(real_stepper):
-        def __init__(self, *args):
-            super().__init__(*args)
-            built.append(self)
+    def recording(*args):
+        built.append(real_build(*args))
+        return built[-1]
 
-    monkeypatch.setattr(precision_step, "Stepper", Recording)
+    monkeypatch.setattr(precision_step, "build_stepper", recording)
     precision_step.main(["--lengths", "96", "48", "--frames", "192", "--rounds", "2",
                          "--overrides", "data=manifest", "--out-dir", str(tmp_path)])
     # the recorded-speech recipe's model, once in each precision per length
