@@ -112,6 +112,27 @@ def test_default_members_differ_only_in_attention_and_depth(tmp_path):
                          "logger.wandb.name"}
 
 
+def test_table2_frames_is_table2_at_every_frame(tmp_path):
+    """budget=table2_frames trains table2's members with no subsampling (the paper's frame rate)
+    for 10 min and no test; everything else of each member's config is table2's."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        configs = {}
+        for preset in ("table2", "table2_frames"):
+            cfg = compose("budget", overrides=[f"budget={preset}", f"paths.output_dir={tmp_path}"])
+            configs[preset] = {s.name: bd.compose_budget_member(cfg, s) for s in bd.member_specs(cfg.budget.members)}
+    frames = configs["table2_frames"]
+    assert list(frames) == ["full-L6", "clustered-100-L6", "i-clustered-100-L6"]
+    for spec, member in frames.items():
+        c = member.cfg
+        assert member.run_dir == tmp_path / "budget" / "table2-frames" / "runs" / spec
+        assert (c.model.subsampling, c.trainer.max_time, member.max_time_s, c.test) == (1, "00:00:10:00", 600, False)
+        ours = _flat(OmegaConf.to_container(c, resolve=True))
+        theirs = _flat(OmegaConf.to_container(configs["table2"][spec].cfg, resolve=True))
+        differing = {k for k in set(ours) | set(theirs) if repr(ours.get(k)) != repr(theirs.get(k))}
+        assert differing == {"model.subsampling", "trainer.max_time", "test", "name", "paths.run_dir",
+                             "logger.wandb.name", "logger.wandb.group"}
+
+
 def test_changed_member_config_is_refused(tmp_path):
     cfg = _compose(f"paths.output_dir={tmp_path}")
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
