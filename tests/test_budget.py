@@ -86,6 +86,12 @@ def _flat(node, prefix=""):
     return {prefix[:-1]: node}
 
 
+def _differing_keys(*cfgs) -> set[str]:
+    """The dotted keys whose resolved values are not the same in every config."""
+    flats = [_flat(OmegaConf.to_container(c, resolve=True)) for c in cfgs]
+    return {k for k in set().union(*flats) if len({repr(f.get(k)) for f in flats}) > 1}
+
+
 def test_default_members_differ_only_in_attention_and_depth(tmp_path):
     """The default study: the paper's model (2x subsampling) on the long corpus, one budget and
     one schedule for all; between members only the attention, the depth and the names differ."""
@@ -95,7 +101,6 @@ def test_default_members_differ_only_in_attention_and_depth(tmp_path):
     assert [m.spec for m in members] == [
         "full-L2", "full-L4", "full-L6", "i-clustered-100-L4", "i-clustered-100-L6",
         "i-clustered-200-L4", "i-clustered-200-L6", "clustered-100-L6"]
-    flats = []
     for m in members:
         c = m.cfg
         assert m.run_dir == tmp_path / "budget" / "default" / "runs" / m.spec
@@ -106,10 +111,8 @@ def test_default_members_differ_only_in_attention_and_depth(tmp_path):
         assert c.data.train_manifest.endswith("synthetic_long/train.jsonl") and c.data.length_cost == "linear"
         assert c.callbacks.training_clock._target_ == "fastasr.budget.clock.TrainingClock"
         assert c.test is False
-        flats.append(_flat(OmegaConf.to_container(c, resolve=True)))
-    differing = {k for k in set().union(*flats) if len({repr(f.get(k)) for f in flats}) > 1}
-    assert differing == {"member", "name", "attention", "model.attention", "model.layers", "paths.run_dir",
-                         "logger.wandb.name"}
+    assert _differing_keys(*(m.cfg for m in members)) == {
+        "member", "name", "attention", "model.attention", "model.layers", "paths.run_dir", "logger.wandb.name"}
 
 
 def test_table2_frames_is_table2_at_every_frame(tmp_path):
@@ -126,11 +129,9 @@ def test_table2_frames_is_table2_at_every_frame(tmp_path):
         c = member.cfg
         assert member.run_dir == tmp_path / "budget" / "table2-frames" / "runs" / spec
         assert (c.model.subsampling, c.trainer.max_time, member.max_time_s, c.test) == (1, "00:00:10:00", 600, False)
-        ours = _flat(OmegaConf.to_container(c, resolve=True))
-        theirs = _flat(OmegaConf.to_container(configs["table2"][spec].cfg, resolve=True))
-        differing = {k for k in set(ours) | set(theirs) if repr(ours.get(k)) != repr(theirs.get(k))}
-        assert differing == {"model.subsampling", "trainer.max_time", "test", "name", "paths.run_dir",
-                             "logger.wandb.name", "logger.wandb.group"}
+        assert _differing_keys(c, configs["table2"][spec].cfg) == {
+            "model.subsampling", "trainer.max_time", "test", "name", "paths.run_dir", "logger.wandb.name",
+            "logger.wandb.group"}
 
 
 def test_changed_member_config_is_refused(tmp_path):
