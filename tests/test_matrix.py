@@ -217,6 +217,7 @@ def test_long_matrix_trains_the_budget_studys_model_on_the_long_corpus(tmp_path)
     assert member.run_dir == tmp_path / "matrix" / "long" / "runs" / "i-clustered-100"
     m = member.cfg
     assert m.data.train_manifest.endswith("synthetic_long/train.jsonl") and m.trainer.max_epochs == 8
+    assert m.trainer.max_time is None  # the 8 epochs end every member, not trainer/default's 18 minutes
     assert (m.model.layers, m.model.d_model, m.model.heads, m.model.ff_dim, m.model.subsampling) == (6, 192, 6, 768, 2)
     assert m.model.attention == "i-clustered-100" and m.model.positions == "absolute" and m.model.conv_kernel is None
     assert budget.budget.experiment == "matrix_member_long" and budget.budget.data is None
