@@ -10,7 +10,9 @@ then these tests skip).
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -282,6 +284,35 @@ def test_stale_or_foreign_builds_are_refused(monkeypatch):
     monkeypatch.setattr(native, "_cpu_features", lambda: ["fpu"])
     reason = native._stale_reason()
     assert reason is not None and "features this one lacks" in reason
+
+
+def test_a_rebuild_replaces_the_library_and_never_rewrites_it(monkeypatch, tmp_path):
+    """A process that has the library mapped (a training run beside `make install`) keeps the
+    old file: the build renames a new one over it, so the old one's inode and bytes stay intact
+    (rewriting it in place would crash that process with SIGBUS)."""
+    import torch.utils.cpp_extension as cpp
+
+    library, stamp = tmp_path / "fastasr_cpu.so", tmp_path / "fastasr_cpu.json"
+    library.write_bytes(b"old library")
+    stamp.write_text("{}")
+
+    def fake_load(name, build_directory, **_):
+        out = Path(build_directory) / f"{name}.so"
+        out.write_bytes(b"new library")
+        return str(out)
+
+    monkeypatch.setattr(cpp, "load", fake_load)
+    monkeypatch.setattr(native, "BUILD_DIR", tmp_path)
+    monkeypatch.setattr(native, "LIBRARY", library)
+    monkeypatch.setattr(native, "STAMP", stamp)
+    with library.open("rb") as held:  # as a running process holds it
+        old_inode = os.fstat(held.fileno()).st_ino
+        assert native.build() == library
+        assert held.read() == b"old library"  # the holder still reads the old bytes
+    assert library.read_bytes() == b"new library" and library.stat().st_ino != old_inode
+    assert json.loads(stamp.read_text())["source_sha256"] == native._source_hash()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fastasr_cpu.json", "fastasr_cpu.so"]  # no leftovers
+    native._load.cache_clear()
 
 
 def test_dispatch_picks_native_on_cpu(monkeypatch):

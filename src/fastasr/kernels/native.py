@@ -98,7 +98,9 @@ def build(verbose: bool = False) -> Path:
     """Compile the C++ kernels into :data:`LIBRARY` and write :data:`STAMP`.
 
     Uses ``torch.utils.cpp_extension.load`` (ninja and a C++17 compiler). Raises the
-    compiler's error if the build fails. Loads the new library into this process.
+    compiler's error if the build fails. Loads the new library into this process. Both files
+    are replaced by rename, never rewritten, so that processes running the old library (a
+    training run beside ``make install``) go on with it.
     """
     from torch.utils.cpp_extension import load
 
@@ -113,20 +115,26 @@ def build(verbose: bool = False) -> Path:
             is_python_module=False,
             verbose=verbose,
         )
-        shutil.copyfile(built, LIBRARY)
-    STAMP.write_text(
-        json.dumps(
-            {
-                "source_sha256": _source_hash(),
-                "torch": torch.__version__,
-                "cflags": CFLAGS,
-                "machine": platform.machine(),
-                "cpu_features": _cpu_features(),
-            },
-            indent=1,
+        # a new file renamed over the old: a process that has the old library mapped (a training
+        # run) keeps it, where writing into it in place would crash that process (SIGBUS)
+        staged = Path(tmp) / f"staged-{LIBRARY.name}"
+        shutil.copyfile(built, staged)
+        os.replace(staged, LIBRARY)
+        stamp = Path(tmp) / f"staged-{STAMP.name}"
+        stamp.write_text(
+            json.dumps(
+                {
+                    "source_sha256": _source_hash(),
+                    "torch": torch.__version__,
+                    "cflags": CFLAGS,
+                    "machine": platform.machine(),
+                    "cpu_features": _cpu_features(),
+                },
+                indent=1,
+            )
+            + "\n"
         )
-        + "\n"
-    )
+        os.replace(stamp, STAMP)
     _load.cache_clear()
     return LIBRARY
 
