@@ -47,6 +47,11 @@ def test_the_default_config_passes(tiny_corpus, tmp_path, no_audio_reads):
     (["data.phone_folding=cmu"], "data.phone_folding", "expected one of"),
     (["data.cache.mode=sometimes"], "data.cache.mode 'sometimes'", "expected one of off, auto, build"),
     (["data.augment.noise_prob=2"], "data.augment.noise_prob 2", r"expected within \[0, 1\]"),
+    (["final_tuning={lm_weight:[1.0],word_score:[0.0],frequent_words:[0,-5]}"], "final_tuning.frequent_words",
+     "expected a list of word counts ≥ 0"),
+    (["final_tuning={lm_weight:[1.0],word_score:[0.0],frequent_words:[0,100],language:xx}"],
+     "final_tuning.language='xx'", "wordfreq has no list for it"),
+    (["final_tuning={lm_weight:[],word_score:[0.0]}"], "final_tuning.lm_weight", "non-empty list"),
 ])
 def test_a_bad_value_names_its_key(tiny_corpus, tmp_path, no_audio_reads, overrides, key, expected):
     with pytest.raises(ConfigError) as err:

@@ -63,6 +63,72 @@ def test_every_context_is_a_distribution(tmp_path):
         assert sum(10 ** arpa.log10_prob(w, context) for w in vocab) == pytest.approx(1.0, abs=1e-4)
 
 
+def test_a_unigram_prior_gives_words_missing_from_the_training_text_their_prior_share(tmp_path):
+    """With a prior, the unigrams interpolate with it instead of the uniform distribution: a
+    prior word never seen in training gets gamma() x its prior share (by hand below), words the
+    prior lacks weigh as its lightest word, and every context still sums to 1."""
+    prior = {"b": 4.0, "c": 3.0, "d": 1.0}  # c, d: not in the training text
+    model = estimate(TOY, order=2, discounts=FIXED, unigram_prior=prior)
+    # base over a, b, c, d, </s>, <unk>: weights 1 (a: the floor), 4, 3, 1, 1, 1 -> total 11
+    base = {"a": 1 / 11, "b": 4 / 11, "c": 3 / 11, "d": 1 / 11, "</s>": 1 / 11, "<unk>": 1 / 11}
+    expected = {"a": 0.5 / 4 + 0.5 * base["a"], "b": 1.0 / 4 + 0.5 * base["b"], "</s>": 0.5 / 4 + 0.5 * base["</s>"],
+                "c": 0.5 * base["c"], "d": 0.5 * base["d"], "<unk>": 0.5 * base["<unk>"]}
+    for w, p in expected.items():
+        assert model.prob[1][(w,)] == pytest.approx(p), w
+    assert sum(expected.values()) == pytest.approx(1.0)
+    assert model.prob[1][("c",)] > model.prob[1][("<unk>",)]  # a word of the prior beats the unknown
+    arpa = read_arpa(write_arpa(model, tmp_path / "prior.arpa"))
+    vocab = [g[0] for g in arpa.logprob if len(g) == 1 and g[0] != "<s>"]
+    assert {"c", "d"} <= set(vocab)
+    for context in [(), ("<s>",), ("a",), ("c",)]:
+        assert sum(10 ** arpa.log10_prob(w, context) for w in vocab) == pytest.approx(1.0, abs=1e-4)
+    # seen bigrams back off into the prior-weighted unigrams: a b = (2 - 1)/2 + gamma(a) p(b)
+    assert model.prob[2][("a", "b")] == pytest.approx(0.5 + 0.5 * expected["b"])
+    with pytest.raises(ValueError, match="must be > 0"):
+        estimate(TOY, order=2, unigram_prior={"c": 0.0})
+    with pytest.raises(ValueError, match="without whitespace"):
+        estimate(TOY, order=2, unigram_prior={"c d": 1.0})
+
+
+def test_frequent_words_are_wordfreq_s_most_frequent_spellable_ones():
+    from fastasr.lm.word_lists import frequent_words
+
+    words = frequent_words("en", 300, keep=lambda w: set(w) <= set("abcdefghijklmnopqrstuvwxyz"))
+    assert len(words) == 300 and list(words)[:3] == ["the", "to", "and"]
+    freqs = list(words.values())
+    assert all(a >= b for a, b in zip(freqs, freqs[1:])) and freqs[-1] > 0  # most frequent first
+    assert all(w.isalpha() and w.islower() for w in words)  # "don't" and digits were not kept
+    assert "don't" in frequent_words("en", 300)  # without the filter it is there
+    with pytest.raises(ValueError, match="no wordfreq list"):
+        frequent_words("xx", 10)
+    with pytest.raises(ValueError, match="expected >= 1"):
+        frequent_words("en", 0)
+
+
+def test_build_command_opens_the_vocabulary_with_frequent_words(tmp_path, capsys):
+    """--frequent-words adds words missing from the training text to the LM (above <unk>) and,
+    with --lexicon-out, to a spelt lexicon; only words spelt in the training text's letters."""
+    manifest = _manifest(tmp_path / "train.jsonl", ["the cat sat", "a dog ran", "the dog sat"])
+    out, lex = tmp_path / "open.arpa", tmp_path / "open.lex"
+    assert lm_main(["build", "--manifest", str(manifest), "--out", str(out), "--frequent-words", "50",
+                    "--lexicon-out", str(lex)]) == 0
+    printed = capsys.readouterr().out
+    arpa = read_arpa(out)
+    vocab = {g[0] for g in arpa.logprob if len(g) == 1}
+    letters = set("thecatsadogrn")
+    added = vocab - {"the", "cat", "sat", "a", "dog", "ran", "<s>", "</s>", "<unk>"}
+    assert added and all(set(w) <= letters for w in added)  # e.g. "and", "to", "that"
+    assert "words not in the training text" in printed and f"{len(added)} words" in printed
+    assert arpa.log10_prob("to", ["the"]) > arpa.log10_prob("zebra", ["the"])  # a frequent word beats <unk>
+    from fastasr.decoding.lexicon import read_lexicon
+
+    spelt = read_lexicon(lex)
+    assert set(spelt.entries) == vocab - {"<s>", "</s>", "<unk>"}
+    assert spelt.pronunciations("to") == [("t", "o")]
+    with pytest.raises(ValueError, match="for word LMs"):
+        lm_main(["build", "--manifest", str(manifest), "--units", "chars", "--frequent-words", "5"])
+
+
 def test_build_command_writes_arpa_from_manifest(tmp_path, capsys):
     manifest = tmp_path / "train.jsonl"
     manifest.write_text("".join(f'{{"audio_filepath": "x.wav", "duration": 1.0, "text": "{t}"}}\n'

@@ -53,15 +53,15 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
 def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, tmp_path, caplog):
     """No epoch cap: an 8-second budget stops training, and the learning rate logged at the last
     update has decayed from the peak towards final_factor × peak. The final beam + LM decoding's
-    LM weight and word score are chosen on the dev split (final_tuning)."""
+    LM weight, word score and vocabulary are chosen on the dev split (final_tuning)."""
     cfg = _compose(
-        "data=manifest", f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
+        "data=manifest", "tokenizer=char", f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
         f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}", f"data.test_manifest={tiny_corpus / 'test.jsonl'}",
         "data.num_workers=0", "data.augment.speed_perturb=false", *TINY_MODEL, "logger=csv",
         "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"paths.output_dir={tmp_path}",
         "trainer.max_time=00:00:00:08", "trainer.log_every_n_steps=1", "scheduler.warmup_steps=0",
         "callbacks.lr_monitor.logging_interval=step", "name=budget",
-        "final_tuning.lm_weight=[0.5,3.0]", "final_tuning.word_score=[0.0]",
+        "final_tuning.lm_weight=[0.5,3.0]", "final_tuning.word_score=[0.0]", "final_tuning.frequent_words=[0,200]",
     )
     assert cfg.trainer.max_epochs == -1
     with caplog.at_level("INFO"):
@@ -81,6 +81,13 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
     tuned = final["tuned_on_dev"]
     assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
     assert final["decoding"]["lm_weight"] == tuned["best"]["lm_weight"] and final["decoding"]["word_score"] == 0.0
+    # both vocabularies were tried on dev; the decoding used the winner's lexicon and LM
+    assert [v["frequent_words"] for v in tuned["vocabularies"]] == [0, 200]
+    opened = tuned["vocabularies"][1]
+    assert opened["lm"].endswith("words-3gram-en200.arpa") and Path(opened["lexicon"]).is_file()
+    winner = next(v for v in tuned["vocabularies"] if v["frequent_words"] == tuned["best"]["frequent_words"])
+    assert (final["decoding"]["lm"] == winner["lm"]) == bool(winner["frequent_words"])  # the opened LM iff it won
+    assert tuned["best"]["wer"] == min(v["best"]["wer"] for v in tuned["vocabularies"])
     # final_average: the best epochs' mean (as many as were written, up to 5) is what was tested and decoded
     averaged = Path(result["averaged_ckpt"])
     assert averaged.name == "averaged.ckpt" and final["ckpt_path"] == str(averaged)

@@ -183,6 +183,26 @@ def _check_callbacks(cfg: DictConfig, errors: list[str]) -> None:
         errors.append(f"callbacks.step_checkpoint.every_n_train_steps={step_ckpt.every_n_train_steps}; expected ≥ 1")
 
 
+def _check_final_tuning(cfg: DictConfig, errors: list[str]) -> None:
+    tuning = cfg.get("final_tuning")
+    if not tuning:
+        return
+    for key in ("lm_weight", "word_score"):
+        if not list(tuning.get(key) or []):
+            errors.append(f"final_tuning.{key}={_container(tuning.get(key))}; expected a non-empty list of numbers")
+    sizes = _container(tuning.get("frequent_words")) or []
+    if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes):
+        errors.append(f"final_tuning.frequent_words={sizes}; expected a list of word counts ≥ 0 (0: the training "
+                      "words alone)")
+    elif any(sizes):
+        import wordfreq
+
+        language = tuning.get("language") or "en"
+        if language not in wordfreq.available_languages():
+            errors.append(f"final_tuning.language={language!r}: wordfreq has no list for it; expected one of "
+                          f"{', '.join(sorted(wordfreq.available_languages()))}")
+
+
 def check_train_config(cfg: DictConfig) -> None:
     """Check a composed training config without reading audio: the config training runs, i.e.
     with its derived values (:func:`fastasr.derived_config.derive_train_config`, on a copy:
@@ -204,5 +224,6 @@ def check_train_config(cfg: DictConfig) -> None:
     _check_data(cfg, errors)
     _check_trainer(cfg, errors)
     _check_callbacks(cfg, errors)
+    _check_final_tuning(cfg, errors)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

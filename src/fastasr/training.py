@@ -25,6 +25,7 @@ import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.callbacks import reset_peak_memory
 from fastasr.checkpoint_averaging import write_averaged_checkpoint
 from fastasr.config_check import check_train_config
+from fastasr.data.tokenizer import unit_metric
 from fastasr.decoding.builder import resolve_lm, resolve_source
 from fastasr.decoding.tune import tune_recogniser
 from fastasr.derived_config import derive_train_config
@@ -161,6 +162,72 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     return result
 
 
+def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: dict[str, Any],
+                                train_manifest: str | None, run_dir: RunDir, accelerator: str) -> dict[str, Any]:
+    """Choose the final decoding's vocabulary, LM weight and word score on the dev split.
+
+    ``cfg.final_tuning.frequent_words`` lists the vocabularies to try: ``0`` is the recogniser's
+    own lexicon and word LM (the training words); ``N`` adds the N most frequent words of
+    ``final_tuning.language`` (wordfreq) spelt in the training text's characters, to the lexicon
+    and, weighted by their frequency, to a word LM re-estimated from the training text
+    (``python -m fastasr.lm build --frequent-words N``; files under the run's ``lm/``). Only a
+    char model can spell added words; other units try ``0`` alone. Each vocabulary's (lm_weight,
+    word_score) grid is searched (:func:`fastasr.decoding.tune.tune_recogniser`) and the lowest
+    dev WER (then unit error rate) wins, so a corpus whose test words are the training words
+    (spelled letters, digits, commands) keeps its own vocabulary.
+
+    Returns ``{"decoding": the chosen spec, "manifest", "best", "points", "vocabularies":
+    [{"frequent_words", "lexicon", "lm", "best"}, ...]}``."""
+    from fastasr.lm.__main__ import build as build_lm
+
+    tuning = cfg.final_tuning
+    sizes = [int(n) for n in (tuning.get("frequent_words") or [0])]
+    if recogniser.tokenizer.kind != "char" and any(sizes):
+        log.info("final tuning: frequent_words %s left out: added words are spelt, and this is a %s model",
+                 [n for n in sizes if n], recogniser.tokenizer.kind)
+        sizes = [0]
+    if any(sizes) and not (train_manifest and Path(train_manifest).is_file()):
+        log.warning("final tuning: frequent_words %s left out: the training manifest %s (whose text the LM is "
+                    "estimated from) is not here", [n for n in sizes if n], train_manifest)
+        sizes = [0]
+    unit = unit_metric(recogniser.tokenizer.kind)  # the tie-break after WER
+    best: dict[str, Any] | None = None
+    vocabularies = []
+    for n in dict.fromkeys(sizes):
+        candidate = dict(spec)
+        lexicon_path = lm_path = None
+        if n:
+            language = str(tuning.get("language") or "en")
+            stem = run_dir.path / "lm" / f"words-3gram-{language}{n}"
+            lm_path, lexicon_path = stem.with_suffix(".arpa"), stem.with_suffix(".lex")
+            if not (lm_path.is_file() and lexicon_path.is_file()):
+                info = build_lm([train_manifest], lm_path, frequent_words=n, language=language,
+                                lexicon_out=lexicon_path)
+                log.info("final tuning: word LM with the %d most frequent %s words: %s (%d words not in the "
+                         "training text)", n, language, lm_path, info["added_words"])
+            candidate["lexicon"] = dict(candidate.get("lexicon") or {}, path=str(lexicon_path))
+            candidate["lm"] = dict(candidate.get("lm") or {}, path=str(lm_path))
+        tuned = tune_recogniser(recogniser, cfg.data.dev_manifest, candidate, tuning.lm_weight, tuning.word_score,
+                                accelerator=accelerator, train_manifest=train_manifest,
+                                **decoding_options(cfg.data))
+        point = tuned["best"]
+        vocabularies.append({"frequent_words": n, "lexicon": None if lexicon_path is None else str(lexicon_path),
+                             "lm": None if lm_path is None else str(lm_path), "best": point,
+                             "points": tuned["points"]})
+        log.info("final tuning, frequent_words=%d: best dev WER %.2f (lm_weight=%g word_score=%g)", n,
+                 point["wer"], point["lm_weight"], point["word_score"])
+        if best is None or (point["wer"], point[unit]) < (best["best"]["wer"], best["best"][unit]):
+            best = dict(tuned, decoding=dict(candidate, lm_weight=point["lm_weight"],
+                                             word_score=point["word_score"]), frequent_words=n)
+    assert best is not None
+    log.info("final decoding: frequent_words=%d lm_weight=%g word_score=%g, tuned on the dev split "
+             "(dev WER %.2f)", best["frequent_words"], best["best"]["lm_weight"], best["best"]["word_score"],
+             best["best"]["wer"])
+    best["best"] = dict(best["best"], frequent_words=best["frequent_words"])
+    best["vocabularies"] = vocabularies
+    return best
+
+
 def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
                    averaged_from: list[str] | None = None) -> DecodeResult | None:
     """Decode the test split with ``ckpt`` by ``cfg.final_decoding`` (a ``conf/decoding``
@@ -172,9 +239,10 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
     gives later, wherever the checkpoint is. Skipped (None) when no lexicon can be had for the
     model (a subword model, or a phoneme model whose training manifest has no phonemes): beam
     search would give phonetic words only. An LM that cannot be had is left out with a warning.
-    With ``cfg.final_tuning`` (``{lm_weight: [...], word_score: [...]}``) and an LM, the LM weight
-    and word score are first chosen on the dev split (:func:`fastasr.decoding.tune.tune_recogniser`;
-    never the test split), and the grid is kept in ``results.json`` under ``tuned_on_dev``.
+    With ``cfg.final_tuning`` (``{lm_weight: [...], word_score: [...]}``, optionally
+    ``frequent_words`` and ``language``) and an LM, the LM weight and word score, and the
+    vocabulary, are first chosen on the dev split (:func:`tune_vocabulary_and_weights`; never the
+    test split), and the grids are kept in ``results.json`` under ``tuned_on_dev``.
     ``averaged_from``: the epoch checkpoints ``ckpt`` averages (``final_average``), recorded as
     ``averaged_checkpoints``. Writes ``results.json`` and the recogs/errs files to the run directory.
     """
@@ -205,17 +273,12 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
     tuning = cfg.get("final_tuning")
     tuned = None
     if tuning and spec.get("name") == "beam" and (spec.get("lm") or {}).get("source") != "none":
-        tuned = tune_recogniser(recogniser, cfg.data.dev_manifest, spec, tuning.lm_weight, tuning.word_score,
-                                accelerator=accelerator, train_manifest=train_manifest, **decoding_options(cfg.data))
-        best = tuned["best"]
-        spec.update(lm_weight=best["lm_weight"], word_score=best["word_score"])
-        log.info("final decoding: lm_weight=%g word_score=%g, tuned on the dev split (dev WER %.2f over %d points)",
-                 best["lm_weight"], best["word_score"], best["wer"], len(tuned["points"]))
+        tuned = tune_vocabulary_and_weights(recogniser, cfg, spec, train_manifest, run_dir, accelerator)
+        spec = tuned["decoding"]
     decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,
                               decoding=spec, train_manifest=train_manifest, out_dir=run_dir.path,
                               **decoding_options(cfg.data))
-    tuned_on_dev = None if tuned is None else {"manifest": tuned["manifest"], "best": tuned["best"],
-                                               "points": tuned["points"]}
+    tuned_on_dev = None if tuned is None else {k: tuned[k] for k in ("manifest", "best", "points", "vocabularies")}
     decoded = replace(decoded, ckpt_path=str(ckpt), tuned_on_dev=tuned_on_dev, averaged_checkpoints=averaged_from)
     run_dir.write_results(decoded.to_dict())
     log.info("test, %s decoding (%s words): %s", decoded.decoding["name"], decoded.words,

@@ -2,9 +2,14 @@
 
     python -m fastasr.lm build --manifest data/synthetic/train.jsonl     # -> data/synthetic/lm/words-3gram.arpa
     python -m fastasr.lm build --manifest T.jsonl --units chars --order 6 --out chars-6gram.arpa --dev D.jsonl
+    python -m fastasr.lm build --manifest T.jsonl --frequent-words 50000 --language en --out open.arpa --lexicon-out open.lex
 
 Word LMs serve lexicon decoding; character LMs (tokens = the char tokenizer's units, ``|``
-between words) serve lexicon-free decoding of char models.
+between words) serve lexicon-free decoding of char models. ``--frequent-words N`` opens a word
+LM's vocabulary: the N most frequent words of ``--language`` (wordfreq) spellable in the training
+text's characters join it, weighted by their frequency (the unigram prior of
+:func:`fastasr.lm.kneser_ney.estimate`); ``--lexicon-out`` writes the whole vocabulary spelt, the
+lexicon a char model decodes it with (``decoding.lexicon.path``).
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ from pathlib import Path
 
 from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import units_of
-from fastasr.decoding.lexicon import words_of
+from fastasr.decoding.lexicon import spelling_lexicon, words_of, write_lexicon
 from fastasr.lm.arpa import corpus_lm_path, read_arpa, write_arpa
-from fastasr.lm.kneser_ney import estimate
+from fastasr.lm.kneser_ney import BOS, EOS, UNK, estimate
+from fastasr.lm.word_lists import frequent_words as frequent_words_of
 
 log = logging.getLogger("fastasr.lm")
 
@@ -36,21 +42,38 @@ def transcripts(manifests: Sequence[str | Path], units: str) -> list[list[str]]:
 
 
 def build(manifests: Sequence[str | Path], out: str | Path, order: int = 3, units: str = "words",
-          dev: Sequence[str | Path] = ()) -> dict:
+          dev: Sequence[str | Path] = (), frequent_words: int = 0, language: str = "en",
+          lexicon_out: str | Path | None = None) -> dict:
     """Estimate a modified Kneser-Ney LM from the manifests' transcripts and write it as ARPA.
 
-    Returns ``{"path", "sentences", "ngrams": {order: count}, "discounts", "dev_perplexity"}``.
+    ``frequent_words``: add the N most frequent words of ``language`` (wordfreq) that are spelt
+    in the training text's characters, as the unigram prior (word LMs only). ``lexicon_out``:
+    also write the LM's words spelt (a char model's lexicon for it).
+    Returns ``{"path", "sentences", "ngrams": {order: count}, "discounts", "dev_perplexity",
+    "added_words", "lexicon"}`` (``added_words``: vocabulary words not in the training text).
     """
     sentences = transcripts(manifests, units)
-    model = estimate(sentences, order)
+    prior = None
+    if frequent_words:
+        if units != "words":
+            raise ValueError(f"frequent_words={frequent_words} is for word LMs; units={units!r}")
+        alphabet = {c for sentence in sentences for word in sentence for c in word}
+        prior = frequent_words_of(language, frequent_words, keep=lambda w: set(w) <= alphabet)
+    model = estimate(sentences, order, unigram_prior=prior)
     path = write_arpa(model, out)
+    training_words = {w for sentence in sentences for w in sentence}
+    words = [g[0] for g in model.prob[1] if g[0] not in (BOS, EOS, UNK)]
     info = {
         "path": str(path),
         "sentences": len(sentences),
         "ngrams": {k: len(model.prob[k]) for k in range(1, order + 1)},
         "discounts": {k: [round(d, 4) for d in ds] for k, ds in model.discounts.items()},
         "dev_perplexity": None,
+        "added_words": sum(w not in training_words for w in words),
+        "lexicon": None,
     }
+    if lexicon_out is not None:
+        info["lexicon"] = str(write_lexicon(spelling_lexicon(words), lexicon_out, with_counts=False))
     if dev:
         info["dev_perplexity"] = read_arpa(path).perplexity(transcripts(dev, units))
     return info
@@ -65,12 +88,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--order", type=int, default=3, help="n-gram order (default 3)")
     b.add_argument("--units", choices=("words", "chars"), default="words", help="LM tokens (default words)")
     b.add_argument("--dev", action="append", default=[], help="manifest to report the perplexity on")
+    b.add_argument("--frequent-words", type=int, default=0, metavar="N",
+                   help="add the N most frequent words of --language (wordfreq) spelt in the training text's "
+                        "characters, weighted by their frequency (word LMs; default 0: the training words only)")
+    b.add_argument("--language", default="en", help="wordfreq language code for --frequent-words (default en)")
+    b.add_argument("--lexicon-out", help="also write the LM's words spelt: a char model's lexicon "
+                                         "(decoding.lexicon.path)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = args.out or corpus_lm_path(args.manifest[0], args.order, args.units)
-    info = build(args.manifest, out, args.order, args.units, args.dev)
+    info = build(args.manifest, out, args.order, args.units, args.dev, args.frequent_words, args.language,
+                 args.lexicon_out)
     counts = ", ".join(f"{k}-grams {n}" for k, n in info["ngrams"].items())
-    print(f"wrote {info['path']}: {info['sentences']} sentences, {counts}; discounts {info['discounts']}")
+    print(f"wrote {info['path']}: {info['sentences']} sentences, {counts}; discounts {info['discounts']}"
+          + (f"; {info['added_words']} words not in the training text" if info["added_words"] else ""))
+    if info["lexicon"]:
+        print(f"wrote {info['lexicon']}: the LM's words spelt")
     if info["dev_perplexity"] is not None:
         print(f"dev perplexity {info['dev_perplexity']:.2f}")
     return 0

@@ -10,8 +10,11 @@ For n-grams ``g = h w`` of order k (context ``h`` of k-1 tokens):
 * ``p(w | h) = (a(hw) - D(a(hw))) / S(h) + gamma(h) p(w | h')`` with ``S(h) = sum_x a(hx)``,
   ``gamma(h) = (D1 n1(h) + D2 n2(h) + D3+ n3+(h)) / S(h)`` (``n_j(h)``: tokens x with
   ``a(hx) = j``, 3+ for the last) and ``h'`` = ``h`` without its first token; unigrams are
-  interpolated with the uniform distribution over the vocabulary (``<unk>`` and ``</s>``
-  included, ``<s>`` excluded, as it is never predicted).
+  interpolated with a base distribution over the vocabulary (``<unk>`` and ``</s>`` included,
+  ``<s>`` excluded, as it is never predicted): the uniform one, or a *unigram prior* (word
+  frequencies of a large text, :func:`fastasr.lm.word_lists.frequent_words`) whose words join
+  the vocabulary. A prior lets the model give words absent from the training text what a large
+  text says of them (``gamma() p_prior(w)``) instead of ``<unk>``'s share.
 
 In ARPA form a seen n-gram's probability is the interpolated ``p(w | h)`` and the back-off
 weight of a context ``h`` is ``gamma(h)``, so a back-off reader computes the same numbers.
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -90,8 +93,26 @@ def adjusted_counts(raw: dict[int, Counter]) -> dict[int, dict[NGram, int]]:
     return adjusted
 
 
+def base_distribution(vocabulary: Iterable[str], prior: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The distribution the unigrams are interpolated with, over ``vocabulary`` and the
+    prior's words (``<s>`` excluded): uniform without a prior; with one, proportional to the
+    prior's weights, where a word the prior lacks (``<unk>`` and ``</s>`` among them) weighs as
+    much as the prior's lightest word. Sums to 1."""
+    words = ({w for w in vocabulary} | set(prior or ())) - {BOS}
+    if not prior:
+        return {w: 1.0 / len(words) for w in words}
+    bad = {w: v for w, v in prior.items() if not v > 0}
+    if bad:
+        raise ValueError(f"unigram prior: weights must be > 0; got {dict(list(bad.items())[:5])}")
+    floor = min(prior.values())
+    weights = {w: float(prior.get(w, floor)) for w in words}
+    total = sum(weights.values())
+    return {w: v / total for w, v in weights.items()}
+
+
 def estimate(sentences: Iterable[Sequence[str]], order: int = 3,
-             discounts: dict[int, tuple[float, float, float]] | None = None) -> NGramModel:
+             discounts: dict[int, tuple[float, float, float]] | None = None,
+             unigram_prior: Mapping[str, float] | None = None) -> NGramModel:
     """Estimate an interpolated modified Kneser-Ney model.
 
     Args:
@@ -100,13 +121,20 @@ def estimate(sentences: Iterable[Sequence[str]], order: int = 3,
         order: n-gram order.
         discounts: fixed (D1, D2, D3+) per order instead of the count-of-counts estimate
             (an order whose estimate is undefined falls back to (0.5, 1.0, 1.5) with a warning).
+        unigram_prior: word → weight (e.g. a frequency): its words join the vocabulary and the
+            unigrams are interpolated with it instead of the uniform distribution
+            (:func:`base_distribution`). None: the training tokens only, uniform.
     """
     raw = count_ngrams(sentences, order)
     if not raw[1]:
         raise ValueError("no sentences to estimate a language model from")
     adj = adjusted_counts(raw)
     model = NGramModel(order)
-    vocab = {g[0] for g in adj[1]} | {UNK, EOS}
+    for word in unigram_prior or ():
+        if not word or word in (BOS, EOS) or any(c.isspace() for c in word):
+            raise ValueError(f"unigram prior: word {word!r}; words must be non-empty, without whitespace, "
+                             f"and not {BOS}/{EOS}")
+    base = base_distribution({g[0] for g in adj[1]} | {UNK, EOS}, unigram_prior)
     for k in range(1, order + 1):
         if discounts and k in discounts:
             model.discounts[k] = tuple(discounts[k])
@@ -131,10 +159,12 @@ def estimate(sentences: Iterable[Sequence[str]], order: int = 3,
         probs: dict[NGram, float] = {}
         for g, a in adj[k].items():
             h = g[:-1]
-            lower = 1.0 / len(vocab) if k == 1 else model.prob[k - 1][g[1:]]
+            lower = base[g[0]] if k == 1 else model.prob[k - 1][g[1:]]
             probs[g] = (a - disc[min(a, 3)]) / total[h] + gamma[h] * lower
-        if k == 1:
-            probs[(UNK,)] = probs.get((UNK,), 0.0) or gamma[()] / len(vocab)
+        if k == 1:  # the vocabulary's words never seen in training: the base's share alone
+            for word, p in base.items():
+                if (word,) not in probs:
+                    probs[(word,)] = gamma[()] * p
             probs[(BOS,)] = 0.0  # never predicted (ARPA: -99)
         model.prob[k] = probs
         if k > 1:
