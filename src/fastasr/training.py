@@ -27,7 +27,7 @@ from fastasr.checkpoint_averaging import write_averaged_checkpoint
 from fastasr.config_check import check_train_config
 from fastasr.data.tokenizer import unit_metric
 from fastasr.decoding.builder import resolve_lm, resolve_source
-from fastasr.decoding.tune import tune_recogniser
+from fastasr.decoding.tune import manifest_emissions, tune_recogniser
 from fastasr.derived_config import derive_train_config
 from fastasr.distributed import is_rank_zero_process
 from fastasr.lit import ASRLitModule
@@ -176,8 +176,10 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
     dev WER (then unit error rate) wins, so a corpus whose test words are the training words
     (spelled letters, digits, commands) keeps its own vocabulary.
 
-    Returns ``{"decoding": the chosen spec, "manifest", "best", "points", "vocabularies":
-    [{"frequent_words", "lexicon", "lm", "best"}, ...]}``."""
+    The model runs over dev once (:func:`fastasr.decoding.tune.manifest_emissions`); each
+    vocabulary re-runs only the search. Returns the winner's
+    :func:`~fastasr.decoding.tune.tune_recogniser` result with ``"decoding"`` (the chosen spec)
+    and ``"vocabularies"``: ``[{"frequent_words", "lexicon", "lm", "best", "points"}, ...]``."""
     from fastasr.lm.__main__ import build as build_lm
 
     tuning = cfg.final_tuning
@@ -190,42 +192,37 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
         log.warning("final tuning: frequent_words %s left out: the training manifest %s (whose text the LM is "
                     "estimated from) is not here", [n for n in sizes if n], train_manifest)
         sizes = [0]
-    unit = unit_metric(recogniser.tokenizer.kind)  # the tie-break after WER
-    best: dict[str, Any] | None = None
-    vocabularies = []
+    dev = manifest_emissions(recogniser, cfg.data.dev_manifest, accelerator=accelerator,
+                             **decoding_options(cfg.data))  # the model runs once; each vocabulary re-runs the search
+    vocabularies, searches = [], []  # per vocabulary: its results.json entry; its tune result and decoding spec
     for n in dict.fromkeys(sizes):
         candidate = dict(spec)
-        lexicon_path = lm_path = None
+        files = {"lexicon": None, "lm": None}
         if n:
             language = str(tuning.get("language") or "en")
             stem = run_dir.path / "lm" / f"words-3gram-{language}{n}"
-            lm_path, lexicon_path = stem.with_suffix(".arpa"), stem.with_suffix(".lex")
-            if not (lm_path.is_file() and lexicon_path.is_file()):
-                info = build_lm([train_manifest], lm_path, frequent_words=n, language=language,
-                                lexicon_out=lexicon_path)
+            files = {"lexicon": str(stem.with_suffix(".lex")), "lm": str(stem.with_suffix(".arpa"))}
+            if not all(Path(f).is_file() for f in files.values()):
+                info = build_lm([train_manifest], files["lm"], frequent_words=n, language=language,
+                                lexicon_out=files["lexicon"])
                 log.info("final tuning: word LM with the %d most frequent %s words: %s (%d words not in the "
-                         "training text)", n, language, lm_path, info["added_words"])
-            candidate["lexicon"] = dict(candidate.get("lexicon") or {}, path=str(lexicon_path))
-            candidate["lm"] = dict(candidate.get("lm") or {}, path=str(lm_path))
+                         "training text)", n, language, files["lm"], info["added_words"])
+            for key, path in files.items():
+                candidate[key] = dict(candidate.get(key) or {}, path=path)
         tuned = tune_recogniser(recogniser, cfg.data.dev_manifest, candidate, tuning.lm_weight, tuning.word_score,
-                                accelerator=accelerator, train_manifest=train_manifest,
-                                **decoding_options(cfg.data))
-        point = tuned["best"]
-        vocabularies.append({"frequent_words": n, "lexicon": None if lexicon_path is None else str(lexicon_path),
-                             "lm": None if lm_path is None else str(lm_path), "best": point,
-                             "points": tuned["points"]})
+                                accelerator=accelerator, train_manifest=train_manifest, emissions=dev)
+        point = dict(tuned["best"], frequent_words=n)
+        vocabularies.append({"frequent_words": n, **files, "best": point, "points": tuned["points"]})
+        searches.append((tuned, candidate))
         log.info("final tuning, frequent_words=%d: best dev WER %.2f (lm_weight=%g word_score=%g)", n,
                  point["wer"], point["lm_weight"], point["word_score"])
-        if best is None or (point["wer"], point[unit]) < (best["best"]["wer"], best["best"][unit]):
-            best = dict(tuned, decoding=dict(candidate, lm_weight=point["lm_weight"],
-                                             word_score=point["word_score"]), frequent_words=n)
-    assert best is not None
+    unit = unit_metric(recogniser.tokenizer.kind)  # the tie-break after WER; on a full tie the first listed wins
+    i = min(range(len(vocabularies)), key=lambda i: (vocabularies[i]["best"]["wer"], vocabularies[i]["best"][unit]))
+    (tuned, candidate), point = searches[i], vocabularies[i]["best"]
     log.info("final decoding: frequent_words=%d lm_weight=%g word_score=%g, tuned on the dev split "
-             "(dev WER %.2f)", best["frequent_words"], best["best"]["lm_weight"], best["best"]["word_score"],
-             best["best"]["wer"])
-    best["best"] = dict(best["best"], frequent_words=best["frequent_words"])
-    best["vocabularies"] = vocabularies
-    return best
+             "(dev WER %.2f)", point["frequent_words"], point["lm_weight"], point["word_score"], point["wer"])
+    return dict(tuned, best=point, vocabularies=vocabularies,
+                decoding=dict(candidate, lm_weight=point["lm_weight"], word_score=point["word_score"]))
 
 
 def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,

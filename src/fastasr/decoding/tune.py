@@ -68,13 +68,10 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer, decoding: M
     return sorted(points, key=lambda p: (p["wer"], p[unit_metric]))
 
 
-def tune_recogniser(recogniser: Recogniser, manifest: str, decoding: Mapping[str, Any], lm_weights: Sequence[float],
-                    word_scores: Sequence[float], *, accelerator: str = "auto", train_manifest: str | None = None,
-                    **loader_options: Any) -> dict[str, Any]:
-    """Compute ``manifest``'s emissions with ``recogniser`` once and search the (lm_weight,
-    word_score) grid of the ``decoding`` config over them. Returns ``{"manifest", "lm",
-    "lm_sha256", "best", "points", "skipped_audio"}`` (``points`` best first).
-    ``loader_options``: :func:`fastasr.scoring.decoding_options` of a data config."""
+def manifest_emissions(recogniser: Recogniser, manifest: str, *, accelerator: str = "auto",
+                       **loader_options: Any) -> tuple[list[Emission], list]:
+    """``manifest``'s emissions under ``recogniser`` and the utterances whose audio was left out
+    (reported, not fatal). ``loader_options``: :func:`fastasr.scoring.decoding_options`."""
     loader = decoding_loader(recogniser, manifest, **loader_options)
     skipped = SkippedAudio(loader_options.get("on_bad_utterance", "skip"))  # unusable audio: left out, reported
     start = time.perf_counter()
@@ -82,6 +79,20 @@ def tune_recogniser(recogniser: Recogniser, manifest: str, decoding: Mapping[str
                                   decoding_device(accelerator))
     skipped_audio = skipped.finish(str(manifest))
     log.info("emissions of %d utterances of %s in %.1f s", len(emissions), manifest, time.perf_counter() - start)
+    return emissions, skipped_audio
+
+
+def tune_recogniser(recogniser: Recogniser, manifest: str, decoding: Mapping[str, Any], lm_weights: Sequence[float],
+                    word_scores: Sequence[float], *, accelerator: str = "auto", train_manifest: str | None = None,
+                    emissions: tuple[list[Emission], list] | None = None, **loader_options: Any) -> dict[str, Any]:
+    """Compute ``manifest``'s emissions with ``recogniser`` once (or take ``emissions``, what
+    :func:`manifest_emissions` returned for it) and search the (lm_weight, word_score) grid of
+    the ``decoding`` config over them. Returns ``{"manifest", "lm", "lm_sha256", "best",
+    "points", "skipped_audio"}`` (``points`` best first).
+    ``loader_options``: :func:`fastasr.scoring.decoding_options` of a data config."""
+    if emissions is None:
+        emissions = manifest_emissions(recogniser, manifest, accelerator=accelerator, **loader_options)
+    emissions, skipped_audio = emissions
     points = grid_search(emissions, recogniser.tokenizer, decoding, list(lm_weights), list(word_scores),
                          train_manifest, bundled_lexicon=recogniser.lexicon, bundled_lm=recogniser.lm)
     lm = resolve_lm(decoding.get("lm"), train_manifest, recogniser.lm)

@@ -98,7 +98,7 @@ def base_distribution(vocabulary: Iterable[str], prior: Mapping[str, float] | No
     prior's words (``<s>`` excluded): uniform without a prior; with one, proportional to the
     prior's weights, where a word the prior lacks (``<unk>`` and ``</s>`` among them) weighs as
     much as the prior's lightest word. Sums to 1."""
-    words = ({w for w in vocabulary} | set(prior or ())) - {BOS}
+    words = (set(vocabulary) | set(prior or ())) - {BOS}
     if not prior:
         return {w: 1.0 / len(words) for w in words}
     bad = {w: v for w, v in prior.items() if not v > 0}

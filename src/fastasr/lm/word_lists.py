@@ -33,7 +33,7 @@ def frequent_words(language: str, n: int, keep: Callable[[str], bool] | None = N
     while True:
         candidates = wordfreq.top_n_list(language, wanted, wordlist="best")
         for word in candidates[read:]:
-            if word in out or not word or any(c.isspace() for c in word) or (keep and not keep(word)):
+            if not word or any(c.isspace() for c in word) or (keep and not keep(word)):
                 continue
             out[word] = wordfreq.word_frequency(word, language, wordlist="best")
             if len(out) == n:
