@@ -41,6 +41,7 @@ def test_the_default_config_passes(tiny_corpus, tmp_path, no_audio_reads):
     (["model.subsampling=3"], "model:", "model.subsampling must be one of"),
     (["features.channels=0"], "features.channels=0", "expected ≥ 1"),
     (["data.max_frames_per_batch=0"], "data.max_frames_per_batch=0", "expected > 0"),
+    (["data.sortagrad_epochs=-1"], "data.sortagrad_epochs=-1", "expected ≥ 0"),
     (["trainer.precision=fp8"], "trainer.precision='fp8'", "expected one of"),
     (["callbacks.nonfinite_loss.max_consecutive=0"], "callbacks.nonfinite_loss.max_consecutive=0", "≥ 1"),
     (["tokenizer=wordpiece"], "tokenizer='wordpiece'", "expected one of phoneme, char, bpe, unigram"),

@@ -189,6 +189,18 @@ def test_min_batches_per_epoch_lowers_the_training_budget_only(tiny_corpus, capl
     assert len(list(make_dm(tiny_corpus, max_frames_per_batch=100_000).train_dataloader())) == 1
 
 
+def test_sortagrad_orders_the_first_training_epochs_only(tiny_corpus):
+    dm = make_dm(tiny_corpus, max_frames_per_batch=300, sortagrad_epochs=1)
+    dm.setup("fit")
+    train = dm.train_dataloader().batch_sampler
+    assert train.sortagrad_epochs == 1 and dm.val_dataloader().batch_sampler.sortagrad_epochs == 0
+    lengths = dm.datasets["train"].frame_lengths()
+    longest = [max(lengths[i] for i in b) for b in train]
+    assert len(longest) > 2 and longest == sorted(longest)
+    with pytest.raises(ValueError, match="sortagrad_epochs -2"):
+        make_dm(tiny_corpus, sortagrad_epochs=-2)
+
+
 def test_null_sample_rate_is_the_training_audio_rate(tiny_corpus, tmp_path):
     from fastasr.data.audio import write_wav
     from fastasr.data.manifest import read_manifest, write_manifest

@@ -50,6 +50,25 @@ def test_no_shuffle_gives_ascending_lengths():
     assert [lens[i] for i in flat] == sorted(lens)
 
 
+def test_sortagrad_epochs_come_shortest_first_then_shuffled():
+    lens = lengths(300)
+    s = FrameBudgetBatchSampler(lens, 4000, seed=1, sortagrad_epochs=2)
+    plain = FrameBudgetBatchSampler(lens, 4000, seed=1)
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        batches = list(s)
+        longest = [max(lens[i] for i in b) for b in batches]
+        assert (longest == sorted(longest)) == (epoch < 2), epoch
+        # the same batches as without SortaGrad (ties broken by the same draw), only their order differs
+        assert sorted(map(tuple, batches)) == sorted(map(tuple, plain)), epoch
+    s.resume_at(0, 5)  # a resumed SortaGrad epoch skips the batches already trained on
+    s_fresh = FrameBudgetBatchSampler(lens, 4000, seed=1, sortagrad_epochs=2)
+    assert list(s) == list(s_fresh)[5:]
+    with pytest.raises(ValueError, match="sortagrad_epochs -1"):
+        FrameBudgetBatchSampler(lens, 4000, sortagrad_epochs=-1)
+
+
 def test_overlong_utterance_gets_own_batch_with_one_warning(caplog):
     lens = [100, 100, 5000, 6000, 100]
     with caplog.at_level(logging.WARNING, logger="fastasr.data.sampler"):

@@ -158,6 +158,8 @@ def _check_data(cfg: DictConfig, errors: list[str]) -> None:
         errors.append(f"data.max_frames_per_batch={data.max_frames_per_batch}; expected > 0")
     if data.get("max_batch_size") is not None and not int(data.max_batch_size) > 0:
         errors.append(f"data.max_batch_size={data.max_batch_size}; expected > 0 or null")
+    if int(data.get("sortagrad_epochs", 0)) < 0:
+        errors.append(f"data.sortagrad_epochs={data.sortagrad_epochs}; expected ≥ 0")
     if int(data.get("num_workers", 0)) < 0:
         errors.append(f"data.num_workers={data.num_workers}; expected ≥ 0")
     if data.get("on_bad_utterance", "skip") not in ("skip", "raise"):

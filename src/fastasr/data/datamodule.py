@@ -164,6 +164,8 @@ class ASRDataModule(pl.LightningDataModule):
         length_cost: ``linear`` or ``quadratic``: how the sampler prices a padded utterance
             (quadratic for full attention; ``conf/data`` derives it from the attention).
         quadratic_frames: the sampler's ``Q`` of the quadratic price (frames).
+        sortagrad_epochs: training only: the first this many epochs take their batches
+            shortest first (SortaGrad) instead of in random order; 0: never.
         num_workers: dataloader worker processes.
         min_duration, max_duration: training utterances outside are dropped (seconds; None: no bound).
         on_bad_utterance: ``skip`` (warn and drop) or ``raise`` — bad manifest lines,
@@ -193,6 +195,7 @@ class ASRDataModule(pl.LightningDataModule):
         max_batch_size: int | None = None,
         length_cost: str = "linear",
         quadratic_frames: int = 4000,
+        sortagrad_epochs: int = 0,
         num_workers: int = 0,
         min_duration: float | None = None,
         max_duration: float | None = None,
@@ -224,6 +227,9 @@ class ASRDataModule(pl.LightningDataModule):
         self._train_budget: int | None = None
         self.max_batch_size = max_batch_size
         self.pricing = {"length_cost": length_cost, "quadratic_frames": int(quadratic_frames)}
+        if sortagrad_epochs < 0:
+            raise ValueError(f"sortagrad_epochs {sortagrad_epochs}; expected ≥ 0")
+        self.sortagrad_epochs = int(sortagrad_epochs)
         self.num_workers = int(num_workers)
         self.min_duration = min_duration
         self.max_duration = max_duration
@@ -389,6 +395,7 @@ class ASRDataModule(pl.LightningDataModule):
             dataset.frame_lengths(), budget, self.max_batch_size, shuffle=shuffle,
             seed=self.seed, num_replicas=replicas, rank=rank, **self.pricing,
             pad="repeat" if shuffle else "empty",  # evaluation scores every utterance exactly once
+            sortagrad_epochs=self.sortagrad_epochs if shuffle else 0,
         )
         kwargs = dict(batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
                       pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,

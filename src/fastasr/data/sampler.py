@@ -73,7 +73,9 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
     ``max_frames`` gets a batch of its own (with one warning). Then the order
     of the batches is shuffled, reproducibly for ``seed`` + the epoch set with
     ``set_epoch`` (Lightning calls it). Without shuffling, batches come
-    shortest first.
+    shortest first; with ``sortagrad_epochs=E``, the first ``E`` epochs (0, …, E - 1) do too
+    (SortaGrad, Amodei et al. 2016, "Deep Speech 2": a curriculum from short to long
+    utterances that steadies CTC's first updates), ties still broken randomly.
 
     With ``num_replicas > 1`` (DDP), rank ``r`` gets batches ``r, r + R, ...``
     of the shuffled list, so ranks see disjoint batches and the same number of
@@ -93,12 +95,14 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         max_batch_size: optional cap on utterances per batch.
         length_cost: ``"linear"`` or ``"quadratic"``: how a padded utterance is priced.
         quadratic_frames: ``Q`` of the quadratic price (frames); unused when linear.
+        sortagrad_epochs: with ``shuffle``, the number of first epochs whose batches come
+            shortest first instead of in random order (0: none).
     """
 
     def __init__(self, lengths: Sequence[int], max_frames: int, max_batch_size: int | None = None,
                  shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
                  drop_last: bool = False, pad: str = "repeat", length_cost: str = "linear",
-                 quadratic_frames: int = 4000) -> None:
+                 quadratic_frames: int = 4000, sortagrad_epochs: int = 0) -> None:
         if pad not in ("repeat", "empty"):
             raise ValueError(f"pad {pad!r}; expected 'repeat' or 'empty'")
         if max_frames <= 0:
@@ -111,6 +115,8 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError(f"length_cost {length_cost!r}; expected one of {', '.join(LENGTH_COSTS)}")
         if quadratic_frames <= 0:
             raise ValueError(f"quadratic_frames {quadratic_frames}; expected > 0")
+        if sortagrad_epochs < 0:
+            raise ValueError(f"sortagrad_epochs {sortagrad_epochs}; expected ≥ 0")
         if len(lengths) == 0:
             raise ValueError("FrameBudgetBatchSampler: no utterances")
         self.lengths = torch.as_tensor(list(lengths), dtype=torch.long)
@@ -120,6 +126,7 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         self.max_batch_size = max_batch_size
         self.length_cost, self.quadratic_frames = length_cost, int(quadratic_frames)
         self.shuffle, self.seed = shuffle, int(seed)
+        self.sortagrad_epochs = int(sortagrad_epochs)
         self.num_replicas, self.rank, self.drop_last, self.pad = num_replicas, rank, drop_last, pad
         self.epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches of it to skip), see resume_at
@@ -176,7 +183,7 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
     def _epoch_batches(self) -> list[list[int]]:
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         batches = self._make_batches(gen if self.shuffle else None)
-        if self.shuffle:
+        if self.shuffle and self.epoch >= self.sortagrad_epochs:
             batches = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
         return batches
 
