@@ -53,6 +53,7 @@ def test_the_default_config_passes(tiny_corpus, tmp_path, no_audio_reads):
     (["final_tuning={lm_weight:[1.0],word_score:[0.0],frequent_words:[0,100],language:xx}"],
      "final_tuning.language='xx'", "wordfreq has no list for it"),
     (["final_tuning={lm_weight:[],word_score:[0.0]}"], "final_tuning.lm_weight", "non-empty list"),
+    (["final_tuning={lm_weight:[1.0],word_score:[0.0],beam_size:0}"], "final_tuning.beam_size=0", "beam width ≥ 1"),
 ])
 def test_a_bad_value_names_its_key(tiny_corpus, tmp_path, no_audio_reads, overrides, key, expected):
     with pytest.raises(ConfigError) as err:

@@ -4,14 +4,17 @@ run that the wall-clock budget ends, with the learning rate decayed over that bu
 import csv
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from test_train_eval import TINY_MODEL
 
+import fastasr.training
 from fastasr.config import CONFIG_DIR
-from fastasr.training import train
+from fastasr.training import train, tune_vocabulary_and_weights
 
 
 def _compose(*overrides: str):
@@ -26,7 +29,32 @@ def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
     assert cfg.trainer.max_epochs == -1 and cfg.trainer.max_time == "00:00:30:00"
     assert cfg.data.augment.speed_perturb is True and cfg.model.utterance_cmvn is True
     assert cfg.final_average == {"best": 5}
+    assert cfg.final_tuning.beam_size == 50 and cfg.final_decoding.beam_size == 500  # grid narrow, test wide
     assert cfg.trainer.precision == "auto"  # bf16-mixed where the hardware multiplies bfloat16
+
+
+def test_the_final_tuning_searches_its_grid_at_its_own_beam_and_decodes_at_the_full_one(monkeypatch, tmp_path):
+    """final_tuning.beam_size narrows the dev grid's beam only: the chosen decoding keeps the
+    final decoding's width (recorded in tuned_on_dev as beam_size); without it the grid searches
+    at the final decoding's own width."""
+    searched = []
+
+    def grid(recogniser, manifest, decoding, lm_weights, word_scores, **_):
+        searched.append(decoding["beam_size"])
+        best = {"lm_weight": lm_weights[-1], "word_score": word_scores[0], "wer": 10.0, "per": 5.0}
+        return {"manifest": manifest, "lm": None, "lm_sha256": None, "best": best, "points": [best],
+                "skipped_audio": []}
+
+    monkeypatch.setattr(fastasr.training, "tune_recogniser", grid)
+    monkeypatch.setattr(fastasr.training, "manifest_emissions", lambda *a, **k: ([], []))
+    recogniser = SimpleNamespace(tokenizer=SimpleNamespace(kind="phoneme"))
+    spec = {"name": "beam", "beam_size": 500, "lm": {"source": "auto"}, "lm_weight": 2.0, "word_score": 0.0}
+    for beam, expected in ((50, 50), (None, 500)):
+        cfg = OmegaConf.create({"data": {"dev_manifest": "dev.jsonl"},
+                                "final_tuning": {"lm_weight": [0.5, 1.5], "word_score": [-1.0], "beam_size": beam}})
+        tuned = tune_vocabulary_and_weights(recogniser, cfg, spec, None, None, "cpu")
+        assert searched[-1] == expected and tuned["beam_size"] == expected
+        assert tuned["decoding"] == dict(spec, lm_weight=1.5, word_score=-1.0)  # the full width, the grid's weights
 
 
 def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
@@ -62,6 +90,7 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
         "trainer.max_time=00:00:00:08", "trainer.log_every_n_steps=1", "scheduler.warmup_steps=0",
         "callbacks.lr_monitor.logging_interval=step", "name=budget",
         "final_tuning.lm_weight=[0.5,3.0]", "final_tuning.word_score=[0.0]", "final_tuning.frequent_words=[0,200]",
+        "final_tuning.beam_size=4",
     )
     assert cfg.trainer.max_epochs == -1
     with caplog.at_level("INFO"):
@@ -81,6 +110,7 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
     tuned = final["tuned_on_dev"]
     assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
     assert final["decoding"]["lm_weight"] == tuned["best"]["lm_weight"] and final["decoding"]["word_score"] == 0.0
+    assert tuned["beam_size"] == 4 and final["decoding"]["beam_size"] == cfg.final_decoding.beam_size == 500
     # both vocabularies were tried on dev; the decoding used the winner's lexicon and LM
     assert [v["frequent_words"] for v in tuned["vocabularies"]] == [0, 200]
     opened = tuned["vocabularies"][1]

@@ -192,6 +192,10 @@ def _check_final_tuning(cfg: DictConfig, errors: list[str]) -> None:
     for key in ("lm_weight", "word_score"):
         if not list(tuning.get(key) or []):
             errors.append(f"final_tuning.{key}={_container(tuning.get(key))}; expected a non-empty list of numbers")
+    beam = tuning.get("beam_size")
+    if beam is not None and not (isinstance(beam, int) and beam >= 1):
+        errors.append(f"final_tuning.beam_size={beam!r}; expected a beam width ≥ 1 for the dev grid, or null (the "
+                      "final decoding's own)")
     sizes = _container(tuning.get("frequent_words")) or []
     if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes):
         errors.append(f"final_tuning.frequent_words={sizes}; expected a list of word counts ≥ 0 (0: the training "

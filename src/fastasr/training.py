@@ -26,6 +26,7 @@ from fastasr.callbacks import reset_peak_memory
 from fastasr.checkpoint_averaging import write_averaged_checkpoint
 from fastasr.config_check import check_train_config
 from fastasr.data.tokenizer import unit_metric
+from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.decoding.builder import resolve_lm, resolve_source
 from fastasr.decoding.tune import manifest_emissions, tune_recogniser
 from fastasr.derived_config import derive_train_config
@@ -174,12 +175,15 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
     char model can spell added words; other units try ``0`` alone. Each vocabulary's (lm_weight,
     word_score) grid is searched (:func:`fastasr.decoding.tune.tune_recogniser`) and the lowest
     dev WER (then unit error rate) wins, so a corpus whose test words are the training words
-    (spelled letters, digits, commands) keeps its own vocabulary.
+    (spelled letters, digits, commands) keeps its own vocabulary. ``final_tuning.beam_size``
+    (optional) is the beam the grid searches with, narrower than the final decoding's own: the
+    grid re-runs the search once per point, and its best weights carry to the wider beam.
 
     The model runs over dev once (:func:`fastasr.decoding.tune.manifest_emissions`); each
     vocabulary re-runs only the search. Returns the winner's
     :func:`~fastasr.decoding.tune.tune_recogniser` result with ``"decoding"`` (the chosen spec)
-    and ``"vocabularies"``: ``[{"frequent_words", "lexicon", "lm", "best", "points"}, ...]``."""
+    ``"vocabularies"``: ``[{"frequent_words", "lexicon", "lm", "best", "points"}, ...]`` and
+    ``"beam_size"`` (the grid's)."""
     from fastasr.lm.__main__ import build as build_lm
 
     tuning = cfg.final_tuning
@@ -192,6 +196,7 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
         log.warning("final tuning: frequent_words %s left out: the training manifest %s (whose text the LM is "
                     "estimated from) is not here", [n for n in sizes if n], train_manifest)
         sizes = [0]
+    grid_beam = int(tuning.get("beam_size") or spec.get("beam_size") or BeamSearchOptions.beam_size)
     dev = manifest_emissions(recogniser, cfg.data.dev_manifest, accelerator=accelerator,
                              **decoding_options(cfg.data))  # the model runs once; each vocabulary re-runs the search
     vocabularies, searches = [], []  # per vocabulary: its results.json entry; its tune result and decoding spec
@@ -209,7 +214,8 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
                          "training text)", n, language, files["lm"], info["added_words"])
             for key, path in files.items():
                 candidate[key] = dict(candidate.get(key) or {}, path=path)
-        tuned = tune_recogniser(recogniser, cfg.data.dev_manifest, candidate, tuning.lm_weight, tuning.word_score,
+        tuned = tune_recogniser(recogniser, cfg.data.dev_manifest, dict(candidate, beam_size=grid_beam),
+                                tuning.lm_weight, tuning.word_score,
                                 accelerator=accelerator, train_manifest=train_manifest, emissions=dev)
         point = dict(tuned["best"], frequent_words=n)
         vocabularies.append({"frequent_words": n, **files, "best": point, "points": tuned["points"]})
@@ -221,7 +227,7 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
     (tuned, candidate), point = searches[i], vocabularies[i]["best"]
     log.info("final decoding: frequent_words=%d lm_weight=%g word_score=%g, tuned on the dev split "
              "(dev WER %.2f)", point["frequent_words"], point["lm_weight"], point["word_score"], point["wer"])
-    return dict(tuned, best=point, vocabularies=vocabularies,
+    return dict(tuned, best=point, vocabularies=vocabularies, beam_size=grid_beam,
                 decoding=dict(candidate, lm_weight=point["lm_weight"], word_score=point["word_score"]))
 
 
@@ -275,7 +281,8 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
     decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,
                               decoding=spec, train_manifest=train_manifest, out_dir=run_dir.path,
                               **decoding_options(cfg.data))
-    tuned_on_dev = None if tuned is None else {k: tuned[k] for k in ("manifest", "best", "points", "vocabularies")}
+    tuned_on_dev = None if tuned is None else {k: tuned[k] for k in ("manifest", "best", "points", "vocabularies",
+                                                            "beam_size")}
     decoded = replace(decoded, ckpt_path=str(ckpt), tuned_on_dev=tuned_on_dev, averaged_checkpoints=averaged_from)
     run_dir.write_results(decoded.to_dict())
     log.info("test, %s decoding (%s words): %s", decoded.decoding["name"], decoded.words,

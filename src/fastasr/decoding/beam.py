@@ -39,7 +39,7 @@ UNK_WORD = "<unk>"
 class BeamSearchOptions:
     """Search settings (the ``decoding=beam`` config; names follow torchaudio's ``ctc_decoder``)."""
 
-    beam_size: int = 50                 # hypotheses kept after each frame
+    beam_size: int = 500                # hypotheses kept after each frame (wav2letter's LibriSpeech width)
     beam_size_token: int | None = None  # units tried per frame (None: all)
     beam_threshold: float = 25.0        # drop hypotheses scoring this far below the best
     lm_weight: float = 2.0              # weight of the LM's log10 probabilities

@@ -4,7 +4,7 @@
       name: beam                     # greedy | beam
       lexicon: {source: auto, path: null}
       lm: {source: auto, path: null}
-      beam_size: 50 ...              # the other keys: BeamSearchOptions
+      beam_size: 500 ...             # the other keys: BeamSearchOptions
 
 A recogniser carries the lexicon and the word LM it was trained beside (written at training
 time, ``fastasr.recogniser``); ``auto`` uses them, so a checkpoint decodes the same wherever
