@@ -33,7 +33,7 @@ def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
     assert cfg.trainer.precision == "auto"  # bf16-mixed where the hardware multiplies bfloat16
 
 
-def test_the_final_tuning_searches_its_grid_at_its_own_beam_and_decodes_at_the_full_one(monkeypatch, tmp_path):
+def test_the_final_tuning_searches_its_grid_at_its_own_beam_and_decodes_at_the_full_one(monkeypatch):
     """final_tuning.beam_size narrows the dev grid's beam only: the chosen decoding keeps the
     final decoding's width (recorded in tuned_on_dev as beam_size); without it the grid searches
     at the final decoding's own width."""
