@@ -136,7 +136,7 @@ def train_command(corpus: Path, out: Path, probe: Path, *overrides: str) -> list
         sys.executable, str(PROJECT_ROOT / "train.py"),
         "data=manifest", "recipe=builtin", "data.augment.speed_perturb=false",
         f"data.train_manifest={corpus / 'train.jsonl'}", f"data.dev_manifest={corpus / 'dev.jsonl'}", f"data.test_manifest={corpus / 'test.jsonl'}",
-        "data.num_workers=0", "model.subsampling=2", *TINY_MODEL,
+        "data.num_workers=0", f"data.cache.dir={corpus / 'feature_cache'}", "model.subsampling=2", *TINY_MODEL,
         "logger=csv", f"paths.output_dir={out}", "trainer.enable_progress_bar=false",
         "+callbacks.probe._target_=run_probe.RunProbe", f"+callbacks.probe.out={probe}", *overrides,
     ]

@@ -204,7 +204,10 @@ def test_training_skips_bad_audio_and_reports_every_file(tiny_corpus, tmp_path, 
         decoded = decode_manifest(load_recogniser(result["last_ckpt"]), corpus / "dev.jsonl", accelerator="cpu",
                                   max_batch_size=1)
     assert decoded.utterances == 1 and decoded.skipped_utterances == 1
-    assert decoded.skipped_audio == [{"id": dev_id, "path": reasons_path(report, dev_id), "reason": reasons[dev_id]}]
+    # training read the cache that data=manifest builds, whose builder found the file; decoding reads the audio
+    cached_reason, found_by = reasons[dev_id].split(" (found when the feature cache ")
+    assert found_by.endswith(" was built)")
+    assert decoded.skipped_audio == [{"id": dev_id, "path": reasons_path(report, dev_id), "reason": cached_reason}]
     assert "1 of 2 utterance(s) skipped for unusable audio" in caplog.text and dev_id in caplog.text
 
 

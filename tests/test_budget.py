@@ -35,6 +35,7 @@ def _smoke_overrides(corpus: Path, out: Path, *extra: str) -> list[str]:
                 f"data.dev_manifest={corpus / 'dev.jsonl'}",
                 f"data.test_manifest={corpus / 'test.jsonl'}",
                 "data.num_workers=0",
+                f"data.cache.dir={corpus / 'feature_cache'}",
             )) + "]",
         *extra,
     ]

@@ -164,8 +164,9 @@ def test_the_builtin_corpus_is_a_manifest_corpus_with_its_own_recipe():
                            for o in ([], ["data=manifest"]))
     differ = {k for k in synthetic.keys() | manifest.keys() if synthetic.get(k) != manifest.get(k)}
     assert differ == {"train_manifest", "dev_manifest", "test_manifest", "max_frames_per_batch",
-                      "min_batches_per_epoch", "augment"}
+                      "min_batches_per_epoch", "augment", "cache"}
     assert synthetic["augment"] == {**manifest["augment"], "speed_perturb": False}
+    assert synthetic["cache"] == {**manifest["cache"], "mode": "auto"}  # recorded corpora build theirs
     assert compose_train().scheduler._target_.endswith("ReduceLROnPlateau")
 
 

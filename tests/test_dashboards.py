@@ -206,7 +206,7 @@ def test_training_fills_tensorboard_wandb_csv_and_pngs(tiny_corpus, tmp_path, of
             "data=manifest", "recipe=builtin", "data.augment.speed_perturb=false",
             f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
             f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}", f"data.test_manifest={tiny_corpus / 'test.jsonl'}",
-            "data.num_workers=0", "data.max_frames_per_batch=4000", *TINY_MODEL,
+            "data.num_workers=0", f"data.cache.dir={tiny_corpus / 'feature_cache'}", "data.max_frames_per_batch=4000", *TINY_MODEL,
             "attention=i_clustered", "attention.clusters=8",
             "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "test=false",
             "callbacks.attention_maps.heads=2",

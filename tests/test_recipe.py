@@ -31,6 +31,7 @@ def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
     assert cfg.final_average == {"best": 5}
     assert cfg.final_tuning.beam_size == 50 and cfg.final_decoding.beam_size == 500  # grid narrow, test wide
     assert cfg.trainer.precision == "auto"  # bf16-mixed where the hardware multiplies bfloat16
+    assert cfg.data.cache.mode == "build"  # filterbanks of every split and speed factor computed once, then read
 
 
 def test_the_final_tuning_searches_its_grid_at_its_own_beam_and_decodes_at_the_full_one(monkeypatch):
@@ -65,6 +66,7 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
     # make train's encoder reads any length: no positions, order from the convolution modules
     assert builtin.model.positions == "none" and builtin.model.conv_kernel == 15
     assert builtin.trainer.precision == "32-true"
+    assert builtin.data.cache.mode == "auto"  # make train computes its features on the fly unless `make features` ran
     for preset in ("paper_wsj", "paper_swbd", "matrix_member"):
         cfg = _compose(f"experiment={preset}")
         assert cfg.scheduler._target_.endswith("ReduceLROnPlateau"), preset
@@ -90,12 +92,15 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
         "trainer.max_time=00:00:00:08", "trainer.log_every_n_steps=1", "scheduler.warmup_steps=0",
         "callbacks.lr_monitor.logging_interval=step", "name=budget",
         "final_tuning.lm_weight=[0.5,3.0]", "final_tuning.word_score=[0.0]", "final_tuning.frequent_words=[0,200]",
-        "final_tuning.beam_size=4",
+        "final_tuning.beam_size=4", f"data.cache.dir={tmp_path / 'feature_cache'}",
     )
     assert cfg.trainer.max_epochs == -1
     with caplog.at_level("INFO"):
         result = train(cfg)
     assert "Time limit reached" in caplog.text  # Lightning's Timer ended the run
+    # the recipe built each split's feature cache before training (one per split; no speed factors here)
+    built = sorted(p.name.split("-")[0] for p in (tmp_path / "feature_cache").iterdir())
+    assert built == [f"{tiny_corpus.name}_{split}" for split in ("dev", "test", "train")], built
     state = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
     timer = next(v for k, v in state["callbacks"].items() if k.startswith("Timer"))
     assert timer["time_elapsed"]["train"] > 0.0  # in the checkpoint: a resumed run continues the budget

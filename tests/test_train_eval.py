@@ -39,6 +39,7 @@ def data_overrides(corpus: Path) -> list[str]:
         f"data.dev_manifest={corpus / 'dev.jsonl'}",
         f"data.test_manifest={corpus / 'test.jsonl'}",
         "data.num_workers=0",
+        f"data.cache.dir={corpus / 'feature_cache'}",  # data=manifest builds its feature cache: beside the corpus
     ]
 
 
