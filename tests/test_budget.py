@@ -16,6 +16,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from test_train_eval import corpus_overrides
 
 from fastasr import budget as bd
 from fastasr.budget import running
@@ -29,14 +30,7 @@ def _smoke_overrides(corpus: Path, out: Path, *extra: str) -> list[str]:
         "budget=smoke",
         f"paths.output_dir={out}",
         "budget.data=manifest",
-        "budget.extra_overrides=[" + ",".join(
-            f'"{o}"' for o in (
-                f"data.train_manifest={corpus / 'train.jsonl'}",
-                f"data.dev_manifest={corpus / 'dev.jsonl'}",
-                f"data.test_manifest={corpus / 'test.jsonl'}",
-                "data.num_workers=0",
-                f"data.cache.dir={corpus / 'feature_cache'}",
-            )) + "]",
+        "budget.extra_overrides=[" + ",".join(f'"{o}"' for o in corpus_overrides(corpus)) + "]",
         *extra,
     ]
 

@@ -196,6 +196,7 @@ def offline_wandb(tmp_path, monkeypatch):
 
 def test_training_fills_tensorboard_wandb_csv_and_pngs(tiny_corpus, tmp_path, offline_wandb):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from test_train_eval import data_overrides
 
     from fastasr.report import read_metrics
     from fastasr.training import train
@@ -203,10 +204,7 @@ def test_training_fills_tensorboard_wandb_csv_and_pngs(tiny_corpus, tmp_path, of
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[
             "name=dash", f"paths.output_dir={tmp_path}", "logger=default",
-            "data=manifest", "recipe=builtin", "data.augment.speed_perturb=false",
-            f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
-            f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}", f"data.test_manifest={tiny_corpus / 'test.jsonl'}",
-            "data.num_workers=0", f"data.cache.dir={tiny_corpus / 'feature_cache'}", "data.max_frames_per_batch=4000", *TINY_MODEL,
+            *data_overrides(tiny_corpus), "data.max_frames_per_batch=4000", *TINY_MODEL,
             "attention=i_clustered", "attention.clusters=8",
             "trainer.max_epochs=2", "trainer.log_every_n_steps=1", "test=false",
             "callbacks.attention_maps.heads=2",

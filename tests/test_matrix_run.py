@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 from hydra import compose, initialize_config_dir
+from test_train_eval import corpus_overrides
 
 from fastasr import matrix as mx
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
@@ -28,11 +29,7 @@ def _smoke_overrides(corpus: Path, out: Path, *extra: str) -> list[str]:
         "matrix.data=manifest",
         "matrix.extra_overrides=[" + ",".join(
             f'"{o}"' for o in (
-                f"data.train_manifest={corpus / 'train.jsonl'}",
-                f"data.dev_manifest={corpus / 'dev.jsonl'}",
-                f"data.test_manifest={corpus / 'test.jsonl'}",
-                "data.num_workers=0",
-                f"data.cache.dir={corpus / 'feature_cache'}",
+                *corpus_overrides(corpus),
                 *extra,
             )) + "]",
     ]

@@ -32,15 +32,20 @@ TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_d
 BUILTIN_RECIPE = ["recipe=builtin", "data.augment.speed_perturb=false"]
 
 
-def data_overrides(corpus: Path) -> list[str]:
+def corpus_overrides(corpus: Path) -> list[str]:
+    """The data keys of a run on ``corpus``: its three manifests, no worker processes, and the
+    feature cache (which data=manifest builds) beside the corpus rather than in the repository."""
     return [
-        "data=manifest", *BUILTIN_RECIPE,
         f"data.train_manifest={corpus / 'train.jsonl'}",
         f"data.dev_manifest={corpus / 'dev.jsonl'}",
         f"data.test_manifest={corpus / 'test.jsonl'}",
         "data.num_workers=0",
-        f"data.cache.dir={corpus / 'feature_cache'}",  # data=manifest builds its feature cache: beside the corpus
+        f"data.cache.dir={corpus / 'feature_cache'}",
     ]
+
+
+def data_overrides(corpus: Path) -> list[str]:
+    return ["data=manifest", *BUILTIN_RECIPE, *corpus_overrides(corpus)]
 
 
 def eval_overrides(corpus: Path) -> list[str]:
