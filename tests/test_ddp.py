@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,34 @@ def test_only_rank_zero_writes_hydra_files(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("SLURM_PROCID", "3")  # srun: the fourth task
     assert not is_rank_zero_process()
+
+
+LEAVE_AT_EXIT = """
+import atexit, sys, torch
+from fastasr.distributed import leave_process_group_at_exit
+torch.distributed.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
+# atexit runs its handlers last-registered first: this one runs after the process group's
+atexit.register(lambda: print("in a group at exit:", torch.distributed.is_initialized(), flush=True))
+leave_process_group_at_exit()
+leave_process_group_at_exit()  # registered once
+torch.distributed.all_reduce(torch.ones(1))
+sys.exit({status})
+"""
+
+
+@pytest.mark.parametrize("status", [0, 143])
+def test_process_group_is_destroyed_before_the_interpreter_exits(tmp_path, status):
+    """A run under DDP leaves its gloo group at exit (a normal end, or the SIGTERM status), so
+    gloo's threads do not outlive the interpreter (an abort, status -6, after the work is done)."""
+    script = LEAVE_AT_EXIT.format(store=tmp_path / "store", status=status)
+    proc = subprocess.run([sys.executable, "-c", script], env=run_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == status, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["in a group at exit: False"]
+
+
+def test_leave_process_group_outside_one_is_a_no_op():
+    from fastasr.distributed import leave_process_group
+
+    assert not torch.distributed.is_initialized()
+    leave_process_group()
+    assert not torch.distributed.is_initialized()

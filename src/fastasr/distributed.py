@@ -7,6 +7,7 @@ and ``NODE_RANK`` from Lightning's own launcher), so that only rank 0 writes the
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
@@ -26,6 +27,29 @@ def is_rank_zero_process() -> bool:
     several processes)."""
     names = (*_RANK_VARIABLES, "SLURM_PROCID")  # srun: one task per rank
     return all(int(os.environ.get(name, "0")) == 0 for name in names)
+
+
+def leave_process_group() -> None:
+    """Destroy the default process group, if this process is in one (else nothing)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+_LEAVE_AT_EXIT = False
+
+
+def leave_process_group_at_exit() -> None:
+    """Have this process leave its process group when the interpreter exits (registered once).
+
+    Lightning's DDP strategy keeps the group alive after ``fit`` and ``test``, and torch does not
+    destroy it at exit: gloo's worker threads then outlive the interpreter's teardown, and the
+    process can abort with "terminate called without an active exception" (status -6) after its
+    work is done (pytorch/pytorch#190489). An :mod:`atexit` handler runs while the interpreter
+    is still whole, on a normal end and on ``SystemExit`` (the SIGTERM exit status) alike."""
+    global _LEAVE_AT_EXIT
+    if not _LEAVE_AT_EXIT:
+        atexit.register(leave_process_group)
+        _LEAVE_AT_EXIT = True
 
 
 def hydra_overrides_for_rank(argv: list[str]) -> list[str]:

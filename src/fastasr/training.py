@@ -30,7 +30,7 @@ from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.decoding.builder import resolve_lm, resolve_source
 from fastasr.decoding.tune import manifest_emissions, tune_recogniser
 from fastasr.derived_config import derive_train_config
-from fastasr.distributed import is_rank_zero_process
+from fastasr.distributed import is_rank_zero_process, leave_process_group_at_exit
 from fastasr.lit import ASRLitModule
 from fastasr.loggers import build_loggers, finish_wandb
 from fastasr.recogniser import Recogniser, load_recogniser, with_decoding_data
@@ -117,6 +117,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
         default_root_dir=str(run_dir.path),
     )
     reset_peak_memory()  # this run's peak, not an earlier run's in the same process
+    leave_process_group_at_exit()  # DDP: the process group Lightning is about to start ends with the process
     try:
         # checkpoints hold tensors and plain data only (the recogniser bundle included)
         trainer.fit(lit, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
