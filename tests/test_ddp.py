@@ -165,10 +165,12 @@ LEAVE_AT_EXIT = """
 import atexit, sys, torch
 from fastasr.distributed import leave_process_group_at_exit
 torch.distributed.init_process_group("gloo", init_method="file://{store}", rank=0, world_size=1)
-# atexit runs its handlers last-registered first: this one runs after the process group's
+# atexit runs its handlers last-registered first: this one runs after the process group's handler
 atexit.register(lambda: print("in a group at exit:", torch.distributed.is_initialized(), flush=True))
 leave_process_group_at_exit()
-leave_process_group_at_exit()  # registered once
+# and this one before it, unless the second call below registered the handler again
+atexit.register(lambda: print("in a group before leaving:", torch.distributed.is_initialized(), flush=True))
+leave_process_group_at_exit()  # registered once: the handler keeps its place
 torch.distributed.all_reduce(torch.ones(1))
 sys.exit({status})
 """
@@ -181,7 +183,7 @@ def test_process_group_is_destroyed_before_the_interpreter_exits(tmp_path, statu
     script = LEAVE_AT_EXIT.format(store=tmp_path / "store", status=status)
     proc = subprocess.run([sys.executable, "-c", script], env=run_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == status, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["in a group at exit: False"]
+    assert proc.stdout.splitlines() == ["in a group before leaving: True", "in a group at exit: False"]
 
 
 def test_leave_process_group_outside_one_is_a_no_op():
