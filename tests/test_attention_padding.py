@@ -189,3 +189,59 @@ def test_lengths_on_a_device_are_checked_without_a_host_sync():
     assert check_lengths(meta, 2, 5).device.type == "meta"
     with pytest.raises(ValueError, match=r"lie in \[0, 5\]"):
         check_lengths(torch.tensor([6, 3]), 2, 5)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS) + ["auto"])
+def test_every_attention_runs_under_inference_mode(name):
+    """Lightning tests and fastasr decodes under ``torch.inference_mode()``, where tensors keep
+    no version counter: every variant gives there what it gives under ``no_grad``."""
+    attn = build_attention("auto", crossover=8, crossover_no_grad=8, seed=1) if name == "auto" \
+        else VARIANTS[name]()
+    q, k, v = _inputs(seed=3)
+    with torch.no_grad():
+        want = _call(attn, q, k, v, LENGTHS)
+    with torch.inference_mode():
+        lengths = LENGTHS.clone()  # an inference tensor, as a batch's lengths are when testing
+        got = _call(attn, q, k, v, lengths)
+    torch.testing.assert_close(got, want)
+
+
+def test_packed_full_attention_runs_under_inference_mode():
+    """The packed path (a GPU's for long fp32 batches) caches its packing on the lengths
+    tensor; an inference tensor has no version to key it on, and must still pack."""
+    from fastasr.attention import full
+
+    q, k, v = _inputs(seed=4)
+    want = full.masked_attention(q, k, v, LENGTHS)
+    with torch.inference_mode():
+        lengths = LENGTHS.clone()
+        first = full.packed_attention(q, k, v, lengths)
+        second = full.packed_attention(q, k, v, lengths)  # the layers of one forward share it
+    torch.testing.assert_close(first, want, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(second, want, atol=1e-6, rtol=1e-5)
+
+
+def test_full_attention_path_per_device_dtype_and_length():
+    """The measured choice (docs/BENCHMARKS.md): CPU key mask; on a GPU varlen in half precision,
+    in fp32 the key mask below pack_from and packing from it. (Decided on meta tensors.)"""
+    from fastasr.attention.full import padded_path, varlen_attn
+
+    def x(device, dtype, n, e=32):
+        return torch.empty(2, 3, n, e, device=device, dtype=dtype)
+
+    assert padded_path(x("cpu", torch.float32, 70000), x("cpu", torch.float32, 70000)) == "mask"
+    assert padded_path(x("cpu", torch.bfloat16, 800), x("cpu", torch.bfloat16, 800)) == "mask"
+    if torch.cuda.is_available():
+        pytest.skip("the CUDA rows are decided on meta tensors where no GPU is visible")
+    from unittest import mock
+
+    with mock.patch.object(torch.Tensor, "device", property(lambda self: torch.device("cuda"))):
+        q32 = x("meta", torch.float32, 800)
+        assert padded_path(q32, q32, 16384) == "mask"
+        big = x("meta", torch.float32, 20000)
+        assert padded_path(big, big, 16384) == "packed"
+        assert padded_path(big, big, None) == "mask"
+        bf = x("meta", torch.bfloat16, 800)
+        assert padded_path(bf, bf) == ("varlen" if varlen_attn is not None else "mask")
+        odd = x("meta", torch.bfloat16, 800, e=20)  # flash needs head sizes that are multiples of 8
+        assert padded_path(odd, odd) == "mask"

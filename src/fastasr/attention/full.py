@@ -1,18 +1,33 @@
-"""Full softmax attention through ``scaled_dot_product_attention``.
+"""Full softmax attention through the fastest exact kernel for each padded batch.
 
-The baseline must be the fast one. On a GPU the FlashAttention kernel takes no mask,
-so a padded batch is *packed*: its valid positions become a jagged nested tensor
-(``torch.nested``, one sequence per utterance, no padding) and SDPA runs flash
-(fp16/bf16) or the memory-efficient kernel (fp32) on it; outputs are scattered back
-to the padded layout with zeros at padded positions. Packing needs the number of
-valid positions on the host, one synchronisation per *lengths tensor*: the packing is
-cached on it, so the layers of one forward pass share it. On a CPU the fused flash
-kernel takes the key-padding mask directly and nothing is packed.
+The baseline must be the fast one. A padded batch ``(B, H, N, E)`` with ``lengths`` takes one
+of three exact paths (:func:`padded_path` chooses; every one gives the same numbers within
+rounding, padded queries output 0):
+
+* ``mask``: SDPA with a boolean key-padding mask. On a CPU the fused flash kernel takes the
+  mask; on a GPU the memory-efficient kernel does. No host synchronisation.
+* ``varlen``: FlashAttention's variable-length kernel (``torch.nn.attention.varlen``) on the
+  padded layout itself, **without packing**: each utterance's valid positions are one
+  sequence and its padding is another (``cu_seq = 0, L0, N, N+L1, 2N, ...``), so valid queries
+  see exactly their valid keys, padding sees only padding (then zeroed), and the sequence
+  offsets come from ``lengths`` on the device: no host synchronisation, no gather, no
+  scatter. CUDA, fp16/bf16, equal head sizes of at most 256 (flash's own limits).
+* ``packed``: the valid positions gathered into jagged nested tensors (``torch.nested``), SDPA
+  on them, scattered back. It needs the number of valid positions on the host (one
+  synchronisation per *lengths tensor*: the packing is cached on it, so the layers of one
+  forward pass share it), and pays off only where the padding it skips outweighs its
+  copies: very long sequences in fp32 on a GPU.
+
+The choice, per device, dtype and N, is measured (``make gpu-check``'s full-attention table;
+docs/BENCHMARKS.md "Full attention on a GPU"): on a CPU ``mask``; on a GPU ``varlen`` in
+half precision, ``mask`` in fp32 below ``pack_from`` positions and ``packed`` from there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +35,20 @@ import torch.nn.functional as F
 from fastasr.attention.base import InnerAttention, compute_dtype
 from fastasr.attention.masking import key_mask, valid_positions, zero_padded_queries
 from fastasr.attention.registry import register
+from fastasr.attention.spec import Param
 
-__all__ = ["FullAttention", "packed_attention"]
+try:  # torch ≥ 2.9: FlashAttention's variable-length kernel with autograd
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - older torch
+    varlen_attn = None
+
+__all__ = ["FullAttention", "masked_attention", "packed_attention", "varlen_attention",
+           "padded_path", "forced_padded_path", "PADDED_PATHS", "DEFAULT_PACK_FROM"]
+
+#: The exact paths of a padded batch, by name (:func:`padded_path` picks one).
+PADDED_PATHS = ("mask", "varlen", "packed")
+#: N from which an fp32 padded batch on a GPU is packed: measured on an H100 (docs/BENCHMARKS.md).
+DEFAULT_PACK_FROM = 16384
 
 
 class _Packing:
@@ -47,7 +74,10 @@ class _Packing:
     @classmethod
     def of(cls, lengths: torch.Tensor, n: int, device: torch.device) -> _Packing:
         """The packing of ``lengths`` for ``n`` positions, reused while it is the same tensor."""
-        key = (lengths._version, n, device)
+        # an inference tensor (decoding under torch.inference_mode) keeps no version counter;
+        # nothing rewrites a batch's lengths in place between the layers of one forward pass
+        version = None if lengths.is_inference() else lengths._version
+        key = (version, n, device)
         hit = cls._cache
         if hit is not None and hit[0]() is lengths and hit[1] == key:
             return hit[2]
@@ -80,6 +110,84 @@ def packed_attention(
     return padded.view(B, N, H, Ev).transpose(1, 2)
 
 
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """SDPA with a boolean key-padding mask: ``(B, H, N, E)`` -> ``(B, H, N, Ev)``, padded
+    query rows 0. No host synchronisation. Differentiable."""
+    B, _, N, _ = q.shape
+    mask = key_mask(lengths, B, N, q.device)[:, None, None, :]  # (B,1,1,N) True = attend
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return zero_padded_queries(out, lengths)
+
+
+def varlen_available(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`varlen_attention` runs on these inputs: CUDA, fp16/bf16, torch's
+    ``varlen_attn`` present, equal head sizes, a multiple of 8 and at most 256."""
+    E, Ev = q.shape[-1], v.shape[-1]
+    return (varlen_attn is not None and q.device.type == "cuda"
+            and q.dtype in (torch.float16, torch.bfloat16)
+            and E == Ev and E % 8 == 0 and E <= 256)
+
+
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """FlashAttention's variable-length kernel on the padded layout: ``(B, H, N, E)`` ->
+    ``(B, H, N, E)``, padded query rows 0. Differentiable; no host synchronisation.
+
+    Utterance ``b``'s valid positions ``[bN, bN + L_b)`` form one sequence and its padding
+    ``[bN + L_b, (b+1)N)`` another, so no row is gathered or scattered (module docstring).
+    Needs :func:`varlen_available`.
+    """
+    B, H, N, E = q.shape
+    lengths = lengths.to(device=q.device, dtype=torch.int32)
+    starts = torch.arange(B, device=q.device, dtype=torch.int32) * N
+    cu_seq = torch.cat([torch.stack([starts, starts + lengths], 1).reshape(-1),
+                        starts.new_full((1,), B * N)])
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # (B, H, N, E) -> (B*N, H, E), a view if it can be
+        return x.transpose(1, 2).reshape(B * N, H, x.shape[-1])
+
+    out = varlen_attn(rows(q), rows(k), rows(v), cu_seq, cu_seq, N, N)
+    return zero_padded_queries(out.view(B, N, H, E).transpose(1, 2), lengths)
+
+
+_forced_path: str | None = None
+
+
+@contextlib.contextmanager
+def forced_padded_path(path: str) -> Iterator[None]:
+    """Within the block, :class:`FullAttention` takes ``path`` (one of :data:`PADDED_PATHS`) for
+    every padded batch: how the benchmarks time each path inside a whole model."""
+    global _forced_path
+    if path not in PADDED_PATHS:
+        raise ValueError(f"padded path {path!r}; expected one of {PADDED_PATHS}")
+    saved, _forced_path = _forced_path, path
+    try:
+        yield
+    finally:
+        _forced_path = saved
+
+
+def padded_path(q: torch.Tensor, v: torch.Tensor, pack_from: int | None = DEFAULT_PACK_FROM) -> str:
+    """The exact path :class:`FullAttention` takes for a padded batch (module docstring):
+    ``"mask"`` on a CPU; on a GPU ``"varlen"`` where :func:`varlen_available`, else ``"packed"``
+    from ``pack_from`` positions (None: never) and ``"mask"`` below."""
+    if _forced_path is not None:
+        return _forced_path
+    if q.device.type != "cuda":
+        return "mask"
+    if varlen_available(q, v):
+        return "varlen"
+    if pack_from is not None and q.shape[2] >= pack_from:
+        return "packed"
+    return "mask"
+
+
+_PATH_FUNCTIONS = {"mask": masked_attention, "varlen": varlen_attention, "packed": packed_attention}
+
+
 @register
 class FullAttention(InnerAttention):
     """``softmax(Q K^T / sqrt(E)) V`` over the valid keys. O(N^2). No parameters.
@@ -90,16 +198,18 @@ class FullAttention(InnerAttention):
 
     name = "full"
     length_cost = "quadratic"
+    params = (Param("pack_from", low=1, optional=True,
+                    doc="GPU, fp32: N from which a padded batch is packed (None: never)"),)
+
+    def __init__(self, pack_from: int | None = DEFAULT_PACK_FROM) -> None:
+        super().__init__()
+        self._set_hparams(pack_from=pack_from)
 
     def _forward(self, q, k, v, lengths):
         if lengths is None:
             return F.scaled_dot_product_attention(q, k, v)
-        if q.device.type == "cuda":
-            return packed_attention(q, k, v, lengths)
-        B, _, N, _ = q.shape
-        mask = key_mask(lengths, B, N, q.device)[:, None, None, :]  # (B,1,1,N) True = attend
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return zero_padded_queries(out, lengths)
+        path = padded_path(q, v, self.hparams["pack_from"])
+        return _PATH_FUNCTIONS[path](q, k, v, lengths)
 
     def _dense_weights(self, q, k, lengths):
         B, _, N, E = q.shape
