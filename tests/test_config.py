@@ -1,6 +1,7 @@
 """Every config group option composes, and the composed objects instantiate; the values a config
 derives from others are worked out in Python (fastasr.derived_config), not by resolvers."""
 
+import os
 import re
 import subprocess
 import sys
@@ -190,3 +191,18 @@ def test_the_model_is_the_class_the_config_names():
     assert old.model_target == DEFAULT_MODEL_TARGET and type(old.build_model()) is CTCModel
     with pytest.raises(ValueError, match="is not a fastasr.model.CTCModel subclass"):
         Recogniser.from_dict({**state, "model": {**state["model"], "_target_": "torch.nn.Linear"}}, source="x.ckpt")
+
+
+def test_num_workers_auto_is_the_cores_less_one_between_2_and_8():
+    """data.num_workers=auto (conf/data/manifest.yaml): a 2-core machine keeps 2 feature workers,
+    a 16-core GPU machine gets 8, and the derived config holds the number."""
+    from fastasr.derived_config import auto_workers
+
+    assert [auto_workers(c) for c in (1, 2, 3, 5, 9, 16, 64)] == [2, 2, 2, 4, 8, 8, 8]
+    assert auto_workers() == max(2, min(8, len(os.sched_getaffinity(0)) - 1))
+
+
+def test_num_workers_auto_is_derived_into_the_training_config():
+    assert compose_raw().data.num_workers == "auto"
+    cfg = compose_train()
+    assert isinstance(cfg.data.num_workers, int) and cfg.data.num_workers >= 2

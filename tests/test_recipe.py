@@ -65,7 +65,12 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
     assert builtin.model.layers == 4 and builtin.data.augment.speed_perturb is False
     # make train's encoder reads any length: no positions, order from the convolution modules
     assert builtin.model.positions == "none" and builtin.model.conv_kernel == 15
-    assert builtin.trainer.precision == "32-true"
+    # bf16 mixed precision on a GPU, float32 on a CPU (where make train's numbers were measured)
+    assert builtin.trainer.precision == "bf16-on-gpu"
+    from fastasr.derived_config import auto_precision, derive_train_config
+
+    assert derive_train_config(_compose("trainer.accelerator=cpu")).trainer.precision == "32-true"
+    assert auto_precision("cpu", on_cpu=False) == "32-true"
     assert builtin.data.cache.mode == "auto"  # make train computes its features on the fly unless `make features` ran
     for preset in ("paper_wsj", "paper_swbd", "matrix_member"):
         cfg = _compose(f"experiment={preset}")

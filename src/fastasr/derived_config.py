@@ -22,7 +22,10 @@ what they compare and train is what ``python train.py`` runs:
   (``val/per`` for phonemes, ``val/cer`` for characters and subwords); the epoch checkpoints' file
   name refers to it (``${callbacks.model_checkpoint.monitor}``).
 * ``trainer.precision`` ``auto`` (the recorded-speech recipe's): ``bf16-mixed`` where the device
-  training runs on multiplies bfloat16 natively, else ``32-true`` (:func:`auto_precision`).
+  training runs on multiplies bfloat16 natively, else ``32-true`` (:func:`auto_precision`);
+  ``bf16-on-gpu`` (the built-in recipe's): the same on a GPU, ``32-true`` on a CPU.
+* ``data.num_workers`` ``auto``: :func:`auto_workers`, the machine's cores less one for the
+  training process, at least 2 and at most 8.
 
 A value marked ``???`` is filled only while it is missing, so one given on the command line
 (``data.length_cost=linear``, ``callbacks.model_checkpoint.monitor=val/loss``) wins. Filling is
@@ -31,6 +34,7 @@ idempotent.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -41,6 +45,12 @@ from fastasr.data.tokenizer import unit_metric
 
 #: ``trainer.precision`` value that :func:`derive_train_config` replaces by :func:`auto_precision`'s.
 AUTO_PRECISION = "auto"
+#: ``trainer.precision`` value: :func:`auto_precision`'s choice on a GPU, ``32-true`` on a CPU.
+GPU_BF16_PRECISION = "bf16-on-gpu"
+#: The ``trainer.precision`` values that :func:`derive_train_config` replaces.
+DERIVED_PRECISIONS = (AUTO_PRECISION, GPU_BF16_PRECISION)
+#: ``data.num_workers`` value that :func:`derive_train_config` replaces by :func:`auto_workers`'s.
+AUTO_WORKERS = "auto"
 
 
 def native_bf16(device_type: str) -> bool:
@@ -58,7 +68,16 @@ def native_bf16(device_type: str) -> bool:
     return False
 
 
-def auto_precision(accelerator: Any) -> str:
+def auto_workers(cores: int | None = None) -> int:
+    """``data.num_workers: auto``: ``cores`` (default: those this process may use) less one for
+    the training process, at least 2 (a 2-core machine keeps its two feature workers) and at most
+    8 (past that, feature extraction outruns one GPU's training step and only costs memory)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(2, min(8, cores - 1))
+
+
+def auto_precision(accelerator: Any, on_cpu: bool = True) -> str:
     """``trainer.precision: auto``: ``"bf16-mixed"`` where the training device has native bfloat16
     (:func:`native_bf16`), else ``"32-true"``.
 
@@ -66,11 +85,14 @@ def auto_precision(accelerator: Any) -> str:
     are float32, ``fastasr.model.CTCModel``); under autocast the matrix products and convolutions
     run in bfloat16, the attention variants in their own documented precision. ``accelerator`` is
     ``trainer.accelerator``: ``auto`` trains on the GPU when one is visible, as Lightning does.
+    ``on_cpu=False`` (``bf16-on-gpu``): ``"32-true"`` on a CPU, whatever it multiplies natively.
     """
     name = str(accelerator or "auto").lower()
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     device_type = {"gpu": "cuda", "cuda": "cuda", "cpu": "cpu"}.get(name)
+    if device_type == "cpu" and not on_cpu:
+        return "32-true"
     return "bf16-mixed" if device_type is not None and native_bf16(device_type) else "32-true"
 
 
@@ -126,6 +148,9 @@ def derive_train_config(cfg: DictConfig) -> DictConfig:
             pass  # an unknown tokenizer kind: check_train_config names it
 
     trainer = cfg.get("trainer")
-    if isinstance(trainer, DictConfig) and trainer.get("precision") == AUTO_PRECISION:
-        trainer.precision = auto_precision(trainer.get("accelerator"))
+    if isinstance(trainer, DictConfig) and trainer.get("precision") in DERIVED_PRECISIONS:
+        trainer.precision = auto_precision(trainer.get("accelerator"),
+                                           on_cpu=trainer.get("precision") == AUTO_PRECISION)
+    if isinstance(data, DictConfig) and data.get("num_workers") == AUTO_WORKERS:
+        data.num_workers = auto_workers()
     return cfg
