@@ -27,7 +27,7 @@ from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.features import FeatureConfig
 from fastasr.data.phone_sets import folding
 from fastasr.data.tokenizer import KINDS
-from fastasr.derived_config import AUTO_PRECISION, derive_train_config
+from fastasr.derived_config import AUTO_WORKERS, DERIVED_PRECISIONS, derive_train_config
 
 
 class ConfigError(ValueError):
@@ -160,8 +160,9 @@ def _check_data(cfg: DictConfig, errors: list[str]) -> None:
         errors.append(f"data.max_batch_size={data.max_batch_size}; expected > 0 or null")
     if int(data.get("sortagrad_epochs", 0)) < 0:
         errors.append(f"data.sortagrad_epochs={data.sortagrad_epochs}; expected ≥ 0")
-    if int(data.get("num_workers", 0)) < 0:
-        errors.append(f"data.num_workers={data.num_workers}; expected ≥ 0")
+    workers = data.get("num_workers", 0)
+    if workers != AUTO_WORKERS and not (isinstance(workers, int) and workers >= 0):
+        errors.append(f"data.num_workers={workers!r}; expected an integer ≥ 0 or {AUTO_WORKERS!r}")
     if data.get("on_bad_utterance", "skip") not in ("skip", "raise"):
         errors.append(f"data.on_bad_utterance={data.on_bad_utterance!r}; expected 'skip' or 'raise'")
 
@@ -169,8 +170,8 @@ def _check_data(cfg: DictConfig, errors: list[str]) -> None:
 def _check_trainer(cfg: DictConfig, errors: list[str]) -> None:
     trainer = cfg.get("trainer") or {}
     precision = str(trainer.get("precision", "32-true"))
-    if precision not in _precisions() | {AUTO_PRECISION}:
-        errors.append(f"trainer.precision={precision!r}; expected one of {sorted(_precisions() | {AUTO_PRECISION})}")
+    if precision not in _precisions() | set(DERIVED_PRECISIONS):
+        errors.append(f"trainer.precision={precision!r}; expected one of {sorted(_precisions() | set(DERIVED_PRECISIONS))}")
     if int(trainer.get("num_nodes", 1)) < 1:
         errors.append(f"trainer.num_nodes={trainer.num_nodes}; expected ≥ 1")
 
