@@ -9,22 +9,25 @@ of the attention, the checkpoint monitor, a matrix member's attention) are fille
 
 from __future__ import annotations
 
+import copy
 import logging
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.callbacks import reset_peak_memory
 from fastasr.checkpoint_averaging import write_averaged_checkpoint
-from fastasr.config_check import check_train_config
+from fastasr.config_check import ConfigError, check_run_dir, check_train_config
 from fastasr.data.tokenizer import unit_metric
 from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.decoding.builder import resolve_lm, resolve_source
@@ -100,8 +103,12 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
     check_train_config(cfg)  # config mistakes fail here, naming the key, before any audio is read
     derive_train_config(cfg)  # the values that follow from others: before config.yaml is written
     L.seed_everything(cfg.seed, workers=True)
-    run_dir = RunDir(run_dir if run_dir is not None else run_dir_of(cfg)).create()
-    ckpt_path = run_dir.resolve_ckpt_path(cfg.get("ckpt_path"))
+    run_dir = RunDir(run_dir if run_dir is not None else run_dir_of(cfg))
+    if is_rank_zero_process():  # a resumed checkpoint must be this config's; a finished run is kept as it is
+        ckpt_path = check_run_dir(cfg, run_dir)
+    else:  # DDP ranks > 0: rank 0 has checked the same directory
+        ckpt_path = run_dir.resolve_ckpt_path(cfg.get("ckpt_path"))
+    run_dir.create()
     if is_rank_zero_process():  # DDP: only global rank 0 writes the run's files
         OmegaConf.save(cfg, run_dir.config_file, resolve=True)
 
@@ -162,6 +169,29 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
                               "python evaluate.py ckpt_path=%s decoding=...", best or result["last_ckpt"])
     finish_wandb()
     return result
+
+
+class TrainPreflight(Callback):
+    """Hydra callback of ``train.py`` (conf/hydra/default.yaml): before Hydra creates the run
+    directory and writes its ``.hydra/`` and ``train.log``, check the config
+    (:func:`fastasr.config_check.check_train_config`) and what it would do to the run directory
+    (:func:`fastasr.config_check.check_run_dir`). A refusal prints its message, without a
+    traceback, and exits with status 2: a rejected command leaves no trace in any run directory.
+    :func:`train` checks again (it is also called without Hydra)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if not is_rank_zero_process():
+            return
+        cfg = copy.deepcopy(config)
+        with open_dict(cfg):
+            run_dir = Path(str(cfg.hydra.run.dir))
+            del cfg["hydra"]
+        try:
+            check_train_config(cfg)
+            check_run_dir(derive_train_config(cfg), RunDir(run_dir))
+        except (ConfigError, FileExistsError, FileNotFoundError) as err:
+            print(f"train.py: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: dict[str, Any],

@@ -15,8 +15,12 @@ _SCALARS = (bool, int, float, str)
 
 def attention_info(model: nn.Module) -> dict[str, Any]:
     """``{"spec": ..., "shared_qk": ..., <the inner attention's scalar settings>}`` of a
-    :class:`fastasr.model.CTCModel` (read from its first attention layer; all layers share it)."""
-    layer = model.attention_layers()[0]
+    :class:`fastasr.model.CTCModel` (read from its first attention layer; all layers share it);
+    ``{"spec": None}`` for a model without attention layers."""
+    layers = model.attention_layers()
+    if not layers:
+        return {"spec": None}
+    layer = layers[0]
     inner = layer.inner
     info: dict[str, Any] = {"spec": getattr(inner, "spec", type(inner).__name__), "shared_qk": layer.shared_qk}
     config = getattr(inner, "config", None)

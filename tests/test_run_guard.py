@@ -1,0 +1,108 @@
+"""A run directory is never damaged by a later command (issue #38): resuming checks the
+checkpoint's config against the command's, a finished run is kept unless the command continues
+it, and a rejected config writes nothing into any run directory."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_train_eval import TINY_MODEL, compose_train, data_overrides
+
+from fastasr.config import PROJECT_ROOT
+from fastasr.config_check import RunRefused, check_run_dir
+from fastasr.derived_config import derive_train_config
+from fastasr.rundir import RunDir
+from fastasr.training import train
+
+FINISHED = ["trainer.max_epochs=1", "+trainer.limit_train_batches=1", "test=false", "callbacks.attention_maps=null"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_corpus, tmp_path_factory):
+    """A finished run named ``default`` (fit_done.json written), as ``make train`` leaves one."""
+    out = tmp_path_factory.mktemp("outputs")
+    result = train(compose_train(tiny_corpus, out, *FINISHED))
+    run = RunDir(result["run_dir"])
+    assert run.read_fit_done() is not None and run.name == "default"
+    return out, run
+
+
+def snapshot(path: Path) -> dict[str, str]:
+    """Every file under ``path`` (hidden ones included) with its content's hash."""
+    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def train_py(tiny_corpus: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    """``python train.py <the finished run's settings> <args>``: what a newcomer types next."""
+    command = [sys.executable, "train.py", *data_overrides(tiny_corpus), *TINY_MODEL, "logger=csv",
+               "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"paths.output_dir={out}",
+               *FINISHED, *args]
+    return subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_the_readme_example_after_a_finished_run_is_refused_and_the_run_kept(tiny_corpus, finished_run):
+    out, run = finished_run
+    before = snapshot(run.path)
+    done = train_py(tiny_corpus, out, "model.layers=9", "attention=i_clustered")
+    assert done.returncode == 2, done.stderr
+    message = done.stderr.strip().splitlines()
+    assert len(message) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "model.layers=9 (the run has 1)" in message[0] and "attention=" in message[0]
+    assert "name=<new name>" in message[0]
+    assert snapshot(run.path) == before
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["default"]
+
+
+def test_rerunning_a_finished_run_is_refused(tiny_corpus, finished_run):
+    """The same command again would only re-test the old model and overwrite its results."""
+    out, run = finished_run
+    before = snapshot(run.path)
+    done = train_py(tiny_corpus, out)
+    assert done.returncode == 2 and "has finished training" in done.stderr, done.stderr
+    assert "ckpt_path=last" in done.stderr and "trainer.max_epochs" in done.stderr
+    assert snapshot(run.path) == before
+
+
+@pytest.mark.parametrize("args, key", [
+    (["model.layers=-1"], "model.layers=-1; expected an integer ≥ 1"),
+    (["model.layers=four"], "model.layers='four'; expected an integer ≥ 1"),
+    (["attention=clustered", "attention.clusters=0"], "attention.clusters=0"),
+])
+def test_a_rejected_config_leaves_no_trace(tiny_corpus, finished_run, args, key):
+    out, run = finished_run
+    before = snapshot(run.path)
+    for name in ([], ["name=fresh"]):
+        done = train_py(tiny_corpus, out, *args, *name)
+        assert done.returncode == 2 and key in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert snapshot(run.path) == before
+    assert not (out / "runs" / "fresh").exists()
+
+
+def test_continuing_a_finished_run_is_explicit(tiny_corpus, finished_run):
+    """More epochs (or time), or ckpt_path=last, continue it; a fresh name starts a new run."""
+    out, run = finished_run
+    last = str(run.checkpoints / "last.ckpt")
+
+    def check(*overrides: str):
+        return check_run_dir(derive_train_config(compose_train(tiny_corpus, out, *FINISHED, *overrides)), run)
+
+    with pytest.raises(RunRefused, match="has finished training"):
+        check()
+    assert check("trainer.max_epochs=2") == last
+    assert check("ckpt_path=last") == last
+    assert check("trainer.max_time=00:01:00:00") == last  # the built-in recipe's is shorter
+    with pytest.raises(RunRefused, match=r"model.heads=1 \(the run has 2\)"):
+        check("trainer.max_epochs=2", "model.heads=1")
+    with pytest.raises(RunRefused, match=r"tokenizer=char \(the run has phoneme\)"):
+        check("ckpt_path=last", "tokenizer=char")
+    with pytest.raises(RunRefused, match=r"features.num_mel_bins=80 \(the run has 40\)"):
+        check("ckpt_path=last", "features.num_mel_bins=80")
+    with pytest.raises(RunRefused, match=r"ckpt_path=null \(or name=<new name>\)"):  # another run's checkpoint
+        check_run_dir(derive_train_config(compose_train(tiny_corpus, out, "name=other", f"ckpt_path={last}",
+                                                        "model.layers=2")), RunDir(out / "runs" / "other"))
+    assert check_run_dir(derive_train_config(compose_train(tiny_corpus, out, "name=new")), RunDir(out / "runs" / "new")) is None
