@@ -18,7 +18,7 @@ KERNELS := $(NATIVE_LIB)
 endif
 ARGS ?=
 
-.PHONY: install native data features lm train test test-slow test-full lint bench calibrate-auto matrix report clean help
+.PHONY: install native data features lm train test test-slow test-full lint bench calibrate-auto matrix report clean help gpu-check
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -68,6 +68,9 @@ lint: $(STAMP)  ## ruff
 
 bench: $(KERNELS)  ## CPU table: ours vs pytorch-fast-transformers (if installed) vs SDPA → benchmarks/results/
 	$(PY) benchmarks/cpu_bench.py $(ARGS)
+
+gpu-check:  ## on a GPU machine, with its own Python (torch, triton, lightning; other deps from .whl/): a 3-min make train, compile check, Triton tests, bench, model step → benchmarks/results/ (~8 min)
+	PYTHON=$(PYTHON) bash benchmarks/gpu_check.sh
 
 calibrate-auto: $(KERNELS)  ## measure this machine's full/i-clustered crossovers into conf/attention/auto.yaml
 	$(PY) -m fastasr.attention.calibrate $(ARGS)

@@ -15,11 +15,12 @@
    from ``fastasr.attention.build_attention`` (hashed variants built with ``seed=0``):
    ``full`` (SDPA with the flash backend forced in bf16; flash has no fp32 kernel, so
    fp32 forces the memory-efficient backend, named in the ``sdpa_backend`` column);
-   ``full padded (packed)``: the same on a padded batch (last sequence at 3/4 N), which
-   ``fastasr.attention.full`` packs into jagged nested tensors so the flash kernel still
-   runs (the padding-free baseline every speed-up is measured against);
-   ``full padded (key mask)``: the padded batch through SDPA with a key-padding mask,
-   as before packing (no flash: SDPA picks what takes a mask);
+   ``full padded (fastasr path)``: the same on a padded batch (last sequence at 3/4 N),
+   through the exact path ``fastasr.attention.full`` takes for it (varlen flash in bf16;
+   in fp32 the key mask, or packing from ``pack_from``): the padded baseline every
+   speed-up is measured against (``benchmarks/full_paths.py`` times each path);
+   ``full padded (key mask)``: the padded batch through SDPA with a key-padding mask
+   (no flash: SDPA picks what takes a mask);
    ``clustered-100``, ``i-clustered-100`` (k = 32), ``lsh-4`` (shared Q/K) and
    ``topk-32``, for N = 1k … 64k with a fixed number of tokens per call (B = tokens/N),
    H=6/E=32 and H=8/E=64, fp32 and bf16, no padding. Timing: CUDA events, warm-up
@@ -79,7 +80,7 @@ def main_variants(quick: bool) -> list[Variant]:
     if quick:  # tiny clusters/k so the interpreter finishes in seconds
         return [
             Variant("full", "full", quadratic=True),
-            Variant("full padded (packed)", "full", quadratic=True, padded=True),
+            Variant("full padded (fastasr path)", "full", quadratic=True, padded=True),
             Variant("full padded (key mask)", "masked-sdpa", quadratic=True, padded=True),
             Variant("clustered-4", "clustered-4", {"seed": 0, "iterations": 3}),
             Variant("i-clustered-4", "i-clustered-4", {"seed": 0, "iterations": 3, "topk": 8}),
@@ -88,7 +89,7 @@ def main_variants(quick: bool) -> list[Variant]:
         ]
     return [
         Variant("full", "full", quadratic=True),
-        Variant("full padded (packed)", "full", quadratic=True, padded=True),
+        Variant("full padded (fastasr path)", "full", quadratic=True, padded=True),
         Variant("full padded (key mask)", "masked-sdpa", quadratic=True, padded=True),
         Variant("clustered-100", "clustered-100", {"seed": 0}),
         Variant("i-clustered-100", "i-clustered-100", {"seed": 0, "topk": 32}),

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 
 class MaskedSDPA:
-    """Full attention the way it was run before packing: SDPA with a key-padding mask,
-    which rules FlashAttention out. The padding-free path is ``full`` with lengths."""
+    """Full attention through SDPA with a key-padding mask (``fastasr.attention.full``'s
+    ``mask`` path, forced), the baseline the other padded paths are timed against."""
 
     requires_shared_qk = False
 
     def __call__(self, q, k, v, lengths):
-        import torch
-        import torch.nn.functional as F
+        from fastasr.attention.full import masked_attention
 
-        mask = torch.arange(q.shape[2], device=q.device)[None, :] < lengths[:, None]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+        return masked_attention(q, k, v, lengths)
 
 
 class CheckFailed(RuntimeError):
@@ -101,21 +99,35 @@ def check_kernels(args, device, log) -> list[str]:
 
 
 def _check_packed(B, H, N, E, lengths, randn) -> str:
-    """The padding-free full attention equals SDPA with a key mask (valid rows)."""
+    """Every exact path of padded full attention (``fastasr.attention.full``: key mask, varlen,
+    packed) against SDPA with a key mask in fp32: values and gradients of the valid rows, padded
+    rows 0. Several lengths, one of them 0 and one N (a zero-length padding sequence)."""
     import torch
 
-    from fastasr.attention.full import packed_attention
+    from fastasr.attention import full
 
+    lengths = lengths.clone()
+    if B >= 3:
+        lengths[0], lengths[1] = 0, N
+    valid = torch.arange(N, device=lengths.device)[None, :] < lengths[:, None]
     msgs = []
     for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
-        q, k, v = (randn(B, H, N, E, dtype=dtype) for _ in range(3))
-        got = packed_attention(q, k, v, lengths)
-        want = MaskedSDPA()(*(t.float() for t in (q, k, v)), lengths)
-        valid = torch.arange(N, device=q.device)[None, :] < lengths[:, None]
-        err = _rel(got.transpose(1, 2)[valid], want.transpose(1, 2)[valid])
-        if not err < tol:
-            raise CheckFailed(f"packed full attention {dtype}: relative error {err:.2e} >= {tol:g}")
-        msgs.append(f"{str(dtype)[6:]} {err:.1e}")
-    return "packed full attention " + ", ".join(msgs)
-
-
+        q, k, v, g = (randn(B, H, N, E, dtype=dtype) for _ in range(4))
+        leaves = [t.float().requires_grad_() for t in (q, k, v)]
+        want = full.masked_attention(*leaves, lengths)
+        want_grads = torch.autograd.grad((want * g.float()).sum(), leaves)
+        for path in full.PADDED_PATHS:
+            if path == "varlen" and not full.varlen_available(q, v):
+                continue
+            leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+            got = full._PATH_FUNCTIONS[path](*leaves, lengths)
+            grads = torch.autograd.grad((got * g).sum(), leaves)
+            if bool(got.transpose(1, 2)[~valid].any()):
+                raise CheckFailed(f"full attention, {path}, {dtype}: padded query rows are not 0")
+            errs = [_rel(got.transpose(1, 2)[valid], want.transpose(1, 2)[valid])]
+            errs += [_rel(a.transpose(1, 2)[valid], b.transpose(1, 2)[valid]) for a, b in zip(grads, want_grads)]
+            if not max(errs) < tol:  # also catches NaN
+                raise CheckFailed(f"full attention, {path}, {dtype}: relative error {max(errs):.2e} >= {tol:g} "
+                                  "(out, dq, dk, dv: " + ", ".join(f"{e:.1e}" for e in errs) + ")")
+            msgs.append(f"{path} {str(dtype)[6:]} {max(errs):.1e}")
+    return "full attention paths (values, grads) " + ", ".join(msgs)

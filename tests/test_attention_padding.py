@@ -237,9 +237,9 @@ def test_full_attention_path_per_device_dtype_and_length():
 
     with mock.patch.object(torch.Tensor, "device", property(lambda self: torch.device("cuda"))):
         q32 = x("meta", torch.float32, 800)
-        assert padded_path(q32, q32, 16384) == "mask"
-        big = x("meta", torch.float32, 20000)
-        assert padded_path(big, big, 16384) == "packed"
+        assert padded_path(q32, q32) == "mask"
+        big = x("meta", torch.float32, 8192)
+        assert padded_path(big, big) == "packed"
         assert padded_path(big, big, None) == "mask"
         bf = x("meta", torch.bfloat16, 800)
         assert padded_path(bf, bf) == ("varlen" if varlen_attn is not None else "mask")

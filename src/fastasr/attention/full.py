@@ -47,8 +47,8 @@ __all__ = ["FullAttention", "masked_attention", "packed_attention", "varlen_atte
 
 #: The exact paths of a padded batch, by name (:func:`padded_path` picks one).
 PADDED_PATHS = ("mask", "varlen", "packed")
-#: N from which an fp32 padded batch on a GPU is packed: measured on an H100 (docs/BENCHMARKS.md).
-DEFAULT_PACK_FROM = 16384
+#: N from which an fp32 padded batch on a GPU is packed: measured on an H200 (docs/BENCHMARKS.md).
+DEFAULT_PACK_FROM = 8192
 
 
 class _Packing:

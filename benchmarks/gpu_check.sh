@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# make gpu-check: everything a GPU machine can tell about fastasr, in one call of about 8 minutes.
+#
+#   make gpu-check                      # on a machine with a GPU and torch, triton, lightning installed
+#   make gpu-check PYTHON=python3.12    # another interpreter
+#
+# Runs with the machine's own Python (no venv: a GPU image brings torch, triton and lightning); the
+# project's other pure-Python dependencies are installed from wheels in .whl/ when that folder
+# exists (docs/BENCHMARKS.md "GPU check" says which, and how to download them), then:
+#   1. a 3-minute `make train` on the built-in corpus: synthesis, LM, training (bf16 mixed precision,
+#      the machine's cores loading data), its greedy test and its final beam + LM decoding;
+#   2. the Triton compile check (every kernel configuration for sm_90, spills reported);
+#   3. the Triton tests, compiled on CUDA, and the attention padding/inference-mode tests;
+#   4. gpu_bench.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
+#   5. full_paths.py: each exact path of padded full attention, and the one fastasr takes;
+#   6. gpu_step.py: the paper model's training step, each attention against the floor and full's
+#      forced paths; then the largest kernels of an i-clustered-100 step.
+# Each step has a time cap and its exit status goes into the summary; a failed step does not stop
+# the others. Every table is written under benchmarks/results/ with the GPU's name; the summary is
+# benchmarks/results/gpu_check_<gpu>.md. Where $OUT is set (the device tool), the results are also
+# packed into $OUT/gpu_check_results.tgz.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+RESULTS=benchmarks/results
+mkdir -p "$RESULTS" outputs
+LOG=outputs/gpu_check.log
+: > "$LOG"
+START=$SECONDS
+
+if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fastasr-site .whl/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:/tmp/fastasr-site" || echo "warning: installing .whl/ failed" | tee -a "$LOG"
+fi
+GPU=$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "")' 2>>"$LOG")
+if [ -z "$GPU" ]; then
+  echo "make gpu-check: no CUDA GPU visible to $PY (torch.cuda.is_available() is False)" >&2
+  exit 2
+fi
+SLUG=$(echo "$GPU" | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-|-$//g')
+SUMMARY=$RESULTS/gpu_check_$SLUG.md
+STEPS=()
+RUN=outputs/runs/gpu-check
+
+step() {  # step NAME CAP_SECONDS COMMAND...: run with a time cap, record status and seconds
+  local name=$1 cap=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $name (cap ${cap}s, at $((SECONDS - START))s)" | tee -a "$LOG"
+  timeout --kill-after=10 "$cap" "$@" 2>&1 | tee -a "$LOG" | tail -n 40
+  local rc=${PIPESTATUS[0]}
+  local status=ok
+  [ "$rc" = 0 ] || status="FAILED (exit $rc$([ "$rc" = 124 ] && echo ': time cap'))"
+  STEPS+=("| $name | $status | $((SECONDS - t0)) |")
+  echo "=== $name: $status in $((SECONDS - t0))s" | tee -a "$LOG"
+  save_out
+}
+
+save_out() {  # the device tool brings back what is under $OUT, also from a call cut short
+  [ -n "${OUT:-}" ] || return 0
+  cp "$LOG" "$OUT/" 2>/dev/null
+  tar czf "$OUT/gpu_check_results.tgz" "$RESULTS"/*"$SLUG"* "$RUN"/*.json "$RUN"/*.yaml 2>/dev/null
+  return 0
+}
+
+train_builtin() {
+  "$PY" -m fastasr.corpora.synthetic --out data/synthetic --workers "$(nproc)" || return 1
+  "$PY" -m fastasr.lm build --manifest data/synthetic/train.jsonl --order 3 \
+    --out data/synthetic/lm/words-3gram.arpa --dev data/synthetic/dev.jsonl || return 1
+  rm -rf "$RUN"
+  "$PY" train.py name=gpu-check logger=csv trainer.max_time=00:00:03:00
+}
+export -f train_builtin
+export PY RUN
+
+step "make train (3 min of training, test, beam + LM)" 330 bash -c train_builtin
+step "Triton compile check (sm_90)" 90 "$PY" -m fastasr.kernels.compile_check
+step "tests compiled on CUDA" 150 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider \
+  tests/test_kernels_triton.py tests/test_attention_padding.py
+step "gpu_bench.py (check, then a 40 s bf16 sweep)" 120 "$PY" benchmarks/gpu_bench.py --budget-s 40 \
+  --dtypes bfloat16 --ns 1024 4096 16384 65536
+step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
+step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
+step "gpu_step.py --profile i-clustered-100" 45 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
+
+{
+  echo "# make gpu-check: $GPU"
+  echo
+  echo "$(date -u +%F), commit ${FASTASR_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, $("$PY" -c 'import torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}")'), $(nproc) CPU cores; $((SECONDS - START)) s in all."
+  echo
+  echo "| step | status | seconds |"
+  echo "|---|---|---:|"
+  printf '%s\n' "${STEPS[@]}"
+  echo
+  echo "## make train on the GPU (outputs/runs/gpu-check)"
+  echo
+  echo '```'
+  grep -E "^test(:|, )|^Time limit|^GPU available|^Using bfloat16|Precision " "$LOG" | tail -n 8
+  [ -f "$RUN/fit_done.json" ] && cat "$RUN/fit_done.json"
+  echo '```'
+  echo
+  echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the whole log: outputs/gpu_check.log."
+} > "$SUMMARY"
+cat "$SUMMARY"
+save_out
+grep -q FAILED "$SUMMARY" && exit 1 || exit 0

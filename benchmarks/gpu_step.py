@@ -1,0 +1,154 @@
+"""One training step of the paper's model on a GPU: each attention against the floor.
+
+    python benchmarks/gpu_step.py                          # N = 800 and 3200, 64,000 frames a batch
+    python benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
+
+The model and batch are ``step_time.py``'s (9 layers of 6 heads × 32, ff 768, no subsampling,
+absolute positions, dropout 0.1; ``B = frames // N`` utterances, the last ``N // 2`` long, random
+targets of ``N // 8`` units). A step: forward under bf16 autocast (Lightning's ``bf16-mixed``),
+CTC in fp32, backward, clipping at 10, RAdam. Variants: ``full`` (the path
+``fastasr.attention.full`` chooses for the batch), ``full, key mask`` and ``full, packed`` (that
+path forced, ``forced_padded_path``), the clustered variants, and the *floor* (the inner attention
+replaced by the identity). Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each
+variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
+
+Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from step_time import FLOOR, build_model, make_batch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
+
+#: column -> (attention spec, forced padded path of full attention or None)
+VARIANTS = {
+    "full": ("full", None),
+    "full, key mask": ("full", "mask"),
+    "full, packed": ("full", "packed"),
+    "clustered-100": ("clustered-100", None),
+    "i-clustered-100": ("i-clustered-100", None),
+    FLOOR: (FLOOR, None),
+}
+
+
+class GpuStepper:
+    def __init__(self, spec: str, path: str | None, layers: int):
+        self.model = build_model(spec, layers).cuda()
+        self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01)
+        self.path = path
+
+    def step(self, batch) -> float:
+        feats, lengths, targets, target_lengths = batch
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.optim.zero_grad(set_to_none=True)
+        forced = forced_padded_path(self.path) if self.path else contextlib.nullcontext()
+        with forced, torch.autocast("cuda", dtype=torch.bfloat16):
+            log_probs, out_lengths = self.model(feats, lengths)
+        loss = nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths, target_lengths,
+                                      blank=0, reduction="mean", zero_infinity=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
+        self.optim.step()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lengths", type=int, nargs="+", default=[800, 3200])
+    p.add_argument("--frames", type=int, default=64000)
+    p.add_argument("--layers", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--profile", default=None, help="a spec: the largest CUDA kernels of one step of it")
+    p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("gpu_step.py times a GPU step: no GPU visible")
+    info = bench_io.machine_info(torch.device("cuda"))
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        write_profile(args, info)
+        return
+    table: dict[int, dict[str, float]] = {}
+    taken: dict[int, str] = {}
+    for n in args.lengths:
+        batch = tuple(t.cuda() for t in make_batch(n, args.frames))
+        probe = torch.empty(1, 1, n, 32, device="cuda", dtype=torch.bfloat16)
+        taken[n] = padded_path(probe, probe)
+        table[n] = {}
+        for name in args.variants:
+            spec, path = VARIANTS[name]
+            stepper = GpuStepper(spec, path, args.layers)
+            for _ in range(2):
+                stepper.step(batch)
+            table[n][name] = 1000 * statistics.median(stepper.step(batch) for _ in range(args.rounds))
+            del stepper
+            torch.cuda.empty_cache()
+        print(f"N={n}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in table[n].items()), flush=True)
+    floor = FLOOR in args.variants
+    lines = [
+        f"# One training step of the paper's model on {info['gpu']}",
+        "",
+        f"`python benchmarks/gpu_step.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
+        "",
+        f"{datetime.date.today()}, torch {info['torch']}, commit {os.environ.get('FASTASR_COMMIT') or bench_io.git_commit(ROOT)}. "
+        f"{args.layers} layers of 6 heads × 32, ff 768, no subsampling, dropout 0.1; {args.frames} frames a batch "
+        "(B = frames // N, the last utterance N / 2); bf16 autocast, CTC in fp32, clip 10, RAdam. Median of "
+        f"{args.rounds} CUDA-synchronised steps after 2 warm-ups, ms. 'full' takes the path "
+        "`fastasr.attention.full` chooses (named in the last column); 'key mask' and 'packed' force one. "
+        "The floor: the inner attention replaced by the identity.",
+        "",
+        "| N (batch) | " + " | ".join(args.variants) + " | full's path |",
+        "|---|" + "---:|" * len(args.variants) + "---|",
+    ]
+    for n, cells in table.items():
+        b = max(1, args.frames // n)
+        lines.append(f"| {n} ({b}) | " + " | ".join(
+            f"{v:.1f}" + (f" ({v / cells[FLOOR]:.2f}× floor)" if floor and k != FLOOR else "")
+            for k, v in cells.items()) + f" | {taken[n]} |")
+    out = args.out_dir / f"gpu_step_{info['slug']}.md"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out}")
+
+
+def write_profile(args, info) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    parts = []
+    for n in args.lengths:
+        batch = tuple(t.cuda() for t in make_batch(n, args.frames))
+        stepper = GpuStepper(args.profile, None, args.layers)
+        for _ in range(2):
+            stepper.step(batch)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            ms = 1000 * stepper.step(batch)
+        parts.append(f"### {args.profile}, N = {n}: one step {ms:.1f} ms\n")
+        parts.append(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18))
+    out = args.out_dir / f"gpu_step_profile_{info['slug']}.txt"
+    out.write_text(f"{datetime.date.today()}, {info['gpu']}, torch {info['torch']}\n\n" + "\n".join(parts))
+    print("\n".join(parts)[-6000:])
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
