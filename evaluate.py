@@ -2,20 +2,34 @@
 `python evaluate.py ckpt_path=PATH [data.test_manifest=E.jsonl] [attention=...] [decoding=beam_lm]`.
 
 The checkpoint carries all decoding needs (lexicon and word LM included); conf/evaluate.yaml
-composes no training data config. Prints `PER=<x> WER=<y>` (percent) as its last line and
-writes results.json to its run dir.
+composes no training data config. Prints the decoding that ran and where results.json went,
+then `PER=<x> WER=<y> (<n> utterances)` (percent; CER for character models) as its last line.
+A command whose checkpoint or manifest is missing stops before its run directory is made
+(:class:`fastasr.evaluation.EvaluatePreflight`); any other failure is written into the run
+directory's evaluate.log.
 """
+
+import logging
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
-from fastasr.evaluation import evaluate, format_result_line
+from fastasr.evaluation import decoding_label, evaluate, format_result_line
+
+log = logging.getLogger("evaluate")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    result = evaluate(cfg)
+    try:
+        result = evaluate(cfg)
+    except Exception:  # into evaluate.log too, not only onto the terminal
+        log.exception("evaluate failed")
+        raise SystemExit(1) from None
+    print(f"decoding: {decoding_label(result.decoding)}, {result.words} words; "
+          f"results: {Path(result.run_dir) / 'results.json'}")
     print(format_result_line(result))
 
 

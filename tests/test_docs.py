@@ -18,6 +18,7 @@ A failure names the file, the line and the bad link, target or option.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 import unicodedata
@@ -255,3 +256,88 @@ def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
     assert makes == [makes[0]] and makes[0].startswith("docs/PAGE.md:9: 'make trian'"), makes
     options = option_problems(page, group_pattern(config_groups()))
     assert len(options) == 1 and options[0].startswith("docs/PAGE.md:10: 'attention=fast'"), options
+
+
+# ---------------------------------------------------------------------- the docs' command lines compose
+# The Hydra entry points and their configs; `make train ARGS="..."` passes its overrides to train.py.
+ENTRY_POINTS = {"train.py": "train", "make train": "train", "evaluate.py": "evaluate",
+                "fastasr.transcribe": "transcribe", "fastasr.cross_eval": "cross_eval",
+                "fastasr.decoding.tune": "tune_decoding", "fastasr.budget": "budget"}
+ENTRY = re.compile(r"(?:python\s+(?:-m\s+)?|make\s+)(" + "|".join(re.escape(e.split()[-1]) for e in ENTRY_POINTS)
+                   + r")\b")
+OVERRIDE = re.compile(r"^(?:\+{1,2}|~)?[A-Za-z_][\w.@/-]*=")
+
+
+def command_lines(path: Path) -> list[tuple[int, str, list[str]]]:
+    """``(line, config name, overrides)`` of every entry-point command written in code: the
+    ``key=value`` words after the command up to a comment, with ``ARGS="..."`` unwrapped; a
+    sweep's first option; hydra.* settings, placeholders and flags left out."""
+    _, code = split_code(path)
+    found = []
+    for number, text in code:
+        for match in ENTRY.finditer(text):
+            name = next(c for e, c in ENTRY_POINTS.items() if e.split()[-1] == match.group(1))
+            if match.group(0).startswith("make") and match.group(1) != "train":
+                continue
+            rest = text[match.end():].split("#", 1)[0].replace('ARGS="', "").replace("ARGS='", "")
+            rest = rest.replace('"', " ").replace("'", " ")
+            rest = re.split(r"\s(?:\||&&|;|>)\s", rest)[0]
+            overrides = []
+            for word in rest.split():
+                if not OVERRIDE.match(word) or word.lstrip("+~").startswith(("hydra.", "hydra/")):
+                    continue
+                key, value = word.split("=", 1)
+                if " -m " in f" {rest} " or " --multirun " in f" {rest} ":
+                    value = value.split(",")[0]
+                if "@" not in key and "." not in key.lstrip("+~") and (
+                        PLACEHOLDER.match(value) or any(c in value for c in "*<>$…")):
+                    continue  # a group option left to the reader
+                if any(c in value for c in "<>$…") or value in ("...",):
+                    value = "x"
+                overrides.append(f"{key}={value}")
+            found.append((number, name, overrides))
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def compose_error(conf: Path, name: str, overrides: tuple[str, ...]) -> str | None:
+    """The first line of the error composing config ``name`` with ``overrides`` gives, or None."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        try:
+            compose(name, overrides=list(overrides))
+        except (HydraException, OmegaConfBaseException) as err:
+            return str(err).strip().splitlines()[0]
+    return None
+
+
+def compose_problems(path: Path) -> list[str]:
+    problems = []
+    for number, name, overrides in command_lines(path):
+        error = compose_error(CONF, name, tuple(overrides))
+        if error:
+            problems.append(f"{rel(path)}:{number}: python {name} {' '.join(overrides)}: {error}")
+    return problems
+
+
+@pytest.mark.parametrize("path", doc_files(), ids=rel)
+def test_documented_commands_compose(path):
+    """Every key=value a page's commands give is one the config has (``Key 'pick' is not in
+    struct`` was a documented override that failed)."""
+    problems = compose_problems(path)
+    assert not problems, report(problems)
+
+
+def test_the_compose_check_catches_a_stale_key(tmp_path, monkeypatch):
+    page = tmp_path / "docs" / "PAGE.md"
+    page.parent.mkdir()
+    page.write_text("```bash\npython train.py name=x callbacks.attention_maps.pikc=first   # typo\n```\n"
+                    "`python evaluate.py ckpt_path=CKPT decoding=beam_lm` and `make train ARGS=\"model.layerz=9\"`\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    problems = compose_problems(page)
+    assert len(problems) == 2, problems
+    assert problems[0].startswith("docs/PAGE.md:2: python train name=x callbacks.attention_maps.pikc=first")
+    assert "pikc" in problems[0] and "layerz" in problems[1]

@@ -27,7 +27,8 @@ from fastasr.scoring import (
 
 # What results.json holds for a greedy decoding of a phoneme model without out_dir (no oov, no files).
 RESULT_KEYS = {"per", "wer", "wer_breakdown", "per_breakdown", "utterances", "words", "decoding", "forward_seconds",
-               "search_seconds", "decode_seconds", "attention", "manifest", "skipped_utterances", "skipped_audio"}
+               "search_seconds", "decode_seconds", "attention", "manifest", "manifest_lines", "skipped_utterances",
+               "skipped_lines", "skipped_audio"}
 
 
 @pytest.fixture(scope="module")

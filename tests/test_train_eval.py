@@ -181,7 +181,7 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
         [sys.executable, str(PROJECT_ROOT / "evaluate.py"), f"ckpt_path={second['last_ckpt']}",
          # only the manifest to decode: the vocabulary, CMVN, features and lexicon come from the checkpoint
          f"data.test_manifest={tiny_corpus / 'test.jsonl'}", "data.num_workers=0",
-         "attention=i_clustered", "attention.clusters=3",
+         "attention=i_clustered", "attention.clusters=3", "decoding=greedy",
          f"paths.output_dir={tmp_path}", "hydra.run.dir=" + str(tmp_path / "eval_run")],
         capture_output=True, text=True, env=env, timeout=300,
     )
@@ -191,7 +191,7 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     results = json.loads((tmp_path / "eval_run" / "results.json").read_text())
     assert results["attention"] == "i-clustered-3"
     assert results["utterances"] == 2
-    assert f"PER={results['per']:.2f} WER={results['wer']:.2f}" == last_line
+    assert f"PER={results['per']:.2f} WER={results['wer']:.2f} (2 utterances)" == last_line
     # no training manifest given, yet real words: the lexicon is the checkpoint's; per-utterance files beside
     assert results["words"] == "real" and results["wer_breakdown"]["reference"] > 0
     assert (tmp_path / "eval_run" / "errs-test-greedy.txt").is_file()

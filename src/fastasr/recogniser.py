@@ -242,15 +242,43 @@ class Recogniser:
         already built (returned as it is: build a beam search once, decode many times)."""
         if callable(decoding) and hasattr(decoding, "describe"):
             return decoding
-        if decoding is None or isinstance(decoding, str):
-            name = decoding or "greedy"
-            if name not in DECODING_PRESETS:
-                raise ValueError(f"decoding={name!r}; expected one of {sorted(DECODING_PRESETS)}, a conf/decoding "
-                                 "mapping or a decoder")
-            decoding = DECODING_PRESETS[name]
-        decoder, _ = build_decoder(dict(decoding), self.tokenizer, None, bundled_lexicon=self.lexicon,
+        decoder, _ = build_decoder(self.decoding_spec(decoding), self.tokenizer, None, bundled_lexicon=self.lexicon,
                                    bundled_lm=self.lm)
         return decoder
+
+    @property
+    def words_decoding(self) -> str:
+        """The preset that gives real words with what this recogniser carries, as training's
+        final decoding chooses: ``beam_lm`` with a lexicon and a word LM, ``beam`` with a lexicon
+        alone, else ``greedy`` (a char model's words are real words either way; a subword or
+        phoneme model without a lexicon has no other)."""
+        if self.lexicon is None:
+            return "greedy"
+        return "beam_lm" if self.lm is not None else "beam"
+
+    def decoding_spec(self, decoding: str | Mapping[str, Any] | None) -> dict[str, Any]:
+        """A ``conf/decoding`` mapping for ``decoding``: a preset name (``greedy``, ``beam``,
+        ``beam_lm``, or ``auto``: :attr:`words_decoding`), a mapping (``name: auto`` becomes
+        :attr:`words_decoding`'s preset), or None (greedy)."""
+        if decoding is None or isinstance(decoding, str):
+            name = decoding or "greedy"
+            if name not in DECODING_PRESETS and name != "auto":
+                raise ValueError(f"decoding={name!r}; expected one of {sorted([*DECODING_PRESETS, 'auto'])}, a "
+                                 "conf/decoding mapping or a decoder")
+            decoding = {"name": name}
+        decoding = dict(decoding)
+        if decoding.get("name") != "auto":
+            return dict(DECODING_PRESETS[decoding["name"]]) if set(decoding) == {"name"} else decoding
+        # auto: conf/decoding/auto.yaml's keys (beam_lm's, maybe overridden) for the decoding chosen
+        lexicon = dict(decoding.get("lexicon") or {})
+        no_lexicon = lexicon.get("source") == "none" and not lexicon.get("path")
+        chosen = "greedy" if no_lexicon else self.words_decoding
+        if chosen == "greedy":
+            return {"name": "greedy", **({"lexicon": lexicon} if lexicon else {})}
+        spec = {**DECODING_PRESETS[chosen], **{k: v for k, v in decoding.items() if k != "name"}, "name": "beam"}
+        if chosen == "beam":  # a lexicon, no LM
+            spec["lm"] = {"source": "none", "path": None}
+        return spec
 
     def transcribe(self, audio: Any, batch_size: int = 4, *, sample_rate: int | None = None,
                    decoding: str | Mapping[str, Any] | Any | None = None,
@@ -358,8 +386,11 @@ class Recogniser:
         for word, (a, b) in zip(hyp.words, frames):
             end = round(min(b * step, seconds), 3)
             words.append(Word(word, round(min(a * step, end), 3), end))
+        # real words: every word is a lexicon word (greedy decoding keeps a phonetic word it cannot look up)
+        lexicon = getattr(decoder, "lexicon", None)
+        real = bool(decoder.real_words) and (lexicon is None or all(w in lexicon for w in hyp.words))
         return Transcription(recording.id, recording.audio_filepath, " ".join(hyp.words), words, list(hyp.units),
-                             round(seconds, 3), real_words=bool(decoder.real_words), score=hyp.score, mode=mode)
+                             round(seconds, 3), real_words=real, score=hyp.score, mode=mode)
 
 
 # Decoders by name (Recogniser.decoder), as conf/decoding/{greedy,beam,beam_lm}.yaml with their defaults.

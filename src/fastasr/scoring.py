@@ -30,6 +30,7 @@ import torch
 
 from fastasr.data.bad_audio import SkippedAudio
 from fastasr.data.datamodule import ASRDataModule
+from fastasr.data.manifest import skipped_lines
 from fastasr.decoding.builder import build_decoder
 from fastasr.decoding.transcribe import decode_and_score, decoding_device
 from fastasr.recogniser import Recogniser
@@ -58,6 +59,10 @@ class DecodeResult:
         attention: the attention decoded with (spec string).
         manifest: the manifest scored.
         skipped_audio: ``{"id", "path", "reason"}`` of each utterance left out for unusable audio.
+        skipped_lines: ``{"line", "reason"}`` of each manifest line dropped while the manifest was
+            read (bad JSON, a missing field, missing or unreadable audio; ``line`` None for
+            utterances the tokenizer cannot encode, counted together).
+        manifest_lines: the manifest's utterance lines (non-blank); None: not counted.
         search_score: beam search: the sum of the best hypotheses' scores (equal for the same
             emissions, lexicon, LM and settings, whichever of equally scored hypotheses a tie
             picked); None for greedy decoding.
@@ -83,6 +88,8 @@ class DecodeResult:
     attention: str
     manifest: str
     skipped_audio: list[dict[str, Any]] = field(default_factory=list)
+    skipped_lines: list[dict[str, Any]] = field(default_factory=list)
+    manifest_lines: int | None = None
     search_score: float | None = None
     oov: dict[str, Any] | None = None
     files: dict[str, str] | None = None
@@ -103,13 +110,14 @@ class DecodeResult:
 
     @property
     def skipped_utterances(self) -> int:
-        return len(self.skipped_audio)
+        """Manifest lines not scored: dropped while reading, or skipped for unusable audio."""
+        return sum(int(s.get("count", 1)) for s in self.skipped_lines) + len(self.skipped_audio)
 
     def to_dict(self) -> dict[str, Any]:
         """``results.json``: ``{"per"|"cer", "wer", "wer_breakdown", "per_breakdown"|"cer_breakdown",
         "utterances", "words", "decoding", "forward_seconds", "search_seconds", "decode_seconds",
-        ["search_score"], ["oov"], ["files"], "attention", "manifest", "skipped_utterances", "skipped_audio",
-        ["ckpt_path"], ["averaged_checkpoints"], ["tuned_on_dev"]}`` (bracketed: when set)."""
+        ["search_score"], ["oov"], ["files"], "attention", "manifest", ["manifest_lines"], "skipped_utterances",
+        "skipped_lines", "skipped_audio", ["ckpt_path"], ["averaged_checkpoints"], ["tuned_on_dev"]}`` (bracketed: when set)."""
         metric = self.unit_metric
         out: dict[str, Any] = {metric: self.unit_error_rate, "wer": self.wer, "wer_breakdown": self.wer_breakdown,
                                f"{metric}_breakdown": self.unit_breakdown, "utterances": self.utterances,
@@ -122,7 +130,10 @@ class DecodeResult:
             out["oov"] = self.oov
         if self.files is not None:
             out["files"] = self.files
-        out.update(attention=self.attention, manifest=self.manifest, skipped_utterances=self.skipped_utterances,
+        out.update(attention=self.attention, manifest=self.manifest)
+        if self.manifest_lines is not None:
+            out["manifest_lines"] = self.manifest_lines
+        out.update(skipped_utterances=self.skipped_utterances, skipped_lines=self.skipped_lines,
                    skipped_audio=self.skipped_audio)
         for key in ("ckpt_path", "averaged_checkpoints", "tuned_on_dev"):
             if getattr(self, key) is not None:
@@ -170,7 +181,7 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
         accelerator: ``cpu``, ``gpu`` or ``auto`` (the GPU when there is one).
         seed: fixes the randomised attentions' hashing.
         decoding: a ``conf/decoding`` mapping (``{"name": "beam", "lexicon": ..., "lm": ...,
-            "beam_size": ...}``); None: greedy. ``lexicon.source`` / ``lm.source`` ``auto`` use
+            "beam_size": ...}``; ``name: auto``: the recogniser's :attr:`~Recogniser.words_decoding`); None: greedy. ``lexicon.source`` / ``lm.source`` ``auto`` use
             the recogniser's own lexicon and word LM (``recogniser.lexicon`` / ``.lm``).
         train_manifest: where the lexicon of ``lexicon.source: train | spelling`` comes from (the
             words and pronunciations spoken in training), and ``auto``'s lexicon and LM for a
@@ -189,7 +200,7 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
         raise ValueError("decode_manifest: the recogniser has no model; get one from load_recogniser(ckpt_path)")
     L.seed_everything(seed, workers=True)
     device = decoding_device(accelerator)
-    decoder, _ = build_decoder(decoding, recogniser.tokenizer, train_manifest,
+    decoder, _ = build_decoder(recogniser.decoding_spec(decoding), recogniser.tokenizer, train_manifest,
                                bundled_lexicon=recogniser.lexicon, bundled_lm=recogniser.lm)
     loader = decoding_loader(recogniser, manifest, **loader_options)
     tag = f"{Path(manifest).stem}-{decoder.describe()['name']}"
@@ -197,6 +208,12 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
     skipped = SkippedAudio(loader_options.get("on_bad_utterance", "skip"))
     scores = decode_and_score(recogniser.model, skipped.batches(loader), recogniser.tokenizer, decoder, device, files)
     skipped_audio = skipped.finish(str(manifest))
+    lines, dropped = skipped_lines(manifest)  # those the loader's manifest reader dropped (and logged)
+    unaccounted = lines - len(dropped) - scores["utterances"] - len(skipped_audio)
+    if unaccounted > 0:  # the datamodule drops utterances with units the tokenizer cannot encode
+        dropped.append({"line": None, "count": unaccounted,
+                        "reason": f"{unaccounted} utterance(s) with units the model's tokenizer cannot encode "
+                                  "(named in the log)"})
     metric = recogniser.unit_metric
     return DecodeResult(
         unit_metric=metric, unit_error_rate=scores[metric], wer=scores["wer"],
@@ -204,6 +221,7 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
         utterances=scores["utterances"], words=scores["words"], decoding=scores["decoding"],
         forward_seconds=scores["forward_seconds"], search_seconds=scores["search_seconds"],
         decode_seconds=scores["decode_seconds"], attention=recogniser.model.attention_spec, manifest=str(manifest),
-        skipped_audio=skipped_audio, search_score=scores.get("search_score"), oov=scores.get("oov"),
+        skipped_audio=skipped_audio, skipped_lines=dropped, manifest_lines=lines,
+        search_score=scores.get("search_score"), oov=scores.get("oov"),
         files=scores.get("files"),
     )

@@ -155,6 +155,11 @@ def run_transcription(cfg: DictConfig, stdin: IO[str] | None = None, stdout: IO[
     recogniser = load_recogniser(cfg.ckpt_path, attention)
     decoding = OmegaConf.to_container(cfg.decoding, resolve=True) if cfg.get("decoding") else None
     decoder = recogniser.decoder(decoding)
+    from fastasr.evaluation import decoding_label
+
+    auto = " (decoding=auto)" if (decoding or {}).get("name") == "auto" else ""
+    log.info("decoding: %s%s, %s words", decoding_label(decoder.describe()), auto,
+             "real" if decoder.real_words else "phonetic")
     long_form = LongFormConfig.from_dict(OmegaConf.to_container(cfg.long_form, resolve=True)
                                          if cfg.get("long_form") else None)
     progress = cfg.get("progress", "auto")
@@ -210,11 +215,17 @@ def run_transcription(cfg: DictConfig, stdin: IO[str] | None = None, stdout: IO[
 
 
 def summary(report: dict[str, Any]) -> str:
-    """The lines the command ends with on stderr: counts, speed, and each failed input with its reason."""
+    """The lines the command ends with on stderr: counts, speed, the decoding, and each failed
+    input with its reason."""
+    from fastasr.evaluation import decoding_label
+
     failed = [SkippedUtterance(**f) for f in report["failed"]]
     speed = (f" ({report['audio_seconds']:.1f} s of audio in {report['wall_seconds']:.1f} s, RTF {report['rtf']:.3f})"
              if report["rtf"] is not None else "")
+    decoding = report.get("decoding") or {}
     line = f"transcribe: {report['transcribed']} of {report['inputs']} input(s) transcribed{speed}"
+    if decoding:
+        line += f" by {decoding_label(decoding)}"
     if failed:
         line += f"; {len(failed)} could not be:\n{describe_skipped(failed)}"
     if not report["transcribed"]:

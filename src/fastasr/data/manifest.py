@@ -60,9 +60,10 @@ def _check_line(raw: str, base: Path, check_audio: bool, require_text: bool = Tr
     """Parse and validate one manifest line; raise ``ValueError`` with the reason."""
     required = REQUIRED_FIELDS if require_text else TRANSCRIPTION_FIELDS
     try:
-        rec = json.loads(raw)
+        rec = json.loads(raw.rstrip("\r\n"))  # the line break is no part of the record
     except json.JSONDecodeError as e:
-        raise ValueError(f"not valid JSON ({e.msg} at column {e.colno}); expected one JSON object") from None
+        where = e.msg.removesuffix(" at")  # "Unterminated string starting at" would read "at at column"
+        raise ValueError(f"not valid JSON ({where} at column {e.colno}); expected one JSON object") from None
     if not isinstance(rec, dict):
         raise ValueError(f"JSON {type(rec).__name__}; expected an object with fields {', '.join(required)}")
     for field in required:
@@ -118,6 +119,32 @@ def _check_line(raw: str, base: Path, check_audio: bool, require_text: bool = Tr
     )
 
 
+def _lines(path: Path, check_audio: bool, require_text: bool):
+    """``(line number, Utterance, None)`` or ``(line number, None, reason)`` of each non-blank line."""
+    base = path.parent
+    with open(path, encoding="utf-8") as f:
+        for lineno, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield lineno, _check_line(raw, base, check_audio, require_text), None
+            except ValueError as e:
+                yield lineno, None, str(e)
+
+
+def skipped_lines(path: str | Path, check_audio: bool = True, require_text: bool = True) -> tuple[int, list[dict]]:
+    """``(lines, skipped)``: the number of non-blank lines of a manifest and, for each line
+    :func:`read_manifest` drops (bad JSON, a missing field, missing or unreadable audio),
+    ``{"line": <number>, "reason": <why>}``; nothing is logged. Evaluation lists them in
+    results.json so that every line is either scored or accounted for."""
+    lines, skipped = 0, []
+    for lineno, _, error in _lines(Path(path), check_audio, require_text):
+        lines += 1
+        if error is not None:
+            skipped.append({"line": lineno, "reason": error})
+    return lines, skipped
+
+
 def read_manifest(path: str | Path, on_error: str = "skip", check_audio: bool = True,
                   require_text: bool = True) -> list[Utterance]:
     """Read and validate a manifest.
@@ -141,26 +168,22 @@ def read_manifest(path: str | Path, on_error: str = "skip", check_audio: bool = 
     path = Path(path)
     if not path.is_file():
         raise ManifestError(f"manifest {path}: no such file")
-    base = path.parent
     utterances: list[Utterance] = []
     bad = 0
     n_lines = 0
     first_error = ""
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            n_lines += 1
-            try:
-                utterances.append(_check_line(raw, base, check_audio, require_text))
-            except ValueError as e:
-                msg = f"manifest {path} line {lineno}: {e}"
-                if on_error == "raise":
-                    raise ManifestError(msg) from None
-                bad += 1
-                first_error = first_error or msg
-                if bad <= MAX_WARNINGS:
-                    log.warning("%s (skipped)", msg)
+    for lineno, utterance, error in _lines(path, check_audio, require_text):
+        n_lines += 1
+        if error is None:
+            utterances.append(utterance)
+            continue
+        msg = f"manifest {path} line {lineno}: {error}"
+        if on_error == "raise":
+            raise ManifestError(msg) from None
+        bad += 1
+        first_error = first_error or msg
+        if bad <= MAX_WARNINGS:
+            log.warning("%s (skipped)", msg)
     if bad:
         more = f"; only the first {MAX_WARNINGS} are shown above" if bad > MAX_WARNINGS else ""
         log.warning("manifest %s: skipped %d of %d lines%s", path, bad, n_lines, more)
