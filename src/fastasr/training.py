@@ -25,7 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
-from fastasr.callbacks import reset_peak_memory
+from fastasr.callbacks import report_learning_warnings, reset_peak_memory
 from fastasr.checkpoint_averaging import write_averaged_checkpoint
 from fastasr.config_check import ConfigError, check_run_dir, check_train_config
 from fastasr.data.tokenizer import unit_metric
@@ -167,6 +167,9 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
             except Exception:  # the model is trained and tested; a decoding setting must not lose that
                 log.exception("final decoding failed; the run is complete: decode it with "
                               "python evaluate.py ckpt_path=%s decoding=...", best or result["last_ckpt"])
+    # callbacks.not_learning's warnings ([] when the run learnt), also into the final decoding's results.json
+    decoded = result.get("final_decoding") is not None
+    result["learning_warnings"] = report_learning_warnings(trainer, run_dir if decoded else None)
     finish_wandb()
     return result
 

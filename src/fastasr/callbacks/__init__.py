@@ -9,6 +9,7 @@
     NonFiniteLossGuard    skips the update of a batch with a NaN/inf loss; stops after several in a row
     PreemptionCheckpoint  on SIGTERM, a resumable checkpoint of the current step (``step-last.ckpt``)
     LastCheckpoint        a resumable checkpoint of every epoch end (``last.ckpt``)
+    LearningWatch         one warning when the run is not learning (CTC's blank plateau, a stalled dev loss)
 
 Names are imported on first use, so importing one callback does not import the others.
 Where their files go in a run directory is :mod:`fastasr.rundir`'s business.
@@ -30,6 +31,9 @@ _EXPORTS = {
     "LargestBatchProbe": "largest_batches",
     "PreemptionCheckpoint": "preemption",
     "LastCheckpoint": "last_checkpoint",
+    "LearningWatch": "not_learning",
+    "learning_warnings": "not_learning",
+    "report_learning_warnings": "not_learning",
     "RunInfoLogger": "run_info",
     "attention_info": "run_info",
     "ThroughputLogger": "throughput",
