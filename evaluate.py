@@ -17,12 +17,14 @@ from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
 from fastasr.evaluation import decoding_label, evaluate, format_result_line
+from fastasr.quiet import quiet_known_noise
 
 log = logging.getLogger("evaluate")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
     try:
         result = evaluate(cfg)
     except Exception:  # into evaluate.log too, not only onto the terminal

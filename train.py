@@ -9,11 +9,13 @@ from omegaconf import DictConfig
 from fastasr.config import CONFIG_DIR
 from fastasr.distributed import hydra_overrides_for_rank
 from fastasr.evaluation import format_result_line
+from fastasr.quiet import quiet_known_noise
 from fastasr.training import train
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def main(cfg: DictConfig) -> None:
+    quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
     result = train(cfg)
     test = result.get("test")
     if test:  # training's own test: greedy decoding; a phoneme model's WER is over phonetic words

@@ -323,7 +323,8 @@ def test_smoke_budget_is_complete_reused_and_resumed(tiny_corpus, tmp_path, monk
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| full-L1 | full | 1 |" in proc.stdout  # it prints budget.md
+    assert "| full-L1 | full | 1 |" in proc.stdout  # it prints budget.md, then where it is
+    assert proc.stdout.strip().splitlines()[-1] == f"budget: {bdir / 'budget.md'} (every member: {bdir / 'budget.csv'})"
     assert json.loads((bdir / "last_invocation.json").read_text()) == {
         "trained": [], "reused": names, "timed": [], "failed": []}
     assert (bdir / "budget.log").is_file()  # Hydra's log beside budget.csv

@@ -107,7 +107,8 @@ def test_smoke_matrix_is_complete_and_resumable(tiny_corpus, tmp_path, monkeypat
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "| lsh-1 | n/a | **" in proc.stdout  # it prints matrix.md
+    assert "| lsh-1 | n/a | **" in proc.stdout  # it prints matrix.md, then where it is
+    assert proc.stdout.strip().splitlines()[-1] == f"matrix: {mdir / 'matrix.md'} (every cell: {mdir / 'matrix.csv'})"
     assert json.loads((mdir / "last_invocation.json").read_text()) == {
         "trained": [], "decoded": 0, "reused": len(train) * len(evals), "failed": []}
     assert (mdir / "matrix.csv").read_text() == csv_before

@@ -13,11 +13,10 @@ and scoring are :func:`fastasr.scoring.decode_manifest`'s.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
-
 import logging
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
@@ -26,6 +25,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.checkpoint_averaging import average_into
+from fastasr.progress import show_progress
 from fastasr.recogniser import load_recogniser
 from fastasr.rundir import RunDir
 from fastasr.scoring import DecodeResult, decode_manifest, decoding_options, training_manifest
@@ -72,7 +72,7 @@ def evaluate(cfg: DictConfig) -> DecodeResult:
                      else Path(cfg.paths.output_dir) / "eval").create()
     result = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=cfg.accelerator, seed=cfg.seed,
                              decoding=decoding, train_manifest=training_manifest(cfg.data), out_dir=run_dir.path,
-                             **decoding_options(cfg.data))
+                             progress=show_progress(cfg.get("progress", "auto")), **decoding_options(cfg.data))
     result = replace(result, ckpt_path=str(cfg.ckpt_path), averaged_checkpoints=[str(p) for p in averaged])
     run_dir.write_results(result.to_dict())
     return replace(result, run_dir=str(run_dir.path))

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -50,7 +49,6 @@ import numpy as np
 import torch
 from hydra.utils import get_class, instantiate
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from fastasr.checkpoint_migration import legacy_recogniser_state, split_attention
 from fastasr.data.audio import BadAudioError
@@ -71,6 +69,7 @@ from fastasr.decoding.long_form import (
 from fastasr.decoding.transcribe import decoding_device
 from fastasr.lm.bundled import BundledLM, ensure_corpus_lm
 from fastasr.model import CTCModel
+from fastasr.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -340,8 +339,7 @@ class Recogniser:
             torch.manual_seed(seed)
         items: Iterator[dict] = iter(DataLoader(RecordingFeatures(recordings, self.features), batch_size=None,
                                                 num_workers=num_workers, collate_fn=_as_is))
-        if progress:
-            items = iter(tqdm(items, total=len(recordings), desc="transcribe", unit="file", file=sys.stderr))
+        items = iter(progress_bar(items, enabled=progress, total=len(recordings), desc="transcribe", unit="file"))
         batch_size = max(1, int(batch_size))
         try:
             while group := [item for _, item in zip(range(batch_size), items)]:

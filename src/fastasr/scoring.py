@@ -173,7 +173,7 @@ def decoding_loader(recogniser: Recogniser, manifest: str | os.PathLike, *, max_
 def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, accelerator: str = "auto",
                     seed: int = 1234, decoding: Mapping[str, Any] | None = None,
                     train_manifest: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
-                    **loader_options: Any) -> DecodeResult:
+                    progress: bool = False, **loader_options: Any) -> DecodeResult:
     """Decode and score ``manifest`` with ``recogniser.model`` (its current attention): the one
     scoring path of evaluate.py, the decoding tuner, the matrix and training's final decoding.
 
@@ -188,6 +188,8 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
             recogniser that carries none (older checkpoints); None: no such lexicon.
         out_dir: a run directory to write the per-utterance ``recogs-*`` / ``errs-*`` files
             to (tag: the manifest's stem and the decoder's name, e.g. ``test-beam``); None: none.
+        progress: a bar on stderr over the utterances, forward pass and search
+            (:func:`fastasr.progress.progress_bar`; evaluate.py's ``progress`` setting).
         loader_options: the batching keyword arguments of :func:`decoding_loader`.
 
     Returns the :class:`DecodeResult` (``to_dict()``: the content of results.json).
@@ -206,7 +208,8 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
     tag = f"{Path(manifest).stem}-{decoder.describe()['name']}"
     files = RunDir(out_dir).recognition_files(tag) if out_dir is not None else None
     skipped = SkippedAudio(loader_options.get("on_bad_utterance", "skip"))
-    scores = decode_and_score(recogniser.model, skipped.batches(loader), recogniser.tokenizer, decoder, device, files)
+    scores = decode_and_score(recogniser.model, skipped.batches(loader), recogniser.tokenizer, decoder, device, files,
+                              progress=progress, total=len(loader.dataset), desc=f"decode {Path(manifest).name}")
     skipped_audio = skipped.finish(str(manifest))
     lines, dropped = skipped_lines(manifest)  # those the loader's manifest reader dropped (and logged)
     unaccounted = lines - len(dropped) - scores["utterances"] - len(skipped_audio)

@@ -36,6 +36,7 @@ from fastasr.derived_config import derive_train_config
 from fastasr.distributed import is_rank_zero_process, leave_process_group_at_exit
 from fastasr.lit import ASRLitModule
 from fastasr.loggers import build_loggers, finish_wandb
+from fastasr.progress import show_progress
 from fastasr.recogniser import Recogniser, load_recogniser, with_decoding_data
 from fastasr.rundir import RunDir
 from fastasr.scoring import DecodeResult, decode_manifest, decoding_options, training_manifest
@@ -314,6 +315,7 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
         spec = tuned["decoding"]
     decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,
                               decoding=spec, train_manifest=train_manifest, out_dir=run_dir.path,
+                              progress=bool(cfg.trainer.get("enable_progress_bar", True)) and show_progress("auto"),
                               **decoding_options(cfg.data))
     tuned_on_dev = None if tuned is None else {k: tuned[k] for k in ("manifest", "best", "points", "vocabularies",
                                                             "beam_size")}

@@ -44,12 +44,13 @@ from fastasr.config import CONFIG_DIR
 from fastasr.data.bad_audio import SkippedUtterance, describe_skipped
 from fastasr.data.manifest import ManifestError, read_manifest
 from fastasr.data.recordings import AUDIO_EXTENSIONS, Recording
+from fastasr.progress import show_progress
+from fastasr.quiet import quiet_known_noise
 from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
 MANIFEST_SUFFIXES = (".jsonl", ".json")
-PROGRESS_MIN_FILES = 10  # progress: auto shows a bar from this many inputs on
 SRT_MAX_WORDS = 12  # words per subtitle
 SRT_MAX_SECONDS = 6.0  # a subtitle's longest span
 SRT_PAUSE_SECONDS = 1.0  # a pause this long between two words starts a new subtitle
@@ -162,8 +163,6 @@ def run_transcription(cfg: DictConfig, stdin: IO[str] | None = None, stdout: IO[
              "real" if decoder.real_words else "phonetic")
     long_form = LongFormConfig.from_dict(OmegaConf.to_container(cfg.long_form, resolve=True)
                                          if cfg.get("long_form") else None)
-    progress = cfg.get("progress", "auto")
-    show_bar = len(recordings) >= PROGRESS_MIN_FILES if progress == "auto" else bool(progress)
     output = cfg.get("output") or {}
     files = {"transcripts": str(run.transcripts_file)}
     if output.get("ctm"):
@@ -179,7 +178,7 @@ def run_transcription(cfg: DictConfig, stdin: IO[str] | None = None, stdout: IO[
         jsonl = stack.enter_context(open(run.transcripts_file, "w", encoding="utf-8"))
         ctm = stack.enter_context(open(run.ctm_file, "w", encoding="utf-8")) if output.get("ctm") else None
         for t in recogniser.iter_transcribe(recordings, int(cfg.batch_size), decoding=decoder, long_form=long_form,
-                                            device=cfg.device, num_workers=int(cfg.num_workers), progress=show_bar,
+                                            device=cfg.device, num_workers=int(cfg.num_workers), progress=show_progress(cfg.get("progress", "auto")),
                                             seed=cfg.get("seed")):
             if not t.ok:
                 failed.append(SkippedUtterance(t.id, t.audio_filepath or t.id, t.error))
@@ -235,6 +234,7 @@ def summary(report: dict[str, Any]) -> str:
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="transcribe")
 def main(cfg: DictConfig) -> None:
+    quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
     report = run_transcription(cfg)
     print(summary(report), file=sys.stderr, flush=True)
     if not report["transcribed"]:

@@ -26,6 +26,7 @@ from fastasr.decoding.hypothesis import Hypothesis
 from fastasr.decoding.lexicon import Lexicon, words_of
 from fastasr.decoding.metrics import Alignment, align
 from fastasr.decoding.recognition_files import write_recognition_files
+from fastasr.progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -140,9 +141,13 @@ def score(transcripts: Sequence[Transcript], unit_metric: str = "per",
 
 def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer: Tokenizer, decoder: Decoder,
                      device: str | torch.device = "cpu",
-                     recognition_files: Mapping[str, str | os.PathLike] | None = None) -> dict[str, Any]:
+                     recognition_files: Mapping[str, str | os.PathLike] | None = None, *,
+                     progress: bool = False, total: int | None = None, desc: str = "decode") -> dict[str, Any]:
     """Emissions → decoder → error rates, a batch at a time (→ the per-utterance files at
     ``recognition_files``, by kind, when given: :meth:`fastasr.rundir.RunDir.recognition_files`).
+    ``progress``: a bar on stderr over the utterances (``total`` of them, ``desc`` before it),
+    each step the model's forward pass when its batch comes up and the search
+    (:func:`fastasr.progress.progress_bar`).
 
     Returns the :func:`score` result plus ``words`` ("real" | "phonetic"), ``decoding``
     (the decoder's settings), ``oov`` (when a lexicon is given: reference words it lacks),
@@ -153,7 +158,8 @@ def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer:
     and settings reach the same ``search_score`` even where they pick different hypotheses of
     equal score (the search breaks exact ties by memory order)."""
     unit_metric = unit_metric_of(tokenizer.kind)
-    emissions = iter_emissions(model, batches, tokenizer, device)
+    emissions = progress_bar(iter_emissions(model, batches, tokenizer, device), enabled=progress, total=total,
+                             desc=desc, unit="utt")
     transcripts: list[Transcript] = []
     forward = search = 0.0
     while True:

@@ -1,0 +1,65 @@
+"""Third-party messages that are not the user's to act on, silenced in one place.
+
+The commands (``train.py``, ``evaluate.py``, ``python -m fastasr.transcribe``, ``python -m
+fastasr.cross_eval`` / ``fastasr.matrix``, ``python -m fastasr.budget``) call :func:`quiet_known_noise`
+first. Each entry below matches one exact message of a library, with the reason it says nothing
+the user can act on; everything else, the warnings about the user's config and data above all,
+still shows. wandb's banner and offline summary are off by its own setting
+(``conf/logger/default.yaml``: ``settings.silent``), and :func:`fastasr.loggers.finish_wandb`
+says in one line where the run went.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+# (message regex, category, why it is not the user's to act on): Python warnings, matched at the
+# start of the message as warnings.filterwarnings does.
+WARNINGS: list[tuple[str, type[Warning], str]] = [
+    (r"The '\w+' does not have many workers which may be a bottleneck", Warning,
+     "Lightning counts the cores; data.num_workers is already chosen per machine (auto: the cores less one)"),
+    (r"Precision \S+ is not supported by the model summary", UserWarning,
+     "Lightning's model summary cannot size a mixed-precision (bf16-mixed) model; training is unaffected"),
+    (r"The PyTorch API of nested tensors is in prototype stage", UserWarning,
+     "full attention packs a padded batch into jagged nested tensors (fastasr.attention.full) on purpose"),
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning,
+     "Lightning's own use of a torch API that torch 2.11 deprecates"),
+]
+
+# (logger name, message regex, why): log records of libraries, dropped by a logging filter.
+LOG_RECORDS: list[tuple[str, str, str]] = [
+    *((name, r"💡 Tip: For seamless cloud logging", "an advertisement for a hosted logger")
+      for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")),
+    *((name, r"You are using a CUDA device .* that has Tensor Cores",
+       "the float32 matmul precision is a choice of the code, not of a run (bf16-mixed trains on a GPU)")
+      for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")),
+]
+
+
+class _DropMatching(logging.Filter):
+    """A logging filter that drops the records whose message matches one of its patterns."""
+
+    def __init__(self) -> None:
+        super().__init__("fastasr.quiet")
+        self.patterns: list[re.Pattern[str]] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(p.match(message) for p in self.patterns)
+
+
+def quiet_known_noise() -> None:
+    """Install the filters of :data:`WARNINGS` and :data:`LOG_RECORDS` (idempotent: a second
+    call adds nothing)."""
+    for message, category, _ in WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)  # an equal filter is not added twice
+    for name, message, _ in LOG_RECORDS:
+        logger = logging.getLogger(name)
+        drop = next((f for f in logger.filters if isinstance(f, _DropMatching)), None)
+        if drop is None:
+            drop = _DropMatching()
+            logger.addFilter(drop)
+        if all(p.pattern != message for p in drop.patterns):
+            drop.patterns.append(re.compile(message))
