@@ -187,6 +187,12 @@ def test_min_batches_per_epoch_lowers_the_training_budget_only(tiny_corpus, capl
     assert len(train) >= 5 and "data.min_batches_per_epoch=5" in caplog.text
     assert len(list(dm.val_dataloader())) == 1  # evaluation keeps the large budget: one batch of 2
     assert len(list(make_dm(tiny_corpus, max_frames_per_batch=100_000).train_dataloader())) == 1
+    # data.min_frames_per_batch: the lowered budget stops at the floor (fewer, larger batches)
+    floored = make_dm(tiny_corpus, max_frames_per_batch=100_000, min_batches_per_epoch=5,
+                      min_frames_per_batch=sum(lengths) // 2)
+    floored.setup("fit")
+    assert floored.train_frames_per_batch == sum(lengths) // 2
+    assert 2 <= len(list(floored.train_dataloader())) < len(train)
 
 
 def test_sortagrad_orders_the_first_training_epochs_only(tiny_corpus):

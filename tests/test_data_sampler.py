@@ -188,6 +188,10 @@ def test_budget_for_batches_gives_small_corpora_enough_updates():
     assert budget_for_batches(lens, 16000, None) == budget_for_batches(lens, 16000, 0) == 16000
     # never below the longest utterance's price, so that no batch is over budget alone
     assert budget_for_batches(lens, 16000, 10**6) == max(lens)
+    # nor below min_frames (a floor on the lowered batch), nor above the given budget for it
+    assert budget_for_batches(lens, 16000, 100, min_frames=3000) == 3000
+    assert budget_for_batches(lens, 16000, 100, min_frames=500) == total // 100
+    assert budget_for_batches(lens, 2000, 100, min_frames=3000) == 2000
     # priced as the sampler prices: quadratic totals are larger, so is the budget
     quad = budget_for_batches(lens, 16000, 100, "quadratic", 4000)
     assert quad == int(sum(n * (1 + n / 4000) for n in lens) / 100)

@@ -160,6 +160,8 @@ class ASRDataModule(pl.LightningDataModule):
         min_batches_per_epoch: training only: lower the budget below ``max_frames_per_batch``
             where needed so that an epoch has at least this many batches (per process under
             DDP; ``sampler.budget_for_batches``); None: the budget as given.
+        min_frames_per_batch: the lowest budget ``min_batches_per_epoch`` may lower to (priced
+            frames; None: no floor but the longest utterance).
         max_batch_size: optional cap on utterances per batch.
         length_cost: ``linear`` or ``quadratic``: how the sampler prices a padded utterance
             (quadratic for full attention; ``conf/data`` derives it from the attention).
@@ -192,6 +194,7 @@ class ASRDataModule(pl.LightningDataModule):
         features: Mapping | FeatureConfig | None = None,
         max_frames_per_batch: int = 16000,
         min_batches_per_epoch: int | None = None,
+        min_frames_per_batch: int | None = None,
         max_batch_size: int | None = None,
         length_cost: str = "linear",
         quadratic_frames: int = 4000,
@@ -224,6 +227,9 @@ class ASRDataModule(pl.LightningDataModule):
         if min_batches_per_epoch is not None and min_batches_per_epoch < 0:
             raise ValueError(f"min_batches_per_epoch {min_batches_per_epoch}; expected ≥ 0 or None")
         self.min_batches_per_epoch = min_batches_per_epoch
+        if min_frames_per_batch is not None and min_frames_per_batch < 0:
+            raise ValueError(f"min_frames_per_batch {min_frames_per_batch}; expected ≥ 0 or None")
+        self.min_frames_per_batch = min_frames_per_batch
         self._train_budget: int | None = None
         self.max_batch_size = max_batch_size
         self.pricing = {"length_cost": length_cost, "quadratic_frames": int(quadratic_frames)}
@@ -381,11 +387,13 @@ class ASRDataModule(pl.LightningDataModule):
             lengths = self._dataset("train").frame_lengths()
             replicas, _ = self._replicas()
             wanted = (self.min_batches_per_epoch or 0) * replicas
-            self._train_budget = budget_for_batches(lengths, self.max_frames_per_batch, wanted, **self.pricing)
+            self._train_budget = budget_for_batches(lengths, self.max_frames_per_batch, wanted, **self.pricing,
+                                                    min_frames=self.min_frames_per_batch)
             if self._train_budget < self.max_frames_per_batch:
                 log.info("train: batch budget %d priced frames (data.max_frames_per_batch=%d would give this "
-                         "%d-utterance corpus fewer than data.min_batches_per_epoch=%d updates an epoch)",
-                         self._train_budget, self.max_frames_per_batch, len(lengths), self.min_batches_per_epoch)
+                         "%d-utterance corpus fewer than data.min_batches_per_epoch=%d updates an epoch; "
+                         "data.min_frames_per_batch=%s)", self._train_budget, self.max_frames_per_batch,
+                         len(lengths), self.min_batches_per_epoch, self.min_frames_per_batch)
         return self._train_budget
 
     def _loader(self, dataset: ASRDataset, shuffle: bool, distributed: bool = True) -> DataLoader:

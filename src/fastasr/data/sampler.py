@@ -45,14 +45,16 @@ def price(longest: int, size: int = 1, length_cost: str = "linear", quadratic_fr
 
 
 def budget_for_batches(lengths: Sequence[int], max_frames: int, min_batches: int | None,
-                       length_cost: str = "linear", quadratic_frames: int = 4000) -> int:
+                       length_cost: str = "linear", quadratic_frames: int = 4000,
+                       min_frames: int | None = None) -> int:
     """The batch budget that cuts ``lengths`` into at least ``min_batches`` batches.
 
     ``max_frames`` when the corpus is large enough; on a small corpus, the total price of its
     utterances divided by ``min_batches`` (every batch costs at most the budget, so at least
-    that many come out), but never below the price of the longest utterance. ``min_batches``
-    None or 0: ``max_frames``. This is what keeps a small corpus from getting a few dozen
-    updates an epoch out of a budget sized for a large one.
+    that many come out), but never below ``min_frames`` nor the price of the longest utterance.
+    ``min_batches`` None or 0: ``max_frames``. This keeps a small corpus from getting a few dozen
+    updates an epoch out of a budget sized for a large one, and ``min_frames`` keeps it from
+    batches so small that their gradient is mostly noise (docs/RECIPES.md "Batches").
     """
     if not min_batches:
         return int(max_frames)
@@ -60,7 +62,7 @@ def budget_for_batches(lengths: Sequence[int], max_frames: int, min_batches: int
         raise ValueError(f"min_batches {min_batches}; expected ≥ 0 (or None)")
     total = sum(price(int(n), 1, length_cost, quadratic_frames) for n in lengths)
     longest = price(int(max(lengths)), 1, length_cost, quadratic_frames)
-    return int(min(max_frames, max(total / min_batches, longest)))
+    return int(min(max_frames, max(total / min_batches, longest, min_frames or 0)))
 
 
 class FrameBudgetBatchSampler(Sampler[list[int]]):
