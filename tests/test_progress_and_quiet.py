@@ -149,6 +149,13 @@ def test_known_noise_is_silenced_and_the_users_warnings_show(caplog):
                     "utilize them, you should set `torch.set_float32_matmul_precision('medium' | 'high')`")
         logger.info("`Trainer.fit` stopped: `max_epochs=1` reached.")
     assert [r.getMessage() for r in caplog.records] == ["`Trainer.fit` stopped: `max_epochs=1` reached."]
+    caplog.clear()
+    fx = logging.getLogger("torch.fx._symbolic_trace")  # printed when the GPU's varlen attention first runs
+    with caplog.at_level(logging.INFO, logger=fx.name):
+        fx.warning("is_fx_tracing will return true for both fx.symbolic_trace and torch.export. Please use "
+                   "is_fx_tracing_symbolic_tracing() for specifically fx.symbolic_trace")
+        fx.warning("a torch.fx message that is not the known note")
+    assert [r.getMessage() for r in caplog.records] == ["a torch.fx message that is not the known note"]
 
 
 WANDB_PROBE = """

@@ -35,6 +35,9 @@ LOG_RECORDS: list[tuple[str, str, str]] = [
     *((name, r"You are using a CUDA device .* that has Tensor Cores",
        "the float32 matmul precision is a choice of the code, not of a run (bf16-mixed trains on a GPU)")
       for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")),
+    ("torch.fx._symbolic_trace", r"is_fx_tracing will return true for both fx.symbolic_trace and torch.export",
+     "torch's note to code that calls is_fx_tracing, printed when FlashAttention's varlen op (full attention "
+     "on a GPU) first runs; seen on an H200"),
 ]
 
 
