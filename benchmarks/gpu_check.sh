@@ -14,7 +14,8 @@
 #   4. gpu_bench.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
 #   5. full_paths.py: each exact path of padded full attention, and the one fastasr takes;
 #   6. gpu_step.py: the paper model's training step, each attention against the floor and full's
-#      forced paths; then the largest kernels of an i-clustered-100 step.
+#      forced paths; clustering_gpu.py: no host synchronisation in the clustered variants, K-means
+#      and each call timed; then the largest kernels of an i-clustered-100 step.
 # Each step has a time cap and its exit status goes into the summary; a failed step does not stop
 # the others. Every table is written under benchmarks/results/ with the GPU's name; the summary is
 # benchmarks/results/gpu_check_<gpu>.md. Where $OUT is set (the device tool), the results are also
@@ -81,6 +82,7 @@ step "gpu_bench.py (check, then a 40 s bf16 sweep)" 120 "$PY" benchmarks/gpu_ben
   --dtypes bfloat16 --ns 1024 4096 16384 65536
 step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
 step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
+step "clustering_gpu.py (no host sync, K-means, each call)" 90 "$PY" benchmarks/clustering_gpu.py
 step "gpu_step.py --profile i-clustered-100" 45 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
 
 {
@@ -99,7 +101,7 @@ step "gpu_step.py --profile i-clustered-100" 45 "$PY" benchmarks/gpu_step.py --l
   [ -f "$RUN/fit_done.json" ] && cat "$RUN/fit_done.json"
   echo '```'
   echo
-  echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the whole log: outputs/gpu_check.log."
+  echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the clustering step: \`clustering_$SLUG.md\`; the whole log: outputs/gpu_check.log."
 } > "$SUMMARY"
 cat "$SUMMARY"
 save_out

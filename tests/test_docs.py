@@ -299,7 +299,7 @@ def command_lines(path: Path) -> list[tuple[int, str, list[str]]]:
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compose_error(conf: Path, name: str, overrides: tuple[str, ...]) -> str | None:
     """The first line of the error composing config ``name`` with ``overrides`` gives, or None."""
     from hydra import compose, initialize_config_dir

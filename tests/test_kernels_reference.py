@@ -210,3 +210,30 @@ def test_gather_ops_gradcheck(monkeypatch):
     assert torch.autograd.gradcheck(
         lambda a, b: ops.clustered_weighted_sum(a, b, topk_idx, assignments), (w, k)
     )
+
+
+@pytest.mark.parametrize("lengths", [None, [9, 4, 0]])
+def test_fused_centroid_values_equal_the_reference(lengths):
+    """The fused SDPA call clustered attention uses on a GPU gives the reference's centroid
+    outputs and gradients (padded keys masked; a length-0 sequence attends to every key)."""
+    g = torch.Generator().manual_seed(5)
+    B, H, C, N, E = 3, 2, 4, 9, 8
+    lens = None if lengths is None else torch.tensor(lengths)
+    leaves = [torch.randn(*shape, generator=g).requires_grad_()
+              for shape in ((B, H, C, E), (B, H, N, E), (B, H, N, E))]
+    want, _, _ = reference.centroid_attention(*leaves, lens, 0.3, 0)
+    want_grads = torch.autograd.grad(want.square().sum(), leaves)
+    got = ops.fused_centroid_values(*leaves, lens, 0.3)
+    got_grads = torch.autograd.grad(got.square().sum(), leaves)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_centroid_attention_only_on_cuda_and_not_when_reference_is_forced(monkeypatch):
+    assert not ops.fused_centroid_attention_applies(torch.zeros(1))  # CPU: the C++/reference op
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda")))
+    assert ops.fused_centroid_attention_applies(torch.zeros(1, dtype=torch.bfloat16))
+    assert not ops.fused_centroid_attention_applies(torch.zeros(1, dtype=torch.float64))
+    monkeypatch.setenv(ops.KERNELS_ENV, "reference")
+    assert not ops.fused_centroid_attention_applies(torch.zeros(1, dtype=torch.bfloat16))

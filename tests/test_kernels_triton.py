@@ -164,6 +164,8 @@ def _codes(B, H, N, bits, g, lengths):
         (2, 2, 90, 12, 4, 3, True),  # 3 bits: many equal codes, many distance ties
         (2, 1, 50, 3, 0, 63, True),  # no Lloyd iteration: initial centroids only
         (1, 1, 16, 1, 3, 63, False),  # one cluster
+        (1, 2, 300, 200, 2, 63, True),  # the largest centroid tile (256)
+        (1, 1, 400, 300, 2, 63, False),  # C over MAX_CLUSTERS: the reference on the device
     ],
 )
 def test_kmeans_equals_reference(B, H, N, C, iterations, bits, padded):
@@ -180,14 +182,15 @@ def test_kmeans_equals_reference(B, H, N, C, iterations, bits, padded):
 
 
 @pytest.mark.slow
-def test_kmeans_several_programs_per_sequence_and_empty_sequence(monkeypatch):
-    """Spans shorter than the sequence (several programs add into one centroid) and length 0."""
-    monkeypatch.setattr(tk, "SPAN_TARGET", 64)
+@pytest.mark.parametrize("spans", [1, 4])
+def test_kmeans_several_programs_per_sequence_and_empty_sequence(spans):
+    """All iterations in one launch (1 span) and spans shorter than the sequence (several
+    programs add into one centroid, one launch pair per iteration); a length-0 sequence."""
     g = _gen(11)
     lengths = torch.tensor([200, 0, 77])
     codes = _codes(3, 2, 200, 63, g, lengths)
     ref_a, ref_c = reference.hamming_kmeans(codes, lengths, 7, 5)
-    got_a, got_c = tk.hamming_kmeans(*_dev(codes, lengths), 7, 5)
+    got_a, got_c = tk.hamming_kmeans(*_dev(codes, lengths), 7, 5, spans=spans)
     assert torch.equal(got_a.cpu(), ref_a) and torch.equal(got_c.cpu(), ref_c)
     assert bool((got_a[1] == -1).all()) and int(got_c[1].sum()) == 0
 
@@ -501,3 +504,140 @@ def test_half_precision_reaches_the_triton_dots(monkeypatch):
     assert seen and all(torch.bfloat16 in pair for pair in seen)
     exact = attn(*(x.bfloat16().float() for x in (q, k, v)))
     assert float((half.detach().float() - exact).abs().max()) < 3e-2
+
+
+# ------------------------------------------------------------------ launches and synchronisation
+#: aten ops that read a device value back to the host (a synchronisation on a GPU).
+_SYNCING_OPS = {
+    "aten::_local_scalar_dense",  # .item(), .tolist(), bool(t), int(t)
+    "aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::_unique2",
+    "aten::unique_dim", "aten::unique_consecutive", "aten::is_nonzero", "aten::equal",
+}
+#: aten ops that launch no kernel (views, metadata, the profiler's markers).
+_NO_KERNEL_OPS = {
+    "aten::view", "aten::_unsafe_view", "aten::unsqueeze", "aten::squeeze", "aten::expand",
+    "aten::transpose", "aten::t", "aten::permute", "aten::slice", "aten::select", "aten::detach",
+    "aten::alias", "aten::as_strided", "aten::empty", "aten::empty_strided", "aten::new_empty",
+    "aten::new_empty_strided", "aten::promote_types", "aten::result_type", "aten::split",
+    "aten::unbind", "aten::narrow", "aten::reshape",
+    "profiler::_record_function_enter_new", "profiler::_record_function_exit",
+}
+
+
+class _LaunchProbe:
+    """Counts, over one attention call, the Triton kernel launches (by kernel), the aten ops
+    that launch a kernel on a GPU (the interpreter's own bookkeeping excluded), and every op
+    that would synchronise with the host."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        self.triton: dict[str, int] = {}
+        self.torch_kernels: dict[str, int] = {}
+        self.syncs: list[str] = []
+        self._in_triton = False
+        probe = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func._schema.name
+                if not probe._in_triton:
+                    bool_index = name == "aten::index" and any(
+                        t is not None and t.dtype == torch.bool for t in args[1])
+                    if name in _SYNCING_OPS or bool_index:
+                        probe.syncs.append(name)
+                    elif name not in _NO_KERNEL_OPS:
+                        probe.torch_kernels[name] = probe.torch_kernels.get(name, 0) + 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = _Mode()
+
+    def __enter__(self):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self._run = InterpretedFunction.run
+        probe, run = self, self._run
+
+        def counted(fn, *args, **kwargs):
+            probe.triton[fn.__name__] = probe.triton.get(fn.__name__, 0) + 1
+            probe._in_triton = True
+            try:
+                return run(fn, *args, **kwargs)
+            finally:
+                probe._in_triton = False
+
+        InterpretedFunction.run = counted
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        self._mode.__exit__(*exc)
+        InterpretedFunction.run = self._run
+
+
+# Triton launches of one forward + backward on a padded batch with few sequences (one K-means
+# launch: every Lloyd iteration runs in it), and a ceiling on the torch kernels around them: the
+# counts today (benchmarks/gpu_notes.md, "Launches"), so a change that adds one fails here.
+_PRODUCTS = {"_gather_dot_kernel": 2, "_gather_wsum_kernel": 2, "_scatter_outer_kernel": 2}
+_LAUNCHES = {
+    "clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1}, 57),
+    "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, **_PRODUCTS}, 149),
+}
+
+
+_INTERPRETER_ONLY = pytest.mark.skipif(
+    not INTERPRETED, reason="counts launches in the Triton interpreter; on a GPU "
+    "benchmarks/clustering_gpu.py checks synchronisation with torch.cuda.set_sync_debug_mode")
+
+
+@_INTERPRETER_ONLY
+@pytest.mark.parametrize("spec", sorted(_LAUNCHES))
+def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
+    """One forward + backward through the kernels (``FASTASR_KERNELS=triton``) counted in the
+    interpreter: the Triton launches per kernel are exact, the torch kernels stay under a
+    ceiling, and nothing reads a value back to the host (``.item()``, ``.tolist()``,
+    ``nonzero()``, boolean-mask indexing, ``unique``). ``lengths`` are validated before, as
+    ``InnerAttention.forward`` does (on a GPU with a device-side assert, no synchronisation)."""
+    from fastasr.attention import build_attention
+    from fastasr.attention.masking import check_lengths
+    from fastasr.kernels import ops
+
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    overrides = {"topk": 8} if spec.startswith("i-") else {}
+    attn = build_attention(spec, seed=0, iterations=3, **overrides)
+    g = _gen(40)
+    q, k, v = (torch.randn(2, 3, 45, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
+    lengths = check_lengths(torch.tensor([45, 29]).to(DEVICE), 2, 45)
+    with _LaunchProbe() as probe:
+        out = attn._forward(q, k, v, lengths)
+        out.square().sum().backward()
+    want_triton, torch_ceiling = _LAUNCHES[spec]
+    assert probe.syncs == []
+    assert probe.triton == want_triton
+    assert sum(probe.torch_kernels.values()) <= torch_ceiling, probe.torch_kernels
+
+
+@_INTERPRETER_ONLY
+def test_launch_probe_sees_a_synchronisation():
+    """The probe itself: ``.item()`` and boolean-mask indexing are caught."""
+    x = torch.arange(5.0)
+    with _LaunchProbe() as probe:
+        float(x.sum())
+        x[x > 2].sum()
+    assert probe.syncs == ["aten::_local_scalar_dense", "aten::index"]
+
+
+@_INTERPRETER_ONLY
+def test_kmeans_is_one_launch_when_the_sequences_fill_the_gpu():
+    """Enough sequences: every Lloyd iteration in one launch; few long ones: a sweep and an
+    update per iteration plus the final sweep (2 × iterations + 1)."""
+    codes = torch.randint(0, 2**62, (1, 2, 40), generator=_gen(41)).to(DEVICE)
+    assert tk.spans_per_sequence(tk.ONE_LAUNCH_FROM, 65536) == 1
+    assert tk.spans_per_sequence(6, 65536) == -(-tk.FILL_PROGRAMS // 6)  # enough to fill it
+    assert tk.spans_per_sequence(6, 1000) == 2  # spans of at least MIN_SPAN
+    for spans, want in ((1, {"_lloyd_kernel": 1}), (2, {"_lloyd_kernel": 5, "_update_kernel": 4})):
+        with _LaunchProbe() as probe:
+            tk.hamming_kmeans(codes, None, 4, 4, spans=spans)
+        assert probe.triton == want and probe.syncs == []

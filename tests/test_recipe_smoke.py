@@ -14,10 +14,8 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from test_train_eval import corpus_overrides
 
 from fastasr.config import PROJECT_ROOT

@@ -52,13 +52,16 @@ def _configs():
                      "BLOCK_BITS": 64}, {}))
     km_ptrs = {"codes_ptr": "*i64", "cent_ptr": "*i64", "len_ptr": "*i64", "ceff_ptr": "*i64",
                "assign_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32", "BITMASK": "i64"}
-    for accumulate in (True, False):
-        out.append((f"kmeans step bits={accumulate}", tk._kmeans_step_kernel, km_ptrs,
-                    {"ACCUMULATE_BITS": accumulate, "BLOCK_N": tk.STEP_BLOCK_N,
-                     "BLOCK_C": tk.STEP_BLOCK_C, "BLOCK_BITS": 64}, tk.STEP_OPTIONS))
-    out.append(("kmeans update", tk._kmeans_update_kernel,
+    for clusters in (100, tk.MAX_CLUSTERS):
+        for in_kernel, accumulate in ((True, False), (False, True), (False, False)):
+            out.append((f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate}",
+                        tk._lloyd_kernel, km_ptrs,
+                        {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, "BLOCK_N": tk.BLOCK_N,
+                         "BLOCK_C": tk.block_c(clusters)},
+                        tk.LLOYD_OPTIONS if tk.block_c(clusters) <= 128 else tk.LLOYD_OPTIONS_WIDE))
+    out.append(("kmeans update", tk._update_kernel,
                 {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32"},
-                {"BLOCK_C": tk.UPDATE_BLOCK_C, "BLOCK_BITS": 64}, {}))
+                {"BLOCK_C": tk.UPDATE_BLOCK_C}, {}))
     idx = {"idx_ptr": "*i64", "perm_ptr": "*i64", "blk_ptr": "*i64"}
     for t in ("fp32", "bf16", "fp16"):
         for E in (32, 64):

@@ -39,6 +39,7 @@ import torch
 
 from fastasr.kernels import native, reference
 from fastasr.kernels.availability import import_kernel_module
+from fastasr.kernels.padding import key_mask
 
 __all__ = [
     "hash_codes",
@@ -47,6 +48,8 @@ __all__ = [
     "clustered_dot",
     "clustered_weighted_sum",
     "centroid_attention",
+    "fused_centroid_attention_applies",
+    "fused_centroid_values",
     "improved_sparse",
     "KERNELS_ENV",
     "kernel_choice",
@@ -160,9 +163,45 @@ def centroid_attention(
     scale: float,
     topk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(B,H,C,E)`` centroids -> centroid outputs ``(B,H,C,Ev)``, top weights and top keys ``(B,H,C,topk)``."""
+    """``(B,H,C,E)`` centroids -> centroid outputs ``(B,H,C,Ev)``, top weights and top keys ``(B,H,C,topk)``.
+
+    On CUDA without top keys (clustered attention), in half precision or float32 and unless
+    ``FASTASR_KERNELS=reference``: one fused attention call, :func:`fused_centroid_values`.
+    """
+    if topk == 0 and fused_centroid_attention_applies(k):
+        values = fused_centroid_values(centroids, k, v, lengths, scale)
+        return values, values.new_empty(*values.shape[:3], 0), torch.empty(
+            *values.shape[:3], 0, dtype=torch.int64, device=values.device)
     backend = _backend(centroids, "centroid_attention")
     return backend.centroid_attention(centroids, k, v, lengths, scale, topk)
+
+
+def fused_centroid_attention_applies(k: torch.Tensor) -> bool:
+    """Whether :func:`centroid_attention` without top keys runs :func:`fused_centroid_values` for ``k``."""
+    return (k.device.type == "cuda" and k.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and kernel_choice() != "reference")
+
+
+def fused_centroid_values(
+    centroids: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """``softmax(scale · centroids k^T, padded keys masked) v`` as one fused SDPA call.
+
+    The same numbers as the reference's ``values`` (products in ``k``'s dtype, the softmax in
+    float32, weights in ``v``'s dtype before the second product) without materialising the
+    ``(B, H, C, N)`` logits: on a GPU SDPA's memory-efficient kernel takes the key mask,
+    forward and backward. Differentiable in ``centroids``, ``k``, ``v``.
+    """
+    B, _, _, _ = centroids.shape
+    keys_ok = key_mask(lengths, B, k.shape[2], k.device)[:, None, None, :]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        centroids.to(k.dtype), k, v, attn_mask=keys_ok, scale=scale
+    )
+    return out.to(v.dtype)
 
 
 def improved_sparse(

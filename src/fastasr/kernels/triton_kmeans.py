@@ -7,33 +7,36 @@ evenly spaced deterministic initialisation, ``min(C, length)`` used centroids, t
 to the lowest centroid index, strict per-bit majority, empty clusters keep their
 centroid, a final assignment).
 
-Design. One Lloyd iteration is two launches:
+Design: one kernel, ``_lloyd_kernel``, that does a whole Lloyd pass over a span of
+positions in one sweep, on chip:
 
-* ``_kmeans_step_kernel``, grid ``(B*H, P)``: each program owns a contiguous span of
-  positions of one (batch, head). Phase A assigns every position of the span to its
-  nearest used centroid — distance = popcount(code XOR centroid), a SWAR popcount in
-  plain 32-bit integer ops on the two halves of the code (no intrinsic, so the
-  interpreter runs it too; 32-bit halves keep the tile in half the registers of int64
-  arithmetic, which the GPU emulates with 32-bit pairs anyway), centroids streamed
-  in ``BLOCK_C`` chunks with a running minimum so any ``C`` fits in registers; one
-  min-reduction over ``distance · 2^16 + index`` gives the nearest centroid and the
-  lowest index among equals — and writes the assignment. Phase B (after a CTA barrier, it re-reads the assignments
-  its own threads wrote) counts, per centroid chunk, members and set bits: the bit
-  counts are one small matrix product ``onehot(assign)^T @ bits`` of 0/1 values in
-  fp16 with an fp32 accumulator (exact), then one int32 ``atomic_add`` per
-  (centroid, bit) per program. Integer atomics make the sums, and so the result,
-  independent of the order the programs run in: the kernel is deterministic.
-* ``_kmeans_update_kernel``, grid ``(B*H, cdiv(C, BLOCK_C))``: strict majority per bit
-  for non-empty clusters, packs the new centroid, and zeroes the accumulators for the
-  next iteration.
+* the span's codes are read in ``BLOCK_N`` tiles and unpacked to +-1 bit vectors;
+  with the centroids' +-1 vectors (``(64, BLOCK_C)``, ``BLOCK_C = next_pow2(C)``,
+  held in registers for the whole pass), ``popcount(a ^ c) = (63 - <a, c>) / 2``, so
+  every distance of the tile is one tensor-core product (fp16 +-1 values, fp32
+  accumulation: exact);
+* bit 63 of a code is always clear, so its column carries constants: a bias
+  ``-c/256`` per used centroid (``-4096`` for an unused one) in the distance product,
+  which makes the row maximum the nearest used centroid, the lowest index among
+  equals, with the index in its fraction (exact in fp16 and fp32): one max-reduction;
+* the same tile then adds its members and their set bits into a ``(BLOCK_C, 64)``
+  accumulator: ``onehot(assign)^T @ bits``, a second product of 0/1 values (exact),
+  whose column 63 carries 1 and so counts the members.
 
-A final step launch writes the assignments (``-1`` for padded positions) and the
-member counts. ``P`` splits long sequences over several programs (about
-``SPAN_TARGET`` positions each) so that a few long utterances still fill the GPU,
-while keeping the atomics to ``C × 64`` per program. The centroid initialisation is
-host-side torch: the reference's own :func:`fastasr.kernels.reference.initial_centroids`.
-Tile sizes: see ``STEP_BLOCK_N`` below (chosen from ptxas' register report,
-``python -m fastasr.kernels.compile_check``; not yet tuned on a GPU).
+When one program owns a whole sequence (``P = 1`` span per sequence) the program runs
+**every iteration and the final assignment in one launch**: after each sweep the
+strict per-bit majority updates the centroids in registers, and nothing but the
+assignments and counts is ever written. That is the case whenever the batch has
+enough sequences (``ONE_LAUNCH_FROM``). When it has not (a few long sequences), each
+sequence is split over ``P`` programs and every iteration is two launches: the sweep,
+whose programs add their accumulators with int32 atomics (order-independent, so the
+result is deterministic), and ``_update_kernel``, the majority vote that packs the
+new centroids and zeroes the accumulators.
+
+Nothing reads a value back to the host: the launch grid depends only on shapes.
+``C`` above ``MAX_CLUSTERS`` (the register budget of the accumulator) has no Triton
+kernel; :func:`hamming_kmeans` then runs the PyTorch reference (the same result) on
+the tensors' device.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fastasr.kernels import reference
 from fastasr.kernels.availability import (
     ensure_interpreter_compat,
     kernels_interpreted,
@@ -51,37 +55,67 @@ from fastasr.kernels.reference import MAX_BITS, initial_centroids
 
 ensure_interpreter_compat()
 
-__all__ = ["hamming_kmeans"]
+__all__ = ["hamming_kmeans", "spans_per_sequence", "MAX_CLUSTERS"]
 
-SPAN_TARGET = 2048  # positions per program in the step kernel (rounded to BLOCK_N)
+
+#: Largest ``C`` with a Triton kernel: the ``(next_pow2(C), 64)`` accumulator and the
+#: centroids' bit vectors live in registers. ``C = 100`` (the paper's) uses 128.
+MAX_CLUSTERS = 256
+#: With at least this many sequences (batch x heads) every sequence gets one program and all
+#: iterations run in one launch (measured on an H200: one launch is as fast or faster from 96
+#: sequences of N = 4,096, 1.67 against 2.05 ms at 120 of 3,200; 8.3 against 1.4 ms at 24 of 16,384).
+ONE_LAUNCH_FROM = 96
+#: Fewer sequences are split until about this many programs run.
+FILL_PROGRAMS = 256
+#: Shortest span when a sequence is split over several programs.
+MIN_SPAN = 512
+BLOCK_N = 32  # positions per tile
+#: Launch options of ``_lloyd_kernel``: 4 warps for C <= 128 (measured fastest on an H100 and an
+#: H200, benchmarks/results/clustering_*.md), 8 above so the 256-centroid tile does not spill.
+LLOYD_OPTIONS = {"num_warps": 4, "num_stages": 1}
+LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
+UPDATE_BLOCK_C = 32
 
 
 @triton.jit
-def _popcount32(x):
-    """Set bits of each element of a uint32 tensor (SWAR, plain integer ops)."""
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F
-    x = x + (x >> 8)
-    x = x + (x >> 16)
-    return (x & 0x3F).to(tl.int32)
-
-
-@triton.jit
-def _halves(code):
-    """Non-negative int64 codes -> (low, high) 32-bit halves as uint32."""
+def _bits01(code, offs_bits):
+    """``(M,)`` non-negative int64 codes -> ``(M, 64)`` int32 bits (0/1), in 32-bit arithmetic."""
     lo = (code & 0xFFFFFFFF).to(tl.uint32)
     hi = (code >> 32).to(tl.uint32)
-    return lo, hi
+    word = tl.where(offs_bits[None, :] < 32, lo[:, None], hi[:, None])
+    return ((word >> (offs_bits[None, :] & 31).to(tl.uint32)) & 1).to(tl.int32)
 
 
 @triton.jit
-def _kmeans_step_kernel(
+def _pm1_bits(code, offs_bits):
+    """``(M,)`` int64 codes -> ``(M, 64)`` fp16 bit vectors, set bits +1, clear bits -1."""
+    return (2 * _bits01(code, offs_bits) - 1).to(tl.float16)
+
+
+@triton.jit
+def _pack_bits(bits, offs_bits):
+    """``(M, 64)`` 0/1 (or bool) -> ``(M,)`` int64 codes, packed as two 32-bit halves."""
+    power = (tl.full((64,), 1, dtype=tl.uint32) << (offs_bits & 31).to(tl.uint32))[None, :]
+    lo = tl.sum(tl.where((bits != 0) & (offs_bits[None, :] < 32), power, 0), axis=1)
+    hi = tl.sum(tl.where((bits != 0) & (offs_bits[None, :] >= 32), power, 0), axis=1)
+    return lo.to(tl.int64) | (hi.to(tl.int64) << 32)
+
+
+@triton.jit
+def _lloyd_kernel(
     codes_ptr, cent_ptr, len_ptr, ceff_ptr, assign_ptr, ones_ptr, counts_ptr,
-    H, N, C, SPAN, BITMASK,
-    ACCUMULATE_BITS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_BITS: tl.constexpr,
+    H, N, C, SPAN, BITMASK, BITS, PASSES,
+    IN_KERNEL: tl.constexpr, ACCUMULATE: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    """Lloyd sweeps over the span ``[pid_s * SPAN, +SPAN)`` of sequence ``pid_bh``.
+
+    ``IN_KERNEL``: the program owns the whole sequence and runs ``PASSES`` sweeps
+    (the iterations, then the final assignment), updating the centroids in registers;
+    it writes the assignments and the counts. Otherwise one sweep: ``ACCUMULATE``
+    adds members and set bits into ``counts``/``ones`` (int32 atomics) for
+    ``_update_kernel``; without it, the final assignment (and the counts).
+    """
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
     b = pid_bh // H
@@ -91,90 +125,93 @@ def _kmeans_step_kernel(
     crow = pid_bh.to(tl.int64) * C
     start = pid_s * SPAN
     stop = tl.minimum(start + SPAN, N)
+    valid_stop = tl.minimum(stop, length)
 
-    # Phase A: nearest used centroid of every position in [start, stop).
-    for n0 in range(start, stop, BLOCK_N):
+    offs_c = tl.arange(0, BLOCK_C)
+    in_c = offs_c < C
+    offs_bits = tl.arange(0, 64)
+    # Bit 63 of a code is always clear (bits <= 63), so its column is free for two constants:
+    # in the distance product the codes carry +1 there and each centroid its bias, -c/256 for
+    # a used centroid c (exact in fp16 and fp32) and -4096 for an unused one; the largest
+    # score is then the nearest used centroid, the lowest index among equals, and its
+    # fraction names it. In the accumulated bit matrix the column carries 1: the member counts.
+    bias_column = offs_bits[None, :] == 63
+    bias = tl.where(offs_c < c_eff, -offs_c.to(tl.float32) / 256.0, -4096.0)
+
+    # Padded positions of the span: -1, once.
+    for n0 in range(tl.maximum(start, valid_stop), stop, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < stop
-        code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
-        code_lo, code_hi = _halves(code)
-        best = tl.full((BLOCK_N,), 1 << 30, dtype=tl.int32)
-        best_c = tl.zeros((BLOCK_N,), dtype=tl.int32)
-        for c0 in range(0, C, BLOCK_C):
-            offs_c = c0 + tl.arange(0, BLOCK_C)
-            used = offs_c < c_eff
-            cent = tl.load(cent_ptr + crow + offs_c, mask=used, other=0) & BITMASK
-            cent_lo, cent_hi = _halves(cent)
-            dist = (_popcount32(code_lo[:, None] ^ cent_lo[None, :])
-                    + _popcount32(code_hi[:, None] ^ cent_hi[None, :]))
-            # One min-reduction finds the nearest centroid and, among equals, the lowest
-            # index: key = distance * 2^16 + index within the chunk (distance <= 63).
-            key = tl.where(used[None, :], dist * 65536 + tl.arange(0, BLOCK_C)[None, :], 1 << 30)
-            chunk_key = tl.min(key, axis=1)
-            better = chunk_key < best  # strict: earlier (lower) chunks win ties
-            best_c = tl.where(better, (chunk_key & 65535) + c0, best_c)
-            best = tl.where(better, chunk_key - (chunk_key & 65535), best)
-        valid = offs_n < length
-        tl.store(assign_ptr + row + offs_n, tl.where(valid, best_c, -1).to(tl.int64), mask=mask_n)
+        tl.store(assign_ptr + row + offs_n, tl.full((BLOCK_N,), -1, tl.int64), mask=offs_n < stop)
 
-    # Phase B reads assignments written by other threads of this program.
-    tl.debug_barrier()
-
-    # Phase B: per centroid chunk, member counts (and set-bit counts) of this span.
-    offs_bits = tl.arange(0, BLOCK_BITS)
-    for c0 in range(0, C, BLOCK_C):
-        offs_c = c0 + tl.arange(0, BLOCK_C)
-        mask_c = offs_c < C
-        cnt = tl.zeros((BLOCK_C,), dtype=tl.int32)
-        acc = tl.zeros((BLOCK_C, BLOCK_BITS), dtype=tl.float32)
-        for n0 in range(start, stop, BLOCK_N):
+    cent = tl.load(cent_ptr + crow + offs_c, mask=in_c, other=0) & BITMASK  # (BLOCK_C,) int64
+    acc = tl.zeros((BLOCK_C, 64), dtype=tl.float32)
+    for _ in range(PASSES):
+        cent_pm = 2 * _bits01(cent, offs_bits) - 1
+        cent_t = tl.trans(tl.where(bias_column, bias[:, None], cent_pm.to(tl.float32)).to(tl.float16))
+        acc = tl.zeros((BLOCK_C, 64), dtype=tl.float32)
+        for n0 in range(start, valid_stop, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < stop
-            a = tl.load(assign_ptr + row + offs_n, mask=mask_n, other=-1)
-            onehot = (a[:, None] == offs_c[None, :].to(tl.int64)) & mask_n[:, None]
-            cnt += tl.sum(onehot.to(tl.int32), axis=0)
-            if ACCUMULATE_BITS:
-                code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
-                bit = ((code[:, None] >> offs_bits[None, :].to(tl.int64)) & 1).to(tl.float16)
-                acc = tl.dot(tl.trans(onehot.to(tl.float16)), bit, acc)
-        tl.atomic_add(counts_ptr + crow + offs_c, cnt, mask=mask_c)
-        if ACCUMULATE_BITS:
-            ones_ptrs = ones_ptr + (crow + offs_c[:, None]) * BLOCK_BITS + offs_bits[None, :]
-            tl.atomic_add(ones_ptrs, acc.to(tl.int32), mask=mask_c[:, None])
+            mask_n = offs_n < valid_stop
+            code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
+            bits = _bits01(code, offs_bits)  # (BLOCK_N, 64), column 63 clear
+            score = tl.dot(tl.where(bias_column, 1, 2 * bits - 1).to(tl.float16), cent_t)
+            top = tl.max(score, axis=1)  # integer score - best / 256: exact
+            best = (-top * 256.0).to(tl.int32) & 255
+            tl.store(assign_ptr + row + offs_n, best.to(tl.int64), mask=mask_n)
+            onehot = ((score == top[:, None]) & mask_n[:, None]).to(tl.float16)
+            acc = tl.dot(tl.trans(onehot), tl.where(bias_column, 1, bits).to(tl.float16), acc)
+        ones = acc.to(tl.int32)
+        if IN_KERNEL:
+            # Strict per-bit majority of each non-empty cluster; empty ones keep theirs.
+            cnt = tl.sum(tl.where(bias_column, ones, 0), axis=1)
+            majority = (2 * ones > cnt[:, None]) & (offs_bits[None, :] < BITS)
+            cent = tl.where(cnt > 0, _pack_bits(majority, offs_bits), cent)
+    ones = acc.to(tl.int32)
+    cnt = tl.sum(tl.where(bias_column, ones, 0), axis=1)
+    if IN_KERNEL:
+        tl.store(counts_ptr + crow + offs_c, cnt, mask=in_c)
+    else:
+        tl.atomic_add(counts_ptr + crow + offs_c, cnt, mask=in_c)
+        if ACCUMULATE:
+            ones_ptrs = ones_ptr + (crow + offs_c[:, None]) * 64 + offs_bits[None, :]
+            tl.atomic_add(ones_ptrs, ones, mask=in_c[:, None] & (offs_bits[None, :] < 63))
 
 
 @triton.jit
-def _kmeans_update_kernel(
+def _update_kernel(
     cent_ptr, ones_ptr, counts_ptr,
     C, BITS,
-    BLOCK_C: tl.constexpr, BLOCK_BITS: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):
+    """Strict per-bit majority of the accumulated sweep; zeroes the accumulators."""
     pid_bh = tl.program_id(0)
     pid_c = tl.program_id(1)
     crow = pid_bh.to(tl.int64) * C
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs_bits = tl.arange(0, BLOCK_BITS)
+    offs_bits = tl.arange(0, 64)
     mask_c = offs_c < C
-    ones_ptrs = ones_ptr + (crow + offs_c[:, None]) * BLOCK_BITS + offs_bits[None, :]
+    ones_ptrs = ones_ptr + (crow + offs_c[:, None]) * 64 + offs_bits[None, :]
     ones = tl.load(ones_ptrs, mask=mask_c[:, None], other=0)
     cnt = tl.load(counts_ptr + crow + offs_c, mask=mask_c, other=0)
     old = tl.load(cent_ptr + crow + offs_c, mask=mask_c, other=0)
 
     majority = (2 * ones > cnt[:, None]) & (offs_bits[None, :] < BITS)
-    powers = tl.full((BLOCK_BITS,), 1, dtype=tl.int64) << offs_bits.to(tl.int64)
-    new = tl.sum(tl.where(majority, powers[None, :], 0), axis=1)
-    tl.store(cent_ptr + crow + offs_c, tl.where(cnt > 0, new, old), mask=mask_c)
-    tl.store(ones_ptrs, tl.zeros((BLOCK_C, BLOCK_BITS), dtype=tl.int32), mask=mask_c[:, None])
+    tl.store(cent_ptr + crow + offs_c, tl.where(cnt > 0, _pack_bits(majority, offs_bits), old), mask=mask_c)
+    tl.store(ones_ptrs, tl.zeros((BLOCK_C, 64), dtype=tl.int32), mask=mask_c[:, None])
     tl.store(counts_ptr + crow + offs_c, tl.zeros((BLOCK_C,), dtype=tl.int32), mask=mask_c)
 
 
-# Step-kernel tiles: (BLOCK_N, BLOCK_C) = (32, 32) with 4 warps and no software
-# pipelining compiles to 79 registers and no spills for sm_90 (ptxas resource report);
-# (64, 64) needed 255 registers and spilled. The update kernel's tile is 32 x 64 bits.
-STEP_BLOCK_N = 32
-STEP_BLOCK_C = 32
-UPDATE_BLOCK_C = 32
-STEP_OPTIONS = {"num_warps": 4, "num_stages": 1}
+def block_c(clusters: int) -> int:
+    """The centroid tile of ``clusters`` centroids: the next power of two, at least 16."""
+    return max(16, triton.next_power_of_2(clusters))
+
+
+def spans_per_sequence(sequences: int, length: int) -> int:
+    """Programs per sequence: 1 from ``ONE_LAUNCH_FROM`` sequences, else about ``FILL_PROGRAMS``
+    programs in all, each span at least ``MIN_SPAN`` positions."""
+    if sequences >= ONE_LAUNCH_FROM:
+        return 1
+    return max(1, min(triton.cdiv(length, MIN_SPAN), triton.cdiv(FILL_PROGRAMS, sequences)))
 
 
 @torch.no_grad()
@@ -186,6 +223,7 @@ def hamming_kmeans(
     generator: torch.Generator | None = None,
     *,
     bits: int = MAX_BITS,
+    spans: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K-means in Hamming space on ``(B, H, N)`` int64 hash codes (Triton).
 
@@ -193,18 +231,19 @@ def hamming_kmeans(
         codes: ``(B, H, N)`` int64 codes; only the low ``bits`` bits are used.
         lengths: ``(B,)`` valid lengths, or ``None`` (all valid).
         clusters: ``C >= 1`` centroids; a sequence shorter than ``C`` uses one
-            centroid per valid position.
+            centroid per valid position. ``C > MAX_CLUSTERS`` runs the reference.
         iterations: Lloyd iterations ``>= 0``.
         generator: unused (the initialisation is deterministic); kept so every
             backend shares one signature.
         bits: significant low bits of each code, ``1..63``.
+        spans: programs per sequence (``None``: :func:`spans_per_sequence`); 1 runs
+            every iteration in one launch. For tests and benchmarks.
 
     Returns:
         ``assignments`` ``(B, H, N)`` int64 in ``[0, C)`` (``-1`` for padded
         positions) and ``counts`` ``(B, H, C)`` int64, equal to the reference's.
     """
-    del generator
-    require_triton("hamming_kmeans", codes.device, kernels_interpreted(_kmeans_step_kernel))
+    require_triton("hamming_kmeans", codes.device, kernels_interpreted(_lloyd_kernel))
     if clusters < 1:
         raise ValueError(f"hamming_kmeans: clusters={clusters}; expected >= 1")
     if iterations < 0:
@@ -215,6 +254,8 @@ def hamming_kmeans(
         raise ValueError(
             f"hamming_kmeans: codes must be (B, H, N) int64, got {tuple(codes.shape)} {codes.dtype}"
         )
+    if clusters > MAX_CLUSTERS:
+        return reference.hamming_kmeans(codes, lengths, clusters, iterations, generator, bits=bits)
     B, H, N = codes.shape
     C = clusters
     device = codes.device
@@ -232,27 +273,34 @@ def hamming_kmeans(
     codes = codes.contiguous()
     centroids, c_eff = initial_centroids(codes, lens, C)
 
-    block_n, block_c, block_c_update = STEP_BLOCK_N, STEP_BLOCK_C, UPDATE_BLOCK_C
-    span = triton.cdiv(min(N, SPAN_TARGET), block_n) * block_n
-    grid_step = (B * H, triton.cdiv(N, span))
-    grid_update = (B * H, triton.cdiv(C, block_c_update))
+    programs = spans or spans_per_sequence(B * H, N)
+    span = triton.cdiv(triton.cdiv(N, programs), BLOCK_N) * BLOCK_N
+    programs = triton.cdiv(N, span)
     bitmask = (1 << bits) - 1
+    tile = {"BLOCK_N": BLOCK_N, "BLOCK_C": block_c(C),
+            **(LLOYD_OPTIONS if block_c(C) <= 128 else LLOYD_OPTIONS_WIDE)}
 
     assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
     counts = torch.zeros((B, H, C), dtype=torch.int32, device=device)
-    ones = torch.zeros((B, H, C, 64), dtype=torch.int32, device=device) if iterations else counts
+    args = (codes, centroids, lens, c_eff, assign)
+    if programs == 1:
+        _lloyd_kernel[(B * H, 1)](
+            *args, counts, counts, H, N, C, span, bitmask, bits, iterations + 1,
+            IN_KERNEL=True, ACCUMULATE=False, **tile,
+        )
+        return assign, counts.to(torch.int64)
+    ones = torch.zeros((B, H, C, 64), dtype=torch.int32, device=device)
+    grid = (B * H, programs)
     for _ in range(iterations):
-        _kmeans_step_kernel[grid_step](
-            codes, centroids, lens, c_eff, assign, ones, counts,
-            H, N, C, span, bitmask,
-            ACCUMULATE_BITS=True, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_BITS=64, **STEP_OPTIONS,
+        _lloyd_kernel[grid](
+            *args, ones, counts, H, N, C, span, bitmask, bits, 1,
+            IN_KERNEL=False, ACCUMULATE=True, **tile,
         )
-        _kmeans_update_kernel[grid_update](
-            centroids, ones, counts, C, bits, BLOCK_C=block_c_update, BLOCK_BITS=64,
+        _update_kernel[(B * H, triton.cdiv(C, UPDATE_BLOCK_C))](
+            centroids, ones, counts, C, bits, BLOCK_C=UPDATE_BLOCK_C,
         )
-    _kmeans_step_kernel[grid_step](
-        codes, centroids, lens, c_eff, assign, ones, counts,
-        H, N, C, span, bitmask,
-        ACCUMULATE_BITS=False, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_BITS=64, **STEP_OPTIONS,
+    _lloyd_kernel[grid](
+        *args, ones, counts, H, N, C, span, bitmask, bits, 1,
+        IN_KERNEL=False, ACCUMULATE=False, **tile,
     )
     return assign, counts.to(torch.int64)

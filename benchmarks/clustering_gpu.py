@@ -1,0 +1,219 @@
+"""The clustering step on a GPU: no host synchronisation, K-means timed, each op against its floor.
+
+    python benchmarks/clustering_gpu.py                                   # CUDA, about a minute
+    python benchmarks/clustering_gpu.py --baseline other/triton_kmeans.py # A/B against another K-means
+
+1. **No synchronisation.** Forward and backward of ``clustered-100`` and ``i-clustered-100``
+   (bf16, padded batch, lengths on the GPU) under ``torch.cuda.set_sync_debug_mode("error")``,
+   after one warm-up call (Triton compiles there): any ``.item()``, ``nonzero()`` or
+   device-to-host copy in the path raises, and the row says where.
+2. **Hamming K-means** (``fastasr.kernels.triton_kmeans``) at 65,536 tokens a call (``B = 65536
+   // N``, N = 800 has 81 sequences), 6 heads, C = 100, 10 iterations, random 63-bit codes, the
+   last sequence at 3/4 N: the launcher's own choice of programs per sequence, and every iteration
+   in one launch (``spans=1``) forced; ``--baseline FILE`` adds another implementation of the same
+   signature, loaded from a file. Each is first checked equal to the PyTorch reference. Median of
+   ``--repeats`` CUDA-event timings.
+3. **The whole attention call** (forward + backward, bf16, 6 × 32, 65,536 tokens) of both
+   variants per N, and torch.profiler's largest CUDA kernels of one i-clustered-100 call at N =
+   4,096: where the rest of the time goes.
+
+Writes ``benchmarks/results/clustering_<gpu>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+import torch  # noqa: E402
+
+from fastasr.attention import build_attention  # noqa: E402
+from fastasr.kernels import reference, triton_kmeans  # noqa: E402
+
+TOKENS = 65536
+HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10
+
+
+def cuda_ms(fn, repeats: int) -> float:
+    """Median milliseconds of ``fn()`` over ``repeats`` CUDA-event timings after two warm-ups."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def batch_shape(n: int) -> tuple[int, torch.Tensor]:
+    b = max(1, round(TOKENS / n))
+    lengths = torch.full((b,), n, dtype=torch.int64)
+    lengths[-1] = max(1, 3 * n // 4)
+    return b, lengths.cuda()
+
+
+def attention_inputs(n: int, requires_grad: bool = True):
+    b, lengths = batch_shape(n)
+    g = torch.Generator(device="cuda").manual_seed(n)
+    make = lambda: torch.randn(b, HEADS, n, DIM, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+    q, k, v = (make().requires_grad_(requires_grad) for _ in range(3))
+    return q, k, v, lengths
+
+
+def attention_call(attn, q, k, v, lengths):
+    out = attn(q, k, v, lengths)
+    out.backward(torch.ones_like(out))
+
+
+def sync_check(lines: list[str]) -> bool:
+    lines += ["## No host synchronisation in forward + backward", "",
+              "| attention | N × B | result |", "|---|---|---|"]
+    ok = True
+    for spec in ("clustered-100", "i-clustered-100"):
+        attn = build_attention(spec, seed=0).cuda()
+        q, k, v, lengths = attention_inputs(4096)
+        attention_call(attn, q, k, v, lengths)  # warm-up: Triton compiles
+        torch.cuda.synchronize()
+        try:
+            torch.cuda.set_sync_debug_mode("error")
+            attention_call(attn, q, k, v, lengths)
+            result = "no synchronisation"
+        except RuntimeError as exc:
+            ok = False
+            result = f"**synchronises**: {str(exc).splitlines()[0][:160]}"
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        lines.append(f"| {spec} | 4096 × {q.shape[0]} | {result} |")
+        print(spec, result, flush=True)
+    return ok
+
+
+def load_baseline(path: Path):
+    spec = importlib.util.spec_from_file_location("baseline_kmeans", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.hamming_kmeans
+
+
+def with_tile(block_n: int, warps: int, **kwargs):
+    """K-means with another tile (``BLOCK_N`` positions, ``warps`` warps) than the launcher's."""
+    def run(codes, lengths):
+        saved = triton_kmeans.BLOCK_N, triton_kmeans.LLOYD_OPTIONS
+        triton_kmeans.BLOCK_N, triton_kmeans.LLOYD_OPTIONS = block_n, {**saved[1], "num_warps": warps}
+        try:
+            return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, **kwargs)
+        finally:
+            triton_kmeans.BLOCK_N, triton_kmeans.LLOYD_OPTIONS = saved
+    return run
+
+
+def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path | None,
+                 tiles: list[str]) -> None:
+    impls = {"auto": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS),
+             "one launch": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS, spans=1)}
+    for tile in tiles:
+        block_n, warps = map(int, tile.split(":"))
+        impls[f"auto, tile {block_n} × {warps} warps"] = with_tile(block_n, warps)
+    if baseline is not None:
+        base = load_baseline(baseline)
+        impls[f"baseline ({baseline.name})"] = lambda c, n: base(c, n, CLUSTERS, ITERATIONS)
+    lines += ["", f"## Hamming K-means, {TOKENS:,} tokens a call, {HEADS} heads, C = {CLUSTERS}, "
+              f"{ITERATIONS} iterations (ms, median of {repeats}; the launcher's tile: "
+              f"{triton_kmeans.BLOCK_N} positions, {triton_kmeans.LLOYD_OPTIONS['num_warps']} warps)", "",
+              "| N × B | spans (auto) | " + " | ".join(impls) + " |",
+              "|---|---:|" + "---:|" * len(impls)]
+    for n in ns:
+        b, lengths = batch_shape(n)
+        g = torch.Generator(device="cuda").manual_seed(n)
+        codes = torch.randint(0, 2**63 - 1, (b, HEADS, n), device="cuda", generator=g)
+        want = reference.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS)
+        cells = []
+        for fn in impls.values():
+            got = fn(codes, lengths)
+            if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
+                cells.append("**differs from the reference**")
+                continue
+            cells.append(f"{cuda_ms(lambda fn=fn, c=codes, n=lengths: fn(c, n), repeats):.3f}")
+        spans = triton_kmeans.spans_per_sequence(b * HEADS, n)
+        lines.append(f"| {n} × {b} | {spans} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+
+
+def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
+    specs = ("clustered-100", "i-clustered-100")
+    lines += ["", f"## Attention call, forward + backward, bf16, {HEADS} × {DIM}, {TOKENS:,} tokens "
+              f"(ms, median of {repeats})", "", "| N × B | " + " | ".join(specs) + " |",
+              "|---|" + "---:|" * len(specs)]
+    for n in ns:
+        q, k, v, lengths = attention_inputs(n)
+        cells = []
+        for spec in specs:
+            attn = build_attention(spec, seed=0).cuda()
+            call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
+            cells.append(f"{cuda_ms(call, repeats):.2f}")
+        lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+
+
+def profile(lines: list[str], spec: str, n: int) -> None:
+    attn = build_attention(spec, seed=0).cuda()
+    q, k, v, lengths = attention_inputs(n)
+    for _ in range(2):
+        attention_call(attn, q, k, v, lengths)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        attention_call(attn, q, k, v, lengths)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
+    lines += ["", f"## Largest CUDA kernels of one {spec} call (forward + backward), N = {n}", "",
+              "```", table, "```"]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ns", type=int, nargs="+", default=[800, 1024, 3200, 4096, 16384, 65536])
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--baseline", type=Path, default=None, help="a file defining hamming_kmeans, timed beside")
+    p.add_argument("--tiles", nargs="*", default=[],
+                   help="other K-means tiles to time, BLOCK_N:WARPS (e.g. 64:8)")
+    p.add_argument("--skip-attention", action="store_true", help="K-means only")
+    p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("clustering_gpu.py: no CUDA GPU", file=sys.stderr)
+        return 2
+    gpu = torch.cuda.get_device_name(0)
+    import triton
+
+    lines = [f"# The clustering step on {gpu}", "",
+             f"`python benchmarks/clustering_gpu.py`: {datetime.date.today()}, commit "
+             f"{os.environ.get('FASTASR_COMMIT') or bench_io.git_commit(ROOT)}, torch {torch.__version__}, "
+             f"triton {triton.__version__}, {torch.cuda.get_device_properties(0).multi_processor_count} SMs.", ""]
+    ok = sync_check(lines)
+    kmeans_table(lines, args.ns, args.repeats, args.baseline, args.tiles)
+    if not args.skip_attention:
+        attention_table(lines, [n for n in args.ns if n != 800], max(5, args.repeats // 2))
+        profile(lines, "i-clustered-100", 4096)
+    slug = bench_io.slugify(gpu)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / f"clustering_{slug}.md"
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
