@@ -233,3 +233,21 @@ def test_null_sample_rate_is_the_training_audio_rate(tiny_corpus, tmp_path):
     dm16 = make_dm(tiny_corpus, features={"num_mel_bins": 40, "sample_rate": None})
     dm16.setup("fit")
     assert dm16.feature_config.sample_rate == 16000
+
+
+def test_duration_bounds_warn_when_they_drop_much_of_the_audio(tiny_corpus, caplog):
+    """A bound that drops over 5 % of the training audio is a warning naming the keys; a few
+    outliers are an info line. The manifest config keeps utterances up to 40 s (LibriSpeech's)."""
+    durations = sorted(json.loads(line)["duration"] for line in open(tiny_corpus / "train.jsonl"))
+    with caplog.at_level(logging.INFO, logger="fastasr.data.datamodule"):
+        make_dm(tiny_corpus, max_duration=durations[len(durations) // 2]).setup("fit")
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "outside" in r.getMessage()]
+    assert len(warned) == 1 and "data.max_duration" in warned[0].getMessage()
+    assert "% of the audio" in warned[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="fastasr.data.datamodule"):
+        make_dm(tiny_corpus, max_duration=durations[-1] - 1e-3).setup("fit")  # the longest one only
+    dropped = [r for r in caplog.records if "outside" in r.getMessage()]
+    share = durations[-1] / sum(durations)
+    assert len(dropped) == 1 and dropped[0].levelno == (logging.WARNING if share > 0.05 else logging.INFO)
+    assert OmegaConf.load(CONF / "data" / "manifest.yaml").max_duration == 40.0

@@ -55,6 +55,9 @@ from fastasr.data.tokenizer import KINDS, Tokenizer, UnknownUnitError
 
 log = logging.getLogger(__name__)
 
+#: Share of the training audio that ``min_duration``/``max_duration`` may drop before a warning.
+DROPPED_AUDIO_WARNING = 0.05
+
 
 def worker_init(worker_id: int) -> None:
     """Every dataloader worker ignores SIGTERM. A scheduler (SLURM, Kubernetes) sends it to every
@@ -346,8 +349,16 @@ class ASRDataModule(pl.LightningDataModule):
             hi = self.max_duration if self.max_duration is not None else math.inf
             in_range = [u for u in train if lo <= u.duration <= hi]
             if len(in_range) < len(train):
-                log.info("train: dropped %d of %d utterances outside [%s, %s] s",
-                         len(train) - len(in_range), len(train), lo, hi)
+                dropped_s = sum(u.duration for u in train) - sum(u.duration for u in in_range)
+                share = dropped_s / max(sum(u.duration for u in train), 1e-9)
+                message = (f"train: dropped {len(train) - len(in_range)} of {len(train)} utterances outside "
+                           f"[{lo}, {hi}] s ({share:.0%} of the audio)")
+                if share > DROPPED_AUDIO_WARNING:
+                    log.warning("%s: set data.min_duration / data.max_duration to keep them (longer "
+                                "utterances cost memory and time a batch; data.max_duration=null keeps all)",
+                                message)
+                else:
+                    log.info("%s", message)
             source = self._feature_source("train", train)
             utts, targets, refs = self._encode("train", in_range, ctc_filter=True, source=source)
             self.datasets["train"] = ASRDataset(utts, targets, refs, self.fbank, train=True, source=source)
