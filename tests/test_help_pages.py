@@ -1,4 +1,4 @@
-"""``train.py --help`` and ``evaluate.py --help`` describe the command, list the config groups
+"""``train.py --help``, ``evaluate.py --help`` and ``python -m fastasr.transcribe --help`` describe the command, list the config groups
 with their options and the most used keys with a line each and this command's values
 (conf/hydra/help/; issue #38)."""
 
@@ -28,20 +28,22 @@ def _keys(help_text: str) -> list[str]:
     ("train.py", "train", ["name", "ckpt_path", "attention", "model.layers", "optim.lr", "trainer.max_time",
                            "data.train_manifest", "data.dev_manifest", "data.test_manifest", "tokenizer"]),
     ("evaluate.py", "evaluate", ["ckpt_path", "data.test_manifest", "attention", "decoding", "progress"]),
+    ("-m fastasr.transcribe", "transcribe", ["ckpt_path", "audio", "decoding", "attention", "device",
+                                              "long_form.mode", "output.srt"]),
 ])
 def test_help_lists_the_groups_and_the_most_used_keys(script, config, expected):
-    done = run(script, "attention=i_clustered", "--help")
+    done = run(*script.split(), "attention=i_clustered", "--help")
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert "powered by Hydra" not in text  # not Hydra's stock page
-    assert text.startswith(f"{script}: ")
+    assert text.startswith(f"{script.removeprefix('-m ')}: ")
     listing = text.split("== Config groups", 1)[1].split("\n", 1)[1].split("== Most used keys")[0]
     groups = dict(line.split(": ", 1) for line in listing.splitlines() if ": " in line)
     assert "i_clustered" in groups["attention"].split(", ") and "beam_lm" in groups["decoding"].split(", ")
     keys = _keys(text)
     assert set(expected) <= set(keys), keys
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config, overrides=["attention=i_clustered", "decoding=beam_lm" if config == "evaluate"
+        cfg = compose(config, overrides=["attention=i_clustered", "decoding=beam_lm" if config != "train"
                                          else "final_decoding=beam_lm"])
     for key in keys:  # every key the page names is one of the config: a renamed key fails here
         parent, _, leaf = key.rpartition(".")
