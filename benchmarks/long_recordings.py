@@ -112,7 +112,7 @@ def _attention(name: str):
 
 def _score(recogniser, refs: list[Utterance], hyps: list) -> dict:
     """Unit (PER/CER) and word error rates of transcriptions against references (corpus-level)."""
-    from fastasr.decoding.lexicon import words_of
+    from fastasr.data.lexicon import words_of
     from fastasr.decoding.metrics import align
 
     tok = recogniser.tokenizer

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from fastasr.data.lexicon import Lexicon, spelling_lexicon
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
 from fastasr.decoding.builder import build_decoder
 from fastasr.decoding.greedy import GreedyDecoder
-from fastasr.decoding.lexicon import Lexicon, spelling_lexicon
 from fastasr.decoding.transcribe import Emission
 from fastasr.decoding.tune import grid_search
 from fastasr.lm import estimate, write_arpa
@@ -150,7 +150,7 @@ HOMOPHONES_SCRIPT = """
 import sys
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.beam import BeamSearchDecoder
-from fastasr.decoding.lexicon import Lexicon
+from fastasr.data.lexicon import Lexicon
 sys.path.insert(0, {tests!r})
 from test_beam_search import PHONES, frames
 lex = Lexicon()

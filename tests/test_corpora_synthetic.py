@@ -8,7 +8,7 @@ import re
 import pytest
 import soundfile as sf
 
-from fastasr.corpora import lexicon, synthetic
+from fastasr.corpora import lexicon, speaking, synthetic
 from fastasr.corpora.espeak import Espeak, normalize_phoneme
 from fastasr.corpora.marker import MARKER
 from fastasr.data.manifest import read_manifest
@@ -23,7 +23,7 @@ def test_lexicon_has_at_least_1000_plain_words():
 
 
 def test_voices_of_splits_are_disjoint():
-    train, dev, test = (set(synthetic.voices(s)) for s in synthetic.SPLITS)
+    train, dev, test = (set(speaking.voices(s)) for s in speaking.SPLITS)
     assert not train & test and not train & dev and not dev & test
     assert len(train) >= 8 and len(test) >= 4
     # several accents and male/female variants everywhere
@@ -50,11 +50,11 @@ def test_espeak_phonemize_units():
 def test_tiny_corpus_manifests(tiny_corpus):
     counts = json.loads((tiny_corpus / MARKER).read_text())["counts"]
     speakers = {}
-    for split in synthetic.SPLITS:
+    for split in speaking.SPLITS:
         utts = read_manifest(tiny_corpus / f"{split}.jsonl", on_error="raise")
         assert len(utts) == counts[split]
         speakers[split] = {u.speaker for u in utts}
-        assert speakers[split] <= set(synthetic.voices(split))
+        assert speakers[split] <= set(speaking.voices(split))
         for u in utts:
             info = sf.info(u.audio_filepath)
             assert info.samplerate == 16000 and info.channels == 1 and info.subtype == "PCM_16"

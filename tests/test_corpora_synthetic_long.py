@@ -11,7 +11,7 @@ import soundfile as sf
 from hydra import compose, initialize_config_dir
 
 from fastasr.config import CONFIG_DIR
-from fastasr.corpora import synthetic, synthetic_long
+from fastasr.corpora import speaking, synthetic, synthetic_long
 from fastasr.corpora.espeak import Espeak
 from fastasr.corpora.marker import MARKER
 from fastasr.data.manifest import read_manifest
@@ -32,12 +32,12 @@ def test_durations_speakers_and_phonemes(long_corpus):
     assert marker["durations"] == [10.0, 40.0] and marker["counts"] == LONG_COUNTS
     es = Espeak()
     speakers = {}
-    for split in synthetic.SPLITS:
+    for split in speaking.SPLITS:
         records = [json.loads(line) for line in (long_corpus / f"{split}.jsonl").read_text().splitlines()]
         utts = read_manifest(long_corpus / f"{split}.jsonl", on_error="raise")
         assert len(utts) == len(records) == LONG_COUNTS[split]
         speakers[split] = {u.speaker for u in utts}
-        assert speakers[split] <= set(synthetic.voices(split))
+        assert speakers[split] <= set(speaking.voices(split))
         for u, rec in zip(utts, records, strict=True):
             info = sf.info(u.audio_filepath)
             assert info.samplerate == 16000 and info.channels == 1 and info.subtype == "PCM_16"
@@ -50,7 +50,7 @@ def test_durations_speakers_and_phonemes(long_corpus):
             for n in counts:
                 sentences.append(" ".join(words[:n]))
                 words = words[n:]
-            voice = synthetic.espeak_voice_name(u.speaker)
+            voice = speaking.espeak_voice_name(u.speaker)
             expected = " | ".join(" | ".join(" ".join(w) for w in es.phonemize(s, voice)) for s in sentences)
             assert u.phonemes == expected
             assert not re.search("[ˈˌ]", u.phonemes) and "|  |" not in u.phonemes

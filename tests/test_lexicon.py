@@ -5,9 +5,7 @@ from collections import Counter
 
 import pytest
 
-from fastasr.data.tokenizer import Tokenizer
-from fastasr.decoding.builder import build_lexicon, resolve_source
-from fastasr.decoding.lexicon import (
+from fastasr.data.lexicon import (
     Lexicon,
     cmudict_lexicon,
     lexicon_from_manifests,
@@ -15,6 +13,8 @@ from fastasr.decoding.lexicon import (
     spelling_lexicon,
     write_lexicon,
 )
+from fastasr.data.tokenizer import Tokenizer
+from fastasr.decoding.builder import build_lexicon, resolve_source
 
 
 def write_manifest(path, rows):
@@ -43,8 +43,8 @@ def test_variants_are_counted_and_mismatches_reported(tmp_path):
 
 
 def test_words_are_the_char_tokenizers_word_space():
+    from fastasr.data.lexicon import words_of
     from fastasr.data.tokenizer import units_of
-    from fastasr.decoding.lexicon import words_of
 
     text = "The  Cat\tsat"
     assert words_of(text) == ["the", "cat", "sat"]

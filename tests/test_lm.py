@@ -120,7 +120,7 @@ def test_build_command_opens_the_vocabulary_with_frequent_words(tmp_path, capsys
     assert added and all(set(w) <= letters for w in added)  # e.g. "and", "to", "that"
     assert "words not in the training text" in printed and f"{len(added)} words" in printed
     assert arpa.log10_prob("to", ["the"]) > arpa.log10_prob("zebra", ["the"])  # a frequent word beats <unk>
-    from fastasr.decoding.lexicon import read_lexicon
+    from fastasr.data.lexicon import read_lexicon
 
     spelt = read_lexicon(lex)
     assert set(spelt.entries) == vocab - {"<s>", "</s>", "<unk>"}

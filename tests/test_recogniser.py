@@ -17,9 +17,9 @@ from recogniser_fixtures import (
 )
 
 from fastasr.data.features import FeatureConfig
+from fastasr.data.lexicon import lexicon_from_manifests
 from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.decoding.lexicon import lexicon_from_manifests
 from fastasr.lm import BundledLM, estimate, write_arpa
 from fastasr.recogniser import (
     RECOGNISER_KEY,

@@ -12,8 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 from recogniser_fixtures import copy_train_manifest, phoneme_tokenizer, recogniser, save_checkpoint
 
+from fastasr.data.lexicon import lexicon_from_manifests
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.decoding.lexicon import lexicon_from_manifests
 from fastasr.lit import ASRLitModule
 from fastasr.lm import BundledLM, estimate, write_arpa
 from fastasr.recogniser import load_recogniser, with_decoding_data

@@ -18,7 +18,7 @@ from fastasr.attention import build_attention
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
 from fastasr.decoding.tune import tune
 from fastasr.evaluation import evaluate
-from fastasr.lm.__main__ import build as lm_build
+from fastasr.lm.build import build as lm_build
 from fastasr.recogniser import load_recogniser
 from fastasr.rundir import RunDir
 from fastasr.scoring import decode_manifest

@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from fastasr.attention import build_attention
+from fastasr.config import max_time_seconds
 from fastasr.data.augment import AugmentConfig
 from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.features import FeatureConfig
@@ -363,14 +364,12 @@ def _trained_for(saved: Mapping[str, Any] | None) -> dict[str, Any]:
 def _asks_for_more(cfg: DictConfig, saved: Mapping[str, Any] | None) -> bool:
     """Whether ``cfg`` trains longer than the run's saved config did: a larger
     ``trainer.max_epochs``, ``max_steps`` or ``max_time``."""
-    from fastasr.budget.members import max_time_seconds
-
     before, now = _trained_for(saved), _trained_for(_container(cfg))
 
     def seconds(value: Any) -> float | None:
         try:
             return None if value is None else max_time_seconds(value)
-        except Exception:  # BudgetError: not a wall-clock budget this can compare
+        except ValueError:  # not a wall-clock budget this can compare
             return None
 
     for key in ("max_epochs", "max_steps"):

@@ -54,12 +54,12 @@ from fastasr.checkpoint_migration import legacy_recogniser_state, split_attentio
 from fastasr.data.audio import BadAudioError
 from fastasr.data.bad_audio import SKIPPED_KEY
 from fastasr.data.features import FeatureConfig
+from fastasr.data.lexicon import Lexicon
 from fastasr.data.recordings import Recording, RecordingFeatures
 from fastasr.data.subword import WORD_START
 from fastasr.data.tokenizer import Tokenizer, unit_metric
 from fastasr.decoding.alignment import align_units, word_frames
 from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_source
-from fastasr.decoding.lexicon import Lexicon
 from fastasr.decoding.long_form import (
     LongFormConfig,
     long_form_log_probs,

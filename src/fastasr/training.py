@@ -35,6 +35,7 @@ from fastasr.decoding.tune import manifest_emissions, tune_recogniser
 from fastasr.derived_config import derive_train_config
 from fastasr.distributed import is_rank_zero_process, leave_process_group_at_exit
 from fastasr.lit import ASRLitModule
+from fastasr.lm.build import build as build_lm
 from fastasr.loggers import build_loggers, finish_wandb
 from fastasr.progress import show_progress
 from fastasr.recogniser import Recogniser, load_recogniser, with_decoding_data
@@ -219,8 +220,6 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
     :func:`~fastasr.decoding.tune.tune_recogniser` result with ``"decoding"`` (the chosen spec)
     ``"vocabularies"``: ``[{"frequent_words", "lexicon", "lm", "best", "points"}, ...]`` and
     ``"beam_size"`` (the grid's)."""
-    from fastasr.lm.__main__ import build as build_lm
-
     tuning = cfg.final_tuning
     sizes = [int(n) for n in (tuning.get("frequent_words") or [0])]
     if recogniser.tokenizer.kind != "char" and any(sizes):

@@ -12,7 +12,6 @@ test pass. Everything else (sizes, optimiser, schedule, batches) is the same for
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from fastasr import config
 from fastasr.budget.clock import TrainingClock
 from fastasr.derived_config import derive_train_config
 from fastasr.matrix.members import Member, train_member_model
@@ -36,20 +36,12 @@ class BudgetError(MatrixError):
 
 
 def max_time_seconds(value: Any, where: str = "budget.max_time") -> float:
-    """Seconds of a Lightning ``max_time``: ``"DD:HH:MM:SS"`` or a mapping of days, hours,
-    minutes, seconds. Raises :class:`BudgetError` for anything else."""
-    if isinstance(value, Mapping):
-        units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
-        unknown = set(value) - set(units)
-        if not unknown:
-            return float(sum(units[k] * float(v) for k, v in value.items()))
-    elif isinstance(value, str) and re.fullmatch(r"\d+:\d+:\d+:\d+(\.\d+)?", value.strip()):
-        d, h, m, s = value.strip().split(":")
-        seconds = int(d) * 86400 + int(h) * 3600 + int(m) * 60 + float(s)
-        if seconds > 0:
-            return seconds
-    raise BudgetError(f"{where}: {value!r}; expected a positive wall-clock budget \"DD:HH:MM:SS\" "
-                      "(e.g. \"00:00:20:00\") or {days, hours, minutes, seconds}")
+    """Seconds of a wall-clock budget (:func:`fastasr.config.max_time_seconds`); a bad one is a
+    :class:`BudgetError`."""
+    try:
+        return config.max_time_seconds(value, where)
+    except ValueError as err:
+        raise BudgetError(str(err)) from None
 
 
 @dataclass(frozen=True)

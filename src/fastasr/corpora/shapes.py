@@ -66,10 +66,18 @@ import numpy as np
 
 from fastasr.corpora import command
 from fastasr.corpora.command import write_split
+from fastasr.corpora.join import join_audio, joined_record
 from fastasr.corpora.marker import mark_complete, needs_build
 from fastasr.corpora.paths import CorpusLayoutError, require_dir
 from fastasr.corpora.skipped import Skipped
-from fastasr.data.manifest import Utterance
+from fastasr.corpora.speaking import colored_noise
+from fastasr.data.audio import BadAudioError, file_sample_rate, load_audio, write_wav
+from fastasr.data.augment import draw_seed, mix_at_snr
+from fastasr.data.features import Fbank
+from fastasr.data.manifest import Utterance, _check_line
+from fastasr.data.tokenizer import UnknownUnitError, normalize_text
+from fastasr.decoding import long_form
+from fastasr.decoding.alignment import align_units, ctc_min_frames, word_frames
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +99,6 @@ def read_corpus(src: str | Path) -> tuple[dict[str, list[Utterance]], dict[str, 
     (``fastasr.data.manifest``: JSON, fields, duration, the audio file's header). A bad line,
     or a second line with an id already seen in that split, is reported and skipped (counted in
     that split's ``Skipped``). A missing manifest is a ``CorpusLayoutError`` naming it."""
-    from fastasr.data.manifest import _check_line  # the one validation of a manifest line
 
     root = require_dir(src, LAYOUT)
     corpus: dict[str, list[Utterance]] = {}
@@ -126,7 +133,6 @@ def _source_hashes(src: Path) -> dict[str, str]:
 
 
 def _rng(seed: int, *parts: object) -> np.random.Generator:
-    from fastasr.data.augment import draw_seed
 
     return np.random.default_rng(draw_seed(seed, *parts))
 
@@ -233,8 +239,6 @@ def plan_long(durations: Sequence[float], speakers: Sequence[str | None], min_se
 
 
 def _long(corpus, out, seed, skipped, *, min_seconds=15.0, max_seconds=35.0, pause_s=(0.2, 0.6)):
-    from fastasr.corpora.join import join_audio, joined_record
-    from fastasr.data.audio import BadAudioError, write_wav
 
     records: dict[str, list[dict]] = {}
     for split in SPLITS:
@@ -267,7 +271,6 @@ def _long(corpus, out, seed, skipped, *, min_seconds=15.0, max_seconds=35.0, pau
 
 
 def _resample(corpus, out, seed, skipped, *, sample_rate=8000):
-    from fastasr.data.audio import BadAudioError, load_audio, write_wav
 
     if sample_rate < 1000:
         raise ValueError(f"--sample-rate {sample_rate}; expected a rate in Hz (>= 1000)")
@@ -345,7 +348,6 @@ def add_noise(speech: np.ndarray, snr_db: float, coloured: np.ndarray, babble: n
     Returns ``(mix float32, the scale applied)``."""
     import torch
 
-    from fastasr.data.augment import mix_at_snr
 
     noise = np.sqrt(1.0 - babble_share) * _unit_power(coloured)
     if babble is not None:
@@ -358,8 +360,6 @@ def add_noise(speech: np.ndarray, snr_db: float, coloured: np.ndarray, babble: n
 
 
 def _noisy(corpus, out, seed, skipped, *, snr_db=(5.0, 15.0), babble_talkers=3):
-    from fastasr.corpora.synthetic import _colored_noise  # the built-in corpus's pink / brown noise
-    from fastasr.data.audio import BadAudioError, file_sample_rate, load_audio, write_wav
 
     lo, hi = snr_db
     if not lo <= hi:
@@ -398,7 +398,7 @@ def _noisy(corpus, out, seed, skipped, *, snr_db=(5.0, 15.0), babble_talkers=3):
             babble = np.sum(talkers, axis=0) if talkers else None
             share = float(rng.uniform(0.0, 1.0)) if babble is not None else 0.0
             colour = str(rng.choice(COLOURS))
-            coloured = _colored_noise(rng, colour, speech.shape[0])
+            coloured = colored_noise(rng, colour, speech.shape[0])
             snr = float(rng.uniform(lo, hi))
             mix, _ = add_noise(speech, snr, coloured, babble, share)
             path = _wav_path(out, split, utt.id).resolve()
@@ -485,8 +485,6 @@ def align_words(log_probs: Any, tokenizer: Any, utt: Utterance) -> list[tuple[in
     ``torchaudio.functional.forced_align`` (:func:`fastasr.decoding.alignment.align_units`).
     Raises ``ValueError`` naming the utterance when the transcript holds units the tokenizer
     lacks, or needs more CTC frames than ``T``."""
-    from fastasr.data.tokenizer import UnknownUnitError
-    from fastasr.decoding.alignment import align_units, ctc_min_frames, word_frames
 
     try:
         ids = tokenizer.encode(utt)
@@ -509,8 +507,6 @@ def word_spans(recogniser: Any, utt: Utterance, seed: int = 0) -> list[tuple[int
     ``BadAudioError`` for unusable audio."""
     import torch
 
-    from fastasr.data.features import Fbank
-    from fastasr.decoding import long_form
 
     features = Fbank(recogniser.features).from_file(utt.audio_filepath)
     torch.manual_seed(seed)  # randomised attentions hash the same way every run
@@ -520,9 +516,9 @@ def word_spans(recogniser: Any, utt: Utterance, seed: int = 0) -> list[tuple[int
 
 
 def _short(corpus, out, seed, skipped, *, align_ckpt, min_seconds=1.0, max_seconds=4.0):
-    from fastasr.data.audio import BadAudioError, file_sample_rate, load_audio, write_wav
-    from fastasr.data.tokenizer import normalize_text
-    from fastasr.recogniser import load_recogniser
+    from fastasr.recogniser import (
+        load_recogniser,  # only the short shape aligns, with a checkpoint (the model code)
+    )
 
     if not 0 < min_seconds <= max_seconds:
         raise ValueError(f"--min-seconds {min_seconds}, --max-seconds {max_seconds}; expected 0 < min <= max")

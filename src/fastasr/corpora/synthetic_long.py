@@ -35,15 +35,15 @@ import numpy as np
 
 from fastasr.corpora.espeak import Espeak
 from fastasr.corpora.lexicon import make_sentence
-from fastasr.corpora.synthetic import (
+from fastasr.corpora.speaking import (
     PAD_S,
     SAMPLE_RATE,
     SPLITS,
-    _draw_style,
-    _Job,
-    _mix_and_write,
-    _phonemes,
-    _speak,
+    Job,
+    draw_style,
+    mix_and_write,
+    phonemes_of,
+    speak,
 )
 
 LONG_GENERATOR_VERSION = 1  # bump when the output of a long corpus for a given seed changes
@@ -60,14 +60,14 @@ def target_seconds(rng: np.random.Generator, lo: float, hi: float) -> float:
     return lo + (hi - lo) * float(u.min())
 
 
-def synthesize_long_utterance(job: _Job) -> dict:
+def synthesize_long_utterance(job: Job) -> dict:
     """Synthesise, write and describe one long utterance (``job.min_seconds`` to
     ``job.max_seconds``); runs in a worker process like
     :func:`fastasr.corpora.synthetic.synthesize_utterance`."""
     lo, hi = float(job.min_seconds), float(job.max_seconds)
     es = Espeak()
     rng = np.random.default_rng([job.seed, SPLITS.index(job.split), job.index, LONG_STREAM])
-    style = _draw_style(rng, job.split)
+    style = draw_style(rng, job.split)
     pad_samples = [int(p * SAMPLE_RATE) for p in rng.uniform(*PAD_S, size=2)]
     target = target_seconds(rng, lo, hi)
     lo_n, hi_n, target_n = (int(round(x * SAMPLE_RATE)) for x in (lo, hi, target))
@@ -80,7 +80,7 @@ def synthesize_long_utterance(job: _Job) -> dict:
     redraws = 0
     while total < target_n:
         text = make_sentence(rng, words)
-        speech = _speak(es, text, style)
+        speech = speak(es, text, style)
         pause = int(rng.uniform(*PAUSE_S) * SAMPLE_RATE) if pieces else 0
         if total + pause + speech.shape[0] > hi_n:
             if total >= lo_n:
@@ -103,12 +103,12 @@ def synthesize_long_utterance(job: _Job) -> dict:
 
     speech = np.concatenate(pieces)
     power = float(np.mean(np.concatenate(speech_parts) ** 2))  # of the voice, not of the pauses
-    _, fields = _mix_and_write(rng, job, speech, pad_samples, power)
+    _, fields = mix_and_write(rng, job, speech, pad_samples, power)
     return {
         "audio_filepath": fields["audio_filepath"],
         "duration": fields["duration"],
         "text": " ".join(texts),
-        "phonemes": " | ".join(_phonemes(es, t, style.voice) for t in texts),
+        "phonemes": " | ".join(phonemes_of(es, t, style.voice) for t in texts),
         "speaker": style.voice,
         "rate_wpm": style.rate,
         "pitch": style.pitch,

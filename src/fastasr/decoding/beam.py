@@ -30,9 +30,9 @@ from pathlib import Path
 
 import torch
 
+from fastasr.data.lexicon import Lexicon
 from fastasr.data.tokenizer import BLANK, Tokenizer
 from fastasr.decoding.hypothesis import Hypothesis, tidy_boundary_indices
-from fastasr.decoding.lexicon import Lexicon
 from fastasr.lm.bundled import BundledLM
 
 log = logging.getLogger(__name__)

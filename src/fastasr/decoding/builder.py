@@ -30,11 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fastasr.data.manifest import read_manifest
-from fastasr.data.tokenizer import BLANK, WORD_BOUNDARY, Tokenizer
-from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
-from fastasr.decoding.greedy import GreedyDecoder
-from fastasr.decoding.lexicon import (
+from fastasr.data.lexicon import (
     Lexicon,
     cmudict_lexicon,
     lexicon_from_manifests,
@@ -42,6 +38,10 @@ from fastasr.decoding.lexicon import (
     spelling_lexicon,
     words_of,
 )
+from fastasr.data.manifest import read_manifest
+from fastasr.data.tokenizer import BLANK, WORD_BOUNDARY, Tokenizer
+from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
+from fastasr.decoding.greedy import GreedyDecoder
 from fastasr.lm.arpa import corpus_lm_path
 from fastasr.lm.bundled import BundledLM
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from fastasr.data.lexicon import Lexicon
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.hypothesis import Hypothesis, tidy_boundary_indices, word_groups
-from fastasr.decoding.lexicon import Lexicon
 
 
 def ctc_greedy(log_probs: torch.Tensor, lengths: torch.Tensor, blank: int = 0) -> list[list[int]]:

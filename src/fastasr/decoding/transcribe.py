@@ -20,10 +20,10 @@ from typing import Any, Protocol
 
 import torch
 
+from fastasr.data.lexicon import Lexicon, words_of
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.data.tokenizer import unit_metric as unit_metric_of
 from fastasr.decoding.hypothesis import Hypothesis
-from fastasr.decoding.lexicon import Lexicon, words_of
 from fastasr.decoding.metrics import Alignment, align
 from fastasr.decoding.recognition_files import write_recognition_files
 from fastasr.progress import progress_bar

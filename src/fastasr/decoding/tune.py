@@ -24,10 +24,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from fastasr.config import CONFIG_DIR
 from fastasr.data.bad_audio import SkippedAudio
+from fastasr.data.lexicon import Lexicon
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.data.tokenizer import unit_metric as unit_metric_of
 from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_lm
-from fastasr.decoding.lexicon import Lexicon
 from fastasr.decoding.transcribe import (
     Emission,
     compute_emissions,

@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastasr.lm.arpa import corpus_lm_path
+from fastasr.lm.build import build
+
 log = logging.getLogger(__name__)
 
 EMBED_LIMIT_BYTES = 20 * 2**20  # ARPA files up to this size are embedded in the recogniser
@@ -151,9 +154,6 @@ def ensure_corpus_lm(train_manifest: str | os.PathLike, fallback_dir: str | os.P
 
     The file is written atomically (concurrent DDP ranks write identical bytes); where the corpus
     directory is not writable it goes to ``fallback_dir/lm/`` instead (when given)."""
-    from fastasr.lm.__main__ import build
-    from fastasr.lm.arpa import corpus_lm_path
-
     target = corpus_lm_path(train_manifest, order)
     if target.is_file():
         return target
