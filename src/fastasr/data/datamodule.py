@@ -349,8 +349,8 @@ class ASRDataModule(pl.LightningDataModule):
             hi = self.max_duration if self.max_duration is not None else math.inf
             in_range = [u for u in train if lo <= u.duration <= hi]
             if len(in_range) < len(train):
-                dropped_s = sum(u.duration for u in train) - sum(u.duration for u in in_range)
-                share = dropped_s / max(sum(u.duration for u in train), 1e-9)
+                total_s = sum(u.duration for u in train)
+                share = (total_s - sum(u.duration for u in in_range)) / max(total_s, 1e-9)
                 message = (f"train: dropped {len(train) - len(in_range)} of {len(train)} utterances outside "
                            f"[{lo}, {hi}] s ({share:.0%} of the audio)")
                 if share > DROPPED_AUDIO_WARNING:

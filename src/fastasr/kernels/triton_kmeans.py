@@ -87,18 +87,20 @@ def _bits01(code, offs_bits):
 
 
 @triton.jit
-def _pm1_bits(code, offs_bits):
-    """``(M,)`` int64 codes -> ``(M, 64)`` fp16 bit vectors, set bits +1, clear bits -1."""
-    return (2 * _bits01(code, offs_bits) - 1).to(tl.float16)
-
-
-@triton.jit
 def _pack_bits(bits, offs_bits):
     """``(M, 64)`` 0/1 (or bool) -> ``(M,)`` int64 codes, packed as two 32-bit halves."""
     power = (tl.full((64,), 1, dtype=tl.uint32) << (offs_bits & 31).to(tl.uint32))[None, :]
     lo = tl.sum(tl.where((bits != 0) & (offs_bits[None, :] < 32), power, 0), axis=1)
     hi = tl.sum(tl.where((bits != 0) & (offs_bits[None, :] >= 32), power, 0), axis=1)
     return lo.to(tl.int64) | (hi.to(tl.int64) << 32)
+
+
+@triton.jit
+def _vote(ones, cnt, old, offs_bits, BITS):
+    """New centroids ``(C,)`` int64: the strict per-bit majority of each cluster's ``ones``
+    ``(C, 64)`` over its ``cnt`` members, for its first ``BITS`` bits; empty clusters keep ``old``."""
+    majority = (2 * ones > cnt[:, None]) & (offs_bits[None, :] < BITS)
+    return tl.where(cnt > 0, _pack_bits(majority, offs_bits), old)
 
 
 @triton.jit
@@ -144,7 +146,8 @@ def _lloyd_kernel(
         tl.store(assign_ptr + row + offs_n, tl.full((BLOCK_N,), -1, tl.int64), mask=offs_n < stop)
 
     cent = tl.load(cent_ptr + crow + offs_c, mask=in_c, other=0) & BITMASK  # (BLOCK_C,) int64
-    acc = tl.zeros((BLOCK_C, 64), dtype=tl.float32)
+    ones = tl.zeros((BLOCK_C, 64), dtype=tl.int32)  # the last sweep's set bits and members
+    cnt = tl.zeros((BLOCK_C,), dtype=tl.int32)
     for _ in range(PASSES):
         cent_pm = 2 * _bits01(cent, offs_bits) - 1
         cent_t = tl.trans(tl.where(bias_column, bias[:, None], cent_pm.to(tl.float32)).to(tl.float16))
@@ -161,13 +164,9 @@ def _lloyd_kernel(
             onehot = ((score == top[:, None]) & mask_n[:, None]).to(tl.float16)
             acc = tl.dot(tl.trans(onehot), tl.where(bias_column, 1, bits).to(tl.float16), acc)
         ones = acc.to(tl.int32)
+        cnt = tl.sum(tl.where(bias_column, ones, 0), axis=1)
         if IN_KERNEL:
-            # Strict per-bit majority of each non-empty cluster; empty ones keep theirs.
-            cnt = tl.sum(tl.where(bias_column, ones, 0), axis=1)
-            majority = (2 * ones > cnt[:, None]) & (offs_bits[None, :] < BITS)
-            cent = tl.where(cnt > 0, _pack_bits(majority, offs_bits), cent)
-    ones = acc.to(tl.int32)
-    cnt = tl.sum(tl.where(bias_column, ones, 0), axis=1)
+            cent = _vote(ones, cnt, cent, offs_bits, BITS)
     if IN_KERNEL:
         tl.store(counts_ptr + crow + offs_c, cnt, mask=in_c)
     else:
@@ -195,8 +194,7 @@ def _update_kernel(
     cnt = tl.load(counts_ptr + crow + offs_c, mask=mask_c, other=0)
     old = tl.load(cent_ptr + crow + offs_c, mask=mask_c, other=0)
 
-    majority = (2 * ones > cnt[:, None]) & (offs_bits[None, :] < BITS)
-    tl.store(cent_ptr + crow + offs_c, tl.where(cnt > 0, _pack_bits(majority, offs_bits), old), mask=mask_c)
+    tl.store(cent_ptr + crow + offs_c, _vote(ones, cnt, old, offs_bits, BITS), mask=mask_c)
     tl.store(ones_ptrs, tl.zeros((BLOCK_C, 64), dtype=tl.int32), mask=mask_c[:, None])
     tl.store(counts_ptr + crow + offs_c, tl.zeros((BLOCK_C,), dtype=tl.int32), mask=mask_c)
 
@@ -277,8 +275,8 @@ def hamming_kmeans(
     span = triton.cdiv(triton.cdiv(N, programs), BLOCK_N) * BLOCK_N
     programs = triton.cdiv(N, span)
     bitmask = (1 << bits) - 1
-    tile = {"BLOCK_N": BLOCK_N, "BLOCK_C": block_c(C),
-            **(LLOYD_OPTIONS if block_c(C) <= 128 else LLOYD_OPTIONS_WIDE)}
+    tile_c = block_c(C)
+    tile = {"BLOCK_N": BLOCK_N, "BLOCK_C": tile_c, **(LLOYD_OPTIONS if tile_c <= 128 else LLOYD_OPTIONS_WIDE)}
 
     assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
     counts = torch.zeros((B, H, C), dtype=torch.int32, device=device)
