@@ -42,12 +42,12 @@ $(CORPUS): $(KERNELS)
 data: $(CORPUS)  ## synthesise the built-in espeak-ng corpus under data/synthetic (offline)
 
 features: $(CORPUS)  ## filterbank caches of the config's manifests under data/feature_cache; overrides as train: make features ARGS="features=fbank80"
-	$(PY) -m fastasr.data.feature_cache $(ARGS)
+	$(PY) -m fastasr.cli.features $(ARGS)
 
 LM := data/synthetic/lm/words-3gram.arpa
 
 $(LM): $(CORPUS)
-	$(PY) -m fastasr.lm build --manifest data/synthetic/train.jsonl --order 3 --out $(LM) --dev data/synthetic/dev.jsonl
+	$(PY) -m fastasr.cli.lm build --manifest data/synthetic/train.jsonl --order 3 --out $(LM) --dev data/synthetic/dev.jsonl
 
 lm: $(LM)  ## word 3-gram LM (ARPA, modified Kneser-Ney) of the built-in corpus's training transcripts (seconds)
 
@@ -73,10 +73,10 @@ gpu-check:  ## on a GPU machine, with its own Python (torch, triton, lightning; 
 	PYTHON=$(PYTHON) bash benchmarks/gpu_check.sh
 
 calibrate-auto: $(KERNELS)  ## measure this machine's full/i-clustered crossovers into conf/attention/auto.yaml
-	$(PY) -m fastasr.attention.calibrate $(ARGS)
+	$(PY) -m fastasr.cli.calibrate $(ARGS)
 
 matrix: $(CORPUS)  ## train-with-X / decode-with-Y table (conf/cross_eval.yaml)
-	$(PY) -m fastasr.cross_eval $(ARGS)
+	$(PY) -m fastasr.cli.matrix $(ARGS)
 
 .PHONY: data-long budget
 LONG_CORPUS := data/synthetic_long/.complete
@@ -95,10 +95,10 @@ $(JOINED_CORPUS): $(CORPUS)
 data-joined: $(JOINED_CORPUS)  ## the built-in training set plus 150 utterances of 10-30 s (~0.9 h) joined across voices (data=synthetic_joined, docs/TRANSCRIBE.md)
 
 budget: $(LONG_CORPUS)  ## dev PER for a wall-clock budget, against training and forward time (Figure 1; conf/budget.yaml, docs/BUDGET.md)
-	$(PY) -m fastasr.budget $(ARGS)
+	$(PY) -m fastasr.cli.budget $(ARGS)
 
 report: $(KERNELS)  ## static HTML report of a run or matrix dir: make report DIR=outputs/...
-	$(PY) -m fastasr.report $(DIR)
+	$(PY) -m fastasr.cli.report $(DIR)
 
 clean:  ## remove the venv, generated data and outputs
 	rm -rf $(VENV) data/synthetic data/feature_cache outputs multirun .pytest_cache src/fastasr/kernels/_build

@@ -17,12 +17,11 @@ from fastasr.training import train
 def main(cfg: DictConfig) -> None:
     quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
     result = train(cfg)
-    test = result.get("test")
+    test = result.test
     if test:  # training's own test: greedy decoding; a phoneme model's WER is over phonetic words
         metric = "per" if "per" in test else "cer"  # phoneme models: PER; character and subword models: CER
-        tested = result.get("averaged_ckpt") or result["best_ckpt"]  # final_average: the averaged weights
-        print(f"test: {metric.upper()}={test[metric]:.2f} WER={test['wer']:.2f} ({tested})")
-    final = result.get("final_decoding")
+        print(f"test: {metric.upper()}={test[metric]:.2f} WER={test['wer']:.2f} ({result.tested_ckpt})")
+    final = result.final_decoding
     if final:  # the same split by final_decoding (beam search, + LM when built): WER over real words
         lm = " + LM" if final.decoding.get("lm") else ""
         print(f"test, {final.decoding['name']}{lm}, {final.words} words: {format_result_line(final)}")

@@ -66,7 +66,7 @@ save_out() {  # the device tool brings back what is under $OUT, also from a call
 
 train_builtin() {
   "$PY" -m fastasr.corpora.synthetic --out data/synthetic --workers "$(nproc)" || return 1
-  "$PY" -m fastasr.lm build --manifest data/synthetic/train.jsonl --order 3 \
+  "$PY" -m fastasr.cli.lm build --manifest data/synthetic/train.jsonl --order 3 \
     --out data/synthetic/lm/words-3gram.arpa --dev data/synthetic/dev.jsonl || return 1
   rm -rf "$RUN"
   "$PY" train.py name=gpu-check logger=csv trainer.max_time=00:00:03:00

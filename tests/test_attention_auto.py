@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from fastasr.attention import build_attention, calibrate
+from fastasr.cli import calibrate as calibrate_command
 
 H, E = 2, 8
 
@@ -54,16 +55,16 @@ def test_crossover_is_where_i_clustered_stays_faster():
 
 def test_calibration_writes_both_crossovers_and_keeps_the_comments(tmp_path):
     yaml = tmp_path / "auto.yaml"
-    original = (calibrate.DEFAULT_YAML).read_text()
+    original = calibrate_command.DEFAULT_YAML.read_text()
     yaml.write_text(original)
-    assert calibrate.main(["--yaml", str(yaml), "--ns", "16", "32", "--tokens", "64", "--heads", "1",
+    assert calibrate_command.main(["--yaml", str(yaml), "--ns", "16", "32", "--tokens", "64", "--heads", "1",
                            "--dim", "8", "--repeats", "1"]) == 0
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(yaml)
     assert {cfg.crossover, cfg.crossover_no_grad} <= {16, 32, 33}
     text = yaml.read_text()
-    assert text.count("# calibrated:") == 1 and "fastasr.attention.calibrate" in text
+    assert text.count("# calibrated:") == 1 and "fastasr.cli.calibrate" in text
     kept = [line for line in original.splitlines() if not line.startswith(("# calibrated", "crossover"))]
     assert all(line in text for line in kept)
     assert build_attention(cfg).spec == f"auto-{cfg.crossover}"

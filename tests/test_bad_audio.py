@@ -179,7 +179,7 @@ def test_training_skips_bad_audio_and_reports_every_file(tiny_corpus, tmp_path, 
         # one utterance a batch: the four bad ones leave empty batches, which change nothing
         result = train(compose_train(corpus, tmp_path, "name=bad", "trainer.max_epochs=1", "test=false",
                                      "data.max_batch_size=1", "data.num_workers=2"))
-    run_dir = Path(result["run_dir"])
+    run_dir = Path(result.run_dir)
     report = json.loads((run_dir / "bad_audio.json").read_text())["skipped"]
     train_ids = [u.id for u in read_manifest(tiny_corpus / "train.jsonl")][:4]
     dev_id = read_manifest(tiny_corpus / "dev.jsonl")[0].id
@@ -193,7 +193,7 @@ def test_training_skips_bad_audio_and_reports_every_file(tiny_corpus, tmp_path, 
     assert all(r["path"] in summary for r in report)
     done = json.loads((run_dir / "fit_done.json").read_text())
     assert done["epochs"] == 1 and done["global_step"] == 10  # 10 batches, 4 of them empty
-    assert result["val"]["val/per"] == result["val"]["val/per"]  # scored on the usable dev utterance
+    assert result.val["val/per"] == result.val["val/per"]  # scored on the usable dev utterance
 
     # evaluate.py's decoding skips it as well, and names it in the result and the log
     from fastasr.recogniser import load_recogniser
@@ -201,7 +201,7 @@ def test_training_skips_bad_audio_and_reports_every_file(tiny_corpus, tmp_path, 
 
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        decoded = decode_manifest(load_recogniser(result["last_ckpt"]), corpus / "dev.jsonl", accelerator="cpu",
+        decoded = decode_manifest(load_recogniser(result.last_ckpt), corpus / "dev.jsonl", accelerator="cpu",
                                   max_batch_size=1)
     assert decoded.utterances == 1 and decoded.skipped_utterances == 1
     # training read the cache that data=manifest builds, whose builder found the file; decoding reads the audio

@@ -7,8 +7,8 @@ from fastasr.data.lexicon import Lexicon, spelling_lexicon
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
 from fastasr.decoding.builder import build_decoder
+from fastasr.decoding.emissions import Emission
 from fastasr.decoding.greedy import GreedyDecoder
-from fastasr.decoding.transcribe import Emission
 from fastasr.decoding.tune import grid_search
 from fastasr.lm import estimate, write_arpa
 
@@ -96,7 +96,11 @@ def test_greedy_maps_phonetic_words_through_the_lexicon(lexicon):
 def test_tuning_grid_finds_the_lm_weight_that_helps(lexicon, xa_lm):
     emission = Emission("u1", "xa", ["x", "a"], frames(PHONES, "x", {"b": 0.5, "a": 0.4}))
     spec = {"name": "beam", "lm": {"path": str(xa_lm)}}
-    points = grid_search([emission], PHONES, spec, [0.0, 2.0], [0.0], lexicon=lexicon)
+
+    def decoder_for(lm_weight, word_score):
+        return build_decoder(dict(spec, lm_weight=lm_weight, word_score=word_score), PHONES, lexicon=lexicon)[0]
+
+    points = grid_search([emission], PHONES, decoder_for, [0.0, 2.0], [0.0])
     assert points[0]["lm_weight"] == 2.0 and points[0]["wer"] == 0.0
     assert points[-1]["lm_weight"] == 0.0 and points[-1]["wer"] == 100.0
 

@@ -1,4 +1,4 @@
-"""The budget study (``python -m fastasr.budget``, ``make budget``): member specs and configs,
+"""The budget study (``python -m fastasr.cli.budget``, ``make budget``): member specs and configs,
 curves read back from resumed runs, the Pareto front, failures retried, and the smoke study end
 to end (slow: trains two tiny models for 15 s each, reuses them, resumes one)."""
 
@@ -319,7 +319,7 @@ def test_smoke_budget_is_complete_reused_and_resumed(tiny_corpus, tmp_path, monk
 
     # The command-line entry point (what `make budget` runs) reuses the same directory
     proc = subprocess.run(
-        [sys.executable, "-m", "fastasr.budget", *_smoke_overrides(tiny_corpus, tmp_path)],
+        [sys.executable, "-m", "fastasr.cli.budget", *_smoke_overrides(tiny_corpus, tmp_path)],
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

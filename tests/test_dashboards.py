@@ -210,7 +210,7 @@ def test_training_fills_tensorboard_wandb_csv_and_pngs(tiny_corpus, tmp_path, of
             "callbacks.attention_maps.heads=2",
         ])
     result = train(cfg)
-    run_dir = Path(result["run_dir"])
+    run_dir = Path(result.run_dir)
     assert run_dir == tmp_path / "runs" / "dash"
     scalars = {"train/loss", "val/loss", "val/per", "val/wer", "lr-RAdam", "train/grad_norm",
                "perf/batch_seconds", "perf/data_seconds", "perf/samples_per_second",

@@ -17,7 +17,7 @@ import torch
 import torchaudio.compliance.kaldi as kaldi
 from lightning.fabric.utilities.data import _set_sampler_epoch
 
-from fastasr.data import feature_cache as fc
+from fastasr.cli import features as features_command
 from fastasr.data.augment import perturbed_num_samples
 from fastasr.data.datamodule import ASRDataModule
 from fastasr.data.feature_cache import (
@@ -238,13 +238,13 @@ def test_command_line_builds_the_config_caches(tiny_corpus, tmp_path, capsys):
     args = [f"data.train_manifest={tiny_corpus / 'train.jsonl'}", f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}",
             f"data.test_manifest={tiny_corpus / 'test.jsonl'}", f"data.cache.dir={tmp_path}",
             "data.num_workers=0", "data.augment.speed_perturb=true"]
-    fc.main(args)
+    features_command.main(args)
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 5  # train × 3 speed factors, dev, test
     names = sorted(p.name for p in tmp_path.iterdir())
     assert len(names) == 5 and sum("_sp0.9-" in n or "_sp1.1-" in n for n in names) == 2
     stamps = {n: (tmp_path / n / "index.json").stat().st_mtime_ns for n in names}
-    fc.main(args)  # a second run finds them all and rebuilds nothing
+    features_command.main(args)  # a second run finds them all and rebuilds nothing
     assert {n: (tmp_path / n / "index.json").stat().st_mtime_ns for n in names} == stamps
     index = json.loads((tmp_path / names[0] / "index.json").read_text())
     assert index["settings"]["features"]["num_mel_bins"] == 40 and "dither" not in index["settings"]["features"]

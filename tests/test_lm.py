@@ -4,8 +4,8 @@ import math
 
 import pytest
 
+from fastasr.cli.lm import main as lm_main
 from fastasr.lm import BundledLM, corpus_lm_path, ensure_corpus_lm, estimate, read_arpa, write_arpa
-from fastasr.lm.__main__ import main as lm_main
 from fastasr.lm.kneser_ney import adjusted_counts, count_ngrams, discounts_from_counts
 
 TOY = [["a", "b"], ["a", "b"], ["b"]]
@@ -204,7 +204,7 @@ def test_ensure_corpus_lm_builds_once_beside_the_manifest(tmp_path):
     built = ensure_corpus_lm(manifest)
     assert built == tmp_path / "corpus" / "lm" / "words-3gram.arpa" and read_arpa(built).order == 3
     assert built.read_text() == write_arpa(estimate([["the", "cat"], ["a", "dog"], ["the", "dog"]], 3),
-                                           tmp_path / "same.arpa").read_text()  # = python -m fastasr.lm build
+                                           tmp_path / "same.arpa").read_text()  # = python -m fastasr.cli.lm build
     mtime = built.stat().st_mtime_ns
     assert ensure_corpus_lm(manifest) == built and built.stat().st_mtime_ns == mtime  # not rebuilt
     assert [p.name for p in built.parent.iterdir()] == ["words-3gram.arpa"]  # no temporary left behind

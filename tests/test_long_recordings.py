@@ -84,7 +84,7 @@ def test_the_benchmark_runs_on_a_20_second_recording_of_the_tiny_corpus(tiny_cor
     from fastasr.training import train
 
     ckpt = train(compose_train(tiny_corpus, tmp_path / "model", "name=m", "trainer.max_epochs=1", "test=false",
-                               "final_decoding=null"))["last_ckpt"]
+                               "final_decoding=null")).last_ckpt
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "long_recordings.py"), "--ckpt", ckpt,
          "--manifest", str(tiny_corpus / "test.jsonl"), "--seconds", "20", "--attentions", "full", "i_clustered",

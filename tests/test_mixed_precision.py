@@ -62,11 +62,11 @@ def test_bf16_mixed_training_with_every_attention(tiny_corpus, tmp_path, variant
         "trainer.max_epochs=1", "data.max_batch_size=4", "model.subsampling=2", "test=false",
         "callbacks.attention_maps.every_n_epochs=100",
     ))
-    ckpt = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
+    ckpt = torch.load(result.last_ckpt, map_location="cpu", weights_only=True)
     assert ckpt["global_step"] >= 3
     assert ckpt["callbacks"]["NonFiniteLossGuard"] == {"skipped": 0}  # no NaN/inf loss or gradient
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
-    assert result["val"]["val/loss"] == pytest.approx(result["val"]["val/loss"])  # finite, not NaN
+    assert result.val["val/loss"] == pytest.approx(result.val["val/loss"])  # finite, not NaN
     assert ctc_dtypes and set(ctc_dtypes) == {torch.float32}
 
 
@@ -77,7 +77,7 @@ def test_16_mixed_training_on_gpu_with_every_attention(tiny_corpus, tmp_path, va
         tiny_corpus, tmp_path, f"name=fp16-{variant}", *VARIANTS[variant][1], "trainer.accelerator=gpu",
         "trainer.precision=16-mixed", "trainer.max_epochs=2", "data.max_batch_size=4", "test=false",
     ))
-    ckpt = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
+    ckpt = torch.load(result.last_ckpt, map_location="cpu", weights_only=True)
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
     assert set(ctc_dtypes) == {torch.float32}
 

@@ -60,9 +60,9 @@ def test_a_nan_loss_skips_that_update_and_training_goes_on(tiny_corpus, tmp_path
     assert watch.changed.pop("train_00003") is False  # the poisoned batch changed nothing
     assert watch.changed and all(watch.changed.values())  # every other batch did
     assert "non-finite loss" in caplog.text and "update skipped" in caplog.text and "train_00003" in caplog.text
-    ckpt = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
+    ckpt = torch.load(result.last_ckpt, map_location="cpu", weights_only=True)
     assert ckpt["callbacks"]["NonFiniteLossGuard"] == {"skipped": 1}
-    assert json.loads((Path(result["run_dir"]) / "fit_done.json").read_text())["global_step"] == 10
+    assert json.loads((Path(result.run_dir) / "fit_done.json").read_text())["global_step"] == 10
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
 
 

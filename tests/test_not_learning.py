@@ -292,20 +292,20 @@ def test_a_real_run_warns_shows_it_keeps_it_over_a_resume_and_reports_it(tiny_co
     with caplog.at_level(logging.WARNING, logger="fastasr.callbacks.not_learning"):
         first = fastasr.training.train(compose_train(tiny_corpus, tmp_path, "trainer.max_epochs=3", *overrides))
     assert caplog.text.count(WARNING) == 1 and "after 2 updates (epoch 1)" in caplog.text
-    (w,) = first["learning_warnings"]
+    (w,) = first.learning_warnings
     assert (w["condition"], w["update"], w["metric"]) == (PLATEAU, 2, "val/per")
     assert bars[0] == (3, {**bars[0][1], PROGRESS_BAR_KEY: 1.0})
-    run = RunDir(first["run_dir"])
-    assert json.loads(run.results_file.read_text())["learning_warnings"] == first["learning_warnings"]
+    run = RunDir(first.run_dir)
+    assert json.loads(run.results_file.read_text())["learning_warnings"] == first.learning_warnings
     state = torch.load(run.checkpoints / "last.ckpt", map_location="cpu", weights_only=True)["callbacks"]
-    assert state["LearningWatch"]["warnings"] == first["learning_warnings"]
+    assert state["LearningWatch"]["warnings"] == first.learning_warnings
     assert [h["update"] for h in state["LearningWatch"]["history"]] == [1, 2, 3]
 
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="fastasr.callbacks.not_learning"):
         resumed = fastasr.training.train(compose_train(tiny_corpus, tmp_path, "trainer.max_epochs=4", *overrides))
     assert WARNING not in caplog.text  # not repeated
-    assert resumed["learning_warnings"] == first["learning_warnings"]  # nor lost
+    assert resumed.learning_warnings == first.learning_warnings  # nor lost
     assert bars[1] == (4, {**bars[1][1], PROGRESS_BAR_KEY: 1.0})  # the resumed run's bar shows it
 
 

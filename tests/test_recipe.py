@@ -14,6 +14,7 @@ from test_train_eval import TINY_MODEL
 
 import fastasr.training
 from fastasr.config import CONFIG_DIR
+from fastasr.scoring import TuningResult
 from fastasr.training import train, tune_vocabulary_and_weights
 
 
@@ -43,19 +44,18 @@ def test_the_final_tuning_searches_its_grid_at_its_own_beam_and_decodes_at_the_f
     def grid(recogniser, manifest, decoding, lm_weights, word_scores, **_):
         searched.append(decoding["beam_size"])
         best = {"lm_weight": lm_weights[-1], "word_score": word_scores[0], "wer": 10.0, "per": 5.0}
-        return {"manifest": manifest, "lm": None, "lm_sha256": None, "best": best, "points": [best],
-                "skipped_audio": []}
+        return TuningResult(manifest=manifest, best=best, points=[best])
 
     monkeypatch.setattr(fastasr.training, "tune_recogniser", grid)
     monkeypatch.setattr(fastasr.training, "manifest_emissions", lambda *a, **k: ([], []))
-    recogniser = SimpleNamespace(tokenizer=SimpleNamespace(kind="phoneme"))
+    recogniser = SimpleNamespace(tokenizer=SimpleNamespace(kind="phoneme"), training_manifest=None)
     spec = {"name": "beam", "beam_size": 500, "lm": {"source": "auto"}, "lm_weight": 2.0, "word_score": 0.0}
     for beam, expected in ((50, 50), (None, 500)):
         cfg = OmegaConf.create({"data": {"dev_manifest": "dev.jsonl"},
                                 "final_tuning": {"lm_weight": [0.5, 1.5], "word_score": [-1.0], "beam_size": beam}})
-        tuned = tune_vocabulary_and_weights(recogniser, cfg, spec, None, None, "cpu")
-        assert searched[-1] == expected and tuned["beam_size"] == expected
-        assert tuned["decoding"] == dict(spec, lm_weight=1.5, word_score=-1.0)  # the full width, the grid's weights
+        tuned = tune_vocabulary_and_weights(recogniser, cfg, spec, None, "cpu")
+        assert searched[-1] == expected and tuned.beam_size == expected
+        assert tuned.decoding == dict(spec, lm_weight=1.5, word_score=-1.0)  # the full width, the grid's weights
 
 
 def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
@@ -106,17 +106,17 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
     # the recipe built each split's feature cache before training (one per split; no speed factors here)
     built = sorted(p.name.split("-")[0] for p in (tmp_path / "feature_cache").iterdir())
     assert built == [f"{tiny_corpus.name}_{split}" for split in ("dev", "test", "train")], built
-    state = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
+    state = torch.load(result.last_ckpt, map_location="cpu", weights_only=True)
     timer = next(v for k, v in state["callbacks"].items() if k.startswith("Timer"))
     assert timer["time_elapsed"]["train"] > 0.0  # in the checkpoint: a resumed run continues the budget
     (sched,) = state["lr_schedulers"]
     assert state["global_step"] >= 1 and sched["last_epoch"] == state["global_step"]
     peak = cfg.optim.lr
     assert sched["_last_lr"][0] < peak  # decayed with the budget spent (the exact shape: test_lr_schedules.py)
-    rows = list(csv.DictReader(open(Path(result["run_dir"]) / "csv" / "version_0" / "metrics.csv")))
+    rows = list(csv.DictReader(open(Path(result.run_dir) / "csv" / "version_0" / "metrics.csv")))
     rates = [float(r["lr-RAdam"]) for r in rows if r.get("lr-RAdam")]
     assert rates and all(a >= b for a, b in zip(rates, rates[1:])) and rates[0] <= peak
-    final = json.loads((Path(result["run_dir"]) / "results.json").read_text())
+    final = json.loads((Path(result.run_dir) / "results.json").read_text())
     tuned = final["tuned_on_dev"]
     assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
     assert final["decoding"]["lm_weight"] == tuned["best"]["lm_weight"] and final["decoding"]["word_score"] == 0.0
@@ -129,6 +129,6 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
     assert (final["decoding"]["lm"] == winner["lm"]) == bool(winner["frequent_words"])  # the opened LM iff it won
     assert tuned["best"]["wer"] == min(v["best"]["wer"] for v in tuned["vocabularies"])
     # final_average: the best epochs' mean (as many as were written, up to 5) is what was tested and decoded
-    averaged = Path(result["averaged_ckpt"])
+    averaged = Path(result.averaged_ckpt)
     assert averaged.name == "averaged.ckpt" and final["ckpt_path"] == str(averaged)
-    assert 1 <= len(result["averaged_from"]) <= 5 and final["averaged_checkpoints"] == result["averaged_from"]
+    assert 1 <= len(result.averaged_from) <= 5 and final["averaged_checkpoints"] == result.averaged_from

@@ -1,8 +1,8 @@
 """Per-utterance results: alignments, the S/D/I breakdown and the recogs/errs files."""
 
+from fastasr.decoding.emissions import Transcript, score
 from fastasr.decoding.metrics import align
 from fastasr.decoding.recognition_files import aligned_text, write_recognition_files
-from fastasr.decoding.transcribe import Transcript, score
 from fastasr.rundir import RunDir
 
 

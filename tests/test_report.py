@@ -1,4 +1,4 @@
-"""`python -m fastasr.report DIR`: one static HTML page for a run or a matrix directory."""
+"""`python -m fastasr.cli.report DIR`: one static HTML page for a run or a matrix directory."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from fastasr import report
+from fastasr.cli import report as report_command
 from fastasr.matrix.cells import (
     CSV_FILE,
     FAILED,
@@ -142,7 +143,7 @@ def test_matrix_report_has_table_1(tmp_path):
     for t in train:
         make_run_dir(mdir / "runs" / t, attention=t)
 
-    assert report.main([str(mdir)]) == 0
+    assert report_command.main([str(mdir)]) == 0
     page = (mdir / "report.html").read_text()
     tags = parse(page)
     assert page.count('<table class="matrix">') == 2  # PER and WER
@@ -155,9 +156,9 @@ def test_matrix_report_has_table_1(tmp_path):
 
 
 def test_report_refuses_a_directory_it_cannot_read(tmp_path, capsys):
-    assert report.main([str(tmp_path / "nowhere")]) == 2
+    assert report_command.main([str(tmp_path / "nowhere")]) == 2
     (tmp_path / "empty").mkdir()
-    assert report.main([str(tmp_path / "empty")]) == 2
+    assert report_command.main([str(tmp_path / "empty")]) == 2
     assert "neither a run directory" in capsys.readouterr().err
 
 

@@ -26,7 +26,7 @@ def finished_run(tiny_corpus, tmp_path_factory):
     """A finished run named ``default`` (fit_done.json written), as ``make train`` leaves one."""
     out = tmp_path_factory.mktemp("outputs")
     result = train(compose_train(tiny_corpus, out, *FINISHED))
-    run = RunDir(result["run_dir"])
+    run = RunDir(result.run_dir)
     assert run.read_fit_done() is not None and run.name == "default"
     return out, run
 

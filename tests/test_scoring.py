@@ -147,13 +147,15 @@ def test_a_recogniser_without_lexicon_or_lm_decodes_as_before(tokenizer, tiny_co
     corpus = copy_train_manifest(tiny_corpus, tmp_path / "corpus")
     write_arpa(estimate([["a", "b"]], 2), corpus / "lm" / "words-3gram.arpa")
     save_checkpoint(recogniser(tokenizer), tmp_path / "old.ckpt")
-    old = load_recogniser(tmp_path / "old.ckpt", attention="full")
-    assert old.lexicon is None and old.lm is None
-    beam_lm = {"name": "beam", "beam_size": 4, "lm": {"source": "auto"}}
-    result = decode_manifest(old, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm,
-                             train_manifest=corpus / "train.jsonl")
+    bare = load_recogniser(tmp_path / "old.ckpt", attention="full")
+    assert bare.lexicon is None and bare.lm is None and bare.training_manifest is None
+    old = load_recogniser(tmp_path / "old.ckpt", attention="full", training_manifest=corpus / "train.jsonl")
     lexicon, _ = lexicon_from_manifests([corpus / "train.jsonl"], tokenizer)
+    assert old.lexicon is not None and len(old.lexicon) == len(lexicon)  # attached once, at load
+    assert old.lm is not None and old.lm.path == str((corpus / "lm" / "words-3gram.arpa").resolve())
+    beam_lm = {"name": "beam", "beam_size": 4, "lm": {"source": "auto"}}
+    result = decode_manifest(old, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm)
     assert result.words == "real" and result.decoding["lexicon_words"] == len(lexicon)
-    assert result.decoding["lm"] == str(corpus / "lm" / "words-3gram.arpa")
+    assert result.decoding["lm"] == str((corpus / "lm" / "words-3gram.arpa").resolve())
     with pytest.raises(FileNotFoundError, match="carries no word LM"):
-        decode_manifest(old, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm)
+        decode_manifest(bare, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm)

@@ -15,8 +15,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from fastasr.attention import build_attention
+from fastasr.cli.tune import tune
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
-from fastasr.decoding.tune import tune
 from fastasr.evaluation import evaluate
 from fastasr.lm.build import build as lm_build
 from fastasr.recogniser import load_recogniser
@@ -68,20 +68,20 @@ def test_fast_dev_run(tiny_corpus, tmp_path):
     in the run directory given to ``train`` (not ``paths.run_dir``), and no test pass."""
     cfg = compose_train(tiny_corpus, tmp_path, "debug=fast", "attention=i_clustered", "attention.clusters=4")
     result = train(cfg, run_dir=tmp_path / "given")
-    assert result["run_dir"] == str(tmp_path / "given")
+    assert result.run_dir == str(tmp_path / "given")
     assert not Path(cfg.paths.run_dir).exists()
     assert OmegaConf.load(tmp_path / "given" / "config.yaml").model.attention.clusters == 4
-    state = torch.load(result["last_ckpt"], map_location="cpu", weights_only=True)
-    assert Path(result["last_ckpt"]).parent == tmp_path / "given" / "checkpoints"
+    state = torch.load(result.last_ckpt, map_location="cpu", weights_only=True)
+    assert Path(result.last_ckpt).parent == tmp_path / "given" / "checkpoints"
     assert state["global_step"] == 1  # exactly one optimiser step
     assert build_attention(state["recogniser"]["attention"]).spec == "i-clustered-4"
     # what word decoding needs travels too: the training lexicon and the corpus's word LM (embedded)
     assert state["recogniser"]["lexicon"]["source"] == f"train: {tiny_corpus / 'train.jsonl'}"
     assert state["recogniser"]["lexicon"]["entries"] and state["recogniser"]["lm"]["arpa"].startswith("\\data\\")
     assert state["recogniser"]["lm"]["path"] == str(tiny_corpus / "lm" / "words-3gram.arpa")
-    assert set(result["val"]) >= {"val/loss", "val/per", "val/wer"}
-    assert all(math.isfinite(v) for v in result["val"].values()) and result["val"]["val/loss"] > 0
-    assert "test" not in result  # debug=fast skips testing
+    assert set(result.val) >= {"val/loss", "val/per", "val/wer"}
+    assert all(math.isfinite(v) for v in result.val.values()) and result.val["val/loss"] > 0
+    assert result.test is None  # debug=fast skips testing
 
 
 def test_sigterm_stops_training_with_a_failure_status(tiny_corpus, tmp_path, monkeypatch, caplog):
@@ -121,18 +121,18 @@ def test_last_checkpoint_is_the_newest_epoch_even_without_a_new_best(tiny_corpus
     cfg = compose_train(tiny_corpus, tmp_path, "name=flat", "optim.lr=0", "trainer.max_epochs=3",
                         "+trainer.limit_train_batches=1", "test=false", "callbacks.attention_maps=null")
     result = train(cfg)
-    run = RunDir(result["run_dir"])
+    run = RunDir(result.run_dir)
     (best,) = run.checkpoints.glob("best-*.ckpt")
     assert best.name.startswith("best-epoch000-")
     last = torch.load(run.checkpoints / "last.ckpt", map_location="cpu", weights_only=True)
     assert (last["epoch"], last["global_step"]) == (2, 3)
-    assert result["last_ckpt"] == run.read_fit_done()["last_ckpt"] == str(run.checkpoints / "last.ckpt")
+    assert result.last_ckpt == run.read_fit_done()["last_ckpt"] == str(run.checkpoints / "last.ckpt")
 
 
 @pytest.mark.slow
 def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     first = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=1", "test=false"))
-    last = Path(first["last_ckpt"])
+    last = Path(first.last_ckpt)
     state = torch.load(last, map_location="cpu", weights_only=True)  # tensors and plain data only
     steps_after_one = state["global_step"]
     assert state["epoch"] == 0 and steps_after_one > 0
@@ -150,35 +150,35 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
 
     # resume continues the optimisation where it stopped
     second = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=2", "ckpt_path=last"))
-    resumed = torch.load(second["last_ckpt"], map_location="cpu", weights_only=True)
+    resumed = torch.load(second.last_ckpt, map_location="cpu", weights_only=True)
     # saved at the end of epoch 1's validation (epoch=1) or at train end (epoch=2, Lightning's on_train_end)
     assert resumed["epoch"] in (1, 2)
     # the optimisation continued from the first run's step instead of starting over
     assert resumed["global_step"] == 2 * steps_after_one
-    assert second["test"]["utterances"] == 2
-    assert set(second["test"]) >= {"per", "wer", "decode_seconds", "attention"}
+    assert second.test["utterances"] == 2
+    assert set(second.test) >= {"per", "wer", "decode_seconds", "attention"}
     # then the test split again by beam search over the training lexicon and the corpus's word
     # 3-gram, which training built beside the manifest and embedded in the checkpoint
-    final = second["final_decoding"]
+    final = second.final_decoding
     corpus_lm = tiny_corpus / "lm" / "words-3gram.arpa"
     assert final.decoding["name"] == "beam" and final.decoding["lm"] == str(corpus_lm) and final.words == "real"
     assert final.decoding["lm_embedded"] and corpus_lm.is_file()
-    assert final.utterances == 2 and final.ckpt_path == second["best_ckpt"]
-    run = RunDir(second["run_dir"])
+    assert final.utterances == 2 and final.ckpt_path == second.best_ckpt
+    run = RunDir(second.run_dir)
     assert run.read_results()["wer"] == pytest.approx(final.wer)
     assert all(p.is_file() for p in run.recognition_files("test-beam").values())
 
     # the checkpoint alone plus the manifest decodes, and gives the training's own test score
     # (which is over phonetic words: no lexicon)
-    alone = decode_manifest(load_recogniser(second["best_ckpt"]), tiny_corpus / "test.jsonl", accelerator="cpu",
+    alone = decode_manifest(load_recogniser(second.best_ckpt), tiny_corpus / "test.jsonl", accelerator="cpu",
                             decoding={"name": "greedy", "lexicon": {"source": "none"}})
-    assert alone.utterances == 2 and alone.attention == second["test"]["attention"] == "full"
-    assert alone.per == pytest.approx(second["test"]["per"]) and alone.wer == pytest.approx(second["test"]["wer"])
+    assert alone.utterances == 2 and alone.attention == second.test["attention"] == "full"
+    assert alone.per == pytest.approx(second.test["per"]) and alone.wer == pytest.approx(second.test["wer"])
 
     # evaluate.py decodes the full-attention model with another attention
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "evaluate.py"), f"ckpt_path={second['last_ckpt']}",
+        [sys.executable, str(PROJECT_ROOT / "evaluate.py"), f"ckpt_path={second.last_ckpt}",
          # only the manifest to decode: the vocabulary, CMVN, features and lexicon come from the checkpoint
          f"data.test_manifest={tiny_corpus / 'test.jsonl'}", "data.num_workers=0",
          "attention=i_clustered", "attention.clusters=3", "decoding=greedy",
@@ -199,7 +199,7 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     # beam search with the checkpoint's lexicon and another word LM, on the average of both epochs
     lm = tmp_path / "words.arpa"
     lm_build([tiny_corpus / "train.jsonl"], lm, order=2)
-    ckpt = f"ckpt_path={second['last_ckpt']}"
+    ckpt = f"ckpt_path={second.last_ckpt}"
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("evaluate", overrides=[ckpt, *eval_overrides(tiny_corpus), "decoding=beam",
                                              f"decoding.lm.path={lm}", "average.last=2", f"paths.output_dir={tmp_path}"])
@@ -211,7 +211,7 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     assert [Path(p).name[:8] for p in beam.averaged_checkpoints] == ["epoch000", "epoch001"]
     assert (Path(beam.run_dir) / "recogs-test-beam.txt").is_file() and "oov" in beam.to_dict()
     tuned = tune(tune_cfg)
-    assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
+    assert tuned.manifest.endswith("dev.jsonl") and len(tuned.points) == 2 and tuned.ckpt_path == second.last_ckpt
     assert (tmp_path / "tune.json").is_file()
 
 
@@ -244,11 +244,11 @@ def test_a_checkpoint_decodes_the_same_away_from_its_corpus(tiny_corpus, tmp_pat
         return json.loads(results.read_text())
 
     decodings = ("greedy", "beam", "beam_lm")
-    before = {d: decode(trained["last_ckpt"], corpus, d, f"before-{d}") for d in decodings}
+    before = {d: decode(trained.last_ckpt, corpus, d, f"before-{d}") for d in decodings}
     # another machine: the checkpoint alone, and test audio without the training manifest or LM
     ckpt = tmp_path / "elsewhere" / "model.ckpt"
     ckpt.parent.mkdir()
-    shutil.copy(trained["last_ckpt"], ckpt)
+    shutil.copy(trained.last_ckpt, ckpt)
     shutil.rmtree(tmp_path / "out")
     moved = corpus.rename(tmp_path / "moved")
     (moved / "train.jsonl").unlink()

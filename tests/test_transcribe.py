@@ -1,4 +1,4 @@
-"""Transcription: ``Recogniser.transcribe`` and ``python -m fastasr.transcribe`` — inputs (files,
+"""Transcription: ``Recogniser.transcribe`` and ``python -m fastasr.cli.transcribe`` — inputs (files,
 directories, manifests without text, stdin, waveforms), word times, long recordings in one pass
 or in windows, and bad input named and survived."""
 
@@ -38,7 +38,7 @@ from fastasr.model import CTCModel
 from fastasr.model.frontend import ConvSubsampling
 from fastasr.recogniser import Transcription, load_recogniser
 from fastasr.scoring import decode_manifest
-from fastasr.transcribe import resolve_inputs, run_transcription, srt_text, summary
+from fastasr.transcription import resolve_inputs, run_transcription, srt_text, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -272,7 +272,7 @@ def trained(tiny_corpus, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("transcribe_model")
     result = train(compose_train(tiny_corpus, out, "name=t", "trainer.max_epochs=3", "test=false",
                                  "final_decoding=null", "model.positions=absolute", "model.conv_kernel=null"))
-    return Path(result["last_ckpt"])
+    return Path(result.last_ckpt)
 
 
 def compose_transcribe(*overrides: str):
@@ -378,7 +378,7 @@ def test_the_command_line_reads_stdin_and_fails_only_when_nothing_is_transcribed
     (tmp_path / "bad.wav").write_text("not audio")
 
     def run(audio: str, stdin: str, name: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "fastasr.transcribe", f"ckpt_path={trained}", f"audio={audio}",
+        return subprocess.run([sys.executable, "-m", "fastasr.cli.transcribe", f"ckpt_path={trained}", f"audio={audio}",
                                "device=cpu", f"hydra.run.dir={tmp_path / name}"],
                               input=stdin, capture_output=True, text=True, timeout=300, cwd=tmp_path)
 

@@ -11,11 +11,12 @@ Sub-packages, from the ground up (docs/ARCHITECTURE.md "Layers"):
     corpora    offline corpus builders: the built-in synthetic corpus, converters, corpus shapes
     matrix     the approximation matrix (train with X, decode with Y)
     budget     the budget study (accuracy for a wall-clock budget)
+    cli        the commands (python -m fastasr.cli.<command>): compose, call the library, print
 
 Modules: ``recogniser`` (the bundle a checkpoint carries, and the inference object),
 ``scoring`` (a labelled manifest's error rates), ``training`` (fit, test, final decoding),
 ``lit`` (the LightningModule), ``config``/``derived_config``/``config_check`` (configuration),
-``rundir``, ``loggers``, ``report``; ``transcribe`` is the transcription command.
+``rundir``, ``loggers``, ``report``, ``transcription`` (transcribing audio files).
 """
 
 __version__ = "0.1.0"

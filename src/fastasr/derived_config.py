@@ -11,8 +11,8 @@ what they compare and train is what ``python train.py`` runs:
   it wins over ``data.tokenizer``), else the data config's own (``conf/data/*.yaml``).
 * ``attention`` (``???``) and ``model.shared_qk`` (null) of a matrix member
   (``conf/experiment/matrix_member_base.yaml``): what its train spec ``member`` stands for,
-  :func:`fastasr.matrix.rules.train_member` (``shared-full`` → full attention with shared Q/K;
-  LSH → shared Q/K). A value given instead is kept (the matrix refuses a member whose
+  :func:`train_member`, the one home of the shared-Q/K rule (``shared-full`` → full attention
+  with shared Q/K; LSH → shared Q/K; the matrix's eval rules build on it, ``fastasr.matrix.rules``). A value given instead is kept (the matrix refuses a member whose
   values contradict its spec: ``fastasr.matrix.members.compose_member``).
 * ``data.length_cost`` (``???`` in ``conf/data/manifest.yaml``): the batch price of the model's
   attention, :func:`fastasr.attention.length_cost` (``quadratic``: full, top-k; ``linear``:
@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from fastasr.attention import length_cost
+from fastasr.attention import build_attention, length_cost
 from fastasr.data.tokenizer import unit_metric
 
 #: ``trainer.precision`` value that :func:`derive_train_config` replaces by :func:`auto_precision`'s.
@@ -51,6 +51,26 @@ GPU_BF16_PRECISION = "bf16-on-gpu"
 DERIVED_PRECISIONS = (AUTO_PRECISION, GPU_BF16_PRECISION)
 #: ``data.num_workers`` value that :func:`derive_train_config` replaces by :func:`auto_workers`'s.
 AUTO_WORKERS = "auto"
+#: The train spec of full attention on a model with one projection for queries and keys.
+SHARED_FULL = "shared-full"
+
+
+def needs_shared_qk(spec: str) -> bool:
+    """Whether attention ``spec`` needs shared Q/K (LSH hashes queries and keys together);
+    ValueError (from ``build_attention``) for an unknown spec."""
+    return bool(build_attention(spec).requires_shared_qk)
+
+
+def train_member(spec: str) -> tuple[str, bool]:
+    """``(attention spec, shared_qk)`` a train spec stands for: the shared-Q/K rule.
+
+    ``shared-full`` → ``("full", True)``; an attention that needs shared Q/K (LSH) → that
+    attention with shared Q/K; any other spec → that attention, separate Q/K. Raises ValueError
+    (from ``build_attention``) for an unknown spec.
+    """
+    if spec == SHARED_FULL:
+        return "full", True
+    return spec, needs_shared_qk(spec)
 
 
 def native_bf16(device_type: str) -> bool:
@@ -120,9 +140,6 @@ def derive_train_config(cfg: DictConfig) -> DictConfig:
     model = cfg.get("model")
     qk_unset = isinstance(model, DictConfig) and "shared_qk" in model and model.shared_qk is None
     if cfg.get("member") is not None and (_missing(cfg, "attention") or qk_unset):
-        # imported here: the matrix package imports its members module, which imports this one
-        from fastasr.matrix.rules import train_member
-
         try:
             attention, shared_qk = train_member(str(cfg.member))
         except ValueError as err:

@@ -61,7 +61,7 @@ def evaluate(cfg: DictConfig) -> DecodeResult:
     ``ckpt_path`` and ``averaged_checkpoints``) and the recogs/errs files in the run dir, whose
     path the result's ``run_dir`` gives."""
     attention = OmegaConf.to_container(cfg.attention, resolve=True) if cfg.get("attention") else None
-    recogniser = load_recogniser(cfg.ckpt_path, attention)
+    recogniser = load_recogniser(cfg.ckpt_path, attention, training_manifest=training_manifest(cfg.data))
     decoding = OmegaConf.to_container(cfg.decoding, resolve=True) if cfg.get("decoding") else None
     if (decoding or {}).get("name") == "auto":
         log.info("decoding=auto: %s (the checkpoint carries %s)", recogniser.words_decoding,
@@ -71,7 +71,7 @@ def evaluate(cfg: DictConfig) -> DecodeResult:
     run_dir = RunDir(HydraConfig.get().runtime.output_dir if HydraConfig.initialized()
                      else Path(cfg.paths.output_dir) / "eval").create()
     result = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=cfg.accelerator, seed=cfg.seed,
-                             decoding=decoding, train_manifest=training_manifest(cfg.data), out_dir=run_dir.path,
+                             decoding=decoding, out_dir=run_dir.path,
                              progress=show_progress(cfg.get("progress", "auto")), **decoding_options(cfg.data))
     result = replace(result, ckpt_path=str(cfg.ckpt_path), averaged_checkpoints=[str(p) for p in averaged])
     run_dir.write_results(result.to_dict())

@@ -24,7 +24,7 @@ buffers of the model, so they are in the checkpoint's weights and nowhere else.
   before the bundle existed are read by ``fastasr.checkpoint_migration``.
 * :meth:`Recogniser.transcribe` turns audio files or waveforms (no reference needed, any length,
   any rate, any channel count) into :class:`Transcription` s with timed :class:`Word` s: the API
-  of ``python -m fastasr.transcribe`` (``fastasr.transcribe``, docs/TRANSCRIBE.md).
+  of ``python -m fastasr.cli.transcribe`` (``fastasr.transcription``, docs/TRANSCRIBE.md).
   :meth:`Recogniser.decoder` picks the decoder (greedy, beam, beam + LM).
 
 Scoring a labelled manifest (error rates against its transcripts) is the evaluation layer's:
@@ -59,14 +59,15 @@ from fastasr.data.recordings import Recording, RecordingFeatures
 from fastasr.data.subword import WORD_START
 from fastasr.data.tokenizer import Tokenizer, unit_metric
 from fastasr.decoding.alignment import align_units, word_frames
-from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_source
+from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_lm, resolve_source
+from fastasr.decoding.emissions import decoding_device
 from fastasr.decoding.long_form import (
     LongFormConfig,
     long_form_log_probs,
     output_frames,
     resolve_mode,
 )
-from fastasr.decoding.transcribe import decoding_device
+from fastasr.lm.arpa import corpus_lm_path
 from fastasr.lm.bundled import BundledLM, ensure_corpus_lm
 from fastasr.model import CTCModel
 from fastasr.progress import progress_bar
@@ -111,6 +112,10 @@ class Recogniser:
         lm: the word LM that ``lm.source=auto`` (``decoding=beam_lm``) decodes with; None: none.
         model_target: the model class, as the model config's ``_target_`` names it
             (``fastasr.model.CTCModel`` or a subclass).
+        training_manifest: the manifest it was trained on, where it is known here
+            (:func:`load_recogniser`'s ``training_manifest``; not written into checkpoints):
+            what the lexicon sources ``train`` and ``spelling`` read, and what a checkpoint
+            that carries no lexicon took its lexicon and LM from at load.
         model: the ``CTCModel`` with its weights (set by :func:`load_recogniser`, or by the
             LightningModule during training); None in a bare configuration.
     """
@@ -124,6 +129,7 @@ class Recogniser:
     lm: BundledLM | None = field(default=None, repr=False)
     model_target: str = DEFAULT_MODEL_TARGET
     model: CTCModel | None = field(default=None, repr=False, compare=False)
+    training_manifest: str | None = field(default=None, compare=False)
 
     @classmethod
     def from_model_config(cls, model_config: Mapping[str, Any], tokenizer: Tokenizer,
@@ -232,18 +238,37 @@ class Recogniser:
         """Seconds per output frame of the model: subsampling × the features' frame shift."""
         return self.subsampling * self.features.frame_shift_ms / 1000.0
 
-    def decoder(self, decoding: str | Mapping[str, Any] | Any | None = None):
-        """The decoder ``decoding`` names, with this recogniser's own lexicon and word LM
-        (:func:`fastasr.decoding.builder.build_decoder`, the one every decoding path uses).
+    def decoder(self, decoding: str | Mapping[str, Any] | Any | None = None, *, lexicon: Lexicon | None = None):
+        """The decoder ``decoding`` names, with this recogniser's own lexicon and word LM: the one
+        way every decoding path (evaluate.py, transcription, the tuner, the matrix, training's
+        final decoding) gets its decoder (:func:`fastasr.decoding.builder.build_decoder`).
 
         ``decoding``: None or ``"greedy"``; ``"beam"`` (lexicon, no LM); ``"beam_lm"`` (lexicon
         and the word LM the checkpoint carries); a ``conf/decoding`` mapping; or a decoder
-        already built (returned as it is: build a beam search once, decode many times)."""
+        already built (returned as it is: build a beam search once, decode many times).
+        ``lexicon``: one already built (:meth:`decoding_lexicon`) instead of the spec's, so a
+        grid of decoders shares it."""
         if callable(decoding) and hasattr(decoding, "describe"):
             return decoding
-        decoder, _ = build_decoder(self.decoding_spec(decoding), self.tokenizer, None, bundled_lexicon=self.lexicon,
-                                   bundled_lm=self.lm)
+        decoder, _ = build_decoder(self.decoding_spec(decoding), self.tokenizer, self.training_manifest,
+                                   lexicon=lexicon, bundled_lexicon=self.lexicon, bundled_lm=self.lm)
         return decoder
+
+    def decoding_lexicon(self, spec: Mapping[str, Any] | None) -> Lexicon | None:
+        """The lexicon a ``decoding.lexicon`` spec gives with this recogniser (None: none)."""
+        return build_lexicon(spec, self.tokenizer, self.training_manifest, self.lexicon)
+
+    def resolved_lexicon_source(self, spec: Mapping[str, Any] | None) -> str:
+        """The source a ``decoding.lexicon`` spec's ``source`` stands for with this recogniser
+        (``auto`` resolved: ``recogniser``, ``train``, ``spelling``, ``cmudict`` or ``none``)."""
+        return resolve_source(dict(spec or {}).get("source", "auto"), self.tokenizer, self.training_manifest,
+                              self.lexicon)
+
+    def decoding_lm(self, spec: Mapping[str, Any] | None) -> str | BundledLM | None:
+        """The word LM a ``decoding.lm`` spec gives with this recogniser: a file path, its own
+        :class:`~fastasr.lm.BundledLM`, or None; ``FileNotFoundError`` when it asks for one
+        this recogniser cannot have (:func:`fastasr.decoding.builder.resolve_lm`)."""
+        return resolve_lm(spec, self.training_manifest, self.lm)
 
     @property
     def words_decoding(self) -> str:
@@ -322,7 +347,7 @@ class Recogniser:
                         num_workers: int = 0, progress: bool = False, on_bad_audio: str = "skip",
                         seed: int | None = None) -> Iterator[Transcription]:
         """:meth:`transcribe`, yielding each :class:`Transcription` as soon as its batch is decoded
-        (in input order): what ``python -m fastasr.transcribe`` prints and writes as it goes."""
+        (in input order): what ``python -m fastasr.cli.transcribe`` prints and writes as it goes."""
         if self.model is None:
             raise ValueError("transcribe: the recogniser has no model; get one from load_recogniser(ckpt_path)")
         if on_bad_audio not in ("skip", "raise"):
@@ -415,7 +440,7 @@ class Word:
 
 @dataclass
 class Transcription:
-    """What :meth:`Recogniser.transcribe` gives for one input (and ``python -m fastasr.transcribe``
+    """What :meth:`Recogniser.transcribe` gives for one input (and ``python -m fastasr.cli.transcribe``
     writes as one JSON line).
 
     Attributes:
@@ -458,6 +483,30 @@ class Transcription:
         return out
 
 
+def with_training_manifest(recogniser: Recogniser, train_manifest: str | os.PathLike | None) -> Recogniser:
+    """``recogniser`` knowing the manifest it was trained on (:attr:`Recogniser.training_manifest`).
+
+    A recogniser that carries no lexicon (a checkpoint written before lexicons travelled with
+    the model) gets here, once, what decoding's ``auto`` sources take from that manifest: the
+    lexicon (:func:`fastasr.decoding.builder.resolve_source`) and, when it carries no LM, the
+    corpus word LM beside the manifest if it exists (:func:`fastasr.lm.corpus_lm_path`; never
+    built here). A manifest that is not here attaches nothing."""
+    if not train_manifest:
+        return recogniser
+    recogniser = replace(recogniser, training_manifest=str(train_manifest))
+    if recogniser.lexicon is not None or not Path(train_manifest).is_file():
+        return recogniser
+    source = resolve_source("auto", recogniser.tokenizer, train_manifest)
+    if source == "none":
+        return recogniser
+    lexicon = build_lexicon({"source": source}, recogniser.tokenizer, train_manifest)
+    corpus_lm = corpus_lm_path(train_manifest)
+    lm = recogniser.lm if recogniser.lm is not None or not corpus_lm.is_file() else BundledLM.from_file(corpus_lm)
+    log.info("the checkpoint carries no lexicon: %d words (%s of %s)%s", len(lexicon), source, train_manifest,
+             f", word LM {lm.path}" if lm is not None else "")
+    return replace(recogniser, lexicon=lexicon, lexicon_source=f"{source}: {Path(train_manifest).resolve()}", lm=lm)
+
+
 def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike | None, *,
                        lm_path: str | os.PathLike | None = None,
                        lm_dir: str | os.PathLike | None = None) -> Recogniser:
@@ -488,7 +537,8 @@ def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike
     if lm is not None:
         log.info("recogniser: lexicon of %d words (%s), word LM %s (%s)", len(lexicon), source, lm.path,
                  "embedded" if lm.embedded else f"{lm.size / 2**20:.0f} MiB, referenced by path and sha256")
-    return replace(recogniser, lexicon=lexicon, lexicon_source=f"{source}: {Path(train_manifest).resolve()}", lm=lm)
+    return replace(recogniser, lexicon=lexicon, lexicon_source=f"{source}: {Path(train_manifest).resolve()}", lm=lm,
+                   training_manifest=str(train_manifest))
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -504,12 +554,15 @@ def _plain(value: Any, where: str) -> Any:
 
 # ---------------------------------------------------------------------- loading
 def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, Any] | None = None,
-                    map_location: str | torch.device = "cpu") -> Recogniser:
+                    map_location: str | torch.device = "cpu", *,
+                    training_manifest: str | os.PathLike | None = None) -> Recogniser:
     """Read a training checkpoint (``torch.load(weights_only=True)``) into a :class:`Recogniser`
     whose ``model`` carries the trained weights (CMVN included), in eval mode, on ``map_location``.
 
     ``attention``: decode with another attention (spec string or mapping) instead of the
-    one the model was trained with; the weights are the same.
+    one the model was trained with; the weights are the same. ``training_manifest``: the
+    manifest it was trained on (``data.train_manifest``), for the lexicon sources that read it
+    and for checkpoints that carry no lexicon (:func:`with_training_manifest`).
     """
     path = Path(ckpt_path)
     if not path.is_file():
@@ -528,4 +581,4 @@ def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, 
         raise ValueError(f"{path}: the weights do not fit the recogniser's model config: {err}") from err
     if attention is not None:
         model.set_attention(attention)
-    return recogniser.with_model(model.to(map_location).eval())
+    return with_training_manifest(recogniser, training_manifest).with_model(model.to(map_location).eval())

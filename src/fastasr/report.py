@@ -1,6 +1,6 @@
 """A static HTML page for a finished run or matrix directory (no server, no network).
 
-    python -m fastasr.report DIR [--out FILE]          (make report DIR=...)
+    python -m fastasr.cli.report DIR [--out FILE]          (make report DIR=...)
 
 A *run directory* (``outputs/runs/<name>``, or ``outputs/matrix/<m>/runs/<spec>``) gives:
 a summary (attention, model size, epochs, best checkpoint, last validation scores), curves
@@ -17,7 +17,6 @@ Curves are matplotlib PNGs inlined as base64, tables are HTML; the page is one f
 
 from __future__ import annotations
 
-import argparse
 import base64
 import csv
 import datetime as _dt
@@ -25,7 +24,6 @@ import html
 import io
 import json
 import math
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -162,7 +160,7 @@ def _page(title: str, body: Sequence[str]) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1><p class='muted'>generated {stamp} by python -m fastasr.report</p>"
+        f"<h1>{html.escape(title)}</h1><p class='muted'>generated {stamp} by python -m fastasr.cli.report</p>"
         + "\n".join(body)
         + "</body></html>"
     )
@@ -356,21 +354,3 @@ def build_report(directory: str | Path, out: str | Path | None = None) -> Path:
     path = Path(out) if out else directory / REPORT_FILE
     path.write_text(page, encoding="utf-8")
     return path
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastasr.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("directory", help="a run directory (outputs/runs/NAME) or a matrix directory (outputs/matrix/NAME)")
-    parser.add_argument("--out", help="HTML file to write (default: DIRECTORY/report.html)")
-    args = parser.parse_args(argv)
-    try:
-        path = build_report(args.directory, args.out)
-    except FileNotFoundError as err:
-        print(f"report: {err}", file=sys.stderr)
-        return 2
-    print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

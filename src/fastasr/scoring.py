@@ -5,7 +5,8 @@
 decoding tuner, the matrix and training's final decoding; it returns a :class:`DecodeResult`,
 whose :meth:`~DecodeResult.to_dict` is what ``results.json`` holds. :func:`decoding_loader`
 builds the dataloader of any manifest with the recogniser's tokenizer, features and
-subsampling; :func:`decoding_options` and :func:`training_manifest` pick the batching options
+subsampling; :func:`tune_recogniser` searches a beam search's LM weight and word score on a
+manifest (the emissions computed once, :func:`manifest_emissions`); :func:`decoding_options` and :func:`training_manifest` pick the batching options
 and the training manifest out of a data config (``conf/data/*.yaml``).
 
 Transcribing audio without references is the recogniser's own
@@ -19,8 +20,10 @@ Transcribing audio without references is the recogniser's own
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,10 +34,18 @@ import torch
 from fastasr.data.bad_audio import SkippedAudio
 from fastasr.data.datamodule import ASRDataModule
 from fastasr.data.manifest import skipped_lines
-from fastasr.decoding.builder import build_decoder
-from fastasr.decoding.transcribe import decode_and_score, decoding_device
+from fastasr.decoding.emissions import (
+    Emission,
+    compute_emissions,
+    decode_and_score,
+    decoding_device,
+)
+from fastasr.decoding.tune import grid_search
+from fastasr.lm.bundled import BundledLM
 from fastasr.recogniser import Recogniser
 from fastasr.rundir import RunDir
+
+log = logging.getLogger(__name__)
 
 # Batching keys of a data config (conf/data/*.yaml) that decoding uses.
 _LOADER_KEYS = ("max_frames_per_batch", "max_batch_size", "num_workers", "on_bad_utterance")
@@ -171,8 +182,7 @@ def decoding_loader(recogniser: Recogniser, manifest: str | os.PathLike, *, max_
 
 
 def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, accelerator: str = "auto",
-                    seed: int = 1234, decoding: Mapping[str, Any] | None = None,
-                    train_manifest: str | os.PathLike | None = None, out_dir: str | os.PathLike | None = None,
+                    seed: int = 1234, decoding: Mapping[str, Any] | None = None, out_dir: str | os.PathLike | None = None,
                     progress: bool = False, **loader_options: Any) -> DecodeResult:
     """Decode and score ``manifest`` with ``recogniser.model`` (its current attention): the one
     scoring path of evaluate.py, the decoding tuner, the matrix and training's final decoding.
@@ -183,9 +193,8 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
         decoding: a ``conf/decoding`` mapping (``{"name": "beam", "lexicon": ..., "lm": ...,
             "beam_size": ...}``; ``name: auto``: the recogniser's :attr:`~Recogniser.words_decoding`); None: greedy. ``lexicon.source`` / ``lm.source`` ``auto`` use
             the recogniser's own lexicon and word LM (``recogniser.lexicon`` / ``.lm``).
-        train_manifest: where the lexicon of ``lexicon.source: train | spelling`` comes from (the
-            words and pronunciations spoken in training), and ``auto``'s lexicon and LM for a
-            recogniser that carries none (older checkpoints); None: no such lexicon.
+            The lexicon sources ``train`` / ``spelling`` read the recogniser's
+            :attr:`~Recogniser.training_manifest` (``load_recogniser(..., training_manifest=)``).
         out_dir: a run directory to write the per-utterance ``recogs-*`` / ``errs-*`` files
             to (tag: the manifest's stem and the decoder's name, e.g. ``test-beam``); None: none.
         progress: a bar on stderr over the utterances, forward pass and search
@@ -202,8 +211,7 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
         raise ValueError("decode_manifest: the recogniser has no model; get one from load_recogniser(ckpt_path)")
     L.seed_everything(seed, workers=True)
     device = decoding_device(accelerator)
-    decoder, _ = build_decoder(recogniser.decoding_spec(decoding), recogniser.tokenizer, train_manifest,
-                               bundled_lexicon=recogniser.lexicon, bundled_lm=recogniser.lm)
+    decoder = recogniser.decoder(decoding)
     loader = decoding_loader(recogniser, manifest, **loader_options)
     tag = f"{Path(manifest).stem}-{decoder.describe()['name']}"
     files = RunDir(out_dir).recognition_files(tag) if out_dir is not None else None
@@ -228,3 +236,79 @@ def decode_manifest(recogniser: Recogniser, manifest: str | os.PathLike, *, acce
         search_score=scores.get("search_score"), oov=scores.get("oov"),
         files=scores.get("files"),
     )
+
+
+@dataclass
+class TuningResult:
+    """A search of the beam search's LM weight and word score on a manifest (:func:`tune_recogniser`).
+
+    Attributes:
+        manifest: the manifest searched on (the dev split).
+        best: the best point, ``{"lm_weight", "word_score", "wer", <unit metric>, "seconds"}``.
+        points: every point, best first (lowest WER, then unit error rate).
+        lm: the LM searched with: a file path, or where the recogniser's own LM was read at
+            training time; ``lm_sha256``: that LM's hash when it is the recogniser's own.
+        skipped_audio: the utterances whose audio was left out (reported, not fatal).
+        ckpt_path: the checkpoint tuned (``python -m fastasr.cli.tune``).
+        vocabularies, beam_size, decoding: training's final tuning
+            (:func:`fastasr.training.tune_vocabulary_and_weights`): each vocabulary tried with its
+            best point and grid, the grid's beam, and the decoding spec chosen.
+    """
+
+    manifest: str
+    best: dict[str, float]
+    points: list[dict[str, float]]
+    lm: str | None = None
+    lm_sha256: str | None = None
+    skipped_audio: list[dict[str, Any]] = field(default_factory=list)
+    ckpt_path: str | None = None
+    vocabularies: list[dict[str, Any]] | None = None
+    beam_size: int | None = None
+    decoding: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data, as ``tune.json`` holds it: ``ckpt_path`` (when set), ``manifest``, ``lm``,
+        ``lm_sha256``, ``best``, ``points``, ``skipped_audio``, and the final tuning's keys when set."""
+        out = {"ckpt_path": self.ckpt_path} if self.ckpt_path is not None else {}
+        out.update(manifest=self.manifest, lm=self.lm, lm_sha256=self.lm_sha256, best=self.best,
+                   points=self.points, skipped_audio=self.skipped_audio)
+        out.update({k: getattr(self, k) for k in ("vocabularies", "beam_size", "decoding")
+                    if getattr(self, k) is not None})
+        return out
+
+
+def manifest_emissions(recogniser: Recogniser, manifest: str, *, accelerator: str = "auto",
+                       **loader_options: Any) -> tuple[list[Emission], list]:
+    """``manifest``'s emissions under ``recogniser`` and the utterances whose audio was left out
+    (reported, not fatal). ``loader_options``: :func:`decoding_options`."""
+    loader = decoding_loader(recogniser, manifest, **loader_options)
+    skipped = SkippedAudio(loader_options.get("on_bad_utterance", "skip"))  # unusable audio: left out, reported
+    start = time.perf_counter()
+    emissions = compute_emissions(recogniser.model, skipped.batches(loader), recogniser.tokenizer,
+                                  decoding_device(accelerator))
+    skipped_audio = skipped.finish(str(manifest))
+    log.info("emissions of %d utterances of %s in %.1f s", len(emissions), manifest, time.perf_counter() - start)
+    return emissions, skipped_audio
+
+
+def tune_recogniser(recogniser: Recogniser, manifest: str, decoding: Mapping[str, Any], lm_weights: Sequence[float],
+                    word_scores: Sequence[float], *, accelerator: str = "auto",
+                    emissions: tuple[list[Emission], list] | None = None, **loader_options: Any) -> TuningResult:
+    """Compute ``manifest``'s emissions with ``recogniser`` once (or take ``emissions``, what
+    :func:`manifest_emissions` returned for it) and search the (lm_weight, word_score) grid of
+    the ``decoding`` config over them.
+    ``loader_options``: :func:`decoding_options` of a data config."""
+    if emissions is None:
+        emissions = manifest_emissions(recogniser, manifest, accelerator=accelerator, **loader_options)
+    emissions, skipped_audio = emissions
+    spec = dict(decoding, name="beam")
+    lexicon = recogniser.decoding_lexicon(spec.get("lexicon"))  # built once for the grid
+
+    def decoder_for(lm_weight: float, word_score: float):
+        return recogniser.decoder(dict(spec, lm_weight=lm_weight, word_score=word_score), lexicon=lexicon)
+
+    points = grid_search(emissions, recogniser.tokenizer, decoder_for, list(lm_weights), list(word_scores))
+    lm = recogniser.decoding_lm(spec.get("lm"))
+    return TuningResult(manifest=str(manifest), best=points[0], points=points,
+                        lm=lm.path if isinstance(lm, BundledLM) else lm,  # the checkpoint's LM: where it was built
+                        lm_sha256=lm.sha256 if isinstance(lm, BundledLM) else None, skipped_audio=skipped_audio)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,6 @@ from fastasr.checkpoint_averaging import write_averaged_checkpoint
 from fastasr.config_check import ConfigError, check_run_dir, check_train_config
 from fastasr.data.tokenizer import unit_metric
 from fastasr.decoding.beam import BeamSearchOptions
-from fastasr.decoding.builder import resolve_lm, resolve_source
-from fastasr.decoding.tune import manifest_emissions, tune_recogniser
 from fastasr.derived_config import derive_train_config
 from fastasr.distributed import is_rank_zero_process, leave_process_group_at_exit
 from fastasr.lit import ASRLitModule
@@ -40,7 +38,15 @@ from fastasr.loggers import build_loggers, finish_wandb
 from fastasr.progress import show_progress
 from fastasr.recogniser import Recogniser, load_recogniser, with_decoding_data
 from fastasr.rundir import RunDir
-from fastasr.scoring import DecodeResult, decode_manifest, decoding_options, training_manifest
+from fastasr.scoring import (
+    DecodeResult,
+    TuningResult,
+    decode_manifest,
+    decoding_options,
+    manifest_emissions,
+    training_manifest,
+    tune_recogniser,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +101,44 @@ def build_module(cfg: DictConfig, datamodule, run_dir: RunDir | None = None) -> 
     return lit
 
 
-def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
+@dataclass
+class TrainingResult:
+    """What :func:`train` returns.
+
+    Attributes:
+        run_dir: the run directory.
+        best_ckpt: the checkpoint of the lowest monitored dev error (None: none written).
+        last_ckpt: the latest checkpoint (None: none written).
+        val: the last validation's ``val/*`` metrics.
+        averaged_ckpt: the averaged weights (``final_average``), which the test and the final
+            decoding read; ``averaged_from``: the epoch checkpoints averaged.
+        test: training's own test of the split (greedy; :attr:`fastasr.lit.ASRLitModule.test_result`:
+            ``per``/``cer``, ``wer``, ``utterances``, ``attention``, ...); None: not tested.
+        final_decoding: the test split by ``final_decoding`` (:class:`fastasr.scoring.DecodeResult`).
+        learning_warnings: :mod:`fastasr.callbacks.not_learning`'s warnings ([]: the run learnt).
+    """
+
+    run_dir: str
+    best_ckpt: str | None = None
+    last_ckpt: str | None = None
+    val: dict[str, float] = field(default_factory=dict)
+    averaged_ckpt: str | None = None
+    averaged_from: list[str] | None = None
+    test: dict[str, Any] | None = None
+    final_decoding: DecodeResult | None = None
+    learning_warnings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tested_ckpt(self) -> str | None:
+        """The checkpoint the test and the final decoding read: the averaged weights, else the best."""
+        return self.averaged_ckpt or self.best_ckpt
+
+
+def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
     """Fit (or resume) a model, then score the best checkpoint on the test split.
 
     ``run_dir``: where the run lives (checkpoints, logs, config.yaml); None: the running
     Hydra job's output directory, else ``cfg.paths.run_dir`` (:func:`run_dir_of`).
-    Returns ``{"run_dir", "best_ckpt", "last_ckpt", "val": {...}, "test": {...}}``.
     """
     check_train_config(cfg)  # config mistakes fail here, naming the key, before any audio is read
     derive_train_config(cfg)  # the values that follow from others: before config.yaml is written
@@ -141,37 +179,35 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> dict[str, Any]:
                     trainer.global_step, last or "the start (no checkpoint was written yet)")
         raise SystemExit(SIGTERM_EXIT_STATUS) from None
 
-    result: dict[str, Any] = {
-        "run_dir": str(run_dir.path),
-        "val": {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
-    }
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    result["best_ckpt"] = best or None
     last = run_dir.latest_checkpoint()
-    result["last_ckpt"] = str(last) if last else None
+    result = TrainingResult(
+        run_dir=str(run_dir.path), best_ckpt=best or None, last_ckpt=str(last) if last else None,
+        val={k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")},
+    )
     average = cfg.get("final_average")
     if average and best and trainer.is_global_zero and not trainer.fast_dev_run:
         written = write_averaged_checkpoint(best, last=average.get("last"), best=average.get("best"))
         if written:  # the test and the final decoding read the averaged weights
             best = str(written[0])
-            result["averaged_ckpt"] = best
-            result["averaged_from"] = [str(p) for p in written[1]]
+            result.averaged_ckpt = best
+            result.averaged_from = [str(p) for p in written[1]]
     if trainer.world_size > 1:  # every rank tests the same checkpoint
         best = trainer.strategy.broadcast(best)
     if cfg.get("test") and not trainer.fast_dev_run:
         trainer.test(lit, datamodule=datamodule, ckpt_path=best or None, weights_only=True)
-        result["test"] = lit.test_result
+        result.test = lit.test_result
         log.info("test: %s", lit.test_result)
         if cfg.get("final_decoding") and trainer.is_global_zero:
             try:
-                result["final_decoding"] = final_decoding(cfg, best or result["last_ckpt"], run_dir,
-                                                          averaged_from=result.get("averaged_from"))
+                result.final_decoding = final_decoding(cfg, best or result.last_ckpt, run_dir,
+                                                       averaged_from=result.averaged_from)
             except Exception:  # the model is trained and tested; a decoding setting must not lose that
                 log.exception("final decoding failed; the run is complete: decode it with "
-                              "python evaluate.py ckpt_path=%s decoding=...", best or result["last_ckpt"])
+                              "python evaluate.py ckpt_path=%s decoding=...", best or result.last_ckpt)
     # callbacks.not_learning's warnings ([] when the run learnt), also into the final decoding's results.json
-    decoded = result.get("final_decoding") is not None
-    result["learning_warnings"] = report_learning_warnings(trainer, run_dir if decoded else None)
+    decoded = result.final_decoding is not None
+    result.learning_warnings = report_learning_warnings(trainer, run_dir if decoded else None)
     finish_wandb()
     return result
 
@@ -200,27 +236,27 @@ class TrainPreflight(Callback):
 
 
 def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: dict[str, Any],
-                                train_manifest: str | None, run_dir: RunDir, accelerator: str) -> dict[str, Any]:
+                                run_dir: RunDir, accelerator: str) -> TuningResult:
     """Choose the final decoding's vocabulary, LM weight and word score on the dev split.
 
     ``cfg.final_tuning.frequent_words`` lists the vocabularies to try: ``0`` is the recogniser's
     own lexicon and word LM (the training words); ``N`` adds the N most frequent words of
     ``final_tuning.language`` (wordfreq) spelt in the training text's characters, to the lexicon
     and, weighted by their frequency, to a word LM re-estimated from the training text
-    (``python -m fastasr.lm build --frequent-words N``; files under the run's ``lm/``). Only a
+    (``python -m fastasr.cli.lm build --frequent-words N``; files under the run's ``lm/``). Only a
     char model can spell added words; other units try ``0`` alone. Each vocabulary's (lm_weight,
-    word_score) grid is searched (:func:`fastasr.decoding.tune.tune_recogniser`) and the lowest
+    word_score) grid is searched (:func:`fastasr.scoring.tune_recogniser`) and the lowest
     dev WER (then unit error rate) wins, so a corpus whose test words are the training words
     (spelled letters, digits, commands) keeps its own vocabulary. ``final_tuning.beam_size``
     (optional) is the beam the grid searches with, narrower than the final decoding's own: the
     grid re-runs the search once per point, and its best weights carry to the wider beam.
 
-    The model runs over dev once (:func:`fastasr.decoding.tune.manifest_emissions`); each
-    vocabulary re-runs only the search. Returns the winner's
-    :func:`~fastasr.decoding.tune.tune_recogniser` result with ``"decoding"`` (the chosen spec)
-    ``"vocabularies"``: ``[{"frequent_words", "lexicon", "lm", "best", "points"}, ...]`` and
-    ``"beam_size"`` (the grid's)."""
+    The model runs over dev once (:func:`fastasr.scoring.manifest_emissions`); each
+    vocabulary re-runs only the search. Returns the winner's :class:`~fastasr.scoring.TuningResult`
+    with ``vocabularies`` (``[{"frequent_words", "lexicon", "lm", "best", "points"}, ...]``),
+    ``beam_size`` (the grid's) and ``decoding`` (the chosen spec) set."""
     tuning = cfg.final_tuning
+    train_manifest = recogniser.training_manifest
     sizes = [int(n) for n in (tuning.get("frequent_words") or [0])]
     if recogniser.tokenizer.kind != "char" and any(sizes):
         log.info("final tuning: frequent_words %s left out: added words are spelt, and this is a %s model",
@@ -250,9 +286,9 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
                 candidate[key] = dict(candidate.get(key) or {}, path=path)
         tuned = tune_recogniser(recogniser, cfg.data.dev_manifest, dict(candidate, beam_size=grid_beam),
                                 tuning.lm_weight, tuning.word_score,
-                                accelerator=accelerator, train_manifest=train_manifest, emissions=dev)
-        point = dict(tuned["best"], frequent_words=n)
-        vocabularies.append({"frequent_words": n, **files, "best": point, "points": tuned["points"]})
+                                accelerator=accelerator, emissions=dev)
+        point = dict(tuned.best, frequent_words=n)
+        vocabularies.append({"frequent_words": n, **files, "best": point, "points": tuned.points})
         searches.append((tuned, candidate))
         log.info("final tuning, frequent_words=%d: best dev WER %.2f (lm_weight=%g word_score=%g)", n,
                  point["wer"], point["lm_weight"], point["word_score"])
@@ -261,8 +297,8 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
     (tuned, candidate), point = searches[i], vocabularies[i]["best"]
     log.info("final decoding: frequent_words=%d lm_weight=%g word_score=%g, tuned on the dev split "
              "(dev WER %.2f)", point["frequent_words"], point["lm_weight"], point["word_score"], point["wer"])
-    return dict(tuned, best=point, vocabularies=vocabularies, beam_size=grid_beam,
-                decoding=dict(candidate, lm_weight=point["lm_weight"], word_score=point["word_score"]))
+    return replace(tuned, best=point, vocabularies=vocabularies, beam_size=grid_beam,
+                   decoding=dict(candidate, lm_weight=point["lm_weight"], word_score=point["word_score"]))
 
 
 def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
@@ -286,18 +322,16 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
     if not ckpt:
         return None
     spec = OmegaConf.to_container(cfg.final_decoding, resolve=True)
-    recogniser = load_recogniser(ckpt)
-    train_manifest = training_manifest(cfg.data)
+    recogniser = load_recogniser(ckpt, training_manifest=training_manifest(cfg.data))
     lexicon = spec.get("lexicon") or {}
-    if not lexicon.get("path") and resolve_source(lexicon.get("source", "auto"), recogniser.tokenizer,
-                                                  train_manifest, recogniser.lexicon) == "none":
+    if not lexicon.get("path") and recogniser.resolved_lexicon_source(lexicon) == "none":
         log.info("final decoding skipped: no lexicon for this %s model (final_decoding.lexicon)",
                  recogniser.tokenizer.kind)
         return None
     if spec.get("name") == "beam":
         lm = spec.get("lm") or {}
         try:
-            resolved = resolve_lm(lm, train_manifest, recogniser.lm)
+            resolved = recogniser.decoding_lm(lm)
         except FileNotFoundError as err:
             resolved, lm = None, {"source": "none", "path": None}
             log.warning("final decoding without an LM: %s", err)
@@ -310,14 +344,14 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
     tuning = cfg.get("final_tuning")
     tuned = None
     if tuning and spec.get("name") == "beam" and (spec.get("lm") or {}).get("source") != "none":
-        tuned = tune_vocabulary_and_weights(recogniser, cfg, spec, train_manifest, run_dir, accelerator)
-        spec = tuned["decoding"]
+        tuned = tune_vocabulary_and_weights(recogniser, cfg, spec, run_dir, accelerator)
+        spec = tuned.decoding
     decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,
-                              decoding=spec, train_manifest=train_manifest, out_dir=run_dir.path,
+                              decoding=spec, out_dir=run_dir.path,
                               progress=bool(cfg.trainer.get("enable_progress_bar", True)) and show_progress("auto"),
                               **decoding_options(cfg.data))
-    tuned_on_dev = None if tuned is None else {k: tuned[k] for k in ("manifest", "best", "points", "vocabularies",
-                                                            "beam_size")}
+    tuned_on_dev = None if tuned is None else {k: getattr(tuned, k) for k in ("manifest", "best", "points",
+                                                                            "vocabularies", "beam_size")}
     decoded = replace(decoded, ckpt_path=str(ckpt), tuned_on_dev=tuned_on_dev, averaged_checkpoints=averaged_from)
     run_dir.write_results(decoded.to_dict())
     log.info("test, %s decoding (%s words): %s", decoded.decoding["name"], decoded.words,

@@ -6,7 +6,7 @@ per call by the call's (padded) length ``N``: i-clustered when ``N >= crossover`
 (calls under autograd: training) or ``N >= crossover_no_grad`` (calls without it:
 decoding, whose crossover is higher: the backward is what full attention pays most
 for). The crossovers are a property of the machine: ``python -m
-fastasr.attention.calibrate`` (``make calibrate-auto``) measures them and writes them
+fastasr.cli.calibrate`` (``make calibrate-auto``) measures them and writes them
 into ``conf/attention/auto.yaml``. The choice needs no host synchronisation: ``N`` is a
 shape. The paper's code has the same idea as a fixed-length "conditional full" switch.
 """

@@ -1,7 +1,7 @@
 """The budget study (Figure 1 of Vyas et al. 2020): which attention and depth give the best
 dev error for a given compute budget.
 
-    python -m fastasr.budget [budget=default|smoke] [overrides]        (make budget)
+    python -m fastasr.cli.budget [budget=default|smoke] [overrides]        (make budget)
 
 Each *member* — an attention spec at an encoder depth, e.g. full at 2, 4 and 6 layers,
 i-clustered-100/200 at 4 and 6, clustered-100 at 6 — is a ``train.py`` run in
@@ -19,7 +19,7 @@ Modules: :mod:`~fastasr.budget.members` (members, composing, training; reuses
 :mod:`~fastasr.budget.curves` (curves from the CSV logs), :mod:`~fastasr.budget.forward`
 (forward timing), :mod:`~fastasr.budget.table` (budget.csv, Pareto front),
 :mod:`~fastasr.budget.render` (Markdown, figures), :mod:`~fastasr.budget.running` (the run
-loop), ``__main__`` (the Hydra entry point).
+loop); the command is :mod:`fastasr.cli.budget`.
 """
 
 from fastasr.budget.clock import TrainingClock

@@ -77,7 +77,7 @@ def measure_member(ckpt: str, data_cfg: Mapping[str, Any], split: str = "dev", r
     :class:`ForwardTime` and the model's parameter count."""
     import lightning as L
 
-    from fastasr.decoding.transcribe import decoding_device
+    from fastasr.decoding.emissions import decoding_device
     from fastasr.recogniser import load_recogniser
     from fastasr.scoring import decoding_loader, decoding_options
 

@@ -205,7 +205,7 @@ def _notes(cfg: DictConfig, members: Sequence[BudgetMember], target: float | Non
 
 def _commands(invocation: Sequence[str], members: Sequence[BudgetMember]) -> list[str]:
     lines = ["# the whole study (trains or resumes what is not finished, then times and plots):"]
-    lines.append(" ".join(["python -m fastasr.budget", *(shlex.quote(o) for o in invocation)]))
+    lines.append(" ".join(["python -m fastasr.cli.budget", *(shlex.quote(o) for o in invocation)]))
     if members:
         lines.append("# or each member alone (then rerun the line above to time and plot them):")
         lines += [m.command for m in members]

@@ -27,9 +27,9 @@ both succeed: the first rename wins, the other copy is discarded.
 **Reading** memory-maps the shards (opened lazily in each DataLoader worker) and
 copies one utterance out per lookup: no audio decoding, no resampling, no FFT.
 
-``python -m fastasr.data.feature_cache [overrides]`` (``make features``) builds the
-caches of a training config's train/dev/test manifests; it takes the overrides
-``train.py`` takes.
+:func:`build_for_config` builds the caches of a data config's train/dev/test manifests
+(``python -m fastasr.cli.features [overrides]``, ``make features``: the overrides
+``train.py`` takes).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -368,29 +367,3 @@ def build_for_config(data_cfg: Mapping) -> list[FeatureCache]:
             built.append(open_feature_cache(utterances, cfg[key], config, cache, speed,
                                             int(cfg.get("num_workers", 0))))
     return built
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m fastasr.data.feature_cache [hydra overrides of conf/train.yaml]``."""
-    from hydra import compose, initialize_config_dir
-
-    from fastasr.config import CONFIG_DIR
-    from fastasr.derived_config import derive_train_config
-
-    overrides = list(sys.argv[1:] if argv is None else argv)
-    if {"-h", "--help"} & set(overrides):
-        print("usage: python -m fastasr.data.feature_cache [hydra overrides of conf/train.yaml]\n"
-              "Builds the feature caches of data.train/dev/test_manifest under data.cache.dir\n"
-              "(e.g. data=manifest data.train_manifest=T.jsonl ... features=fbank80).")
-        return
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides)
-    derive_train_config(cfg)  # tokenizer, batch price: the values training works out
-    for cache in build_for_config(cfg.data):
-        print(f"{cache.directory}: {len(cache)} utterances, {cache.num_frames} frames, {cache.nbytes() / 1e6:.1f} MB"
-              + (f", {len(cache.skipped)} skipped" if cache.skipped else ""))
-
-
-if __name__ == "__main__":
-    main()

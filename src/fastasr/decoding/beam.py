@@ -104,7 +104,7 @@ class BeamSearchDecoder:
         self.lm_path = None if lm_path is None else Path(lm_path.path if self.bundled_lm else lm_path)
         if self.lm_path is not None and self.bundled_lm is None and not self.lm_path.is_file():
             raise FileNotFoundError(f"decoding.lm.path={lm_path}: no such LM file (build one with "
-                                    "`python -m fastasr.lm build` or `make lm`)")
+                                    "`python -m fastasr.cli.lm build` or `make lm`)")
         self.lexicon = None
         if lexicon is not None:
             self.lexicon, dropped = lexicon.restrict_to_units(self.vocab)

@@ -160,7 +160,7 @@ def resolve_lm(spec: Mapping[str, Any] | None, train_manifest: str | Path | None
     raise FileNotFoundError(
         f"decoding.lm.source={source}: this recogniser carries no word LM (its checkpoint was written before "
         f"LMs travelled with the model, or it has no lexicon){beside}; give decoding.lm.path=ARPA "
-        "(`python -m fastasr.lm build --manifest TRAIN.jsonl`), or decode without an LM (decoding=beam)")
+        "(`python -m fastasr.cli.lm build --manifest TRAIN.jsonl`), or decode without an LM (decoding=beam)")
 
 
 def build_decoder(spec: Mapping[str, Any] | None, tokenizer: Tokenizer, train_manifest: str | Path | None = None,

@@ -1,6 +1,6 @@
 """n-gram language models for beam search: modified Kneser-Ney estimation and ARPA files.
 
-``python -m fastasr.lm build --manifest train.jsonl [--out lm.arpa]`` (``make lm``); without
+``python -m fastasr.cli.lm build --manifest train.jsonl [--out lm.arpa]`` (``make lm``); without
 ``--out`` the LM goes to ``lm/words-3gram.arpa`` beside the (first) manifest (:func:`corpus_lm_path`).
 A recogniser carries its word LM (:class:`BundledLM`: the ARPA text, or path and hash when large).
 """

@@ -24,7 +24,7 @@ def _log10(p: float) -> float:
 
 def corpus_lm_path(train_manifest: str | Path, order: int = 3, units: str = "words") -> Path:
     """Where a corpus's n-gram LM lives: ``lm/<units>-<order>gram.arpa`` beside its training
-    manifest (``make lm`` writes ``data/synthetic/lm/words-3gram.arpa``; ``python -m fastasr.lm
+    manifest (``make lm`` writes ``data/synthetic/lm/words-3gram.arpa``; ``python -m fastasr.cli.lm
     build`` without ``--out``; training, when it is missing: :func:`fastasr.lm.ensure_corpus_lm`)."""
     return Path(train_manifest).parent / "lm" / f"{units}-{order}gram.arpa"
 

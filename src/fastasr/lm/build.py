@@ -1,4 +1,4 @@
-"""LM estimation from manifests' transcripts: :func:`build` (``python -m fastasr.lm build`` is its command).
+"""LM estimation from manifests' transcripts: :func:`build` (``python -m fastasr.cli.lm build`` is its command).
 
 Word LMs serve lexicon decoding; character LMs (tokens = the char tokenizer's units, ``|``
 between words) serve lexicon-free decoding of char models. ``frequent_words=N`` opens a word

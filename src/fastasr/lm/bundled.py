@@ -150,7 +150,7 @@ def ensure_corpus_lm(train_manifest: str | os.PathLike, fallback_dir: str | os.P
                      order: int = 3) -> Path:
     """The corpus's word LM, ``lm/words-<order>gram.arpa`` beside ``train_manifest``
     (:func:`fastasr.lm.corpus_lm_path`), estimated from the manifest's transcripts when it does
-    not exist yet (as ``python -m fastasr.lm build --manifest M`` does; seconds for a small corpus).
+    not exist yet (as ``python -m fastasr.cli.lm build --manifest M`` does; seconds for a small corpus).
 
     The file is written atomically (concurrent DDP ranks write identical bytes); where the corpus
     directory is not writable it goes to ``fallback_dir/lm/`` instead (when given)."""

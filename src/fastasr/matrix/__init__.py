@@ -1,7 +1,6 @@
 """The approximation matrix (Table 1 of Vyas et al. 2020): train with X, evaluate with Y.
 
-    python -m fastasr.cross_eval [matrix=smoke|default|paper_wsj] [overrides]   (make matrix)
-    python -m fastasr.matrix [overrides]                                         (the same)
+    python -m fastasr.cli.matrix [matrix=smoke|default|paper_wsj] [overrides]   (make matrix)
 
 For every *train spec* (``full``, ``shared-full``, ``lsh-1``, …) a model is trained with
 ``python train.py experiment=matrix_member member=<spec>`` — here in-process, through the
@@ -15,7 +14,7 @@ Modules: :mod:`~fastasr.matrix.rules` (what a spec stands for, shared Q/K, ``n/a
 :mod:`~fastasr.matrix.cells` (cells and matrix.csv), :mod:`~fastasr.matrix.render`
 (Markdown, HTML, heatmap), :mod:`~fastasr.matrix.members` (composing and training each
 model), :mod:`~fastasr.matrix.dashboard` (the wandb table), :mod:`~fastasr.matrix.running`
-(the run loop), ``__main__`` (the Hydra entry point).
+(the run loop); the command is :mod:`fastasr.cli.matrix`.
 """
 
 from fastasr.matrix.cells import (

@@ -1,6 +1,7 @@
 """What each train spec and eval spec of the matrix stands for, and which pairs cannot run.
 
-The one home of the shared-Q/K rule: a *train spec* names a model —
+A *train spec* names a model, by the shared-Q/K rule of training's configuration
+(:func:`fastasr.derived_config.train_member`) —
 
 * ``shared-full``: full attention on a model with one projection for queries and keys
   (``model.shared_qk=true``);
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-SHARED_FULL = "shared-full"
+from fastasr.derived_config import SHARED_FULL, needs_shared_qk, train_member
 
 REASON_SHARED_FULL = (
     "shared-full is full attention with one Q/K projection: needs a model trained with "
@@ -34,36 +35,11 @@ REASON_LSH = (
 )
 
 
+__all__ = ["SHARED_FULL", "MatrixError", "check_spec_lists", "eval_attention", "train_member"]
+
+
 class MatrixError(RuntimeError):
     """A matrix configuration that cannot be run as asked."""
-
-
-def _needs_shared_qk(spec: str) -> bool:
-    """Whether attention ``spec`` needs shared Q/K; ValueError for an unknown spec."""
-    from fastasr.attention import build_attention
-
-    return bool(build_attention(spec).requires_shared_qk)
-
-
-def train_member(spec: str) -> tuple[str, bool]:
-    """``(attention spec, shared_qk)`` a train spec stands for.
-
-    ``shared-full`` → ``("full", True)``; LSH specs → shared Q/K; the rest → separate Q/K.
-    Raises ValueError (from ``build_attention``) for an unknown spec.
-    """
-    if spec == SHARED_FULL:
-        return "full", True
-    return spec, _needs_shared_qk(spec)
-
-
-def member_attention(spec: str) -> str:
-    """The attention spec a model trained for train spec ``spec`` uses."""
-    return train_member(str(spec))[0]
-
-
-def member_shared_qk(spec: str) -> bool:
-    """Whether the model trained for train spec ``spec`` shares Q/K."""
-    return train_member(str(spec))[1]
 
 
 def eval_attention(eval_spec: str, shared_qk: bool) -> tuple[str | None, str]:
@@ -71,7 +47,7 @@ def eval_attention(eval_spec: str, shared_qk: bool) -> tuple[str | None, str]:
     or ``(None, reason)`` when the pair cannot run."""
     if eval_spec == SHARED_FULL:
         return ("full", "") if shared_qk else (None, REASON_SHARED_FULL)
-    if _needs_shared_qk(eval_spec) and not shared_qk:
+    if needs_shared_qk(eval_spec) and not shared_qk:
         return None, REASON_LSH
     return eval_spec, ""
 
@@ -87,6 +63,6 @@ def check_spec_lists(train: Sequence[str], evals: Sequence[str]) -> None:
         for spec in specs:
             if spec != SHARED_FULL:
                 try:
-                    _needs_shared_qk(spec)
+                    needs_shared_qk(spec)
                 except ValueError as err:
                     raise MatrixError(f"{kind}: {err}") from None

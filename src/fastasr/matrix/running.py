@@ -67,12 +67,16 @@ class MatrixResult:
 
 
 # ----------------------------------------------------------------------------- decoding
-def load_checkpoint(ckpt: Path):
+def load_checkpoint(ckpt: Path, member: Member):
     """The recogniser of a member's checkpoint (:func:`fastasr.recogniser.load_recogniser`),
-    on the CPU, in eval mode."""
-    from fastasr.recogniser import load_recogniser
+    on the CPU, in eval mode; the member's training manifest serves only checkpoints that
+    carry no lexicon or LM (written before they travelled with the model)."""
+    from fastasr.recogniser import (
+        load_recogniser,  # a matrix that only renders its table needs no torch model code
+    )
+    from fastasr.scoring import training_manifest  # as above
 
-    return load_recogniser(ckpt)
+    return load_recogniser(ckpt, training_manifest=training_manifest(member.cfg.data))
 
 
 def decoding_of(member: Member, cfg: DictConfig) -> dict[str, Any] | None:
@@ -92,13 +96,11 @@ def decode_with(member: Member, recogniser, manifest: str, cfg: DictConfig) -> D
     ``cfg.matrix.decoding``, through :func:`fastasr.scoring.decode_manifest`; returns its
     :class:`~fastasr.scoring.DecodeResult` (per/cer, wer (%), utterances, decode_seconds, ...).
     Tokenizer, features, lexicon and word LM are the
-    checkpoint's; batching follows the member's data config, whose training manifest serves only
-    checkpoints that carry no lexicon or LM (written before they travelled with the model)."""
-    from fastasr.scoring import decode_manifest, decoding_options, training_manifest
+    checkpoint's; batching follows the member's data config."""
+    from fastasr.scoring import decode_manifest, decoding_options  # as load_checkpoint
 
     return decode_manifest(recogniser, manifest, accelerator=cfg.matrix.accelerator, seed=cfg.seed,
-                           decoding=decoding_of(member, cfg), train_manifest=training_manifest(member.cfg.data),
-                           **decoding_options(member.cfg.data))
+                           decoding=decoding_of(member, cfg), **decoding_options(member.cfg.data))
 
 
 def decode_cell(member: Member, recogniser, eval_spec: str, manifest: str, cfg: DictConfig) -> Cell:
@@ -183,7 +185,7 @@ def _run_member(cfg: DictConfig, member: Member, manifest: str, result: MatrixRe
         save()
         return
     log.info("%s: decoding %s with %s (%s)", member.spec, manifest, ", ".join(todo), ckpt)
-    recogniser = load_checkpoint(ckpt)
+    recogniser = load_checkpoint(ckpt, member)
     ckpt_rel, step = _relative(ckpt, matrix_dir), int(done["global_step"])
     for e in todo:
         start = time.perf_counter()
@@ -219,7 +221,7 @@ def _decoder_text(cfg: DictConfig) -> str:
 
 def _commands(invocation: Sequence[str], members: Sequence[Member]) -> list[str]:
     lines = ["# the whole matrix (trains what is missing, then decodes every pair):"]
-    lines.append(" ".join(["python -m fastasr.cross_eval", *(shlex.quote(o) for o in invocation)]))
+    lines.append(" ".join(["python -m fastasr.cli.matrix", *(shlex.quote(o) for o in invocation)]))
     if members:
         lines.append("# or each model alone (a Hydra multirun of these is equivalent):")
         lines += [m.command for m in members]
@@ -247,7 +249,7 @@ def run_matrix(cfg: DictConfig, invocation: Sequence[str] = ()) -> MatrixResult:
 
     ``cfg`` is the composed ``cross_eval`` config. Members are composed from ``train.yaml``
     with Hydra's compose API, initialised here on the project's config directory when it is
-    not already (it is under ``python -m fastasr.cross_eval``). ``invocation``: the
+    not already (it is under ``python -m fastasr.cli.matrix``). ``invocation``: the
     command-line overrides, recorded in matrix.md.
     """
     if not GlobalHydra.instance().is_initialized():

@@ -1,8 +1,8 @@
-"""``python -m fastasr.lm build``: an n-gram LM (ARPA) from the transcripts of manifests.
+"""``python -m fastasr.cli.lm build``: an n-gram LM (ARPA) from the transcripts of manifests.
 
-    python -m fastasr.lm build --manifest data/synthetic/train.jsonl     # -> data/synthetic/lm/words-3gram.arpa
-    python -m fastasr.lm build --manifest T.jsonl --units chars --order 6 --out chars-6gram.arpa --dev D.jsonl
-    python -m fastasr.lm build --manifest T.jsonl --frequent-words 50000 --language en --out open.arpa --lexicon-out open.lex
+    python -m fastasr.cli.lm build --manifest data/synthetic/train.jsonl     # -> data/synthetic/lm/words-3gram.arpa
+    python -m fastasr.cli.lm build --manifest T.jsonl --units chars --order 6 --out chars-6gram.arpa --dev D.jsonl
+    python -m fastasr.cli.lm build --manifest T.jsonl --frequent-words 50000 --language en --out open.arpa --lexicon-out open.lex
 
 Word LMs serve lexicon decoding; character LMs (tokens = the char tokenizer's units, ``|``
 between words) serve lexicon-free decoding of char models. ``--frequent-words N`` opens a word
@@ -22,11 +22,9 @@ from collections.abc import Sequence
 from fastasr.lm.arpa import corpus_lm_path
 from fastasr.lm.build import build
 
-log = logging.getLogger("fastasr.lm")
-
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastasr.lm", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fastasr.cli.lm", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="estimate an ARPA n-gram LM from manifests' transcripts")
     b.add_argument("--manifest", action="append", required=True, help="training manifest (repeatable)")

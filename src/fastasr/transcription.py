@@ -1,27 +1,7 @@
-"""Transcribe audio with a trained checkpoint.
-
-Usage::
-
-    python -m fastasr.transcribe ckpt_path=CKPT audio=PATH [overrides]
-    python -m fastasr.transcribe ckpt_path=CKPT audio=recordings/ decoding=beam_lm attention=auto
-    python -m fastasr.transcribe ckpt_path=CKPT audio='[a.wav,b.flac]' output.srt=true output.ctm=true
-    find /data -name '*.wav' | python -m fastasr.transcribe ckpt_path=CKPT audio=-
-
-``audio`` is a file, a directory (searched recursively for audio files by extension:
-``fastasr.data.recordings.AUDIO_EXTENSIONS``), a manifest (``.jsonl``/``.json``: ``audio_filepath``
-and ``duration`` per line, ``text`` not needed), a list of these, or ``-``: paths on stdin,
-one a line. For each file transcribed it prints ``path<TAB>text`` on stdout, and writes to
-its run directory (``outputs/transcribe/<time>``, ``conf/hydra/transcribe.yaml``):
-
-* ``transcripts.jsonl``: one JSON line per file (:meth:`fastasr.recogniser.Transcription.to_dict`:
-  text, words with ``start``/``end`` seconds, units, mode);
-* ``transcribe.json``: the report — files transcribed, every input that could not be and why
-  (missing, unreadable, empty, not audio, truncated, ...), settings, real-time factor;
-* with ``output.ctm=true`` ``transcripts.ctm``, with ``output.srt=true`` ``srt/<id>.srt``.
-
-Bad inputs are named on stderr with their reason and the others are still transcribed; the
-exit status is 1 only when nothing could be transcribed. The Python API is the same object:
-``load_recogniser(ckpt).transcribe(paths)`` (:meth:`fastasr.recogniser.Recogniser.transcribe`).
+"""Transcribe audio files with a trained checkpoint: what ``python -m fastasr.cli.transcribe``
+runs (:func:`run_transcription`), its inputs (:func:`resolve_inputs`), its output formats
+(:func:`srt_text`, :func:`ctm_lines`) and its closing lines (:func:`summary`). The command's
+usage is in :mod:`fastasr.cli.transcribe`.
 """
 
 from __future__ import annotations
@@ -36,16 +16,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
-from fastasr.config import CONFIG_DIR
 from fastasr.data.bad_audio import SkippedUtterance, describe_skipped
 from fastasr.data.manifest import ManifestError, read_manifest
 from fastasr.data.recordings import AUDIO_EXTENSIONS, Recording
 from fastasr.progress import show_progress
-from fastasr.quiet import quiet_known_noise
 from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -230,16 +207,3 @@ def summary(report: dict[str, Any]) -> str:
     if not report["transcribed"]:
         line += "\ntranscribe: nothing could be transcribed"
     return line + f"\ntranscribe: outputs in {report['run_dir']}"
-
-
-@hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="transcribe")
-def main(cfg: DictConfig) -> None:
-    quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
-    report = run_transcription(cfg)
-    print(summary(report), file=sys.stderr, flush=True)
-    if not report["transcribed"]:
-        sys.exit(1)
-
-
-if __name__ == "__main__":
-    main()
