@@ -5,7 +5,7 @@ The checkpoint carries all decoding needs (lexicon and word LM included); conf/e
 composes no training data config. Prints the decoding that ran and where results.json went,
 then `PER=<x> WER=<y> (<n> utterances)` (percent; CER for character models) as its last line.
 A command whose checkpoint or manifest is missing stops before its run directory is made
-(:class:`fastasr.evaluation.EvaluatePreflight`); any other failure is written into the run
+(:class:`fastasr.recognition.evaluation.EvaluatePreflight`); any other failure is written into the run
 directory's evaluate.log.
 """
 
@@ -16,8 +16,8 @@ import hydra
 from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
-from fastasr.evaluation import decoding_label, evaluate, format_result_line
 from fastasr.quiet import quiet_known_noise
+from fastasr.recognition.evaluation import decoding_label, evaluate, format_result_line
 
 log = logging.getLogger("evaluate")
 

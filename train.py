@@ -8,9 +8,9 @@ from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
 from fastasr.distributed import hydra_overrides_for_rank
-from fastasr.evaluation import format_result_line
 from fastasr.quiet import quiet_known_noise
-from fastasr.training import train
+from fastasr.recognition.evaluation import format_result_line
+from fastasr.training.fit import train
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")

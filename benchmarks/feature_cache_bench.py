@@ -40,7 +40,7 @@ from fastasr.config import CONFIG_DIR  # noqa: E402
 from fastasr.data.feature_cache import CacheConfig, open_feature_cache  # noqa: E402
 from fastasr.data.features import FeatureConfig, with_native_rate  # noqa: E402
 from fastasr.data.manifest import read_manifest  # noqa: E402
-from fastasr.derived_config import derive_train_config  # noqa: E402
+from fastasr.training.derived_config import derive_train_config  # noqa: E402
 
 
 def time_epochs(datamodule, epochs: int) -> list[dict]:

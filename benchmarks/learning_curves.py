@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fastasr.report import read_metrics
+from fastasr.studies.report import read_metrics
 
 PLATEAU_EXIT = 90.0  # %: a run has left the blank plateau once its unit error rate is below this
 

@@ -7,12 +7,12 @@ For each run directory, its saved ``config.yaml`` is trained again for ``--steps
 fresh process, in a scratch run directory (the run itself is not touched; no test, no final
 decoding, no loggers): the callbacks first run forward + backward on the largest training batches
 (``LargestBatchProbe``), which is where a run's memory peaks, then a few ordinary updates. The
-peak is ``fastasr.callbacks.peak_memory_mb`` at the end: the process's resident high-water mark
+peak is ``fastasr.training.callbacks.peak_memory_mb`` at the end: the process's resident high-water mark
 on a CPU (``ru_maxrss``), the allocator's peak on a GPU. The model, data loading and the
 libraries are in it, as they are in a training run's.
 
 One process per run, so that no run's peak carries into another's: a study that trains its
-members in one process logs, on code older than ``fastasr.callbacks.reset_peak_memory``, each
+members in one process logs, on code older than ``fastasr.training.callbacks.reset_peak_memory``, each
 member's peak as the largest so far. Runs are measured one after the other; run it on a quiet
 machine. Writes a Markdown table (run, attention, layers, peak MB) with the machine and date.
 """
@@ -37,8 +37,8 @@ def measure(run_dir: Path, steps: int) -> dict:
     """Train ``run_dir``'s config for ``steps`` updates in this process; the peak memory (MB)."""
     from omegaconf import OmegaConf
 
-    from fastasr.callbacks import peak_memory_mb
-    from fastasr.training import train
+    from fastasr.training.callbacks import peak_memory_mb
+    from fastasr.training.fit import train
 
     cfg = OmegaConf.load(run_dir / "config.yaml")
     with tempfile.TemporaryDirectory(prefix="peak-memory-") as scratch:

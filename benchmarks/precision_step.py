@@ -6,7 +6,7 @@
 
 What ``trainer.precision`` costs per update: ``32-true`` against ``bf16-mixed`` (the value
 ``trainer.precision: auto`` takes where the CPU multiplies bfloat16 natively,
-:func:`fastasr.derived_config.auto_precision`). The model is the one ``python train.py
+:func:`fastasr.training.derived_config.auto_precision`). The model is the one ``python train.py
 <overrides>`` trains (its ``model`` config composed by Hydra; 40 characters of output, the
 features' bins in), built twice from one seed. A step is ``step_time.Stepper``'s, what training
 does with one batch: forward (under ``torch.autocast("cpu", torch.bfloat16)`` for bf16, as
@@ -38,7 +38,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from hydra.utils import instantiate  # noqa: E402
 
 import fastasr.config  # noqa: E402,F401  (PROJECT_ROOT for conf/paths)
-from fastasr.derived_config import native_bf16  # noqa: E402
+from fastasr.training.derived_config import native_bf16  # noqa: E402
 
 PRECISIONS = ("32-true", "bf16-mixed")
 VOCAB = 40

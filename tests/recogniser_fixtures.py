@@ -10,8 +10,8 @@ import torch
 
 from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.lit import ASRLitModule
-from fastasr.recogniser import Recogniser
+from fastasr.recognition.recogniser import Recogniser
+from fastasr.training.lit import ASRLitModule
 
 MODEL = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2,
          "dropout": 0.0, "shared_qk": False, "subsampling": 2, "norm_first": True,

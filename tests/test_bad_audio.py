@@ -172,7 +172,7 @@ def bad_corpus(tiny_corpus: Path, out: Path, n_bad: int | None = None, bad_dev: 
 def test_training_skips_bad_audio_and_reports_every_file(tiny_corpus, tmp_path, caplog):
     from test_train_eval import compose_train
 
-    from fastasr.training import train
+    from fastasr.training.fit import train
 
     corpus = bad_corpus(tiny_corpus, tmp_path / "corpus", n_bad=4)
     with caplog.at_level(logging.WARNING):
@@ -196,8 +196,8 @@ def test_training_skips_bad_audio_and_reports_every_file(tiny_corpus, tmp_path, 
     assert result.val["val/per"] == result.val["val/per"]  # scored on the usable dev utterance
 
     # evaluate.py's decoding skips it as well, and names it in the result and the log
-    from fastasr.recogniser import load_recogniser
-    from fastasr.scoring import decode_manifest
+    from fastasr.recognition.recogniser import load_recogniser
+    from fastasr.recognition.scoring import decode_manifest
 
     caplog.clear()
     with caplog.at_level(logging.WARNING):
@@ -218,7 +218,7 @@ def reasons_path(report: list[dict], utt_id: str) -> str:
 def test_a_corpus_with_no_usable_audio_stops_with_a_clear_error(tiny_corpus, tmp_path):
     from test_train_eval import compose_train
 
-    from fastasr.training import train
+    from fastasr.training.fit import train
 
     corpus = bad_corpus(tiny_corpus, tmp_path / "corpus")
     with pytest.raises(AllAudioBadError, match=r"all 10 utterance\(s\) have unusable audio"):
@@ -228,7 +228,7 @@ def test_a_corpus_with_no_usable_audio_stops_with_a_clear_error(tiny_corpus, tmp
 def test_on_bad_utterance_raise_stops_at_the_first_bad_file(tiny_corpus, tmp_path):
     from test_train_eval import compose_train
 
-    from fastasr.training import train
+    from fastasr.training.fit import train
 
     corpus = bad_corpus(tiny_corpus, tmp_path / "corpus", n_bad=1)
     cfg = compose_train(corpus, tmp_path, "name=raise", "trainer.max_epochs=1", "data.on_bad_utterance=raise")

@@ -18,10 +18,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_train_eval import corpus_overrides
 
-from fastasr import budget as bd
-from fastasr.budget import running
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
 from fastasr.rundir import RunDir
+from fastasr.studies import budget as bd
+from fastasr.studies.budget import running
 
 
 def _smoke_overrides(corpus: Path, out: Path, *extra: str) -> list[str]:
@@ -104,7 +104,7 @@ def test_default_members_differ_only_in_attention_and_depth(tmp_path):
         assert c.trainer.max_time == "00:00:20:00" and c.trainer.max_epochs == -1 and m.max_time_s == 1200
         assert c.scheduler._target_.endswith("BudgetSchedule") and c.scheduler.warmup_steps == 100
         assert c.data.train_manifest.endswith("synthetic_long/train.jsonl") and c.data.length_cost == "linear"
-        assert c.callbacks.training_clock._target_ == "fastasr.budget.clock.TrainingClock"
+        assert c.callbacks.training_clock._target_ == "fastasr.studies.budget.clock.TrainingClock"
         assert c.test is False
     assert _differing_keys(*(m.cfg for m in members)) == {
         "member", "name", "attention", "model.attention", "model.layers", "paths.run_dir", "logger.wandb.name"}
@@ -175,7 +175,7 @@ def test_read_curve_drops_what_a_resume_rolled_back(tmp_path):
 def test_table2_columns_peak_memory_test_error_and_time_to_the_common_target(tmp_path):
     """Peak memory and test error come from the CSV logs; the common target is the worst member's
     best dev error, and each member's time to target is its first validation at or below it."""
-    from fastasr.budget.table import mark_time_to_target
+    from fastasr.studies.budget.table import mark_time_to_target
 
     _metrics(tmp_path / "csv/version_0/metrics.csv",
              [{"step": 5, "perf/peak_memory_mb": 900.0}, {"step": 10, "perf/peak_memory_mb": 1200.0}, _val(10, 11.0, 50.0)])

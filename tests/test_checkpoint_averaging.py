@@ -5,7 +5,7 @@ import argparse
 import pytest
 import torch
 
-from fastasr.checkpoint_averaging import (
+from fastasr.recognition.checkpoint_averaging import (
     average_checkpoints,
     average_into,
     select_checkpoints,

@@ -1,4 +1,4 @@
-"""Checkpoints written before the recogniser bundle existed still load (fastasr.checkpoint_migration)."""
+"""Checkpoints written before the recogniser bundle existed still load (fastasr.recognition.checkpoint_migration)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from recogniser_fixtures import MODEL, phoneme_tokenizer, recogniser, save_checkpoint
 
-from fastasr.checkpoint_migration import legacy_recogniser_state
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.recogniser import Recogniser, load_recogniser
+from fastasr.recognition.checkpoint_migration import legacy_recogniser_state
+from fastasr.recognition.recogniser import Recogniser, load_recogniser
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Every config group option composes, and the composed objects instantiate; the values a config
-derives from others are worked out in Python (fastasr.derived_config), not by resolvers."""
+derives from others are worked out in Python (fastasr.training.derived_config), not by resolvers."""
 
 import os
 import re
@@ -16,9 +16,9 @@ from fastasr.attention import build_attention
 from fastasr.config import CONFIG_DIR
 from fastasr.data.features import FeatureConfig
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.derived_config import derive_train_config
 from fastasr.model import CTCModel
-from fastasr.recogniser import DEFAULT_MODEL_TARGET, Recogniser
+from fastasr.recognition.recogniser import DEFAULT_MODEL_TARGET, Recogniser
+from fastasr.training.derived_config import derive_train_config
 
 GROUPS = ["data", "features", "model", "attention", "optim", "scheduler", "trainer", "logger", "recipe",
           "callbacks", "experiment", "debug"]
@@ -196,7 +196,7 @@ def test_the_model_is_the_class_the_config_names():
 def test_num_workers_auto_is_the_cores_less_one_between_2_and_8():
     """data.num_workers=auto (conf/data/manifest.yaml): a 2-core machine keeps 2 feature workers,
     a 16-core GPU machine gets 8, and the derived config holds the number."""
-    from fastasr.derived_config import auto_workers
+    from fastasr.training.derived_config import auto_workers
 
     assert [auto_workers(c) for c in (1, 2, 3, 5, 9, 16, 64)] == [2, 2, 2, 4, 8, 8, 8]
     assert auto_workers() == max(2, min(8, len(os.sched_getaffinity(0)) - 1))

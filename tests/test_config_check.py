@@ -10,8 +10,8 @@ import soundfile
 from omegaconf import OmegaConf
 from test_train_eval import compose_train
 
-from fastasr.config_check import ConfigError, check_train_config
-from fastasr.training import train
+from fastasr.training.config_check import ConfigError, check_train_config
+from fastasr.training.fit import train
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_a_phoneme_model_needs_phonemes_in_the_manifest(tiny_corpus, tmp_path, n
 
 
 def test_the_config_is_checked_with_its_derived_values(tiny_corpus, tmp_path, no_audio_reads):
-    """The check sees what training runs (fastasr.derived_config), on a copy of the config."""
+    """The check sees what training runs (fastasr.training.derived_config), on a copy of the config."""
     raw = compose_train(tiny_corpus, tmp_path)
     check_train_config(raw)
     assert OmegaConf.is_missing(raw.data, "length_cost")  # the caller's config is not changed

@@ -11,15 +11,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from fastasr.callbacks import (
+from fastasr.config import CONFIG_DIR
+from fastasr.model import CTCModel
+from fastasr.training.callbacks import (
     AttentionMapLogger,
     attention_info,
     mean_l1_distance,
     peak_memory_mb,
     render_attention_maps,
 )
-from fastasr.config import CONFIG_DIR
-from fastasr.model import CTCModel
 
 TINY_MODEL = ["model.d_model=32", "model.heads=2", "model.ff_dim=64", "model.layers=2", "model.spec_augment=null"]
 
@@ -174,7 +174,7 @@ def test_peak_memory_is_positive_on_cpu():
 def test_resetting_the_peak_forgets_an_earlier_runs_memory():
     """Runs that share a process (budget members) each report their own peak: after
     reset_peak_memory the peak is the memory in use now, not an earlier 300 MB block's."""
-    from fastasr.callbacks import reset_peak_memory
+    from fastasr.training.callbacks import reset_peak_memory
 
     block = torch.ones(75_000_000)  # 300 MB, touched
     with_block = peak_memory_mb(torch.device("cpu"))
@@ -198,8 +198,8 @@ def test_training_fills_tensorboard_wandb_csv_and_pngs(tiny_corpus, tmp_path, of
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from test_train_eval import data_overrides
 
-    from fastasr.report import read_metrics
-    from fastasr.training import train
+    from fastasr.studies.report import read_metrics
+    from fastasr.training.fit import train
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[

@@ -132,7 +132,7 @@ def test_hydra_configs_instantiate(tiny_corpus):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from fastasr.derived_config import derive_train_config
+    from fastasr.training.derived_config import derive_train_config
 
     # the data options are composed (they inherit conf/data/manifest.yaml through their defaults)
     overrides = [f"paths.data_dir={tiny_corpus.parent}", "features=fbank40", "data.num_workers=0",

@@ -164,7 +164,7 @@ def test_pricing_is_validated_and_configured_by_the_attention():
     from hydra import compose, initialize_config_dir
 
     from fastasr.config import CONFIG_DIR
-    from fastasr.derived_config import derive_train_config
+    from fastasr.training.derived_config import derive_train_config
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         for attention, cost in (("full", "quadratic"), ("topk", "quadratic"), ("clustered", "linear"),

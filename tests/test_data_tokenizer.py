@@ -160,7 +160,7 @@ def test_tokenizer_options_reach_the_datamodule_through_the_config(tiny_corpus):
     from hydra.utils import instantiate
 
     from fastasr.config import CONFIG_DIR
-    from fastasr.derived_config import derive_train_config
+    from fastasr.training.derived_config import derive_train_config
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         default = derive_train_config(compose("train"))

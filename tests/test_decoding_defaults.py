@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.decoding.builder import DEFAULT_LEXICON_SOURCE, DEFAULT_LM_SOURCE
-from fastasr.recogniser import DECODING_PRESETS
+from fastasr.recognition.recogniser import DECODING_PRESETS
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "decoding"
 

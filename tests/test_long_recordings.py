@@ -81,7 +81,7 @@ def test_the_page_states_the_target_for_the_60_minute_one_pass():
 def test_the_benchmark_runs_on_a_20_second_recording_of_the_tiny_corpus(tiny_corpus, tmp_path):
     from test_train_eval import compose_train
 
-    from fastasr.training import train
+    from fastasr.training.fit import train
 
     ckpt = train(compose_train(tiny_corpus, tmp_path / "model", "name=m", "trainer.max_epochs=1", "test=false",
                                "final_decoding=null")).last_ckpt

@@ -1,5 +1,5 @@
 """Learning-rate schedules: the warm-up's rate at given updates, and its composition with the
-plateau schedule (fastasr.lr_schedules, conf/scheduler)."""
+plateau schedule (fastasr.training.lr_schedules, conf/scheduler)."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from fastasr.config import CONFIG_DIR
-from fastasr.lr_schedules import build_lr_schedulers
+from fastasr.training.lr_schedules import build_lr_schedulers
 
 LR = 1e-3
 
@@ -106,7 +106,7 @@ def _budget(opt, **kw):
 
 def test_budget_schedule_shape_over_the_budget():
     """Warm-up by updates, then a linear decay by the fraction of the budget spent, to final_factor."""
-    from fastasr.lr_schedules import BudgetSchedule
+    from fastasr.training.lr_schedules import BudgetSchedule
 
     opt = _optimizer()
     spent = {"p": 0.0}
@@ -139,7 +139,7 @@ def test_budget_schedule_holds_then_cosine():
 def test_budget_schedule_state_resumes_without_the_progress_callable():
     """The state dict holds no callable (checkpoints load with weights_only=True) and a restored
     schedule continues at the same update."""
-    from fastasr.lr_schedules import BudgetSchedule
+    from fastasr.training.lr_schedules import BudgetSchedule
 
     opt = _optimizer()
     sched = BudgetSchedule(opt, warmup_steps=100, progress=lambda: 0.0)
@@ -171,7 +171,7 @@ def test_budget_progress_takes_the_budget_that_ends_first():
 
     from lightning.pytorch.callbacks import Timer
 
-    from fastasr.lr_schedules import budget_progress
+    from fastasr.training.lr_schedules import budget_progress
 
     timer = Timer(duration=timedelta(seconds=100))
     timer.load_state_dict({"time_elapsed": {"train": 25.0}})  # resumed after 25 s of training

@@ -1,4 +1,4 @@
-"""The approximation matrix (fastasr.matrix): spec rules, cells and tables, member configs.
+"""The approximation matrix (fastasr.studies.matrix): spec rules, cells and tables, member configs.
 
 The smoke matrix end to end is in test_matrix_run.py (slow)."""
 
@@ -12,10 +12,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from fastasr import matrix as mx
 from fastasr.config import CONFIG_DIR
-from fastasr.derived_config import derive_train_config
-from fastasr.matrix.cells import ordered
+from fastasr.studies import matrix as mx
+from fastasr.studies.matrix.cells import ordered
+from fastasr.training.derived_config import derive_train_config
 
 DEFAULT_TRAIN = ["full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "i-clustered-100"]
 DEFAULT_EVAL = ["full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200",
@@ -115,7 +115,7 @@ def test_csv_round_trip(tmp_path):
 
 
 def test_a_cell_is_current_for_one_model_and_one_decoder():
-    from fastasr.matrix.cells import decoding_label, is_current
+    from fastasr.studies.matrix.cells import decoding_label, is_current
 
     greedy = decoding_label(None)
     assert greedy.startswith("greedy-") and decoding_label({"name": "greedy"}) == greedy

@@ -15,8 +15,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from test_train_eval import corpus_overrides
 
-from fastasr import matrix as mx
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
+from fastasr.studies import matrix as mx
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from test_train_eval import compose_train
 
 from fastasr.model import CTCModel
-from fastasr.training import train
+from fastasr.training.fit import train
 
 # (spec for the model, config overrides for train.py)
 VARIANTS = {
@@ -86,7 +86,7 @@ def test_16_mixed_training_on_gpu_with_every_attention(tiny_corpus, tmp_path, va
     (True, False, "bf16-mixed"), (False, True, "bf16-mixed"), (False, False, "32-true"),
 ])
 def test_auto_precision_on_the_cpu_follows_native_bfloat16(monkeypatch, avx512_bf16, amx, expected):
-    from fastasr.derived_config import auto_precision
+    from fastasr.training.derived_config import auto_precision
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
@@ -97,7 +97,7 @@ def test_auto_precision_on_the_cpu_follows_native_bfloat16(monkeypatch, avx512_b
 
 
 def test_auto_precision_on_a_gpu_follows_its_bfloat16(monkeypatch):
-    from fastasr.derived_config import auto_precision
+    from fastasr.training.derived_config import auto_precision
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
@@ -113,11 +113,11 @@ def test_precision_auto_is_filled_in_and_other_values_stay(monkeypatch, tiny_cor
     from test_config import compose_train
     from test_train_eval import compose_train as compose_on
 
-    from fastasr.config_check import ConfigError, check_train_config
+    from fastasr.training.config_check import ConfigError, check_train_config
 
-    monkeypatch.setattr("fastasr.derived_config.native_bf16", lambda device_type: device_type == "cpu")
+    monkeypatch.setattr("fastasr.training.derived_config.native_bf16", lambda device_type: device_type == "cpu")
     assert compose_train("trainer.precision=auto", "trainer.accelerator=cpu").trainer.precision == "bf16-mixed"
-    monkeypatch.setattr("fastasr.derived_config.native_bf16", lambda device_type: False)
+    monkeypatch.setattr("fastasr.training.derived_config.native_bf16", lambda device_type: False)
     assert compose_train("trainer.precision=auto", "trainer.accelerator=cpu").trainer.precision == "32-true"
     assert compose_train("trainer.precision=bf16-mixed").trainer.precision == "bf16-mixed"
     assert compose_train().trainer.precision == "32-true"  # the built-in recipe: float32

@@ -265,8 +265,8 @@ def test_the_training_loss_mixes_final_and_intermediate_ctc_by_the_weight():
     """(1 - w) * CTC(final) + w * mean over taps of CTC(tap), each CTC in nats per label."""
     from fastasr.data.manifest import Utterance
     from fastasr.data.tokenizer import Tokenizer
-    from fastasr.lit import ASRLitModule
-    from fastasr.recogniser import Recogniser
+    from fastasr.recognition.recogniser import Recogniser
+    from fastasr.training.lit import ASRLitModule
 
     tok = Tokenizer.build([Utterance("a", "/a.wav", 1.0, "abc cab")], "char")
     config = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 3,

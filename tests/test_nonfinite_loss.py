@@ -11,10 +11,10 @@ import pytest
 import torch
 from test_train_eval import compose_train
 
-import fastasr.training
-from fastasr.callbacks.nonfinite_loss import NonFiniteLossError
-from fastasr.lit import ASRLitModule
-from fastasr.training import train
+import fastasr.training.fit
+from fastasr.training.callbacks.nonfinite_loss import NonFiniteLossError
+from fastasr.training.fit import train
+from fastasr.training.lit import ASRLitModule
 
 
 def poison(monkeypatch, ids: set[str] | None, value: float = float("nan")) -> None:
@@ -46,8 +46,8 @@ class WeightWatch(L.Callback):
 
 
 def add_callback(monkeypatch, callback: L.Callback) -> None:
-    build = fastasr.training.build_callbacks
-    monkeypatch.setattr(fastasr.training, "build_callbacks", lambda cfg, run_dir: [*build(cfg, run_dir), callback])
+    build = fastasr.training.fit.build_callbacks
+    monkeypatch.setattr(fastasr.training.fit, "build_callbacks", lambda cfg, run_dir: [*build(cfg, run_dir), callback])
 
 
 def test_a_nan_loss_skips_that_update_and_training_goes_on(tiny_corpus, tmp_path, monkeypatch, caplog):

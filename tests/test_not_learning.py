@@ -15,10 +15,15 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from fastasr.callbacks import LearningWatch, learning_warnings, report_learning_warnings
-from fastasr.callbacks.not_learning import PLATEAU, PROGRESS_BAR_KEY, STALLED, TROUBLESHOOTING
 from fastasr.config import CONFIG_DIR
 from fastasr.rundir import RunDir
+from fastasr.training.callbacks import LearningWatch, learning_warnings, report_learning_warnings
+from fastasr.training.callbacks.not_learning import (
+    PLATEAU,
+    PROGRESS_BAR_KEY,
+    STALLED,
+    TROUBLESHOOTING,
+)
 
 WARNING = "not learning: after"
 
@@ -36,7 +41,7 @@ def raised(fed) -> list[tuple[int, str]]:
 def test_the_plateau_warns_once_after_the_given_updates(caplog):
     watch = LearningWatch(after_updates=600, plateau_error=90.0)
     curve = [(u, 3.0 - 0.01 * i, 99.0 - 0.5 * i) for i, u in enumerate(range(240, 2400, 240))]
-    with caplog.at_level(logging.WARNING, logger="fastasr.callbacks.not_learning"):
+    with caplog.at_level(logging.WARNING, logger="fastasr.training.callbacks.not_learning"):
         fed = feed(watch, curve)
     assert raised(fed) == [(720, PLATEAU)]  # the first validation at or after update 600, and only it
     assert caplog.text.count(WARNING) == 1
@@ -91,7 +96,7 @@ def test_a_flat_dev_loss_and_error_warn_stalled_after_patience_validations(caplo
     watch = LearningWatch(after_updates=600, patience=5, min_delta=0.01, stalled_error=60.0)
     learning = [(200 * (i + 1), 3.0 - 0.1 * i, 88.0 - 2 * i) for i in range(5)]  # best loss 2.6, error 80
     flat = [(1200 + 200 * i, 2.6 + 0.02 * (i % 2), 80.0 + 0.5 * (i % 2)) for i in range(8)]
-    with caplog.at_level(logging.WARNING, logger="fastasr.callbacks.not_learning"):
+    with caplog.at_level(logging.WARNING, logger="fastasr.training.callbacks.not_learning"):
         fed = feed(watch, learning + flat, metric="val/per")
     # the 5 validations after the last improvement (updates 1,200-2,000) improved on neither
     assert raised(fed) == [(2000, STALLED)]
@@ -124,7 +129,7 @@ def test_a_loss_improving_by_less_than_min_delta_is_flat():
 def test_each_condition_warns_once(caplog):
     watch = LearningWatch(after_updates=0, patience=2)
     curve = [(100 * i, 3.0, 99.0) for i in range(1, 10)]
-    with caplog.at_level(logging.WARNING, logger="fastasr.callbacks.not_learning"):
+    with caplog.at_level(logging.WARNING, logger="fastasr.training.callbacks.not_learning"):
         fed = feed(watch, curve)
     assert raised(fed) == [(100, PLATEAU), (300, STALLED)]
     assert watch.conditions == [PLATEAU, STALLED] and caplog.text.count(WARNING) == 2
@@ -217,7 +222,7 @@ def test_the_state_survives_a_resume_so_a_warning_is_neither_repeated_nor_lost(c
     resumed = round_trip(watch)
     assert resumed.warnings == watch.warnings and resumed.history == watch.history
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fastasr.callbacks.not_learning"):
+    with caplog.at_level(logging.WARNING, logger="fastasr.training.callbacks.not_learning"):
         assert raised(feed(resumed, [(1000, 2.9, 97.0)])) == []  # not repeated
     assert WARNING not in caplog.text
     module = FakeModule()
@@ -276,7 +281,7 @@ def test_a_real_run_warns_shows_it_keeps_it_over_a_resume_and_reports_it(tiny_co
     warn again, and the result and results.json carry it."""
     from test_train_eval import compose_train
 
-    import fastasr.training
+    import fastasr.training.fit
 
     bars = []  # the progress bar's metrics at the end of each fit, and the step
 
@@ -284,13 +289,13 @@ def test_a_real_run_warns_shows_it_keeps_it_over_a_resume_and_reports_it(tiny_co
         def on_fit_end(self, trainer, pl_module):
             bars.append((trainer.global_step, dict(trainer.progress_bar_metrics)))
 
-    build = fastasr.training.build_callbacks
-    monkeypatch.setattr(fastasr.training, "build_callbacks", lambda cfg, run_dir: [*build(cfg, run_dir), Keep()])
+    build = fastasr.training.fit.build_callbacks
+    monkeypatch.setattr(fastasr.training.fit, "build_callbacks", lambda cfg, run_dir: [*build(cfg, run_dir), Keep()])
     overrides = ["name=stuck", "optim.lr=0", "+trainer.limit_train_batches=1", "callbacks.attention_maps=null",
                  "decoding@final_decoding=greedy", "callbacks.not_learning.after_updates=2",
                  "callbacks.not_learning.plateau_error=0"]  # whatever a model that never learns scores
-    with caplog.at_level(logging.WARNING, logger="fastasr.callbacks.not_learning"):
-        first = fastasr.training.train(compose_train(tiny_corpus, tmp_path, "trainer.max_epochs=3", *overrides))
+    with caplog.at_level(logging.WARNING, logger="fastasr.training.callbacks.not_learning"):
+        first = fastasr.training.fit.train(compose_train(tiny_corpus, tmp_path, "trainer.max_epochs=3", *overrides))
     assert caplog.text.count(WARNING) == 1 and "after 2 updates (epoch 1)" in caplog.text
     (w,) = first.learning_warnings
     assert (w["condition"], w["update"], w["metric"]) == (PLATEAU, 2, "val/per")
@@ -302,8 +307,8 @@ def test_a_real_run_warns_shows_it_keeps_it_over_a_resume_and_reports_it(tiny_co
     assert [h["update"] for h in state["LearningWatch"]["history"]] == [1, 2, 3]
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="fastasr.callbacks.not_learning"):
-        resumed = fastasr.training.train(compose_train(tiny_corpus, tmp_path, "trainer.max_epochs=4", *overrides))
+    with caplog.at_level(logging.WARNING, logger="fastasr.training.callbacks.not_learning"):
+        resumed = fastasr.training.fit.train(compose_train(tiny_corpus, tmp_path, "trainer.max_epochs=4", *overrides))
     assert WARNING not in caplog.text  # not repeated
     assert resumed.learning_warnings == first.learning_warnings  # nor lost
     assert bars[1] == (4, {**bars[1][1], PROGRESS_BAR_KEY: 1.0})  # the resumed run's bar shows it

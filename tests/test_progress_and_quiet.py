@@ -163,7 +163,7 @@ import logging, sys
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from fastasr.config import CONFIG_DIR
-from fastasr.loggers import build_loggers, finish_wandb
+from fastasr.training.loggers import build_loggers, finish_wandb
 from fastasr.rundir import RunDir
 
 logging.basicConfig(level=logging.INFO, format="LOG %(name)s %(message)s", stream=sys.stdout)
@@ -185,6 +185,6 @@ def test_wandb_says_in_one_line_where_the_offline_run_is(tmp_path):
     assert done.returncode == 0, done.stderr
     wandb_lines = [line for line in (done.stdout + done.stderr).splitlines() if "wandb" in line.lower()]
     assert len(wandb_lines) == 1, wandb_lines
-    match = re.fullmatch(r"LOG fastasr.loggers wandb: offline run in (\S+); `wandb sync \1` uploads it", wandb_lines[0])
+    match = re.fullmatch(r"LOG fastasr.training.loggers wandb: offline run in (\S+); `wandb sync \1` uploads it", wandb_lines[0])
     assert match, wandb_lines
     assert Path(match.group(1)).is_dir() and Path(match.group(1)).is_relative_to(tmp_path / "run")

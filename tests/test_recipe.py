@@ -12,10 +12,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_train_eval import TINY_MODEL
 
-import fastasr.training
+import fastasr.recognition.final_decoding
 from fastasr.config import CONFIG_DIR
-from fastasr.scoring import TuningResult
-from fastasr.training import train, tune_vocabulary_and_weights
+from fastasr.recognition.final_decoding import tune_vocabulary_and_weights
+from fastasr.recognition.scoring import TuningResult
+from fastasr.training.fit import train
 
 
 def _compose(*overrides: str):
@@ -26,7 +27,7 @@ def _compose(*overrides: str):
 @pytest.mark.parametrize("data", ["manifest", "digits", "librispeech", "timit", "kaldi", "commonvoice"])
 def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
     cfg = _compose(f"data={data}")
-    assert cfg.scheduler._target_ == "fastasr.lr_schedules.BudgetSchedule"
+    assert cfg.scheduler._target_ == "fastasr.training.lr_schedules.BudgetSchedule"
     assert cfg.trainer.max_epochs == -1 and cfg.trainer.max_time == "00:00:30:00"
     assert cfg.data.augment.speed_perturb is True and cfg.model.utterance_cmvn is True
     assert cfg.final_average == {"best": 5}
@@ -46,8 +47,8 @@ def test_the_final_tuning_searches_its_grid_at_its_own_beam_and_decodes_at_the_f
         best = {"lm_weight": lm_weights[-1], "word_score": word_scores[0], "wer": 10.0, "per": 5.0}
         return TuningResult(manifest=manifest, best=best, points=[best])
 
-    monkeypatch.setattr(fastasr.training, "tune_recogniser", grid)
-    monkeypatch.setattr(fastasr.training, "manifest_emissions", lambda *a, **k: ([], []))
+    monkeypatch.setattr(fastasr.recognition.final_decoding, "tune_recogniser", grid)
+    monkeypatch.setattr(fastasr.recognition.final_decoding, "manifest_emissions", lambda *a, **k: ([], []))
     recogniser = SimpleNamespace(tokenizer=SimpleNamespace(kind="phoneme"), training_manifest=None)
     spec = {"name": "beam", "beam_size": 500, "lm": {"source": "auto"}, "lm_weight": 2.0, "word_score": 0.0}
     for beam, expected in ((50, 50), (None, 500)):
@@ -67,7 +68,7 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
     assert builtin.model.positions == "none" and builtin.model.conv_kernel == 15
     # bf16 mixed precision on a GPU, float32 on a CPU (where make train's numbers were measured)
     assert builtin.trainer.precision == "bf16-on-gpu"
-    from fastasr.derived_config import auto_precision, derive_train_config
+    from fastasr.training.derived_config import auto_precision, derive_train_config
 
     assert derive_train_config(_compose("trainer.accelerator=cpu")).trainer.precision == "32-true"
     assert auto_precision("cpu", on_cpu=False) == "32-true"

@@ -21,7 +21,7 @@ from fastasr.data.lexicon import lexicon_from_manifests
 from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.lm import BundledLM, estimate, write_arpa
-from fastasr.recogniser import (
+from fastasr.recognition.recogniser import (
     RECOGNISER_KEY,
     Recogniser,
     load_recogniser,

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from fastasr import report
 from fastasr.cli import report as report_command
-from fastasr.matrix.cells import (
+from fastasr.studies import report
+from fastasr.studies.matrix.cells import (
     CSV_FILE,
     FAILED,
     MD_FILE,
@@ -26,8 +26,8 @@ from fastasr.matrix.cells import (
     ordered,
     write_cells,
 )
-from fastasr.matrix.render import plot_heatmap, write_markdown
-from fastasr.matrix.rules import REASON_LSH
+from fastasr.studies.matrix.render import plot_heatmap, write_markdown
+from fastasr.studies.matrix.rules import REASON_LSH
 
 
 class _Tags(HTMLParser):

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fastasr.checkpoint_io import STALL_ENV, AtomicCheckpointIO
 from fastasr.data.resumable import ResumableDataLoader, training_position
 from fastasr.data.sampler import FrameBudgetBatchSampler
+from fastasr.training.checkpoint_io import STALL_ENV, AtomicCheckpointIO
 
 LENGTHS = [100 + 37 * i % 400 for i in range(40)]
 
@@ -121,7 +121,7 @@ def test_checkpoint_writes_are_atomic(tmp_path, monkeypatch):
 
 def test_checkpoint_stall_hook_only_from_its_step(tmp_path, monkeypatch):
     slept = []
-    monkeypatch.setattr("fastasr.checkpoint_io.time.sleep", slept.append)
+    monkeypatch.setattr("fastasr.training.checkpoint_io.time.sleep", slept.append)
     monkeypatch.setenv(STALL_ENV, "5:30")
     io = AtomicCheckpointIO()
     io.save_checkpoint({"global_step": 4}, tmp_path / "a.ckpt")

@@ -1,4 +1,4 @@
-"""The run-directory layout (fastasr.rundir) and the loggers built in it (fastasr.loggers)."""
+"""The run-directory layout (fastasr.rundir) and the loggers built in it (fastasr.training.loggers)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from fastasr.config import CONFIG_DIR
-from fastasr.derived_config import derive_train_config
-from fastasr.loggers import build_loggers, finish_wandb
 from fastasr.rundir import RunDir
+from fastasr.training.derived_config import derive_train_config
+from fastasr.training.loggers import build_loggers, finish_wandb
 
 
 def _ckpt(path, step: int) -> None:

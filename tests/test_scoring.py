@@ -1,4 +1,4 @@
-"""Scoring a labelled manifest with a recogniser (fastasr.scoring): the dataloader of any
+"""Scoring a labelled manifest with a recogniser (fastasr.recognition.scoring): the dataloader of any
 manifest, decode_manifest from a checkpoint alone, its DecodeResult and results.json."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from recogniser_fixtures import copy_train_manifest, phoneme_tokenizer, recognis
 
 from fastasr.data.lexicon import lexicon_from_manifests
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.lit import ASRLitModule
 from fastasr.lm import BundledLM, estimate, write_arpa
-from fastasr.recogniser import load_recogniser, with_decoding_data
-from fastasr.scoring import (
+from fastasr.recognition.recogniser import load_recogniser, with_decoding_data
+from fastasr.recognition.scoring import (
     DecodeResult,
     decode_manifest,
     decoding_loader,
     decoding_options,
     training_manifest,
 )
+from fastasr.training.lit import ASRLitModule
 
 # What results.json holds for a greedy decoding of a phoneme model without out_dir (no oov, no files).
 RESULT_KEYS = {"per", "wer", "wer_breakdown", "per_breakdown", "utterances", "words", "decoding", "forward_seconds",

@@ -20,7 +20,7 @@ import pytest
 import torch
 from run_probe import read_records, run_env, train_command
 
-from fastasr.checkpoint_io import STALL_ENV
+from fastasr.training.checkpoint_io import STALL_ENV
 
 EPOCHS = 2
 

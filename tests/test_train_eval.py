@@ -17,12 +17,12 @@ from omegaconf import OmegaConf
 from fastasr.attention import build_attention
 from fastasr.cli.tune import tune
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
-from fastasr.evaluation import evaluate
 from fastasr.lm.build import build as lm_build
-from fastasr.recogniser import load_recogniser
+from fastasr.recognition.evaluation import evaluate
+from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.scoring import decode_manifest
 from fastasr.rundir import RunDir
-from fastasr.scoring import decode_manifest
-from fastasr.training import train
+from fastasr.training.fit import train
 
 TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_dim=64"]
 
@@ -91,15 +91,15 @@ def test_sigterm_stops_training_with_a_failure_status(tiny_corpus, tmp_path, mon
 
     import lightning as L
 
-    import fastasr.training
+    import fastasr.training.fit
 
     class SendSigterm(L.Callback):
         def on_train_batch_end(self, trainer, *args):
             if trainer.global_step == 2:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    build = fastasr.training.build_callbacks
-    monkeypatch.setattr(fastasr.training, "build_callbacks",
+    build = fastasr.training.fit.build_callbacks
+    monkeypatch.setattr(fastasr.training.fit, "build_callbacks",
                         lambda cfg, run_dir: [*build(cfg, run_dir), SendSigterm()])
     # a no-op handler under Lightning's: should Lightning not catch the signal, the test
     # fails instead of pytest dying
@@ -110,7 +110,7 @@ def test_sigterm_stops_training_with_a_failure_status(tiny_corpus, tmp_path, mon
                                 "callbacks.step_checkpoint.every_n_train_steps=1"))
     finally:
         signal.signal(signal.SIGTERM, previous)
-    assert stop.value.code == fastasr.training.SIGTERM_EXIT_STATUS == 143
+    assert stop.value.code == fastasr.training.fit.SIGTERM_EXIT_STATUS == 143
     assert "SIGTERM: training stopped at step" in caplog.text and "step-last.ckpt" in caplog.text
 
 

@@ -36,9 +36,9 @@ from fastasr.decoding.long_form import (
 )
 from fastasr.model import CTCModel
 from fastasr.model.frontend import ConvSubsampling
-from fastasr.recogniser import Transcription, load_recogniser
-from fastasr.scoring import decode_manifest
-from fastasr.transcription import resolve_inputs, run_transcription, srt_text, summary
+from fastasr.recognition.recogniser import Transcription, load_recogniser
+from fastasr.recognition.scoring import decode_manifest
+from fastasr.recognition.transcription import resolve_inputs, run_transcription, srt_text, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -254,7 +254,7 @@ def test_bad_recordings_are_named_and_odd_ones_are_read(tmp_path):
 
 
 def test_subtitles_group_words_by_count_and_pause():
-    from fastasr.recogniser import Word
+    from fastasr.recognition.recogniser import Word
 
     words = [Word(f"w{i}", i * 0.5, i * 0.5 + 0.4) for i in range(14)] + [Word("late", 20.0, 20.5)]
     text = srt_text(words)
@@ -267,7 +267,7 @@ def trained(tiny_corpus, tmp_path_factory) -> Path:
     """A tiny phoneme model (full attention, subsampling 4, the paper's plain encoder: in 3 epochs
     it leaves CTC's blank plateau on every test utterance, which the convolution module's does
     not yet) trained on the tiny corpus: its checkpoint carries the training lexicon and word LM."""
-    from fastasr.training import train
+    from fastasr.training.fit import train
 
     out = tmp_path_factory.mktemp("transcribe_model")
     result = train(compose_train(tiny_corpus, out, "name=t", "trainer.max_epochs=3", "test=false",

@@ -14,7 +14,7 @@ from recogniser_fixtures import phoneme_tokenizer, recogniser, save_checkpoint
 
 from fastasr.config import PROJECT_ROOT
 from fastasr.data.manifest import read_manifest
-from fastasr.recogniser import load_recogniser, with_decoding_data
+from fastasr.recognition.recogniser import load_recogniser, with_decoding_data
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ It registers no resolvers and imports nothing of fastasr (it also parses wall-cl
 values and ``${}`` references (OmegaConf's own ``oc.*`` resolvers included); the values that follow
 from others by a rule (the tokenizer a top-level ``tokenizer=`` chooses, the batch price of the
 attention, the checkpoint monitor, a matrix member's attention and Q/K sharing) are worked out in
-Python where training starts (:mod:`fastasr.derived_config`).
+Python where training starts (:mod:`fastasr.training.derived_config`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ fastasr.cli.matrix``, ``python -m fastasr.cli.budget``) call :func:`quiet_known_
 first. Each entry below matches one exact message of a library, with the reason it says nothing
 the user can act on; everything else, the warnings about the user's config and data above all,
 still shows. wandb's banner and offline summary are off by its own setting
-(``conf/logger/default.yaml``: ``settings.silent``), and :func:`fastasr.loggers.finish_wandb`
+(``conf/logger/default.yaml``: ``settings.silent``), and :func:`fastasr.training.loggers.finish_wandb`
 says in one line where the run went.
 """
 

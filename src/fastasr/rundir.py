@@ -19,7 +19,7 @@ A training run (``outputs/runs/<name>``, or a matrix member's ``.../runs/<spec>`
     transcripts.ctm srt/<id>.srt   its optional CTM file and SubRip subtitles
 
 Everything that reads or writes these names goes through :class:`RunDir`. This module
-imports neither torch nor Lightning at import time (``fastasr.report`` uses it).
+imports neither torch nor Lightning at import time (``fastasr.studies.report`` uses it).
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from fastasr.budget.running import run_budget
-from fastasr.budget.table import CSV_FILE, MD_FILE
 from fastasr.config import CONFIG_DIR
 from fastasr.quiet import quiet_known_noise
+from fastasr.studies.budget.running import run_budget
+from fastasr.studies.budget.table import CSV_FILE, MD_FILE
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="budget")

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from fastasr.config import CONFIG_DIR
 from fastasr.data.feature_cache import build_for_config
-from fastasr.derived_config import derive_train_config
+from fastasr.training.derived_config import derive_train_config
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,9 +11,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
-from fastasr.matrix.cells import CSV_FILE, MD_FILE
-from fastasr.matrix.running import run_matrix
 from fastasr.quiet import quiet_known_noise
+from fastasr.studies.matrix.cells import CSV_FILE, MD_FILE
+from fastasr.studies.matrix.running import run_matrix
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="cross_eval")

@@ -1,6 +1,6 @@
 """``python -m fastasr.cli.report DIRECTORY [--out FILE]``: one self-contained HTML page of a run
 directory (curves, summary, attention maps) or a matrix directory (the table, per-cell curves):
-:func:`fastasr.report.build_report`. Prints the page's path.
+:func:`fastasr.studies.report.build_report`. Prints the page's path.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from fastasr.report import build_report
+from fastasr.studies.report import build_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,7 @@ and ``duration`` per line, ``text`` not needed), a list of these, or ``-``: path
 one a line. For each file transcribed it prints ``path<TAB>text`` on stdout, and writes to
 its run directory (``outputs/transcribe/<time>``, ``conf/hydra/transcribe.yaml``):
 
-* ``transcripts.jsonl``: one JSON line per file (:meth:`fastasr.recogniser.Transcription.to_dict`:
+* ``transcripts.jsonl``: one JSON line per file (:meth:`fastasr.recognition.recogniser.Transcription.to_dict`:
   text, words with ``start``/``end`` seconds, units, mode);
 * ``transcribe.json``: the report — files transcribed, every input that could not be and why
   (missing, unreadable, empty, not audio, truncated, ...), settings, real-time factor;
@@ -21,7 +21,7 @@ its run directory (``outputs/transcribe/<time>``, ``conf/hydra/transcribe.yaml``
 
 Bad inputs are named on stderr with their reason and the others are still transcribed; the
 exit status is 1 only when nothing could be transcribed. The Python API is the same object:
-``load_recogniser(ckpt).transcribe(paths)`` (:meth:`fastasr.recogniser.Recogniser.transcribe`).
+``load_recogniser(ckpt).transcribe(paths)`` (:meth:`fastasr.recognition.recogniser.Recogniser.transcribe`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
 from fastasr.quiet import quiet_known_noise
-from fastasr.transcription import run_transcription, summary
+from fastasr.recognition.transcription import run_transcription, summary
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="transcribe")

@@ -5,7 +5,7 @@ and word score on the dev split.
     python -m fastasr.cli.tune ckpt_path=PATH data.dev_manifest=D.jsonl decoding.lm.path=LM tune.lm_weight=[0,1,2]
 
 The model runs once over the manifest; each grid point re-runs only the search
-(:func:`fastasr.scoring.tune_recogniser`). The lexicon and word LM are the checkpoint's own
+(:func:`fastasr.recognition.scoring.tune_recogniser`). The lexicon and word LM are the checkpoint's own
 (``decoding=beam_lm``, source ``auto``) unless ``decoding.lexicon`` / ``decoding.lm`` name
 others. Prints one line per point and, last, the best pair as overrides for ``evaluate.py``;
 writes ``tune.json`` (every point) to the run directory.
@@ -21,11 +21,16 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from fastasr.checkpoint_averaging import average_into
 from fastasr.config import CONFIG_DIR
-from fastasr.recogniser import load_recogniser
+from fastasr.recognition.checkpoint_averaging import average_into
+from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.scoring import (
+    TuningResult,
+    decoding_options,
+    training_manifest,
+    tune_recogniser,
+)
 from fastasr.rundir import RunDir
-from fastasr.scoring import TuningResult, decoding_options, training_manifest, tune_recogniser
 
 
 def tune(cfg: DictConfig) -> TuningResult:

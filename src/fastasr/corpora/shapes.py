@@ -502,7 +502,7 @@ def align_words(log_probs: Any, tokenizer: Any, utt: Utterance) -> list[tuple[in
 def word_spans(recogniser: Any, utt: Utterance, seed: int = 0) -> list[tuple[int, int]]:
     """Each word's ``[start, end)`` output frames in ``utt``: :func:`align_words` over the
     emissions (CTC log-probabilities, ``(T', V)``) of ``recogniser``
-    (``fastasr.recogniser.load_recogniser``) for the utterance's audio, its filterbanks computed
+    (``fastasr.recognition.recogniser.load_recogniser``) for the utterance's audio, its filterbanks computed
     with the recogniser's feature settings. ``ValueError`` as :func:`align_words`;
     ``BadAudioError`` for unusable audio."""
     import torch
@@ -516,7 +516,7 @@ def word_spans(recogniser: Any, utt: Utterance, seed: int = 0) -> list[tuple[int
 
 
 def _short(corpus, out, seed, skipped, *, align_ckpt, min_seconds=1.0, max_seconds=4.0):
-    from fastasr.recogniser import (
+    from fastasr.recognition.recogniser import (
         load_recogniser,  # only the short shape aligns, with a checkpoint (the model code)
     )
 

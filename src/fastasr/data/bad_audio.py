@@ -6,7 +6,7 @@ a wrong channel count, an unreadable format (``fastasr.data.audio.BadAudioError`
 utterance is not a reason to stop a run over thousands of files: the dataset returns a
 :class:`SkippedUtterance` instead of features, :func:`split_skipped` takes those out of the
 batch in ``collate`` and the batch carries them to the main process under ``"skipped"``
-(workers are separate processes). There ``fastasr.callbacks.BadAudioReport`` (training)
+(workers are separate processes). There ``fastasr.training.callbacks.BadAudioReport`` (training)
 or :class:`SkippedAudio` (decoding a manifest) counts them and reports one summary naming
 every file and reason. A feature cache lists the utterances its builder skipped by the same
 checks; reading one of them is bad audio too (``fastasr.data.feature_sources.CachedFeatures``).

@@ -1,6 +1,6 @@
 """Recordings to transcribe: audio files or in-memory waveforms, checked and turned into features.
 
-Transcription (:meth:`fastasr.recogniser.Recogniser.transcribe`) takes what a user has — a
+Transcription (:meth:`fastasr.recognition.recogniser.Recogniser.transcribe`) takes what a user has — a
 path, a waveform with its sample rate, a manifest line — as a :class:`Recording`. Its audio is
 read by the same checked load as every feature path (:func:`fastasr.data.features.load_utterance_audio`:
 finite, non-empty, not shorter than a manifest duration), resampled to the recogniser's rate,

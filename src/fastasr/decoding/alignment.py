@@ -5,7 +5,7 @@ hypothesis' units against the log-probabilities it was decoded from.
 hypothesis' units (word boundaries ``|`` included, as the model emits them); a unit's frames
 are those its path label covers, and a word spans the frames of its units (the ``|`` between
 words belongs to no word). Times are frames × the model's output frame duration
-(:func:`fastasr.recogniser.Recogniser.frame_seconds`: subsampling × frame shift).
+(:func:`fastasr.recognition.recogniser.Recogniser.frame_seconds`: subsampling × frame shift).
 
 The alignment keeps a back-pointer per frame and path state, ``T × (2L + 1)`` bytes: a
 minute of audio is some 10 MB, an hour 10 GB. A long hypothesis is therefore cut at word

@@ -7,7 +7,7 @@
       beam_size: 500 ...             # the other keys: BeamSearchOptions
 
 A recogniser carries the lexicon and the word LM it was trained beside (written at training
-time, ``fastasr.recogniser``); ``auto`` uses them, so a checkpoint decodes the same wherever
+time, ``fastasr.recognition.recogniser``); ``auto`` uses them, so a checkpoint decodes the same wherever
 it is copied. The builders take them as ``bundled_lexicon`` / ``bundled_lm``.
 
 Lexicon sources: ``recogniser`` (the recogniser's own lexicon), ``train`` (pronunciations

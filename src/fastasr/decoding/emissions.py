@@ -1,7 +1,7 @@
 """Decode and score a manifest: the model's log-probabilities (:func:`iter_emissions`), any
 decoder over them (:func:`transcribe`), error rates with their breakdown (:func:`score`) and
 the per-utterance files; :func:`decode_and_score` does all of it, one batch at a time, and is
-what :func:`fastasr.scoring.decode_manifest` (so evaluate.py, the matrix and training's
+what :func:`fastasr.recognition.scoring.decode_manifest` (so evaluate.py, the matrix and training's
 final decoding) runs.
 
 A tuning grid keeps the emissions (:func:`compute_emissions`) and re-runs only the search.

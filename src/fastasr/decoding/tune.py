@@ -2,7 +2,7 @@
 
 :func:`grid_search` decodes the same emissions (:func:`fastasr.decoding.emissions.compute_emissions`)
 once per (lm_weight, word_score) and scores each; the model does not run again.
-:func:`fastasr.scoring.tune_recogniser` runs a recogniser over a manifest and searches its grid;
+:func:`fastasr.recognition.scoring.tune_recogniser` runs a recogniser over a manifest and searches its grid;
 ``python -m fastasr.cli.tune`` is the command.
 """
 
@@ -24,7 +24,7 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer,
                 word_scores: Sequence[float]) -> list[dict[str, float]]:
     """WER (and unit error rate) of the decoder ``decoder_for(lm_weight, word_score)`` gives, for
     every (lm_weight, word_score) of the grid, best first (lowest WER, then unit error rate).
-    ``decoder_for``: e.g. a recogniser's :meth:`~fastasr.recogniser.Recogniser.decoder` with
+    ``decoder_for``: e.g. a recogniser's :meth:`~fastasr.recognition.recogniser.Recogniser.decoder` with
     the two weights set and one lexicon shared by the grid."""
     unit_metric = unit_metric_of(tokenizer.kind)
     points = []

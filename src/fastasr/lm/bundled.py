@@ -2,7 +2,7 @@
 
 Training writes the word n-gram LM that beam search + LM decodes with (``conf/decoding/beam_lm.yaml``;
 by default ``lm/words-3gram.arpa`` beside the training manifest, built by :func:`ensure_corpus_lm`
-when it does not exist) into the recogniser (``fastasr.recogniser``), so that a checkpoint decodes
+when it does not exist) into the recogniser (``fastasr.recognition.recogniser``), so that a checkpoint decodes
 with the LM it was trained beside wherever it is copied:
 
 * an LM of at most :data:`EMBED_LIMIT_BYTES` (20 MiB) is embedded: its ARPA text travels in

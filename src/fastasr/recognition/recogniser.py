@@ -1,0 +1,584 @@
+"""The recogniser: the inference object a trained model is, travelling as one piece in its checkpoint.
+
+A :class:`Recogniser` holds the model config (the class its ``_target_`` names and its arguments
+other than ``vocab_size``, ``feat_in`` and ``attention``; the subsampling factor lives here, as
+``model_config["subsampling"]``), the attention the model was trained with, the tokenizer,
+the filterbank settings, and what word decoding needs: the lexicon (words and their unit
+spellings, built from the training manifest) and the word n-gram LM (its ARPA text, or its
+path and hash when large: :class:`fastasr.lm.BundledLM`). The global CMVN statistics are
+buffers of the model, so they are in the checkpoint's weights and nowhere else.
+
+* The model config is what ``conf/model`` says: a Hydra partial (``_partial_: true``) of the class
+  ``_target_`` names, ``fastasr.model.CTCModel`` or a subclass. :meth:`Recogniser.build_model`
+  instantiates it with Hydra and completes it with ``vocab_size`` (the tokenizer's) and
+  ``feat_in`` (the filterbank bins), in training and when a checkpoint is loaded alike, so a new
+  encoder is a config change. Checkpoints that name no class (format 1) build ``CTCModel``.
+* Training makes the bundle at its start (``fastasr.training.fit.build_module``:
+  :func:`with_decoding_data` adds the lexicon and the LM) and writes it into every checkpoint
+  once, as plain data: ``checkpoint["recogniser"]`` (:meth:`Recogniser.to_dict`, by
+  ``ASRLitModule.on_save_checkpoint``). Checkpoints written before the lexicon and LM travelled
+  with the model load as before, without them (decoding then reads the training manifest, if given).
+* :func:`load_recogniser` reads a checkpoint with ``torch.load(weights_only=True)`` and
+  returns the bundle with its model (weights loaded, eval mode), optionally with another
+  attention (:meth:`fastasr.model.CTCModel.set_attention` swaps it later). Checkpoints written
+  before the bundle existed are read by ``fastasr.recognition.checkpoint_migration``.
+* :meth:`Recogniser.transcribe` turns audio files or waveforms (no reference needed, any length,
+  any rate, any channel count) into :class:`Transcription` s with timed :class:`Word` s: the API
+  of ``python -m fastasr.cli.transcribe`` (``fastasr.recognition.transcription``, docs/TRANSCRIBE.md).
+  :meth:`Recogniser.decoder` picks the decoder (greedy, beam, beam + LM).
+
+Scoring a labelled manifest (error rates against its transcripts) is the evaluation layer's:
+``fastasr.recognition.scoring.decode_manifest``.
+
+A checkpoint and audio are all transcription needs, beam search and LM included::
+
+    rec = load_recogniser("best.ckpt", attention="i-clustered-100")
+    texts = [t.text for t in rec.transcribe(["a.wav", "b.flac"], decoding="beam_lm")]
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import get_class, instantiate
+from torch.utils.data import DataLoader
+
+from fastasr.data.audio import BadAudioError
+from fastasr.data.bad_audio import SKIPPED_KEY
+from fastasr.data.features import FeatureConfig
+from fastasr.data.lexicon import Lexicon
+from fastasr.data.recordings import Recording, RecordingFeatures
+from fastasr.data.subword import WORD_START
+from fastasr.data.tokenizer import Tokenizer, unit_metric
+from fastasr.decoding.alignment import align_units, word_frames
+from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_lm, resolve_source
+from fastasr.decoding.emissions import decoding_device
+from fastasr.decoding.long_form import (
+    LongFormConfig,
+    long_form_log_probs,
+    output_frames,
+    resolve_mode,
+)
+from fastasr.lm.arpa import corpus_lm_path
+from fastasr.lm.bundled import BundledLM, ensure_corpus_lm
+from fastasr.model import CTCModel
+from fastasr.progress import progress_bar
+from fastasr.recognition.checkpoint_migration import legacy_recogniser_state, split_attention
+
+log = logging.getLogger(__name__)
+
+RECOGNISER_KEY = "recogniser"  # the checkpoint entry
+FORMAT = 2  # version of the plain-data layout below; 2: the model entry names its class (`_target_`)
+DEFAULT_MODEL_TARGET = "fastasr.model.CTCModel"  # the class of a model config that names none (format 1)
+
+
+def model_class(target: str, where: str = "model._target_") -> type[CTCModel]:
+    """The class a model config's ``_target_`` names: ``fastasr.model.CTCModel`` or a subclass
+    (the interface training and decoding use), else a ValueError naming ``where``. Nothing else
+    is ever built from a config or a checkpoint."""
+    try:
+        cls = get_class(str(target))
+    except (ImportError, ValueError) as err:
+        raise ValueError(f"{where} {target!r}: {err}; a recogniser builds {DEFAULT_MODEL_TARGET} "
+                         "or a subclass of it") from None
+    if not issubclass(cls, CTCModel):
+        raise ValueError(f"{where} {target!r} is not a {DEFAULT_MODEL_TARGET} subclass; a recogniser builds "
+                         f"{DEFAULT_MODEL_TARGET} or a subclass of it")
+    return cls
+
+
+@dataclass
+class Recogniser:
+    """A trained recogniser: configuration as plain data, plus the model once loaded.
+
+    Attributes:
+        model_config: the model's keyword arguments other than ``vocab_size``, ``feat_in``
+            and ``attention`` (``d_model``, ``heads``, ``layers``, ``subsampling``, …).
+        attention: the attention it was trained with: a spec string or a config mapping
+            (``{"name": "clustered", "clusters": 100, ...}``).
+        tokenizer: the output units (``vocab_size = len(tokenizer.vocab)``).
+        features: the filterbank settings (``feat_in = features.num_mel_bins``).
+        lexicon: the words and their unit spellings that decoding's ``lexicon.source=auto``
+            uses (phoneme models: the pronunciations spoken in training; char models: the
+            training words spelt); None: none (subword models; checkpoints written before).
+        lexicon_source: what the lexicon was built from, e.g. ``train: /data/wsj/train.jsonl``.
+        lm: the word LM that ``lm.source=auto`` (``decoding=beam_lm``) decodes with; None: none.
+        model_target: the model class, as the model config's ``_target_`` names it
+            (``fastasr.model.CTCModel`` or a subclass).
+        training_manifest: the manifest it was trained on, where it is known here
+            (:func:`load_recogniser`'s ``training_manifest``; not written into checkpoints):
+            what the lexicon sources ``train`` and ``spelling`` read, and what a checkpoint
+            that carries no lexicon took its lexicon and LM from at load.
+        model: the ``CTCModel`` with its weights (set by :func:`load_recogniser`, or by the
+            LightningModule during training); None in a bare configuration.
+    """
+
+    model_config: dict[str, Any]
+    attention: str | dict[str, Any]
+    tokenizer: Tokenizer
+    features: FeatureConfig
+    lexicon: Lexicon | None = field(default=None, repr=False)
+    lexicon_source: str | None = None
+    lm: BundledLM | None = field(default=None, repr=False)
+    model_target: str = DEFAULT_MODEL_TARGET
+    model: CTCModel | None = field(default=None, repr=False, compare=False)
+    training_manifest: str | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_model_config(cls, model_config: Mapping[str, Any], tokenizer: Tokenizer,
+                          features: FeatureConfig | Mapping[str, Any]) -> Recogniser:
+        """From a resolved ``cfg.model`` mapping (``conf/model/*.yaml``, with ``attention``).
+
+        The mapping is a Hydra partial: ``_target_`` names the model class (``fastasr.model.CTCModel``
+        when absent; another must subclass it), ``_partial_`` says that ``vocab_size`` and
+        ``feat_in`` are left out: they follow from the tokenizer and the features, and must not be
+        given. :meth:`build_model` instantiates it.
+        """
+        config = dict(model_config)
+        target = str(config.pop("_target_", None) or DEFAULT_MODEL_TARGET)
+        config.pop("_partial_", None)  # always a partial: the sizes come from the data
+        model_class(target)
+        attention = split_attention(config)
+        return cls(config, attention, tokenizer, FeatureConfig.from_dict(features), model_target=target)
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def subsampling(self) -> int:
+        """The model's frame-rate reduction (1 = none); the only home of this number."""
+        return int(self.model_config.get("subsampling", 1))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer.vocab)
+
+    @property
+    def feat_in(self) -> int:
+        return self.features.num_mel_bins
+
+    @property
+    def unit_metric(self) -> str:
+        """``per`` for phoneme models, ``cer`` for character (and subword) models."""
+        return unit_metric(self.tokenizer.kind)
+
+    def build_model(self) -> CTCModel:
+        """A new model of this configuration (fresh weights, CMVN at 0/1, train mode): Hydra
+        instantiates ``model_target`` with ``model_config`` and ``attention`` as a partial, which
+        is completed with ``vocab_size`` (the tokenizer's) and ``feat_in`` (the features' bins).
+        The config's values are passed as they are (``_recursive_=False``): a checkpoint names one
+        class, which must be a ``CTCModel`` subclass (:func:`model_class`)."""
+        model_class(self.model_target)
+        config = {"_target_": self.model_target, **self.model_config, "attention": self.attention}
+        build = instantiate(config, _partial_=True, _recursive_=False, _convert_="all")
+        return build(vocab_size=self.vocab_size, feat_in=self.feat_in)
+
+    def with_model(self, model: CTCModel) -> Recogniser:
+        """A copy of this bundle carrying ``model``."""
+        return replace(self, model=model)
+
+    # ------------------------------------------------------------------ plain data
+    def to_dict(self) -> dict[str, Any]:
+        """The bundle as plain data (str/int/float/bool/None/list/dict), as written into
+        checkpoints under ``checkpoint["recogniser"]``; the model's weights are not in it.
+
+        ``model``: the model config with its class, ``{"_target_", **model_config}``;
+        ``lexicon``: ``{"source", "entries": ["word<TAB>units<TAB>count", ...]}`` or None;
+        ``lm``: :meth:`fastasr.lm.BundledLM.to_dict` (path, sha256, size, the ARPA text when
+        embedded) or None. Both keys are optional on reading (older checkpoints lack them)."""
+        lexicon = None
+        if self.lexicon is not None:
+            lexicon = {"source": self.lexicon_source, "entries": self.lexicon.lines(with_counts=True)}
+        return {
+            "format": FORMAT,
+            "model": {"_target_": self.model_target, **_plain(self.model_config, "model")},
+            "attention": _plain(self.attention, "attention"),
+            "tokenizer": self.tokenizer.state_dict(),
+            "features": asdict(self.features),
+            "lexicon": lexicon,
+            "lm": None if self.lm is None else self.lm.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any], source: str = "recogniser") -> Recogniser:
+        """Inverse of :meth:`to_dict`; errors name ``source`` (e.g. the checkpoint path) and the field."""
+        missing = [k for k in ("model", "attention", "tokenizer", "features") if k not in state]
+        if missing:
+            raise ValueError(f"{source}: recogniser entry lacks {missing}; expected the keys of Recogniser.to_dict()")
+        if state.get("format", FORMAT) > FORMAT:
+            raise ValueError(f"{source}: recogniser format {state['format']}; this fastasr reads up to {FORMAT}")
+        try:
+            tokenizer = Tokenizer.from_state_dict(dict(state["tokenizer"]))
+            features = FeatureConfig.from_dict(state["features"])
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{source}: bad recogniser entry: {err}") from err
+        lexicon, lexicon_source = None, None
+        if state.get("lexicon") is not None:
+            entry = state["lexicon"]
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("entries"), (list, tuple)):
+                raise ValueError(f"{source}: bad recogniser lexicon entry; expected {{'source', 'entries': [lines]}}")
+            lexicon = Lexicon.from_lines(entry["entries"], where=f"{source}: recogniser lexicon")
+            lexicon_source = entry.get("source")
+        lm = None if state.get("lm") is None else BundledLM.from_dict(state["lm"], source)
+        model_config = dict(state["model"])
+        target = str(model_config.pop("_target_", None) or DEFAULT_MODEL_TARGET)  # format 1: CTCModel
+        model_config.pop("_partial_", None)
+        model_class(target, f"{source}: recogniser model._target_")
+        return cls(model_config, state["attention"], tokenizer, features, lexicon, lexicon_source, lm,
+                   model_target=target)
+
+    # ------------------------------------------------------------------ transcription
+    @property
+    def frame_seconds(self) -> float:
+        """Seconds per output frame of the model: subsampling × the features' frame shift."""
+        return self.subsampling * self.features.frame_shift_ms / 1000.0
+
+    def decoder(self, decoding: str | Mapping[str, Any] | Any | None = None, *, lexicon: Lexicon | None = None):
+        """The decoder ``decoding`` names, with this recogniser's own lexicon and word LM: the one
+        way every decoding path (evaluate.py, transcription, the tuner, the matrix, training's
+        final decoding) gets its decoder (:func:`fastasr.decoding.builder.build_decoder`).
+
+        ``decoding``: None or ``"greedy"``; ``"beam"`` (lexicon, no LM); ``"beam_lm"`` (lexicon
+        and the word LM the checkpoint carries); a ``conf/decoding`` mapping; or a decoder
+        already built (returned as it is: build a beam search once, decode many times).
+        ``lexicon``: one already built (:meth:`decoding_lexicon`) instead of the spec's, so a
+        grid of decoders shares it."""
+        if callable(decoding) and hasattr(decoding, "describe"):
+            return decoding
+        decoder, _ = build_decoder(self.decoding_spec(decoding), self.tokenizer, self.training_manifest,
+                                   lexicon=lexicon, bundled_lexicon=self.lexicon, bundled_lm=self.lm)
+        return decoder
+
+    def decoding_lexicon(self, spec: Mapping[str, Any] | None) -> Lexicon | None:
+        """The lexicon a ``decoding.lexicon`` spec gives with this recogniser (None: none)."""
+        return build_lexicon(spec, self.tokenizer, self.training_manifest, self.lexicon)
+
+    def resolved_lexicon_source(self, spec: Mapping[str, Any] | None) -> str:
+        """The source a ``decoding.lexicon`` spec's ``source`` stands for with this recogniser
+        (``auto`` resolved: ``recogniser``, ``train``, ``spelling``, ``cmudict`` or ``none``)."""
+        return resolve_source(dict(spec or {}).get("source", "auto"), self.tokenizer, self.training_manifest,
+                              self.lexicon)
+
+    def decoding_lm(self, spec: Mapping[str, Any] | None) -> str | BundledLM | None:
+        """The word LM a ``decoding.lm`` spec gives with this recogniser: a file path, its own
+        :class:`~fastasr.lm.BundledLM`, or None; ``FileNotFoundError`` when it asks for one
+        this recogniser cannot have (:func:`fastasr.decoding.builder.resolve_lm`)."""
+        return resolve_lm(spec, self.training_manifest, self.lm)
+
+    @property
+    def words_decoding(self) -> str:
+        """The preset that gives real words with what this recogniser carries, as training's
+        final decoding chooses: ``beam_lm`` with a lexicon and a word LM, ``beam`` with a lexicon
+        alone, else ``greedy`` (a char model's words are real words either way; a subword or
+        phoneme model without a lexicon has no other)."""
+        if self.lexicon is None:
+            return "greedy"
+        return "beam_lm" if self.lm is not None else "beam"
+
+    def decoding_spec(self, decoding: str | Mapping[str, Any] | None) -> dict[str, Any]:
+        """A ``conf/decoding`` mapping for ``decoding``: a preset name (``greedy``, ``beam``,
+        ``beam_lm``, or ``auto``: :attr:`words_decoding`), a mapping (``name: auto`` becomes
+        :attr:`words_decoding`'s preset), or None (greedy)."""
+        if decoding is None or isinstance(decoding, str):
+            name = decoding or "greedy"
+            if name not in DECODING_PRESETS and name != "auto":
+                raise ValueError(f"decoding={name!r}; expected one of {sorted([*DECODING_PRESETS, 'auto'])}, a "
+                                 "conf/decoding mapping or a decoder")
+            decoding = {"name": name}
+        decoding = dict(decoding)
+        if decoding.get("name") != "auto":
+            return dict(DECODING_PRESETS[decoding["name"]]) if set(decoding) == {"name"} else decoding
+        # auto: conf/decoding/auto.yaml's keys (beam_lm's, maybe overridden) for the decoding chosen
+        lexicon = dict(decoding.get("lexicon") or {})
+        no_lexicon = lexicon.get("source") == "none" and not lexicon.get("path")
+        chosen = "greedy" if no_lexicon else self.words_decoding
+        if chosen == "greedy":
+            return {"name": "greedy", **({"lexicon": lexicon} if lexicon else {})}
+        spec = {**DECODING_PRESETS[chosen], **{k: v for k, v in decoding.items() if k != "name"}, "name": "beam"}
+        if chosen == "beam":  # a lexicon, no LM
+            spec["lm"] = {"source": "none", "path": None}
+        return spec
+
+    def transcribe(self, audio: Any, batch_size: int = 4, *, sample_rate: int | None = None,
+                   decoding: str | Mapping[str, Any] | Any | None = None,
+                   long_form: Mapping[str, Any] | Any | None = None, device: str | torch.device | None = None,
+                   num_workers: int = 0, progress: bool = False, on_bad_audio: str = "skip",
+                   seed: int | None = None) -> list[Transcription]:
+        """Transcribe audio files or waveforms: one :class:`Transcription` per input, in order.
+
+            rec = load_recogniser("best.ckpt")
+            for t in rec.transcribe(["a.wav", "b.flac"], batch_size=8, decoding="beam_lm"):
+                print(t.text, [(w.word, w.start, w.end) for w in t.words])
+            rec.transcribe(waveform, sample_rate=8000)   # (T,) or (C, T) tensor / numpy array
+
+        Args:
+            audio: a path, a waveform (``torch.Tensor`` / ``numpy`` array, with ``sample_rate``),
+                a :class:`fastasr.data.recordings.Recording`, or a list of them. Audio of any rate
+                is resampled to the recogniser's; any channel count is mixed down to mono.
+            batch_size: recordings (or windows of long ones) run through the model together.
+            sample_rate: the rate (Hz) of the waveforms given.
+            decoding: greedy (default), ``beam``, ``beam_lm``, a ``conf/decoding`` mapping or a
+                decoder (:meth:`decoder`).
+            long_form: how a recording reaches the model, ``{"mode": auto | one_pass |
+                windowed, "window_s", "overlap_s"}`` (:class:`fastasr.decoding.long_form.LongFormConfig`).
+            device: ``cpu``, ``gpu``/``cuda`` or ``auto``; None: where the model is. The model
+                is moved there.
+            num_workers: processes reading audio and computing features.
+            progress: show a progress bar (stderr).
+            on_bad_audio: ``skip``: an unusable input gives a Transcription whose ``error`` says
+                why (the others are transcribed); ``raise``: it raises ``BadAudioError``.
+            seed: seeds torch's RNG first (the randomised attentions' hashing).
+
+        Word times come from a forced alignment of the hypothesis' units against the
+        log-probabilities (:mod:`fastasr.decoding.alignment`).
+        """
+        return list(self.iter_transcribe(audio, batch_size, sample_rate=sample_rate, decoding=decoding,
+                                         long_form=long_form, device=device, num_workers=num_workers,
+                                         progress=progress, on_bad_audio=on_bad_audio, seed=seed))
+
+    def iter_transcribe(self, audio: Any, batch_size: int = 4, *, sample_rate: int | None = None,
+                        decoding: str | Mapping[str, Any] | Any | None = None,
+                        long_form: Mapping[str, Any] | Any | None = None, device: str | torch.device | None = None,
+                        num_workers: int = 0, progress: bool = False, on_bad_audio: str = "skip",
+                        seed: int | None = None) -> Iterator[Transcription]:
+        """:meth:`transcribe`, yielding each :class:`Transcription` as soon as its batch is decoded
+        (in input order): what ``python -m fastasr.cli.transcribe`` prints and writes as it goes."""
+        if self.model is None:
+            raise ValueError("transcribe: the recogniser has no model; get one from load_recogniser(ckpt_path)")
+        if on_bad_audio not in ("skip", "raise"):
+            raise ValueError(f"on_bad_audio {on_bad_audio!r}; expected 'skip' or 'raise'")
+        single = isinstance(audio, (str, os.PathLike, torch.Tensor, np.ndarray, Recording))
+        recordings = [Recording.of(x, sample_rate, i) for i, x in enumerate([audio] if single else list(audio))]
+        decoder = self.decoder(decoding)
+        config = LongFormConfig.from_dict(long_form)
+        model = self.model
+        target = next(model.parameters()).device if device is None else decoding_device(device)
+        was_training = model.training
+        model.eval().to(target)
+        if seed is not None:
+            torch.manual_seed(seed)
+        items: Iterator[dict] = iter(DataLoader(RecordingFeatures(recordings, self.features), batch_size=None,
+                                                num_workers=num_workers, collate_fn=_as_is))
+        items = iter(progress_bar(items, enabled=progress, total=len(recordings), desc="transcribe", unit="file"))
+        batch_size = max(1, int(batch_size))
+        try:
+            while group := [item for _, item in zip(range(batch_size), items)]:
+                usable = [item for item in group if SKIPPED_KEY not in item]
+                log_probs = long_form_log_probs(model, [item["features"] for item in usable], config,
+                                                frame_shift_ms=self.features.frame_shift_ms, batch_size=batch_size,
+                                                device=target)
+                by_index = {item["index"]: lp for item, lp in zip(usable, log_probs)}
+                for item in group:
+                    rec = recordings[item["index"]]
+                    if SKIPPED_KEY in item:
+                        reason = item[SKIPPED_KEY].reason
+                        if on_bad_audio == "raise":
+                            raise BadAudioError(rec.name, reason)
+                        yield Transcription(rec.id, rec.audio_filepath, "", [], [], 0.0, error=reason)
+                        continue
+                    lp = by_index[item["index"]]
+                    mode = resolve_mode(config, model, output_frames(item["features"].shape[0], self.subsampling))
+                    yield self._transcription(rec, lp, item["seconds"], decoder, mode)
+        finally:
+            model.train(was_training)
+
+    def _transcription(self, recording: Any, log_probs: torch.Tensor, seconds: float, decoder: Any,
+                       mode: str) -> Transcription:
+        """Decode one recording's ``(T', V)`` log-probabilities and time its words."""
+        tok = self.tokenizer
+        hyp = decoder(log_probs)
+        index = {u: i for i, u in enumerate(tok.vocab)}
+        spans = align_units(log_probs, [index[u] for u in hyp.units], blank=tok.blank_id, frames=hyp.frames,
+                            cut_before=[u == tok.word_boundary for u in hyp.units])
+        if spans is None and hyp.frames is not None:
+            spans = [(f, f + 1) for f in hyp.frames]  # no alignment: the frames the decoder emitted them at
+        subword = tok.kind in ("bpe", "unigram")
+        frames = None if spans is None else word_frames(hyp.units, spans, None if subword else tok.word_boundary,
+                                                        WORD_START if subword else None)
+        if frames is None or len(frames) != len(hyp.words):
+            log.warning("%s: no word times (%s); each word is given the whole recording", recording.name,
+                        "no alignment" if frames is None else f"{len(hyp.words)} words, {len(frames)} unit groups")
+            frames = [(0, log_probs.shape[0])] * len(hyp.words)
+        step = self.frame_seconds
+        words = []
+        for word, (a, b) in zip(hyp.words, frames):
+            end = round(min(b * step, seconds), 3)
+            words.append(Word(word, round(min(a * step, end), 3), end))
+        # real words: every word is a lexicon word (greedy decoding keeps a phonetic word it cannot look up)
+        lexicon = getattr(decoder, "lexicon", None)
+        real = bool(decoder.real_words) and (lexicon is None or all(w in lexicon for w in hyp.words))
+        return Transcription(recording.id, recording.audio_filepath, " ".join(hyp.words), words, list(hyp.units),
+                             round(seconds, 3), real_words=real, score=hyp.score, mode=mode)
+
+
+# Decoders by name (Recogniser.decoder), as conf/decoding/{greedy,beam,beam_lm}.yaml with their defaults.
+DECODING_PRESETS: dict[str, dict[str, Any]] = {
+    "greedy": {"name": "greedy"},
+    "beam": {"name": "beam"},
+    "beam_lm": {"name": "beam", "lm": {"source": "auto"}},
+}
+
+
+def _as_is(item: Any) -> Any:
+    return item  # DataLoader collate_fn: items as the dataset made them (picklable for workers)
+
+
+@dataclass
+class Word:
+    """A recognised word and where it was spoken: ``start`` / ``end`` in seconds from the
+    beginning of the recording (0 ≤ start ≤ end ≤ duration)."""
+
+    word: str
+    start: float
+    end: float
+
+
+@dataclass
+class Transcription:
+    """What :meth:`Recogniser.transcribe` gives for one input (and ``python -m fastasr.cli.transcribe``
+    writes as one JSON line).
+
+    Attributes:
+        id: the input's name (a file's stem, a manifest's id, ``waveform-<i>``).
+        audio_filepath: the file; None for a waveform.
+        text: the words, space-separated ("" when nothing was recognised, or on error).
+        words: each word with its start and end time.
+        units: the recognised units (phonemes, characters or subwords; ``|`` between words).
+        duration: seconds of audio.
+        real_words: False when the words are a phoneme model's phonetic words (no lexicon).
+        score: the beam search's score (None for greedy decoding).
+        mode: how the model read it: ``one_pass`` or ``windowed`` (``fastasr.decoding.long_form``).
+        error: why the input could not be transcribed (unusable audio); None when it was.
+    """
+
+    id: str
+    audio_filepath: str | None
+    text: str
+    words: list[Word]
+    units: list[str]
+    duration: float
+    real_words: bool = True
+    score: float | None = None
+    mode: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the input was transcribed."""
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for a JSON line: ``id, audio_filepath, duration, text, words [{word, start,
+        end}], units`` (space-separated), ``real_words``, ``mode``, ``score`` (and ``error``)."""
+        out = {"id": self.id, "audio_filepath": self.audio_filepath, "duration": self.duration, "text": self.text,
+               "words": [asdict(w) for w in self.words], "units": " ".join(self.units),
+               "real_words": self.real_words, "mode": self.mode, "score": self.score}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def with_training_manifest(recogniser: Recogniser, train_manifest: str | os.PathLike | None) -> Recogniser:
+    """``recogniser`` knowing the manifest it was trained on (:attr:`Recogniser.training_manifest`).
+
+    A recogniser that carries no lexicon (a checkpoint written before lexicons travelled with
+    the model) gets here, once, what decoding's ``auto`` sources take from that manifest: the
+    lexicon (:func:`fastasr.decoding.builder.resolve_source`) and, when it carries no LM, the
+    corpus word LM beside the manifest if it exists (:func:`fastasr.lm.corpus_lm_path`; never
+    built here). A manifest that is not here attaches nothing."""
+    if not train_manifest:
+        return recogniser
+    recogniser = replace(recogniser, training_manifest=str(train_manifest))
+    if recogniser.lexicon is not None or not Path(train_manifest).is_file():
+        return recogniser
+    source = resolve_source("auto", recogniser.tokenizer, train_manifest)
+    if source == "none":
+        return recogniser
+    lexicon = build_lexicon({"source": source}, recogniser.tokenizer, train_manifest)
+    corpus_lm = corpus_lm_path(train_manifest)
+    lm = recogniser.lm if recogniser.lm is not None or not corpus_lm.is_file() else BundledLM.from_file(corpus_lm)
+    log.info("the checkpoint carries no lexicon: %d words (%s of %s)%s", len(lexicon), source, train_manifest,
+             f", word LM {lm.path}" if lm is not None else "")
+    return replace(recogniser, lexicon=lexicon, lexicon_source=f"{source}: {Path(train_manifest).resolve()}", lm=lm)
+
+
+def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike | None, *,
+                       lm_path: str | os.PathLike | None = None,
+                       lm_dir: str | os.PathLike | None = None) -> Recogniser:
+    """``recogniser`` with the lexicon and word LM of its training data (training calls this at
+    its start, so that checkpoints decode by beam search + LM without the training data).
+
+    The lexicon is what decoding's ``lexicon.source=auto`` builds from ``train_manifest``
+    (``fastasr.decoding.builder``: a phoneme model's pronunciations spoken in training, a char
+    model's training words spelt, CMUdict for ARPAbet units); none for a subword model. The LM
+    (only with a lexicon) is ``lm_path`` when given, else the corpus's word 3-gram
+    ``lm/words-3gram.arpa`` beside the manifest, estimated from its transcripts when it does
+    not exist (in ``lm_dir/lm/`` when the corpus directory is read-only:
+    :func:`fastasr.lm.ensure_corpus_lm`); embedded when small (:class:`fastasr.lm.BundledLM`).
+    An LM that cannot be had is left out with a warning (training goes on)."""
+    if not train_manifest:
+        return recogniser
+    source = resolve_source("auto", recogniser.tokenizer, train_manifest)
+    if source == "none":
+        log.info("no lexicon for this %s model: the recogniser carries no lexicon nor word LM",
+                 recogniser.tokenizer.kind)
+        return recogniser
+    lexicon = build_lexicon({"source": source}, recogniser.tokenizer, train_manifest)
+    lm = None
+    try:
+        lm = BundledLM.from_file(lm_path if lm_path else ensure_corpus_lm(train_manifest, lm_dir))
+    except (OSError, ValueError) as err:
+        log.warning("the recogniser carries no word LM (decoding=beam_lm will need decoding.lm.path): %s", err)
+    if lm is not None:
+        log.info("recogniser: lexicon of %d words (%s), word LM %s (%s)", len(lexicon), source, lm.path,
+                 "embedded" if lm.embedded else f"{lm.size / 2**20:.0f} MiB, referenced by path and sha256")
+    return replace(recogniser, lexicon=lexicon, lexicon_source=f"{source}: {Path(train_manifest).resolve()}", lm=lm,
+                   training_manifest=str(train_manifest))
+
+
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as plain containers, or a ValueError naming the first non-plain entry."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise ValueError(f"recogniser {where}: {type(value).__name__} {value!r}; expected plain data")
+
+
+# ---------------------------------------------------------------------- loading
+def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, Any] | None = None,
+                    map_location: str | torch.device = "cpu", *,
+                    training_manifest: str | os.PathLike | None = None) -> Recogniser:
+    """Read a training checkpoint (``torch.load(weights_only=True)``) into a :class:`Recogniser`
+    whose ``model`` carries the trained weights (CMVN included), in eval mode, on ``map_location``.
+
+    ``attention``: decode with another attention (spec string or mapping) instead of the
+    one the model was trained with; the weights are the same. ``training_manifest``: the
+    manifest it was trained on (``data.train_manifest``), for the lexicon sources that read it
+    and for checkpoints that carry no lexicon (:func:`with_training_manifest`).
+    """
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    state = checkpoint.get(RECOGNISER_KEY) or legacy_recogniser_state(checkpoint.get("hyper_parameters"))
+    if state is None:
+        raise ValueError(f"{path}: no '{RECOGNISER_KEY}' entry; expected a checkpoint written by fastasr training")
+    recogniser = Recogniser.from_dict(state, source=str(path))
+    model = recogniser.build_model()
+    weights = {k.removeprefix("model."): v for k, v in checkpoint.get("state_dict", {}).items()
+               if k.startswith("model.")}
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        raise ValueError(f"{path}: the weights do not fit the recogniser's model config: {err}") from err
+    if attention is not None:
+        model.set_attention(attention)
+    return with_training_manifest(recogniser, training_manifest).with_model(model.to(map_location).eval())

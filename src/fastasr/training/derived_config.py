@@ -1,0 +1,173 @@
+"""The values of a training config that follow from other values, worked out in Python.
+
+The YAML under ``conf/`` holds plain values and ``${}`` references; a value that follows from
+others by a rule is filled in here, by :func:`derive_train_config`. :func:`fastasr.training.fit.train`
+calls it where training starts (after :func:`fastasr.training.config_check.check_train_config`, before the
+config is saved as the run's ``config.yaml`` and instantiated), and the matrix and the budget study
+call it on every member they compose (``fastasr.studies.matrix.members``, ``fastasr.studies.budget.members``), so
+what they compare and train is what ``python train.py`` runs:
+
+* ``data.tokenizer``: the top-level ``tokenizer`` when it is set (``python train.py tokenizer=char``;
+  it wins over ``data.tokenizer``), else the data config's own (``conf/data/*.yaml``).
+* ``attention`` (``???``) and ``model.shared_qk`` (null) of a matrix member
+  (``conf/experiment/matrix_member_base.yaml``): what its train spec ``member`` stands for,
+  :func:`train_member`, the one home of the shared-Q/K rule (``shared-full`` → full attention
+  with shared Q/K; LSH → shared Q/K; the matrix's eval rules build on it, ``fastasr.studies.matrix.rules``). A value given instead is kept (the matrix refuses a member whose
+  values contradict its spec: ``fastasr.studies.matrix.members.compose_member``).
+* ``data.length_cost`` (``???`` in ``conf/data/manifest.yaml``): the batch price of the model's
+  attention, :func:`fastasr.attention.length_cost` (``quadratic``: full, top-k; ``linear``:
+  clustered, i-clustered, LSH).
+* ``callbacks.model_checkpoint.monitor`` (``???`` in ``conf/callbacks/default.yaml``):
+  ``val/<unit metric>`` of ``data.tokenizer``, :func:`fastasr.data.tokenizer.unit_metric`
+  (``val/per`` for phonemes, ``val/cer`` for characters and subwords); the epoch checkpoints' file
+  name refers to it (``${callbacks.model_checkpoint.monitor}``).
+* ``trainer.precision`` ``auto`` (the recorded-speech recipe's): ``bf16-mixed`` where the device
+  training runs on multiplies bfloat16 natively, else ``32-true`` (:func:`auto_precision`);
+  ``bf16-on-gpu`` (the built-in recipe's): the same on a GPU, ``32-true`` on a CPU.
+* ``data.num_workers`` ``auto``: :func:`auto_workers`, the machine's cores less one for the
+  training process, at least 2 and at most 8.
+
+A value marked ``???`` is filled only while it is missing, so one given on the command line
+(``data.length_cost=linear``, ``callbacks.model_checkpoint.monitor=val/loss``) wins. Filling is
+idempotent.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from fastasr.attention import build_attention, length_cost
+from fastasr.data.tokenizer import unit_metric
+
+#: ``trainer.precision`` value that :func:`derive_train_config` replaces by :func:`auto_precision`'s.
+AUTO_PRECISION = "auto"
+#: ``trainer.precision`` value: :func:`auto_precision`'s choice on a GPU, ``32-true`` on a CPU.
+GPU_BF16_PRECISION = "bf16-on-gpu"
+#: The ``trainer.precision`` values that :func:`derive_train_config` replaces.
+DERIVED_PRECISIONS = (AUTO_PRECISION, GPU_BF16_PRECISION)
+#: ``data.num_workers`` value that :func:`derive_train_config` replaces by :func:`auto_workers`'s.
+AUTO_WORKERS = "auto"
+#: The train spec of full attention on a model with one projection for queries and keys.
+SHARED_FULL = "shared-full"
+
+
+def needs_shared_qk(spec: str) -> bool:
+    """Whether attention ``spec`` needs shared Q/K (LSH hashes queries and keys together);
+    ValueError (from ``build_attention``) for an unknown spec."""
+    return bool(build_attention(spec).requires_shared_qk)
+
+
+def train_member(spec: str) -> tuple[str, bool]:
+    """``(attention spec, shared_qk)`` a train spec stands for: the shared-Q/K rule.
+
+    ``shared-full`` → ``("full", True)``; an attention that needs shared Q/K (LSH) → that
+    attention with shared Q/K; any other spec → that attention, separate Q/K. Raises ValueError
+    (from ``build_attention``) for an unknown spec.
+    """
+    if spec == SHARED_FULL:
+        return "full", True
+    return spec, needs_shared_qk(spec)
+
+
+def native_bf16(device_type: str) -> bool:
+    """Whether ``device_type`` (``"cuda"`` or ``"cpu"``) multiplies bfloat16 in hardware.
+
+    CUDA: compute capability 8.0 or newer (``torch.cuda.is_bf16_supported(including_emulation=False)``).
+    CPU: the AVX512-BF16 or AMX instructions (AMD Zen 4 and newer, Intel Cooper Lake and Sapphire
+    Rapids and newer), which oneDNN's bfloat16 matrix products use; without them bfloat16 is
+    emulated and slower than float32.
+    """
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if device_type == "cpu":
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return False
+
+
+def auto_workers(cores: int | None = None) -> int:
+    """``data.num_workers: auto``: ``cores`` (default: those this process may use) less one for
+    the training process, at least 2 (a 2-core machine keeps its two feature workers) and at most
+    8 (past that, feature extraction outruns one GPU's training step and only costs memory)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(2, min(8, cores - 1))
+
+
+def auto_precision(accelerator: Any, on_cpu: bool = True) -> str:
+    """``trainer.precision: auto``: ``"bf16-mixed"`` where the training device has native bfloat16
+    (:func:`native_bf16`), else ``"32-true"``.
+
+    Mixed precision keeps float32 weights, optimiser state and CTC (the model's log-probabilities
+    are float32, ``fastasr.model.CTCModel``); under autocast the matrix products and convolutions
+    run in bfloat16, the attention variants in their own documented precision. ``accelerator`` is
+    ``trainer.accelerator``: ``auto`` trains on the GPU when one is visible, as Lightning does.
+    ``on_cpu=False`` (``bf16-on-gpu``): ``"32-true"`` on a CPU, whatever it multiplies natively.
+    """
+    name = str(accelerator or "auto").lower()
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device_type = {"gpu": "cuda", "cuda": "cuda", "cpu": "cpu"}.get(name)
+    if device_type == "cpu" and not on_cpu:
+        return "32-true"
+    return "bf16-mixed" if device_type is not None and native_bf16(device_type) else "32-true"
+
+
+def _missing(node: Any, key: str) -> bool:
+    """Whether ``node`` (a DictConfig section or None) has ``key`` and it is ``???``."""
+    return isinstance(node, DictConfig) and OmegaConf.is_missing(node, key)  # (`key in node` is False for ???)
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+
+
+def derive_train_config(cfg: DictConfig) -> DictConfig:
+    """Fill in the derived values of a composed ``train.yaml`` config (in place; returns ``cfg``).
+
+    Raises:
+        ValueError: ``member`` is not a train spec (the message names it). Other bad values
+            (an unknown attention, tokenizer kind) leave what follows from them unset, for
+            :func:`fastasr.training.config_check.check_train_config` to report with its key.
+    """
+    data = cfg.get("data")
+    if cfg.get("tokenizer") is not None and isinstance(data, DictConfig):
+        data.tokenizer = cfg.tokenizer
+
+    model = cfg.get("model")
+    qk_unset = isinstance(model, DictConfig) and "shared_qk" in model and model.shared_qk is None
+    if cfg.get("member") is not None and (_missing(cfg, "attention") or qk_unset):
+        try:
+            attention, shared_qk = train_member(str(cfg.member))
+        except ValueError as err:
+            raise ValueError(f"member={cfg.member!r}: {err}") from None
+        if _missing(cfg, "attention"):
+            cfg.attention = attention
+        if qk_unset:
+            model.shared_qk = shared_qk
+
+    if _missing(data, "length_cost"):
+        spec = _plain(OmegaConf.select(cfg, "model.attention", default=None,
+                                        throw_on_missing=False, throw_on_resolution_failure=False))
+        try:
+            data.length_cost = length_cost(spec)
+        except (ValueError, KeyError, TypeError):
+            pass  # an unknown attention: check_train_config names it
+
+    checkpoint = OmegaConf.select(cfg, "callbacks.model_checkpoint", default=None)
+    if _missing(checkpoint, "monitor") and isinstance(data, DictConfig) and not _missing(data, "tokenizer"):
+        try:
+            checkpoint.monitor = f"val/{unit_metric(str(data.tokenizer))}"
+        except ValueError:
+            pass  # an unknown tokenizer kind: check_train_config names it
+
+    trainer = cfg.get("trainer")
+    if isinstance(trainer, DictConfig) and trainer.get("precision") in DERIVED_PRECISIONS:
+        trainer.precision = auto_precision(trainer.get("accelerator"),
+                                           on_cpu=trainer.get("precision") == AUTO_PRECISION)
+    if isinstance(data, DictConfig) and data.get("num_workers") == AUTO_WORKERS:
+        data.num_workers = auto_workers()
+    return cfg
