@@ -76,7 +76,7 @@ calibrate-auto: $(KERNELS)  ## measure this machine's full/i-clustered crossover
 	$(PY) -m fastasr.cli.calibrate $(ARGS)
 
 matrix: $(CORPUS)  ## train-with-X / decode-with-Y table (conf/cross_eval.yaml)
-	$(PY) -m fastasr.cli.matrix $(ARGS)
+	$(PY) -m fastasr.cross_eval $(ARGS)
 
 .PHONY: data-long budget
 LONG_CORPUS := data/synthetic_long/.complete

@@ -261,7 +261,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------- the docs' command lines compose
 # The Hydra entry points and their configs; `make train ARGS="..."` passes its overrides to train.py.
 ENTRY_POINTS = {"train.py": "train", "make train": "train", "evaluate.py": "evaluate",
-                "fastasr.cli.transcribe": "transcribe", "fastasr.cli.matrix": "cross_eval",
+                "fastasr.transcribe": "transcribe", "fastasr.cross_eval": "cross_eval",
                 "fastasr.cli.tune": "tune_decoding", "fastasr.cli.budget": "budget"}
 ENTRY = re.compile(r"(?:python\s+(?:-m\s+)?|make\s+)(" + "|".join(re.escape(e.split()[-1]) for e in ENTRY_POINTS)
                    + r")\b")

@@ -1,4 +1,4 @@
-"""``train.py --help``, ``evaluate.py --help`` and ``python -m fastasr.cli.transcribe --help`` describe the command, list the config groups
+"""``train.py --help``, ``evaluate.py --help`` and ``python -m fastasr.transcribe --help`` describe the command, list the config groups
 with their options and the most used keys with a line each and this command's values
 (conf/hydra/help/; issue #38)."""
 
@@ -28,7 +28,7 @@ def _keys(help_text: str) -> list[str]:
     ("train.py", "train", ["name", "ckpt_path", "attention", "model.layers", "optim.lr", "trainer.max_time",
                            "data.train_manifest", "data.dev_manifest", "data.test_manifest", "tokenizer"]),
     ("evaluate.py", "evaluate", ["ckpt_path", "data.test_manifest", "attention", "decoding", "progress"]),
-    ("-m fastasr.cli.transcribe", "transcribe", ["ckpt_path", "audio", "decoding", "attention", "device",
+    ("-m fastasr.transcribe", "transcribe", ["ckpt_path", "audio", "decoding", "attention", "device",
                                               "long_form.mode", "output.srt"]),
 ])
 def test_help_lists_the_groups_and_the_most_used_keys(script, config, expected):

@@ -3,15 +3,19 @@ function and prints. Nothing in the library imports this package.
 
 =================================  ==========================================================
 ``train.py``, ``evaluate.py``      training and scoring (at the repository's root)
-``python -m fastasr.cli.transcribe``  transcribe audio with a checkpoint (:mod:`fastasr.recognition.transcription`)
+``python -m fastasr.transcribe``  transcribe audio with a checkpoint (:mod:`fastasr.recognition.transcription`)
 ``python -m fastasr.cli.tune``     the beam search's LM weight and word score on dev (:func:`fastasr.recognition.scoring.tune_recogniser`)
-``python -m fastasr.cli.matrix``   the train-with-X / decode-with-Y matrix (:func:`fastasr.studies.matrix.run_matrix`)
+``python -m fastasr.cross_eval``   the train-with-X / decode-with-Y matrix (:func:`fastasr.studies.matrix.run_matrix`)
 ``python -m fastasr.cli.budget``   the equal-budget study (:func:`fastasr.studies.budget.run_budget`)
 ``python -m fastasr.cli.report``   a run's or a matrix's HTML page (:func:`fastasr.studies.report.build_report`)
 ``python -m fastasr.cli.lm``       an n-gram LM from manifests (:func:`fastasr.lm.build.build`)
 ``python -m fastasr.cli.features`` the feature caches of a training config (:func:`fastasr.data.feature_cache.build_for_config`)
 ``python -m fastasr.cli.calibrate``  the ``attention=auto`` crossovers of this machine (:mod:`fastasr.attention.calibrate`)
 =================================  ==========================================================
+
+``python -m fastasr.transcribe`` and ``python -m fastasr.cross_eval`` are the names the
+project's outside contract (DESIGN.md) gives :mod:`fastasr.cli.transcribe` and
+:mod:`fastasr.cli.matrix`: two five-line modules at the top of the package run them.
 
 The corpus builders (``python -m fastasr.corpora.<corpus>``) are commands of their own top
 layer, :mod:`fastasr.corpora`, which nothing of training imports; the kernels' build and

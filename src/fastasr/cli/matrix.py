@@ -1,4 +1,4 @@
-"""``python -m fastasr.cli.matrix [overrides]`` (what ``make matrix`` runs): compose
+"""``python -m fastasr.cross_eval [overrides]`` (what ``make matrix`` runs): compose
 ``conf/cross_eval.yaml``, run the matrix, print matrix.md, then where it is (``matrix: <dir>/matrix.md (every cell: <dir>/matrix.csv)``) as the last line.
 
 Exits non-zero when a cell failed, naming matrix.csv.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from fastasr.corpora.paths import CorpusLayoutError
 from fastasr.corpora.skipped import Skipped
+from fastasr.data.manifest import write_manifest
 
 
 def parser(module: str, doc: str, src_help: str, out_help: str) -> argparse.ArgumentParser:
@@ -36,7 +37,6 @@ def run(p: argparse.ArgumentParser, argv: Sequence[str] | None,
 def write_split(out: str | Path, name: str, records: list[dict], skipped: Skipped, source: str | Path) -> Path:
     """Write ``OUT/<name>.jsonl`` and print its summary line; an error naming ``source``
     when no record is usable."""
-    from fastasr.data.manifest import write_manifest
 
     if not records:
         raise CorpusLayoutError(f"{source}: no usable {name} utterance ({skipped.summary()})")

@@ -48,6 +48,8 @@ from fastasr.corpora.digit_sources import DigitSource, find_source, recording_in
 from fastasr.corpora.marker import mark_complete, needs_build
 from fastasr.corpora.paths import CorpusLayoutError
 from fastasr.corpora.skipped import Skipped
+from fastasr.data.audio import resample, write_wav
+from fastasr.data.manifest import write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +98,6 @@ def load_speaker(source: DigitSource, speaker: str, sample_rate: int | None, ski
     """Trimmed float32 recordings of one speaker by digit, their file names, and the rate;
     with ``split``, only that split's recordings (``in_split``)."""
     import torch
-
-    from fastasr.data.audio import resample
 
     audio: dict[int, list[np.ndarray]] = {}
     names: dict[int, list[str]] = {}
@@ -181,8 +181,6 @@ def build(src: str | Path, out: str | Path, sample_rate: int | None = None, seed
           test_speakers: int | Sequence[str] | None = None, force: bool = False, split: str | None = None) -> bool:
     """Build the corpus under ``out``; False (and nothing done) if it is already complete.
     ``split``: ``speakers`` or ``recordings`` (None: the corpus's default, ``DEFAULTS``)."""
-    from fastasr.data.audio import write_wav
-    from fastasr.data.manifest import write_manifest
 
     source = find_source(src)
     mode_default, (dev_default, test_default), count_default = DEFAULTS[source.corpus]

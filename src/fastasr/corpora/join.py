@@ -37,6 +37,8 @@ import numpy as np
 from fastasr.corpora import marker
 from fastasr.corpora.command import run, write_split
 from fastasr.corpora.skipped import Skipped
+from fastasr.data.audio import file_sample_rate, load_audio, write_wav
+from fastasr.data.manifest import read_manifest
 
 __all__ = ["join_audio", "joined_record", "draw_joins", "build_joined_corpus", "main"]
 
@@ -49,7 +51,6 @@ def join_audio(utterances: Sequence, pauses_s: Sequence[float], sample_rate: int
     Returns ``(waveform float32, sample_rate, parts)``: each part is the utterance's manifest
     fields (``id``, ``audio_filepath``, ``duration``, ``text``, ``phonemes``, ``speaker``; None
     dropped) with its ``start`` and ``end`` in the joined audio (seconds)."""
-    from fastasr.data.audio import file_sample_rate, load_audio
 
     if not utterances:
         raise ValueError("join_audio: no utterances to join")
@@ -126,8 +127,6 @@ def build_joined_corpus(manifest: str | Path, out: str | Path, count: int = 500,
     """Write ``OUT/wav/joined-NNNNN.wav``, ``OUT/joined.jsonl`` and ``OUT/train.jsonl`` (the
     source's utterances, then the joined ones); returns ``OUT/train.jsonl``. Raises
     ``ValueError`` for bad settings or a manifest without usable utterances."""
-    from fastasr.data.audio import write_wav
-    from fastasr.data.manifest import read_manifest
 
     out = Path(out)
     settings = {"manifest": str(Path(manifest).resolve()), "count": count, "min_seconds": min_seconds,

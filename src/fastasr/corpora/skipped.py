@@ -8,6 +8,8 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from fastasr.data.audio import audio_duration
+
 log = logging.getLogger("fastasr.corpora")
 MAX_WARNINGS = 10
 
@@ -46,7 +48,6 @@ class Skipped:
 def duration_or_skip(path, skipped: Skipped) -> float | None:
     """Seconds of audio in ``path`` from its header, or None (recorded in ``skipped``) when
     the file is missing, unreadable or empty."""
-    from fastasr.data.audio import audio_duration
 
     if not Path(path).is_file():
         skipped.add(str(path), "audio missing")

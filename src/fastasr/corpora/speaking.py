@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from fastasr.corpora.espeak import Espeak
+from fastasr.data.audio import resample, write_wav
 
 __all__ = ["SAMPLE_RATE", "SPLITS", "Job", "Style", "colored_noise", "draw_style", "espeak_voice_name",
            "mix_and_write", "phonemes_of", "speak", "voices", "worker_init"]
@@ -118,8 +119,6 @@ def speak(es: Espeak, text: str, style: Style) -> np.ndarray:
     samples ``(T,)`` at ``SAMPLE_RATE``."""
     import torch
 
-    from fastasr.data.audio import resample
-
     pcm = es.synthesize(text, espeak_voice_name(style.voice), rate=style.rate, pitch=style.pitch,
                         pitch_range=style.pitch_range)
     raw = pcm.astype(np.float32) / 32768.0
@@ -139,7 +138,6 @@ def mix_and_write(rng: np.random.Generator, job: Job, speech: np.ndarray, pad_sa
     """Pad ``speech``, add noise at a random SNR relative to ``speech_power``, scale to a random
     peak, write ``wav/<split>/<split>_<index>.wav``; returns the waveform and its manifest fields
     (``audio_filepath``, ``duration``, ``noise``, ``snr_db``). Draws noise kind, SNR, noise, peak."""
-    from fastasr.data.audio import write_wav
 
     wav = np.concatenate([np.zeros(pad_samples[0]), speech, np.zeros(pad_samples[1])])
     noise_kind = NOISES[int(rng.integers(len(NOISES)))]

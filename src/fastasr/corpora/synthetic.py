@@ -78,6 +78,7 @@ from fastasr.corpora.synthetic_long import (
     MIN_SPAN_S,
     synthesize_long_utterance,
 )
+from fastasr.data.manifest import write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +190,6 @@ def build_corpus(out: str | Path, seed: int = 0, counts: Mapping[str, int] | Non
     else:
         with mp.get_context("spawn").Pool(workers, initializer=worker_init) as pool:
             records = pool.map(synthesize_utterance, jobs, chunksize=16)
-
-    from fastasr.data.manifest import write_manifest
 
     start = 0
     for split in SPLITS:

@@ -51,9 +51,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import BadAudioError
-from fastasr.data.augment import speed_perturb
+from fastasr.data.augment import AugmentConfig, speed_perturb
 from fastasr.data.features import Fbank, FeatureConfig, load_utterance_audio, with_native_rate
-from fastasr.data.manifest import Utterance
+from fastasr.data.manifest import Utterance, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -334,9 +334,6 @@ def build_for_config(data_cfg: Mapping) -> list[FeatureCache]:
     """Build (or find) the caches of a data config's train/dev/test manifests; for train,
     one per speed factor when ``augment.speed_perturb`` is on. Returns them."""
     from omegaconf import OmegaConf
-
-    from fastasr.data.augment import AugmentConfig
-    from fastasr.data.manifest import read_manifest
 
     cfg = OmegaConf.create(data_cfg) if not OmegaConf.is_config(data_cfg) else data_cfg
     config = FeatureConfig.from_dict(OmegaConf.to_container(cfg.features, resolve=True))

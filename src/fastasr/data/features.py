@@ -20,7 +20,7 @@ import torchaudio.compliance.kaldi as kaldi
 from torch import nn
 
 from fastasr.config import dataclass_from_mapping
-from fastasr.data.audio import BadAudioError, load_audio
+from fastasr.data.audio import BadAudioError, file_sample_rate, load_audio
 from fastasr.data.bad_audio import SkippedUtterance, all_bad_error, describe_skipped, refused
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,6 @@ def native_rate(paths: Sequence[str | Path], source: str = "the training manifes
     naming ``source``.
     """
     from collections import Counter
-
-    from fastasr.data.audio import file_sample_rate
 
     if not paths:
         raise ValueError(f"features.sample_rate null: {source} has no utterances to read the rate from")

@@ -39,9 +39,9 @@ def _configs():
     """(label, kernel, pointer dtypes, constexprs, launch options) as the launchers use them."""
     import triton.language as tl
 
-    from fastasr.kernels import triton_clustered as tc
-    from fastasr.kernels import triton_hashing as th
-    from fastasr.kernels import triton_kmeans as tk
+    from fastasr.kernels import triton_clustered as tc  # needs Triton
+    from fastasr.kernels import triton_hashing as th  # needs Triton
+    from fastasr.kernels import triton_kmeans as tk  # needs Triton
 
     out = []
     for x_t, p_t, acc in (("*fp32", "*fp32", tl.float32), ("*bf16", "*fp32", tl.float32),

@@ -5,7 +5,7 @@ decoder of a recogniser, transcription of waveforms), :mod:`~fastasr.recognition
 (checkpoints of earlier layouts), :mod:`~fastasr.recognition.checkpoint_averaging` (averaged
 weights), :mod:`~fastasr.recognition.scoring` (a labelled manifest's error rates, the LM-weight
 search), :mod:`~fastasr.recognition.evaluation` (what evaluate.py runs),
-:mod:`~fastasr.recognition.transcription` (what ``python -m fastasr.cli.transcribe`` runs),
+:mod:`~fastasr.recognition.transcription` (what ``python -m fastasr.transcribe`` runs),
 :mod:`~fastasr.recognition.final_decoding` (training's final decoding: the test split with real
 words). Imports ``data``, ``model``, ``lm``, ``decoding`` and the shared modules; never ``training``.
 """

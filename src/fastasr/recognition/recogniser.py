@@ -24,7 +24,7 @@ buffers of the model, so they are in the checkpoint's weights and nowhere else.
   before the bundle existed are read by ``fastasr.recognition.checkpoint_migration``.
 * :meth:`Recogniser.transcribe` turns audio files or waveforms (no reference needed, any length,
   any rate, any channel count) into :class:`Transcription` s with timed :class:`Word` s: the API
-  of ``python -m fastasr.cli.transcribe`` (``fastasr.recognition.transcription``, docs/TRANSCRIBE.md).
+  of ``python -m fastasr.transcribe`` (``fastasr.recognition.transcription``, docs/TRANSCRIBE.md).
   :meth:`Recogniser.decoder` picks the decoder (greedy, beam, beam + LM).
 
 Scoring a labelled manifest (error rates against its transcripts) is the evaluation layer's:
@@ -347,7 +347,7 @@ class Recogniser:
                         num_workers: int = 0, progress: bool = False, on_bad_audio: str = "skip",
                         seed: int | None = None) -> Iterator[Transcription]:
         """:meth:`transcribe`, yielding each :class:`Transcription` as soon as its batch is decoded
-        (in input order): what ``python -m fastasr.cli.transcribe`` prints and writes as it goes."""
+        (in input order): what ``python -m fastasr.transcribe`` prints and writes as it goes."""
         if self.model is None:
             raise ValueError("transcribe: the recogniser has no model; get one from load_recogniser(ckpt_path)")
         if on_bad_audio not in ("skip", "raise"):
@@ -440,7 +440,7 @@ class Word:
 
 @dataclass
 class Transcription:
-    """What :meth:`Recogniser.transcribe` gives for one input (and ``python -m fastasr.cli.transcribe``
+    """What :meth:`Recogniser.transcribe` gives for one input (and ``python -m fastasr.transcribe``
     writes as one JSON line).
 
     Attributes:

@@ -1,4 +1,4 @@
-"""Transcribe audio files with a trained checkpoint: what ``python -m fastasr.cli.transcribe``
+"""Transcribe audio files with a trained checkpoint: what ``python -m fastasr.transcribe``
 runs (:func:`run_transcription`), its inputs (:func:`resolve_inputs`), its output formats
 (:func:`srt_text`, :func:`ctm_lines`) and its closing lines (:func:`summary`). The command's
 usage is in :mod:`fastasr.cli.transcribe`.
@@ -22,7 +22,10 @@ import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.data.bad_audio import SkippedUtterance, describe_skipped
 from fastasr.data.manifest import ManifestError, read_manifest
 from fastasr.data.recordings import AUDIO_EXTENSIONS, Recording
+from fastasr.decoding.long_form import LongFormConfig
 from fastasr.progress import show_progress
+from fastasr.recognition.evaluation import decoding_label
+from fastasr.recognition.recogniser import load_recogniser
 from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -118,9 +121,6 @@ def run_transcription(cfg: DictConfig, stdin: IO[str] | None = None, stdout: IO[
     settings and ``files``."""
     from hydra.core.hydra_config import HydraConfig
 
-    from fastasr.decoding.long_form import LongFormConfig
-    from fastasr.recognition.recogniser import load_recogniser
-
     stdout = stdout if stdout is not None else sys.stdout
     if run_dir is None:
         run_dir = (HydraConfig.get().runtime.output_dir if HydraConfig.initialized()
@@ -133,7 +133,6 @@ def run_transcription(cfg: DictConfig, stdin: IO[str] | None = None, stdout: IO[
     recogniser = load_recogniser(cfg.ckpt_path, attention)
     decoding = OmegaConf.to_container(cfg.decoding, resolve=True) if cfg.get("decoding") else None
     decoder = recogniser.decoder(decoding)
-    from fastasr.recognition.evaluation import decoding_label
 
     auto = " (decoding=auto)" if (decoding or {}).get("name") == "auto" else ""
     log.info("decoding: %s%s, %s words", decoding_label(decoder.describe()), auto,
@@ -193,7 +192,6 @@ def run_transcription(cfg: DictConfig, stdin: IO[str] | None = None, stdout: IO[
 def summary(report: dict[str, Any]) -> str:
     """The lines the command ends with on stderr: counts, speed, the decoding, and each failed
     input with its reason."""
-    from fastasr.recognition.evaluation import decoding_label
 
     failed = [SkippedUtterance(**f) for f in report["failed"]]
     speed = (f" ({report['audio_seconds']:.1f} s of audio in {report['wall_seconds']:.1f} s, RTF {report['rtf']:.3f})"

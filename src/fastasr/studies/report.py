@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from fastasr.rundir import RunDir
+from fastasr.studies.matrix.cells import CSV_COLUMNS, CSV_FILE, MD_FILE, PNG_FILE, read_cells
+from fastasr.studies.matrix.render import cell_notes, html_table
 
 REPORT_FILE = "report.html"
 Series = dict[str, tuple[list[float], list[float]]]
@@ -279,8 +281,6 @@ def run_report(run_dir: str | Path) -> str:
 
 # ----------------------------------------------------------------------------- matrix report
 def matrix_report(matrix_dir: str | Path) -> str:
-    from fastasr.studies.matrix.cells import CSV_COLUMNS, CSV_FILE, MD_FILE, PNG_FILE, read_cells
-    from fastasr.studies.matrix.render import cell_notes, html_table
 
     matrix_dir = Path(matrix_dir)
     cells = read_cells(matrix_dir / CSV_FILE)

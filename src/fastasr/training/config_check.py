@@ -28,6 +28,9 @@ from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.features import FeatureConfig
 from fastasr.data.phone_sets import folding
 from fastasr.data.tokenizer import KINDS
+from fastasr.recognition.checkpoint_migration import split_attention
+from fastasr.recognition.recogniser import DEFAULT_MODEL_TARGET, model_class
+from fastasr.rundir import RunDir
 from fastasr.training.derived_config import AUTO_WORKERS, DERIVED_PRECISIONS, derive_train_config
 
 
@@ -99,7 +102,6 @@ def _check_model(cfg: DictConfig, feat_in: int, errors: list[str]) -> None:
     """Build the model the config names on the meta device (no memory, no weights), as the
     recogniser will (:meth:`fastasr.recognition.recogniser.Recogniser.build_model`: the class ``_target_``
     names, a CTCModel subclass, as a partial completed with the data's sizes): its own checks run."""
-    from fastasr.recognition.recogniser import DEFAULT_MODEL_TARGET, model_class
 
     config = _container(cfg.model)
     try:
@@ -311,9 +313,6 @@ def resume_differences(cfg: DictConfig, ckpt: Mapping[str, Any], saved: Mapping[
     its value here is not the model class's default (a checkpoint older than the option)."""
     import inspect
 
-    from fastasr.recognition.checkpoint_migration import split_attention
-    from fastasr.recognition.recogniser import DEFAULT_MODEL_TARGET, model_class
-
     state = ckpt.get("recogniser") or {}
     diffs: list[str] = []
     if state.get("model") is not None:
@@ -396,8 +395,6 @@ def check_run_dir(cfg: DictConfig, run_dir: Any) -> str | None:
       a finished run explicitly.
     """
     import torch
-
-    from fastasr.rundir import RunDir
 
     run_dir = RunDir(run_dir)
     requested = cfg.get("ckpt_path")

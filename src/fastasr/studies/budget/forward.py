@@ -18,6 +18,9 @@ from typing import Any
 import torch
 
 from fastasr.data.manifest import read_manifest
+from fastasr.decoding.emissions import decoding_device
+from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.scoring import decoding_loader, decoding_options
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,6 @@ def measure_member(ckpt: str, data_cfg: Mapping[str, Any], split: str = "dev", r
     manifest (batched as training batches it: ``data_cfg``'s frame budget); returns the
     :class:`ForwardTime` and the model's parameter count."""
     import lightning as L
-
-    from fastasr.decoding.emissions import decoding_device
-    from fastasr.recognition.recogniser import load_recogniser
-    from fastasr.recognition.scoring import decoding_loader, decoding_options
 
     if split not in ("train", "dev", "test"):
         raise ValueError(f"budget.forward.split {split!r}; expected train, dev or test")

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from fastasr.rundir import RunDir
 from fastasr.studies.matrix.rules import MatrixError, train_member
 from fastasr.training.derived_config import derive_train_config
+from fastasr.training.fit import train
 from fastasr.training.loggers import finish_wandb
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,6 @@ def compose_member(cfg: DictConfig, spec: str) -> Member:
 def train_member_model(member: Member) -> dict[str, Any]:
     """Train (or resume) a member in-process in its run directory; returns its
     ``fit_done.json`` record."""
-    from fastasr.training.fit import train
 
     member.check_saved_config()
     log.info("training %s in %s\n    %s", member.spec, member.run_dir, member.command)

@@ -17,13 +17,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import hydra
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from fastasr.config import CONFIG_DIR
+from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.scoring import (
+    DecodeResult,
+    decode_manifest,
+    decoding_options,
+    training_manifest,
+)
 from fastasr.studies.matrix.cells import (
     CSV_FILE,
     FAILED,
@@ -44,9 +51,6 @@ from fastasr.studies.matrix.dashboard import log_to_wandb
 from fastasr.studies.matrix.members import Member, compose_member, train_member_model
 from fastasr.studies.matrix.render import cell_text, metric_name, plot_heatmap, write_markdown
 from fastasr.studies.matrix.rules import MatrixError, check_spec_lists, eval_attention
-
-if TYPE_CHECKING:
-    from fastasr.recognition.scoring import DecodeResult
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +75,6 @@ def load_checkpoint(ckpt: Path, member: Member):
     """The recogniser of a member's checkpoint (:func:`fastasr.recognition.recogniser.load_recogniser`),
     on the CPU, in eval mode; the member's training manifest serves only checkpoints that
     carry no lexicon or LM (written before they travelled with the model)."""
-    from fastasr.recognition.recogniser import (
-        load_recogniser,  # a matrix that only renders its table needs no torch model code
-    )
-    from fastasr.recognition.scoring import training_manifest  # as above
-
     return load_recogniser(ckpt, training_manifest=training_manifest(member.cfg.data))
 
 
@@ -97,8 +96,6 @@ def decode_with(member: Member, recogniser, manifest: str, cfg: DictConfig) -> D
     :class:`~fastasr.recognition.scoring.DecodeResult` (per/cer, wer (%), utterances, decode_seconds, ...).
     Tokenizer, features, lexicon and word LM are the
     checkpoint's; batching follows the member's data config."""
-    from fastasr.recognition.scoring import decode_manifest, decoding_options  # as load_checkpoint
-
     return decode_manifest(recogniser, manifest, accelerator=cfg.matrix.accelerator, seed=cfg.seed,
                            decoding=decoding_of(member, cfg), **decoding_options(member.cfg.data))
 
@@ -221,7 +218,7 @@ def _decoder_text(cfg: DictConfig) -> str:
 
 def _commands(invocation: Sequence[str], members: Sequence[Member]) -> list[str]:
     lines = ["# the whole matrix (trains what is missing, then decodes every pair):"]
-    lines.append(" ".join(["python -m fastasr.cli.matrix", *(shlex.quote(o) for o in invocation)]))
+    lines.append(" ".join(["python -m fastasr.cross_eval", *(shlex.quote(o) for o in invocation)]))
     if members:
         lines.append("# or each model alone (a Hydra multirun of these is equivalent):")
         lines += [m.command for m in members]
@@ -249,7 +246,7 @@ def run_matrix(cfg: DictConfig, invocation: Sequence[str] = ()) -> MatrixResult:
 
     ``cfg`` is the composed ``cross_eval`` config. Members are composed from ``train.yaml``
     with Hydra's compose API, initialised here on the project's config directory when it is
-    not already (it is under ``python -m fastasr.cli.matrix``). ``invocation``: the
+    not already (it is under ``python -m fastasr.cross_eval``). ``invocation``: the
     command-line overrides, recorded in matrix.md.
     """
     if not GlobalHydra.instance().is_initialized():
