@@ -17,7 +17,7 @@ Steps (issue #20, item 2):
    the checkpoint's own): the utterances decoded one by one (the baseline), then each recording
    decoded whole in each ``--modes`` (``one_pass``, ``windowed``, ``auto``:
    ``fastasr.decoding.long_form``) through ``Recogniser.transcribe`` — the API and the path
-   ``python -m fastasr.cli.transcribe`` uses.
+   ``python -m fastasr.transcribe`` uses.
 3. Per run: PER (CER for char models) and WER of the recording against its reference, the same
    for the utterance-by-utterance baseline (same reference length) and their difference; the
    real-time factor (wall time of ``transcribe`` — audio loading, features, model, search and
