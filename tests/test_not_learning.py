@@ -104,6 +104,13 @@ def test_a_flat_dev_loss_and_error_warn_stalled_after_patience_validations(caplo
     message = watch.warnings[0]["message"]
     assert "neither the dev loss nor the dev PER improved by 1 % over the last 5 validations" in message
     assert "dev loss 2.600 (best 2.600 at update 1000;" in message and ": flat)" in message
+    assert "What to try: the same command with another seed" in message  # a start that stuck off the plateau
+
+
+def test_the_plateau_warning_does_not_blame_the_seed():
+    watch = LearningWatch(after_updates=0)
+    feed(watch, [(700, 2.9, 97.0)])
+    assert watch.conditions == [PLATEAU] and "another seed" not in watch.warnings[0]["message"]
 
 
 def test_a_rising_dev_loss_at_a_high_error_warns_stalled():

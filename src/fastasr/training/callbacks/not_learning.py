@@ -236,9 +236,12 @@ class LearningWatch(L.Callback):
         batch_advice = ("data.min_batches_per_epoch=null (it lowered the batch budget on this corpus), or a larger "
                         "data.max_frames_per_batch" if lowered else "a larger data.max_frames_per_batch (and "
                         "data.min_batches_per_epoch=null)")
+        # off the plateau but stuck: a start that can go either way, and another seed often learns
+        restart = ("the same command with another seed (a start can stick off the plateau: the model finds "
+                   "where the words are but not which they are); " if condition == STALLED else "")
         return (f"{head}" + (f" Training with {setting}." if setting else "") +
-                f" What to try: a lower optim.lr (half, say); a larger batch: {batch_advice}; fewer output units: "
-                f"tokenizer=bpe with a small data.vocab_size (about 30). "
+                f" What to try: {restart}a lower optim.lr (half, say); a larger batch: {batch_advice}; fewer "
+                f"output units: tokenizer=bpe with a small data.vocab_size (about 30). "
                 f"See {TROUBLESHOOTING} (callbacks.not_learning sets when this warning is given).")
 
     def _batch_text(self, trainer: L.Trainer | None) -> str:
