@@ -483,6 +483,17 @@ class Transcription:
         return out
 
 
+def _manifest_lexicon(tokenizer: Tokenizer, train_manifest: str | os.PathLike) -> tuple[Lexicon, str] | None:
+    """The lexicon decoding's ``lexicon.source=auto`` builds from ``train_manifest`` for a
+    recogniser that carries none, with what it was built from (``Recogniser.lexicon_source``,
+    e.g. ``train: /data/wsj/train.jsonl``); None where ``auto`` gives no lexicon (subword units)."""
+    source = resolve_source("auto", tokenizer, train_manifest)
+    if source == "none":
+        return None
+    return (build_lexicon({"source": source}, tokenizer, train_manifest),
+            f"{source}: {Path(train_manifest).resolve()}")
+
+
 def with_training_manifest(recogniser: Recogniser, train_manifest: str | os.PathLike | None) -> Recogniser:
     """``recogniser`` knowing the manifest it was trained on (:attr:`Recogniser.training_manifest`).
 
@@ -494,17 +505,16 @@ def with_training_manifest(recogniser: Recogniser, train_manifest: str | os.Path
     if not train_manifest:
         return recogniser
     recogniser = replace(recogniser, training_manifest=str(train_manifest))
-    if recogniser.lexicon is not None or not Path(train_manifest).is_file():
+    built = _manifest_lexicon(recogniser.tokenizer, train_manifest) \
+        if recogniser.lexicon is None and Path(train_manifest).is_file() else None
+    if built is None:
         return recogniser
-    source = resolve_source("auto", recogniser.tokenizer, train_manifest)
-    if source == "none":
-        return recogniser
-    lexicon = build_lexicon({"source": source}, recogniser.tokenizer, train_manifest)
+    lexicon, lexicon_source = built
     corpus_lm = corpus_lm_path(train_manifest)
     lm = recogniser.lm if recogniser.lm is not None or not corpus_lm.is_file() else BundledLM.from_file(corpus_lm)
-    log.info("the checkpoint carries no lexicon: %d words (%s of %s)%s", len(lexicon), source, train_manifest,
+    log.info("the checkpoint carries no lexicon: %d words (%s)%s", len(lexicon), lexicon_source,
              f", word LM {lm.path}" if lm is not None else "")
-    return replace(recogniser, lexicon=lexicon, lexicon_source=f"{source}: {Path(train_manifest).resolve()}", lm=lm)
+    return replace(recogniser, lexicon=lexicon, lexicon_source=lexicon_source, lm=lm)
 
 
 def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike | None, *,
@@ -523,21 +533,21 @@ def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike
     An LM that cannot be had is left out with a warning (training goes on)."""
     if not train_manifest:
         return recogniser
-    source = resolve_source("auto", recogniser.tokenizer, train_manifest)
-    if source == "none":
+    built = _manifest_lexicon(recogniser.tokenizer, train_manifest)
+    if built is None:
         log.info("no lexicon for this %s model: the recogniser carries no lexicon nor word LM",
                  recogniser.tokenizer.kind)
         return recogniser
-    lexicon = build_lexicon({"source": source}, recogniser.tokenizer, train_manifest)
+    lexicon, lexicon_source = built
     lm = None
     try:
         lm = BundledLM.from_file(lm_path if lm_path else ensure_corpus_lm(train_manifest, lm_dir))
     except (OSError, ValueError) as err:
         log.warning("the recogniser carries no word LM (decoding=beam_lm will need decoding.lm.path): %s", err)
     if lm is not None:
-        log.info("recogniser: lexicon of %d words (%s), word LM %s (%s)", len(lexicon), source, lm.path,
+        log.info("recogniser: lexicon of %d words (%s), word LM %s (%s)", len(lexicon), lexicon_source, lm.path,
                  "embedded" if lm.embedded else f"{lm.size / 2**20:.0f} MiB, referenced by path and sha256")
-    return replace(recogniser, lexicon=lexicon, lexicon_source=f"{source}: {Path(train_manifest).resolve()}", lm=lm,
+    return replace(recogniser, lexicon=lexicon, lexicon_source=lexicon_source, lm=lm,
                    training_manifest=str(train_manifest))
 
 
