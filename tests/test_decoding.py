@@ -48,3 +48,24 @@ def test_error_rates_empty_hypothesis_and_insertions():
 
 def test_error_rates_nothing_scored_is_nan():
     assert math.isnan(ErrorRates().compute()["wer"])
+
+
+def test_error_rates_of_transcripts_equal_evaluates_score_in_batches():
+    """The training module's accumulator (``ErrorRates.add``, a batch at a time) and evaluate.py's
+    corpus scoring (``emissions.score``) give the same rates for the same transcripts."""
+    from fastasr.decoding.emissions import Transcript, score
+
+    transcripts = [
+        Transcript("u1", ["ab", "cd"], ["ab", "ed"], list("ab|cd"), list("ab|ed"), list("abcd"), list("abed")),
+        Transcript("u2", ["xyz"], ["xz", "q"], list("xyz"), list("xz|q"), list("xyz"), list("xzq")),
+        Transcript("u3", ["k"], [], ["k"], [], ["k"], []),
+    ]
+    rates = ErrorRates()
+    rates.add(transcripts[:2], keep_examples=1)
+    rates.add(transcripts[2:], keep_examples=1)
+    corpus, _, _ = score(transcripts, "cer")
+    out = rates.compute()
+    assert math.isclose(out["uer"], corpus["cer"]) and math.isclose(out["uer"], 100 * 4 / 8)
+    assert math.isclose(out["wer"], corpus["wer"]) and math.isclose(out["wer"], 100 * 4 / 4)
+    assert rates.utterances == corpus["utterances"] == 3
+    assert rates.examples == [("ab cd", "ab ed")]

@@ -73,7 +73,8 @@ def test_provenance_is_in_results_json_only_when_set(tokenizer, tiny_corpus, tmp
 
 def test_greedy_decode_manifest_scores_as_the_training_test_loop(tokenizer, tiny_corpus, tmp_path):
     """decode_manifest (model → greedy decoder → jiwer alignment) gives the numbers of the
-    LightningModule's own test loop (batched greedy → ErrorRates) on the same model."""
+    LightningModule's own test loop on the same model: one greedy path (batch_emissions →
+    GreedyDecoder → transcribe_one) scored in batches (ErrorRates.add) or over the corpus."""
     save_checkpoint(recogniser(tokenizer), tmp_path / "a.ckpt")
     rec = load_recogniser(tmp_path / "a.ckpt", attention="full")  # deterministic
     result = decode_manifest(rec, tiny_corpus / "test.jsonl", accelerator="cpu", out_dir=tmp_path / "run")

@@ -96,13 +96,25 @@ def iter_emissions(model: torch.nn.Module, batches: Iterable[dict], tokenizer: T
                 continue
             with torch.inference_mode():
                 log_probs, lengths = model(batch["features"].to(device), batch["feature_lengths"].to(device))
-                log_probs, lengths = log_probs.float().cpu(), lengths.cpu()
-            for b, uid in enumerate(batch["ids"]):
-                n = int(batch["target_lengths"][b])
-                yield Emission(uid, batch["transcripts"][b], tokenizer.decode(batch["targets"][b, :n].tolist()),
-                               log_probs[b, : int(lengths[b])].clone())
+            yield from batch_emissions(batch, log_probs, lengths, tokenizer)
     finally:
         model.train(was_training)
+
+
+def batch_emissions(batch: Mapping[str, Any], log_probs: torch.Tensor, lengths: torch.Tensor,
+                    tokenizer: Tokenizer) -> list[Emission]:
+    """Each utterance of a batch (the DataModule's batch dict) with the model's output for it:
+    ``log_probs`` ``(B, T', V)`` and ``lengths`` ``(B,)``, as returned by the model (any device,
+    any float type: each emission is float32 on the CPU). The one way model output meets its
+    references: :func:`iter_emissions` (so evaluate.py) and the training module's validation and
+    test (:class:`fastasr.training.lit.ASRLitModule`) both take it."""
+    log_probs, lengths = log_probs.detach().float().cpu(), lengths.cpu()
+    out = []
+    for b, uid in enumerate(batch["ids"]):
+        n = int(batch["target_lengths"][b])
+        out.append(Emission(uid, batch["transcripts"][b], tokenizer.decode(batch["targets"][b, :n].tolist()),
+                            log_probs[b, : int(lengths[b])].clone()))
+    return out
 
 
 def compute_emissions(model: torch.nn.Module, batches: Iterable[dict], tokenizer: Tokenizer,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import jiwer
 import torch
+
+if TYPE_CHECKING:  # emissions.py imports this module: the name is for the annotation only
+    from fastasr.decoding.emissions import Transcript
 
 
 @dataclass
@@ -85,6 +89,12 @@ class ErrorRates:
             if len(self.examples) >= keep_examples:
                 break
             self.examples.append((" ".join(r), " ".join(h)))
+
+    def add(self, transcripts: Sequence[Transcript], keep_examples: int = 0) -> None:
+        """Add decoded utterances (:func:`fastasr.decoding.emissions.transcribe_one`): the same
+        units and words that :func:`fastasr.decoding.emissions.score` scores for evaluate.py."""
+        self.update([t.ref_scored_units for t in transcripts], [t.hyp_scored_units for t in transcripts],
+                    [t.ref_words for t in transcripts], [t.hyp_words for t in transcripts], keep_examples)
 
     def summed_over_processes(self, all_reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> ErrorRates:
         """These counts summed over every process (DDP rank), so that :meth:`compute` gives the

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import grad_norm, rank_zero_info
 
-from fastasr.decoding import ErrorRates, ctc_greedy
+from fastasr.decoding import ErrorRates, GreedyDecoder
+from fastasr.decoding.emissions import batch_emissions, transcribe_one
 from fastasr.distributed import loss_without_update
 from fastasr.model import CTCModel
 from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser
@@ -56,6 +57,9 @@ class ASRLitModule(L.LightningModule):
         self.recogniser = recogniser.with_model(self.model)
         self.tokenizer = recogniser.tokenizer
         self.unit_metric = recogniser.unit_metric
+        # no lexicon: a phoneme model's val/test WER is over phonetic words (evaluate.py's greedy
+        # decoding maps them to real words through the recogniser's lexicon when it has one)
+        self._greedy = GreedyDecoder(self.tokenizer)
         self._rates: dict[str, ErrorRates] = {}
         self.test_result: dict[str, Any] = {}
 
@@ -121,29 +125,16 @@ class ASRLitModule(L.LightningModule):
             return
         loss, log_probs, out_lengths = self._loss(batch)
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val", batch_size=len(batch["ids"]), sync_dist=True)
-        hyps = ctc_greedy(log_probs, out_lengths, self.tokenizer.blank_id)
-        self.score(stage, batch, hyps)
+        self.score(stage, batch, log_probs, out_lengths)
 
-    def score(self, stage: str, batch: Mapping[str, Any], hyps: list[list[int]]) -> None:
-        """Add a batch's hypotheses (unit ids) to the ``stage`` error-rate accumulator."""
-        tok = self.tokenizer
-        refs = [
-            tok.decode(t[:n].tolist())
-            for t, n in zip(batch["targets"], batch["target_lengths"].tolist())
-        ]
-        hyp_units = [tok.decode(h) for h in hyps]
-        rates = self._rates.setdefault(stage, ErrorRates())
-        rates.update(
-            [self._scored_units(u) for u in refs],
-            [self._scored_units(u) for u in hyp_units],
-            [tok.units_to_words(u) for u in refs],
-            [tok.units_to_words(u) for u in hyp_units],
-            keep_examples=self.hparams.log_examples,
-        )
-
-    def _scored_units(self, units: list[str]) -> list[str]:
-        # Word boundaries are scored by WER, not as units of the PER/CER (and foldings apply).
-        return self.tokenizer.scored_units(units)
+    def score(self, stage: str, batch: Mapping[str, Any], log_probs: torch.Tensor, out_lengths: torch.Tensor) -> None:
+        """Add a batch's greedy decoding to the ``stage`` error-rate accumulator, by the path
+        evaluate.py's greedy decoding takes (:func:`fastasr.decoding.emissions.batch_emissions`
+        → :class:`fastasr.decoding.GreedyDecoder` → :func:`fastasr.decoding.emissions.transcribe_one`):
+        the same hypotheses, reference words and scored units."""
+        transcripts = [transcribe_one(e, self._greedy, self.tokenizer)
+                       for e in batch_emissions(batch, log_probs, out_lengths, self.tokenizer)]
+        self._rates.setdefault(stage, ErrorRates()).add(transcripts, keep_examples=self.hparams.log_examples)
 
     def _finish(self, stage: str) -> dict[str, float]:
         rates = self._rates.pop(stage, ErrorRates())
