@@ -271,7 +271,35 @@ def test_it_is_on_by_default_with_the_documented_defaults():
     watch = instantiate(cfg.callbacks.not_learning)
     assert isinstance(watch, LearningWatch)
     assert (watch.after_updates, watch.plateau_error, watch.patience, watch.min_delta, watch.stalled_error) == \
-        (600, 90.0, 10, 0.01, 60.0)
+        (600, 90.0, 4, 0.01, 60.0)
+
+
+# Dev curves (update, dev loss, dev CER) of recorded runs of the documented command
+# (docs/results/robustness/RESULTS.md): one that stuck off the plateau, and runs that learnt,
+# fast, slowly, noisily or with a dev loss that jumps about.
+STUCK_FSDD = [(150, 2.12, 76.2), (301, 1.92, 70.3), (452, 1.75, 69.5), (603, 1.79, 70.3), (754, 1.9, 68.9),
+              (905, 1.77, 72.3), (1056, 1.82, 72.7), (1207, 1.78, 71.4), (1358, 1.74, 72.2), (1509, 1.78, 70.0),
+              (1660, 1.73, 70.9), (1811, 1.84, 72.7), (1962, 1.8, 74.1), (2113, 1.75, 71.0)]
+LEARNT = {
+    "slowly (the tiny short shape, an earlier recipe)": [
+        (223, 3.3, 100.0), (447, 2.7, 76.1), (671, 2.53, 72.7), (895, 2.42, 65.9), (1119, 2.67, 66.7),
+        (1343, 2.3, 64.4), (1567, 2.29, 63.9), (1791, 2.26, 61.6), (2015, 2.2, 60.7), (2239, 2.18, 59.6)],
+    "noisy shape": [(220, 2.96, 100.0), (441, 2.68, 75.0), (662, 2.46, 66.5), (883, 2.26, 62.2),
+                    (1104, 2.11, 57.6), (1325, 2.01, 54.3), (1542, 1.93, 51.5)],
+    "crawling off the plateau, then away": [(213, 2.03, 77.2), (427, 2.36, 85.6), (641, 1.9, 72.9),
+                                            (855, 1.61, 69.3), (1069, 1.32, 51.0)],
+    "FSDD, a dev loss that jumps": [(213, 1.68, 68.0), (427, 0.75, 23.9), (641, 0.98, 29.4), (855, 1.21, 26.4),
+                                    (1069, 0.82, 22.4), (1283, 1.62, 26.8), (1497, 1.91, 33.8), (1711, 1.07, 21.0),
+                                    (1925, 0.89, 18.6), (2139, 0.8, 18.4), (2353, 1.22, 22.4), (2567, 1.01, 20.7)],
+}
+
+
+def test_the_defaults_warn_a_recorded_stuck_run_early_and_no_recorded_run_that_learnt():
+    """With the defaults (the class's, which conf/callbacks has: above) the stuck FSDD run (dev CER ~70 % from its second validation
+    on) is warned at update 1,056, its 7th validation; none of the runs that learnt is."""
+    assert raised(feed(LearningWatch(), STUCK_FSDD)) == [(1056, STALLED)]
+    for what, curve in LEARNT.items():
+        assert raised(feed(LearningWatch(), curve)) == [], what
 
 
 @pytest.mark.parametrize("bad", [{"after_updates": -1}, {"patience": 0}, {"min_delta": 1.5}])

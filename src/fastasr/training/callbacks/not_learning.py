@@ -84,7 +84,7 @@ class LearningWatch(L.Callback):
     not replace it.
     """
 
-    def __init__(self, after_updates: int = 600, plateau_error: float = 90.0, patience: int = 10,
+    def __init__(self, after_updates: int = 600, plateau_error: float = 90.0, patience: int = 4,
                  min_delta: float = 0.01, stalled_error: float = 60.0, metric: str | None = None,
                  loss: str = "val/loss") -> None:
         super().__init__()
@@ -203,7 +203,7 @@ class LearningWatch(L.Callback):
 
     # ------------------------------------------------------------------ the message
     def _loss_trend(self) -> str:
-        """``dev loss 2.710 (best 2.650 at update 480; best of the last 10 validations +2.3 %: rising)``."""
+        """``dev loss 2.710 (best 2.650 at update 480; best of the last 4 validations +2.3 %: rising)``."""
         now = self.history[-1]
         if now["loss"] is None:
             return "dev loss not finite"
