@@ -14,9 +14,9 @@ from test_train_eval import TINY_MODEL
 
 import fastasr.recognition.final_decoding
 from fastasr.config import CONFIG_DIR
-from fastasr.recognition.final_decoding import tune_vocabulary_and_weights
+from fastasr.recognition.final_decoding import FinalDecodingRequest, tune_vocabulary_and_weights
 from fastasr.recognition.scoring import TuningResult
-from fastasr.training.fit import train
+from fastasr.training.fit import final_decoding_request, train
 
 
 def _compose(*overrides: str):
@@ -52,11 +52,30 @@ def test_the_final_tuning_searches_its_grid_at_its_own_beam_and_decodes_at_the_f
     recogniser = SimpleNamespace(tokenizer=SimpleNamespace(kind="phoneme"), training_manifest=None)
     spec = {"name": "beam", "beam_size": 500, "lm": {"source": "auto"}, "lm_weight": 2.0, "word_score": 0.0}
     for beam, expected in ((50, 50), (None, 500)):
-        cfg = OmegaConf.create({"data": {"dev_manifest": "dev.jsonl"},
-                                "final_tuning": {"lm_weight": [0.5, 1.5], "word_score": [-1.0], "beam_size": beam}})
-        tuned = tune_vocabulary_and_weights(recogniser, cfg, spec, None, "cpu")
+        request = FinalDecodingRequest(spec, "test.jsonl", dev_manifest="dev.jsonl", accelerator="cpu",
+                                       tuning={"lm_weight": [0.5, 1.5], "word_score": [-1.0], "beam_size": beam})
+        tuned = tune_vocabulary_and_weights(recogniser, request, spec, None)
         assert searched[-1] == expected and tuned.beam_size == expected
         assert tuned.decoding == dict(spec, lm_weight=1.5, word_score=-1.0)  # the full width, the grid's weights
+
+
+def test_training_asks_its_final_decoding_from_its_config():
+    """train() hands the final decoding a typed request: the recipe's decoding and tuning grid, the
+    data config's splits and batching, the training device and seed; nothing of the config else."""
+    manifests = ("data.train_manifest=c/train.jsonl", "data.dev_manifest=c/dev.jsonl", "data.test_manifest=c/test.jsonl")
+    cfg = _compose("data=manifest", "tokenizer=char", *manifests, "trainer.accelerator=cpu",
+                   "data.num_workers=1", "seed=7", "trainer.enable_progress_bar=false")
+    request = final_decoding_request(cfg)
+    assert request == FinalDecodingRequest(
+        decoding=OmegaConf.to_container(cfg.final_decoding, resolve=True), test_manifest="c/test.jsonl",
+        dev_manifest="c/dev.jsonl", tuning=OmegaConf.to_container(cfg.final_tuning, resolve=True),
+        loader={"max_frames_per_batch": cfg.data.max_frames_per_batch, "num_workers": 1,
+                "on_bad_utterance": "skip"},
+        training_manifest="c/train.jsonl", accelerator="cpu", seed=7, progress=False)
+    assert request.decoding["beam_size"] == 500 and request.tuning["beam_size"] == 50
+    assert final_decoding_request(_compose("data=manifest", *manifests, "trainer.accelerator=auto")).accelerator == "auto"
+    builtin = final_decoding_request(_compose())  # the built-in recipe decodes at its own weights
+    assert builtin.tuning is None and builtin.test_manifest.endswith("test.jsonl")
 
 
 def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():

@@ -4,29 +4,27 @@
 beam search of ``final_decoding`` (``conf/decoding``), with the vocabulary, LM weight and word
 score first chosen on the dev split (:func:`tune_vocabulary_and_weights`, ``final_tuning``),
 through the scoring path evaluate.py takes (:func:`fastasr.recognition.scoring.decode_manifest`).
+What to decode comes as a :class:`FinalDecodingRequest` (training builds it from its config:
+:func:`fastasr.training.fit.final_decoding_request`); nothing here reads a training config.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
-
-from omegaconf import DictConfig, OmegaConf
 
 from fastasr.data.tokenizer import unit_metric
 from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.lm.build import build as build_lm
-from fastasr.progress import show_progress
 from fastasr.recognition.recogniser import Recogniser, load_recogniser
 from fastasr.recognition.scoring import (
     DecodeResult,
     TuningResult,
     decode_manifest,
-    decoding_options,
     manifest_emissions,
-    training_manifest,
     tune_recogniser,
 )
 from fastasr.rundir import RunDir
@@ -34,11 +32,41 @@ from fastasr.rundir import RunDir
 log = logging.getLogger(__name__)
 
 
-def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: dict[str, Any],
-                                run_dir: RunDir, accelerator: str) -> TuningResult:
-    """Choose the final decoding's vocabulary, LM weight and word score on the dev split.
+@dataclass(frozen=True)
+class FinalDecodingRequest:
+    """What training asks of its final decoding.
 
-    ``cfg.final_tuning.frequent_words`` lists the vocabularies to try: ``0`` is the recogniser's
+    Attributes:
+        decoding: the decoding (a ``conf/decoding`` mapping: ``final_decoding``).
+        test_manifest: the split decoded and scored.
+        dev_manifest: the split the tuning grid is searched on (None: no tuning).
+        tuning: ``final_tuning`` (``lm_weight`` and ``word_score`` lists; optionally
+            ``frequent_words``, ``language``, ``beam_size``); None or empty: no tuning.
+        loader: the decoding loader's batching (:func:`fastasr.recognition.scoring.decoding_loader`'s
+            keyword arguments: frame budget, batch cap, workers, bad-utterance policy).
+        training_manifest: attached to a checkpoint that carries no lexicon or LM of its own
+            (:func:`fastasr.recognition.recogniser.load_recogniser`); None: none.
+        accelerator: where to decode (``cpu``, ``gpu``/``cuda`` or ``auto``).
+        seed: the decoding's seed (hashing attentions).
+        progress: a progress bar over the test utterances.
+    """
+
+    decoding: Mapping[str, Any]
+    test_manifest: str
+    dev_manifest: str | None = None
+    tuning: Mapping[str, Any] | None = None
+    loader: Mapping[str, Any] = field(default_factory=dict)
+    training_manifest: str | None = None
+    accelerator: str = "auto"
+    seed: int | None = None
+    progress: bool = False
+
+
+def tune_vocabulary_and_weights(recogniser: Recogniser, request: FinalDecodingRequest, spec: dict[str, Any],
+                                run_dir: RunDir) -> TuningResult:
+    """Choose the final decoding's vocabulary, LM weight and word score on ``request.dev_manifest``.
+
+    ``request.tuning["frequent_words"]`` lists the vocabularies to try: ``0`` is the recogniser's
     own lexicon and word LM (the training words); ``N`` adds the N most frequent words of
     ``final_tuning.language`` (wordfreq) spelt in the training text's characters, to the lexicon
     and, weighted by their frequency, to a word LM re-estimated from the training text
@@ -54,7 +82,7 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
     vocabulary re-runs only the search. Returns the winner's :class:`~fastasr.recognition.scoring.TuningResult`
     with ``vocabularies`` (``[{"frequent_words", "lexicon", "lm", "best", "points"}, ...]``),
     ``beam_size`` (the grid's) and ``decoding`` (the chosen spec) set."""
-    tuning = cfg.final_tuning
+    tuning, accelerator = request.tuning or {}, request.accelerator
     train_manifest = recogniser.training_manifest
     sizes = [int(n) for n in (tuning.get("frequent_words") or [0])]
     if recogniser.tokenizer.kind != "char" and any(sizes):
@@ -66,8 +94,8 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
                     "estimated from) is not here", [n for n in sizes if n], train_manifest)
         sizes = [0]
     grid_beam = int(tuning.get("beam_size") or spec.get("beam_size") or BeamSearchOptions.beam_size)
-    dev = manifest_emissions(recogniser, cfg.data.dev_manifest, accelerator=accelerator,
-                             **decoding_options(cfg.data))  # the model runs once; each vocabulary re-runs the search
+    dev = manifest_emissions(recogniser, request.dev_manifest, accelerator=accelerator,
+                             **request.loader)  # the model runs once; each vocabulary re-runs the search
     vocabularies, searches = [], []  # per vocabulary: its results.json entry; its tune result and decoding spec
     for n in dict.fromkeys(sizes):
         candidate = dict(spec)
@@ -83,8 +111,8 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
                          "training text)", n, language, files["lm"], info["added_words"])
             for key, path in files.items():
                 candidate[key] = dict(candidate.get(key) or {}, path=path)
-        tuned = tune_recogniser(recogniser, cfg.data.dev_manifest, dict(candidate, beam_size=grid_beam),
-                                tuning.lm_weight, tuning.word_score,
+        tuned = tune_recogniser(recogniser, request.dev_manifest, dict(candidate, beam_size=grid_beam),
+                                list(tuning["lm_weight"]), list(tuning["word_score"]),
                                 accelerator=accelerator, emissions=dev)
         point = dict(tuned.best, frequent_words=n)
         vocabularies.append({"frequent_words": n, **files, "best": point, "points": tuned.points})
@@ -100,9 +128,9 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, cfg: DictConfig, spec: d
                    decoding=dict(candidate, lm_weight=point["lm_weight"], word_score=point["word_score"]))
 
 
-def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
+def final_decoding(request: FinalDecodingRequest, ckpt: str | None, run_dir: RunDir,
                    averaged_from: list[str] | None = None) -> DecodeResult | None:
-    """Decode the test split with ``ckpt`` by ``cfg.final_decoding`` (a ``conf/decoding``
+    """Decode ``request.test_manifest`` with ``ckpt`` by ``request.decoding`` (a ``conf/decoding``
     option; beam search by default), through the decoding path evaluate.py takes, so that a
     training ends with the word error rate over real words.
 
@@ -111,7 +139,7 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
     gives later, wherever the checkpoint is. Skipped (None) when no lexicon can be had for the
     model (a subword model, or a phoneme model whose training manifest has no phonemes): beam
     search would give phonetic words only. An LM that cannot be had is left out with a warning.
-    With ``cfg.final_tuning`` (``{lm_weight: [...], word_score: [...]}``, optionally
+    With ``request.tuning`` (``{lm_weight: [...], word_score: [...]}``, optionally
     ``frequent_words`` and ``language``) and an LM, the LM weight and word score, and the
     vocabulary, are first chosen on the dev split (:func:`tune_vocabulary_and_weights`; never the
     test split), and the grids are kept in ``results.json`` under ``tuned_on_dev``.
@@ -120,8 +148,8 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
     """
     if not ckpt:
         return None
-    spec = OmegaConf.to_container(cfg.final_decoding, resolve=True)
-    recogniser = load_recogniser(ckpt, training_manifest=training_manifest(cfg.data))
+    spec = dict(request.decoding)
+    recogniser = load_recogniser(ckpt, training_manifest=request.training_manifest)
     lexicon = spec.get("lexicon") or {}
     if not lexicon.get("path") and recogniser.resolved_lexicon_source(lexicon) == "none":
         log.info("final decoding skipped: no lexicon for this %s model (final_decoding.lexicon)",
@@ -138,17 +166,13 @@ def final_decoding(cfg: DictConfig, ckpt: str | None, run_dir: RunDir,
             log.warning("final decoding without an LM: %s does not exist", resolved)
             lm = {"source": "none", "path": None}
         spec["lm"] = lm
-    accelerator = cfg.trainer.get("accelerator")  # decode where training ran
-    accelerator = accelerator if accelerator in ("cpu", "gpu", "cuda") else "auto"
-    tuning = cfg.get("final_tuning")
     tuned = None
-    if tuning and spec.get("name") == "beam" and (spec.get("lm") or {}).get("source") != "none":
-        tuned = tune_vocabulary_and_weights(recogniser, cfg, spec, run_dir, accelerator)
+    if (request.tuning and request.dev_manifest and spec.get("name") == "beam"
+            and (spec.get("lm") or {}).get("source") != "none"):
+        tuned = tune_vocabulary_and_weights(recogniser, request, spec, run_dir)
         spec = tuned.decoding
-    decoded = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=accelerator, seed=cfg.seed,
-                              decoding=spec, out_dir=run_dir.path,
-                              progress=bool(cfg.trainer.get("enable_progress_bar", True)) and show_progress("auto"),
-                              **decoding_options(cfg.data))
+    decoded = decode_manifest(recogniser, request.test_manifest, accelerator=request.accelerator, seed=request.seed,
+                              decoding=spec, out_dir=run_dir.path, progress=request.progress, **request.loader)
     tuned_on_dev = None if tuned is None else {k: getattr(tuned, k) for k in ("manifest", "best", "points",
                                                                             "vocabularies", "beam_size")}
     decoded = replace(decoded, ckpt_path=str(ckpt), tuned_on_dev=tuned_on_dev, averaged_checkpoints=averaged_from)

@@ -26,13 +26,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.distributed import is_rank_zero_process, leave_process_group_at_exit
+from fastasr.progress import show_progress
 from fastasr.recognition.checkpoint_averaging import write_averaged_checkpoint
-from fastasr.recognition.final_decoding import final_decoding
+from fastasr.recognition.final_decoding import FinalDecodingRequest, final_decoding
 from fastasr.recognition.recogniser import Recogniser, with_decoding_data
-from fastasr.recognition.scoring import (
-    DecodeResult,
-    training_manifest,
-)
+from fastasr.recognition.scoring import DecodeResult, decoding_options, training_manifest
 from fastasr.rundir import RunDir
 from fastasr.training.callbacks import report_learning_warnings, reset_peak_memory
 from fastasr.training.config_check import ConfigError, check_run_dir, check_train_config
@@ -91,6 +89,25 @@ def build_module(cfg: DictConfig, datamodule, run_dir: RunDir | None = None) -> 
     mean, std = datamodule.cmvn_stats
     lit.model.set_cmvn(mean, std)
     return lit
+
+
+def final_decoding_request(cfg: DictConfig) -> FinalDecodingRequest:
+    """What the final decoding of a training run decodes, from its config: ``final_decoding``
+    over ``data.test_manifest``, tuned by ``final_tuning`` on ``data.dev_manifest``, batched as
+    ``data`` batches, on the device training ran on, with the run's seed."""
+    accelerator = cfg.trainer.get("accelerator")  # decode where training ran
+    tuning = cfg.get("final_tuning")
+    return FinalDecodingRequest(
+        decoding=OmegaConf.to_container(cfg.final_decoding, resolve=True),
+        test_manifest=str(cfg.data.test_manifest),
+        dev_manifest=None if cfg.data.get("dev_manifest") in (None, "???") else str(cfg.data.dev_manifest),
+        tuning=OmegaConf.to_container(tuning, resolve=True) if tuning else None,
+        loader=decoding_options(cfg.data),
+        training_manifest=training_manifest(cfg.data),
+        accelerator=accelerator if accelerator in ("cpu", "gpu", "cuda") else "auto",
+        seed=cfg.get("seed"),
+        progress=bool(cfg.trainer.get("enable_progress_bar", True)) and show_progress("auto"),
+    )
 
 
 @dataclass
@@ -192,8 +209,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
         log.info("test: %s", lit.test_result)
         if cfg.get("final_decoding") and trainer.is_global_zero:
             try:
-                result.final_decoding = final_decoding(cfg, best or result.last_ckpt, run_dir,
-                                                       averaged_from=result.averaged_from)
+                result.final_decoding = final_decoding(final_decoding_request(cfg), best or result.last_ckpt,
+                                                       run_dir, averaged_from=result.averaged_from)
             except Exception:  # the model is trained and tested; a decoding setting must not lose that
                 log.exception("final decoding failed; the run is complete: decode it with "
                               "python evaluate.py ckpt_path=%s decoding=...", best or result.last_ckpt)
