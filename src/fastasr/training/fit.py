@@ -100,7 +100,7 @@ def final_decoding_request(cfg: DictConfig) -> FinalDecodingRequest:
     return FinalDecodingRequest(
         decoding=OmegaConf.to_container(cfg.final_decoding, resolve=True),
         test_manifest=str(cfg.data.test_manifest),
-        dev_manifest=None if cfg.data.get("dev_manifest") in (None, "???") else str(cfg.data.dev_manifest),
+        dev_manifest=str(cfg.data.dev_manifest),  # check_train_config requires it
         tuning=OmegaConf.to_container(tuning, resolve=True) if tuning else None,
         loader=decoding_options(cfg.data),
         training_manifest=training_manifest(cfg.data),
