@@ -95,6 +95,7 @@ def check_kernels(args, device, log) -> list[str]:
                         raise CheckFailed(f"{tag} {dtype}: {nm} relative error {err:.2e} >= {tol:g}")
                 msgs.append(f"{str(dtype)[6:]}: max rel err {max(errs):.1e}")
                 del q, k, v, w, results
+            msgs.append(_check_sparse(B, H, N, E, C, topk_idx, a_ref, lengths, randn))
             if N <= PACKED_CHECK_MAX_N:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
@@ -107,6 +108,36 @@ def check_kernels(args, device, log) -> list[str]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return lines
+
+
+def _check_sparse(B, H, N, E, C, topk_idx, assignments, lengths, randn) -> str:
+    """Improved clustered attention's fused sparse part (``triton_clustered.improved_sparse``)
+    against ``reference.improved_sparse`` in fp32: the output and the gradients of q, k, v,
+    the centroid values and the top weights, in fp32 and bf16."""
+    import torch
+
+    from fastasr.kernels import reference, triton_clustered
+
+    K = topk_idx.shape[-1]
+    msgs = []
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+        inputs = [randn(B, H, N, E, dtype=dtype) for _ in range(3)] + [randn(B, H, C, E, dtype=dtype)]
+        inputs.append(torch.softmax(randn(B, H, C, K), -1))  # top_w: fp32, as the centroid softmax gives
+        grad = randn(B, H, N, E, dtype=dtype)
+        results = {}
+        for name, fn in (("reference", reference.improved_sparse), ("triton", triton_clustered.improved_sparse)):
+            leaves = [t.clone().float() if name == "reference" else t.clone() for t in inputs]
+            leaves = [t.requires_grad_() for t in leaves]
+            out = fn(*leaves, topk_idx, assignments, lengths, E ** -0.5)
+            results[name] = (out, *torch.autograd.grad((out.float() * grad.float()).sum(), leaves))
+        names = ["out", "dq", "dk", "dv", "dvalues", "dtop_w"]
+        for nm, got, want in zip(names, results["triton"], results["reference"]):
+            err = _rel(got, want)
+            if not err < tol:  # also catches NaN
+                raise CheckFailed(f"improved_sparse {dtype}: {nm} relative error {err:.2e} >= {tol:g}")
+        msgs.append(f"{str(dtype)[6:]} {max(_rel(a, b) for a, b in zip(results['triton'], results['reference'])):.1e}")
+        del inputs, results
+    return "fused sparse part " + ", ".join(msgs)
 
 
 def _check_packed(B, H, N, E, lengths, randn) -> str:

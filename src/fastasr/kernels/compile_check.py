@@ -77,6 +77,18 @@ def _configs():
                         {**idx, "w_ptr": f"*{t}", "m_ptr": f"*{t}", "out_ptr": f"*{t}"}, consts, {}))
             out.append((f"scatter_outer {tag}", tc._scatter_outer_kernel,
                         {**idx, "a_ptr": f"*{t}", "x_ptr": f"*{t}", "dm_ptr": "*fp32"}, consts, {}))
+            qkv = {**idx, "q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}", "len_ptr": "*i64",
+                   "tw_ptr": "*fp32", "scale": "fp32"}  # top_w: fp32 from the centroid softmax
+            for kernel, ptrs in (
+                (tc._sparse_fwd_kernel, {"values_ptr": f"*{t}", "out_ptr": f"*{t}"}),
+                (tc._sparse_bwd_kernel, {"dout_ptr": f"*{t}", "dq_ptr": f"*{t}", "dk_ptr": "*fp32",
+                                         "dv_ptr": "*fp32", "dtw_ptr": "*fp32", "dvalues_ptr": "*fp32"}),
+            ):
+                blocks = tc._sparse_blocks(32, E, E, dot_dtype, kernel is tc._sparse_bwd_kernel)
+                sparse = {"DOT_DTYPE": dot_dtype, "PRECISION": precision,
+                          **dict(zip(("BLOCK_N", "BLOCK_K", "BLOCK_E", "BLOCK_V"), blocks))}
+                name = "sparse_bwd" if kernel is tc._sparse_bwd_kernel else "sparse_fwd"
+                out.append((f"{name} {tag}", kernel, {**qkv, **ptrs}, sparse, {}))
     return out
 
 

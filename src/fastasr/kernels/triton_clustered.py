@@ -32,6 +32,14 @@ kernel                     computes                                used for
 ``_scatter_outer_kernel``  ``dM[idx[c]] += W[blk]^T @ X[blk]``      ``dk`` of dot; ``dv`` of wsum
 =========================  ======================================  =====================
 
+Improved clustered attention's per-query part (``reference.improved_sparse``) runs fused
+on the same blocks: ``_sparse_fwd_kernel`` scores a block's queries against its cluster's
+valid top keys, takes the softmax, weighs the values and adds the cluster's mass and rest
+(computed in the kernel from the centroid weights and output); ``_sparse_bwd_kernel``
+recomputes the softmax and produces every gradient. One launch each way, nothing of size
+``N × K`` or ``C × K × E`` in memory. The three products above stay for
+:func:`clustered_dot` and :func:`clustered_weighted_sum`, the reference's building blocks.
+
 The scatter sums over a block first (a ``(K, BLOCK_N) @ (BLOCK_N, E)`` product) and
 only then adds the ``(K, E)`` partial into an fp32 buffer with ``atomic_add``: one
 atomic per (selected key, feature) per block instead of one per (query, key,
@@ -189,6 +197,123 @@ def _scatter_outer_kernel(
     ok = (idx >= 0) & (idx < S)
     tl.atomic_add(dm_ptr + pid_bh.to(tl.int64) * S * E + idx[:, None] * E + offs_e[None, :], part,
                   mask=ok[:, None] & mask_e[None, :])
+
+
+@triton.jit
+def _sparse_tiles(q_ptr, k_ptr, v_ptr, idx_ptr, len_ptr, tw_ptr, pid_bh, c, rows, mask_p,
+                  H, S, K, E, EV, C, scale,
+                  s_qb, s_qh, s_qn, s_qe, s_kb, s_kh, s_ks, s_ke,
+                  s_vb, s_vh, s_vs, s_ve, s_ib, s_ih, s_ic, s_it,
+                  DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+                  BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr):
+    """A block's queries, its cluster's valid top keys, their values and centroid weights
+    (0 at invalid keys), and the softmax of the queries over those keys."""
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_t = tl.arange(0, BLOCK_K)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_v = tl.arange(0, BLOCK_V)
+    length = tl.load(len_ptr + b)
+    idx = tl.load(idx_ptr + b * s_ib + h * s_ih + c * s_ic + offs_t * s_it, mask=offs_t < K, other=-1)
+    ok = (idx >= 0) & (idx < S) & (idx < length)  # the valid top keys
+    tw = tl.load(tw_ptr + (pid_bh.to(tl.int64) * C + c) * K + offs_t, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(q_ptr + b * s_qb + h * s_qh + rows[:, None] * s_qn + offs_e[None, :] * s_qe,
+                mask=mask_p[:, None] & (offs_e[None, :] < E), other=0.0).to(DOT_DTYPE)
+    keys = tl.load(k_ptr + b * s_kb + h * s_kh + idx[:, None] * s_ks + offs_e[None, :] * s_ke,
+                   mask=ok[:, None] & (offs_e[None, :] < E), other=0.0).to(DOT_DTYPE)
+    vals = tl.load(v_ptr + b * s_vb + h * s_vh + idx[:, None] * s_vs + offs_v[None, :] * s_ve,
+                   mask=ok[:, None] & (offs_v[None, :] < EV), other=0.0).to(DOT_DTYPE)
+    s = tl.dot(x, tl.trans(keys), input_precision=PRECISION) * scale  # (BLOCK_N, BLOCK_K) fp32
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m = tl.max(s, 1)
+    m = tl.where(m == float("-inf"), 0.0, m)  # a row with no valid key: p = 0
+    p = tl.exp(s - m[:, None])
+    p = tl.where(ok[None, :], p, 0.0)
+    total = tl.sum(p, 1)
+    p = p / tl.where(total > 0, total, 1.0)[:, None]
+    return x, keys, vals, tw, p, idx, ok
+
+
+@triton.jit
+def _sparse_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, idx_ptr, len_ptr, perm_ptr, blk_ptr, tw_ptr, values_ptr, out_ptr,
+    H, N, S, K, E, EV, C, P, scale,
+    s_qb, s_qh, s_qn, s_qe, s_kb, s_kh, s_ks, s_ke,
+    s_vb, s_vh, s_vs, s_ve, s_ib, s_ih, s_ic, s_it,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """``out[n] = rest + mass * softmax_t(scale q_n . k_T[t]) @ v_T`` for a block of cluster c,
+    with ``mass = sum_t w_t``, ``rest = values[c] - sum_t w_t v_T[t]`` over its valid top keys."""
+    pid_bh = tl.program_id(0)
+    c, rows, mask_p = _block_rows(perm_ptr, blk_ptr, pid_bh, tl.program_id(1), N, P, BLOCK_N)
+    if c < 0:
+        return
+    _, _, vals, tw, p, _, _ = _sparse_tiles(
+        q_ptr, k_ptr, v_ptr, idx_ptr, len_ptr, tw_ptr, pid_bh, c, rows, mask_p, H, S, K, E, EV, C, scale,
+        s_qb, s_qh, s_qn, s_qe, s_kb, s_kh, s_ks, s_ke, s_vb, s_vh, s_vs, s_ve, s_ib, s_ih, s_ic, s_it,
+        DOT_DTYPE, PRECISION, BLOCK_K, BLOCK_E, BLOCK_V)
+    offs_v = tl.arange(0, BLOCK_V)
+    centroid = tl.load(values_ptr + (pid_bh.to(tl.int64) * C + c) * EV + offs_v,
+                       mask=offs_v < EV, other=0.0).to(tl.float32)
+    rest = centroid - tl.sum(tw[:, None] * vals.to(tl.float32), 0)
+    o = tl.dot(p.to(DOT_DTYPE), vals, input_precision=PRECISION)
+    out = tl.sum(tw, 0) * o + rest[None, :]
+    tl.store(out_ptr + (pid_bh.to(tl.int64) * N + rows[:, None]) * EV + offs_v[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=mask_p[:, None] & (offs_v[None, :] < EV))
+
+
+@triton.jit
+def _sparse_bwd_kernel(
+    q_ptr, k_ptr, v_ptr, idx_ptr, len_ptr, perm_ptr, blk_ptr, tw_ptr, dout_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dtw_ptr, dvalues_ptr,
+    H, N, S, K, E, EV, C, P, scale,
+    s_qb, s_qh, s_qn, s_qe, s_kb, s_kh, s_ks, s_ke,
+    s_vb, s_vh, s_vs, s_ve, s_ib, s_ih, s_ic, s_it,
+    s_gb, s_gh, s_gn, s_ge,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """The backward of :func:`_sparse_fwd_kernel` for one block: the softmax recomputed,
+    ``dq`` stored; ``dk``, ``dv`` (at the top keys), ``dtop_w`` and ``dvalues`` (of the
+    cluster) added into fp32 buffers. With ``G = sum_rows dout`` and ``M = sum_rows dout . o``
+    (``o`` the softmax part before the mass): ``dvalues[c] += G``,
+    ``dw_t += M - G . v_T[t]``, ``dv_T[t] += p^T (mass dout) - w_t G``."""
+    pid_bh = tl.program_id(0)
+    c, rows, mask_p = _block_rows(perm_ptr, blk_ptr, pid_bh, tl.program_id(1), N, P, BLOCK_N)
+    if c < 0:
+        return
+    x, keys, vals, tw, p, idx, ok = _sparse_tiles(
+        q_ptr, k_ptr, v_ptr, idx_ptr, len_ptr, tw_ptr, pid_bh, c, rows, mask_p, H, S, K, E, EV, C, scale,
+        s_qb, s_qh, s_qn, s_qe, s_kb, s_kh, s_ks, s_ke, s_vb, s_vh, s_vs, s_ve, s_ib, s_ih, s_ic, s_it,
+        DOT_DTYPE, PRECISION, BLOCK_K, BLOCK_E, BLOCK_V)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    offs_t = tl.arange(0, BLOCK_K)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_v = tl.arange(0, BLOCK_V)
+    mask_v = offs_v < EV
+    cluster = pid_bh.to(tl.int64) * C + c
+    g = tl.load(dout_ptr + b * s_gb + h * s_gh + rows[:, None] * s_gn + offs_v[None, :] * s_ge,
+                mask=mask_p[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    o = tl.dot(p.to(DOT_DTYPE), vals, input_precision=PRECISION)  # the softmax part, before the mass
+    g_sum = tl.sum(g, 0)  # (BLOCK_V,)
+    tl.atomic_add(dvalues_ptr + cluster * EV + offs_v, g_sum, mask=mask_v)
+    vals_f = vals.to(tl.float32)
+    dtw = tl.sum(tl.sum(g * o, 1), 0) - tl.sum(vals_f * g_sum[None, :], 1)
+    tl.atomic_add(dtw_ptr + cluster * K + offs_t, dtw, mask=ok)
+    go = (g * tl.sum(tw, 0)).to(DOT_DTYPE)  # d of the softmax part
+    dp = tl.dot(go, tl.trans(vals), input_precision=PRECISION)  # (BLOCK_N, BLOCK_K)
+    ds = p * (dp - tl.sum(p * dp, 1)[:, None]) * scale
+    dq = tl.dot(ds.to(DOT_DTYPE), keys, input_precision=PRECISION)
+    tl.store(dq_ptr + (pid_bh.to(tl.int64) * N + rows[:, None]) * E + offs_e[None, :],
+             dq.to(dq_ptr.dtype.element_ty), mask=mask_p[:, None] & (offs_e[None, :] < E))
+    dk = tl.dot(tl.trans(ds.to(DOT_DTYPE)), x, input_precision=PRECISION)  # (BLOCK_K, BLOCK_E)
+    tl.atomic_add(dk_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * E + offs_e[None, :], dk,
+                  mask=ok[:, None] & (offs_e[None, :] < E))
+    dv = tl.dot(tl.trans(p.to(DOT_DTYPE)), go, input_precision=PRECISION) - tw[:, None] * g_sum[None, :]
+    tl.atomic_add(dv_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * EV + offs_v[None, :], dv,
+                  mask=ok[:, None] & mask_v[None, :])
 
 
 # --- host side -------------------------------------------------------------------------
@@ -378,6 +503,68 @@ def clustered_weighted_sum(
     return _ClusteredWeightedSum.apply(w, v, topk_idx, order)
 
 
+def _sparse_blocks(K: int, E: int, EV: int, dot_dtype, backward: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, BLOCK_E, BLOCK_V) of the fused sparse kernels: as :func:`_blocks`
+    with the wider of E and Ev; the backward with fp32 operands takes half the rows (at
+    E = 64 it spilled on sm_90 with 32)."""
+    block_n, block_k, _ = _blocks(K, max(E, EV), dot_dtype)
+    if backward and dot_dtype == tl.float32:
+        block_n = max(16, block_n // 2)
+    return block_n, block_k, max(16, triton.next_power_of_2(E)), max(16, triton.next_power_of_2(EV))
+
+
+def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, extra_strides=()):
+    """Launch a fused sparse kernel over every block of ``order``.
+
+    ``tensors``: the kernel's pointer arguments after ``blk_ptr`` (mass, ..., the outputs),
+    in its order; ``extra_strides``: the strides of the backward's incoming gradient.
+    """
+    B, H, N, E = q.shape
+    S, EV, K = k.shape[2], v.shape[3], top_idx.shape[3]
+    C = top_idx.shape[2]
+    interpreted = kernels_interpreted(kernel)
+    dot_dtype, precision = _dot_config(torch.promote_types(q.dtype, v.dtype), interpreted)
+    block_n, block_k, block_e, block_v = _sparse_blocks(K, E, EV, dot_dtype, kernel is _sparse_bwd_kernel)
+    table, P = order.blocks(block_n)
+    kernel[(B * H, P)](
+        q, k, v, top_idx, lengths, order.perm, table, *tensors,
+        H, N, S, K, E, EV, C, P, scale,
+        *q.stride(), *k.stride(), *v.stride(), *top_idx.stride(), *extra_strides,
+        DOT_DTYPE=dot_dtype, PRECISION=precision,
+        BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_E=block_e, BLOCK_V=block_v,
+    )
+
+
+class _ImprovedSparse(torch.autograd.Function):
+    """The fused sparse part: one launch forward, one backward (:func:`improved_sparse`)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, values, top_w, top_idx, lengths, order, scale):
+        B, H, N, _ = q.shape
+        out = torch.zeros((B, H, N, v.shape[3]), dtype=v.dtype, device=q.device)
+        if out.numel():
+            _launch_sparse(_sparse_fwd_kernel, q, k, v, top_idx, lengths, order, scale,
+                           (top_w, values, out))
+        ctx.save_for_backward(q, k, v, top_w, top_idx, lengths)
+        ctx.order, ctx.scale, ctx.values_dtype = order, scale, values.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, top_w, top_idx, lengths = ctx.saved_tensors
+        B, H, N, E = q.shape
+        S, EV, C = k.shape[2], v.shape[3], top_idx.shape[2]
+        f32 = dict(dtype=torch.float32, device=q.device)
+        dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        dk, dv = torch.zeros((B, H, S, E), **f32), torch.zeros((B, H, S, EV), **f32)
+        dtop_w, dvalues = torch.zeros(top_w.shape, **f32), torch.zeros((B, H, C, EV), **f32)
+        if grad.numel():
+            _launch_sparse(_sparse_bwd_kernel, q, k, v, top_idx, lengths, ctx.order, ctx.scale,
+                           (top_w, grad, dq, dk, dv, dtop_w, dvalues), grad.stride())
+        return (dq, dk.to(k.dtype), dv.to(v.dtype), dvalues.to(ctx.values_dtype),
+                dtop_w.to(top_w.dtype), None, None, None, None)
+
+
 def improved_sparse(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -389,14 +576,30 @@ def improved_sparse(
     lengths: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
-    """``reference.improved_sparse`` with the two products (and their backward) on Triton.
+    """``reference.improved_sparse`` fused into one Triton launch forward and one backward.
 
-    One :func:`cluster_order` serves all four product launches of the forward and
-    backward; half-precision ``q``, ``k``, ``v`` reach the tensor-core dots as they are.
+    Per one-cluster block the forward scores the block's queries against its cluster's
+    valid top keys, takes the softmax, weighs the values, scales by the cluster's mass and
+    adds its rest (the mass and the rest computed in the kernel from ``top_w`` and
+    ``values``: nothing of size ``C × K × E`` is gathered). The backward recomputes the
+    softmax (nothing of size ``N × K`` is stored) and adds ``dk``, ``dv``, ``dtop_w`` and
+    ``dvalues`` with atomics, so those are reproducible to rounding, not bit for bit.
+    Half-precision ``q``, ``k``, ``v`` reach the tensor-core dots as they are (scores,
+    softmax, mass and rest in fp32). Same arguments and result as the reference.
     """
-    order = cluster_order(assignments, top_idx.shape[2])
-    return reference.improved_sparse(
-        q, k, v, values, top_w, top_idx, assignments, lengths, scale,
-        dot=functools.partial(clustered_dot, order=order),
-        wsum=functools.partial(clustered_weighted_sum, order=order),
-    )
+    require_triton("improved_sparse", q.device, kernels_interpreted(_sparse_fwd_kernel))
+    B, H, N, E = q.shape
+    C, K = top_idx.shape[2:]
+    if k.shape[-1] != E or max(E, v.shape[-1], K) > MAX_FEATURES:
+        raise ValueError(f"improved_sparse: q E={E}, k E={k.shape[-1]}, v Ev={v.shape[-1]}, "
+                         f"K={K}; q and k must agree and each be <= {MAX_FEATURES}")
+    if values.shape != (B, H, C, v.shape[-1]) or top_w.shape != top_idx.shape:
+        raise ValueError(f"improved_sparse: values {tuple(values.shape)} must be (B, H, C, Ev) = "
+                         f"{(B, H, C, v.shape[-1])} and top_w {tuple(top_w.shape)} as top_idx "
+                         f"{tuple(top_idx.shape)}")
+    order = cluster_order(assignments, C)
+    if lengths is None:
+        lengths = torch.full((B,), N, dtype=torch.int64, device=q.device)
+    lengths = lengths.to(device=q.device, dtype=torch.int64)
+    return _ImprovedSparse.apply(q, k, v, values.contiguous(), top_w.contiguous(), top_idx, lengths,
+                                 order, scale)
