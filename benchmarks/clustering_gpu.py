@@ -14,8 +14,10 @@
    signature, loaded from a file. Each is first checked equal to the PyTorch reference. Median of
    ``--repeats`` CUDA-event timings.
 3. **The whole attention call** (forward + backward, bf16, 6 × 32, 65,536 tokens) of both
-   variants per N, and torch.profiler's largest CUDA kernels of one i-clustered-100 call at N =
-   4,096: where the rest of the time goes.
+   variants per N; i-clustered's fused sparse part and Triton top-k each against what it
+   replaces (the Triton products with torch around them; ``torch.topk``), in the same run; and
+   torch.profiler's largest CUDA kernels of one i-clustered-100 call at N = 4,096: where the
+   rest of the time goes.
 
 Writes ``benchmarks/results/clustering_<gpu>.md``.
 """
@@ -168,6 +170,68 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
         print(lines[-1], flush=True)
 
 
+PARTS_TOPK = 32
+
+
+def parts_table(lines: list[str], ns: list[int], repeats: int) -> None:
+    """i-clustered's two Triton parts against what they replace, in one run: the per-query
+    sparse part fused (``triton_clustered.improved_sparse``) against the reference composed
+    of the Triton products (``clustered_dot``/``clustered_weighted_sum`` and torch around
+    them), forward + backward, bf16; and the top-k of the ``(B, H, C, N)`` centroid logits,
+    ``triton_topk`` against ``torch.topk``. Each is checked against the other first."""
+    lines += ["", f"## i-clustered's parts, each against what it replaces ({HEADS} × {DIM}, C = {CLUSTERS}, "
+              f"K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
+              "| N × B | sparse part: products + torch | sparse part: fused | top-k: torch.topk | top-k: Triton |",
+              "|---|---:|---:|---:|---:|"]
+    for n in ns:
+        lines.append(parts_row(n, repeats))
+        print(lines[-1], flush=True)
+
+
+def parts_row(n: int, repeats: int) -> str:
+    """One row of :func:`parts_table`."""
+    import functools
+
+    from fastasr.kernels import triton_clustered as tc
+    from fastasr.kernels import triton_topk
+
+    K = PARTS_TOPK
+    q, k, v, lengths = attention_inputs(n)
+    b = q.shape[0]
+    g = torch.Generator(device="cuda").manual_seed(n + 1)
+    valid = torch.arange(n, device="cuda")[None, :] < lengths[:, None]
+    logits = torch.randn(b, HEADS, CLUSTERS, n, device="cuda", generator=g)
+    logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
+    top_idx = logits.topk(K, -1).indices
+    top_w = torch.softmax(logits, -1).gather(-1, top_idx).requires_grad_()
+    values = torch.randn(b, HEADS, CLUSTERS, DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+    values.requires_grad_()
+    assign = torch.randint(0, CLUSTERS, (b, HEADS, n), device="cuda", generator=g)
+    assign = assign.masked_fill(~valid[:, None, :], -1)
+    args = (q, k, v, values, top_w, top_idx, assign, lengths, DIM ** -0.5)
+
+    def products(*a):
+        order = tc.cluster_order(assign, CLUSTERS)
+        return reference.improved_sparse(*a, dot=functools.partial(tc.clustered_dot, order=order),
+                                         wsum=functools.partial(tc.clustered_weighted_sum, order=order))
+
+    def forward_backward(fn):
+        out = fn(*args)
+        out.backward(torch.ones_like(out))
+        return out.detach().float()
+
+    want, got = forward_backward(products), forward_backward(tc.improved_sparse)
+    err = float((got - want).norm() / want.norm())
+    cells = [cuda_ms(lambda: forward_backward(products), repeats),
+             cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats)]
+    same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values,
+                       torch.topk(logits, K, -1).indices.sort(-1).values)
+    cells += [cuda_ms(lambda: reference.topk_indices(logits, K), repeats),
+              cuda_ms(lambda: triton_topk.topk_indices(logits, K), repeats)]
+    note = ("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
+    return f"| {n} × {b} | " + " | ".join(f"{c:.3f}" for c in cells) + f" |{note}"
+
+
 def profile(lines: list[str], spec: str, n: int) -> None:
     attn = build_attention(spec, seed=0).cuda()
     q, k, v, lengths = attention_inputs(n)
@@ -206,6 +270,7 @@ def main(argv=None) -> int:
     kmeans_table(lines, args.ns, args.repeats, args.baseline, args.tiles)
     if not args.skip_attention:
         attention_table(lines, [n for n in args.ns if n != 800], max(5, args.repeats // 2))
+        parts_table(lines, [n for n in args.ns if n <= 16384], max(5, args.repeats // 2))
         profile(lines, "i-clustered-100", 4096)
     slug = bench_io.slugify(gpu)
     args.out_dir.mkdir(parents=True, exist_ok=True)

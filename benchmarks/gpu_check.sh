@@ -3,6 +3,8 @@
 #
 #   make gpu-check                      # on a machine with a GPU and torch, triton, lightning installed
 #   make gpu-check PYTHON=python3.12    # another interpreter
+#   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-7), about 4 minutes; summary in
+#                                       # gpu_check_<gpu>_kernels.md
 #
 # Runs with the machine's own Python (no venv: a GPU image brings torch, triton and lightning); the
 # project's other pure-Python dependencies are installed from wheels in .whl/ when that folder
@@ -40,7 +42,8 @@ if [ -z "$GPU" ]; then
   exit 2
 fi
 SLUG=$(echo "$GPU" | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-|-$//g')
-SUMMARY=$RESULTS/gpu_check_$SLUG.md
+TRAIN=${GPU_CHECK_TRAIN:-1}
+SUMMARY=$RESULTS/gpu_check_$SLUG$([ "$TRAIN" = 0 ] && echo _kernels).md
 STEPS=()
 RUN=outputs/runs/gpu-check
 
@@ -74,7 +77,7 @@ train_builtin() {
 export -f train_builtin
 export PY RUN
 
-step "make train (3 min of training, test, beam + LM)" 330 bash -c train_builtin
+[ "$TRAIN" = 0 ] || step "make train (3 min of training, test, beam + LM)" 330 bash -c train_builtin
 step "Triton compile check (sm_90)" 90 "$PY" -m fastasr.kernels.compile_check
 step "tests compiled on CUDA" 150 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider \
   tests/test_kernels_triton.py tests/test_attention_padding.py
@@ -94,13 +97,15 @@ step "gpu_step.py --profile i-clustered-100" 45 "$PY" benchmarks/gpu_step.py --l
   echo "|---|---|---:|"
   printf '%s\n' "${STEPS[@]}"
   echo
-  echo "## make train on the GPU (outputs/runs/gpu-check)"
-  echo
-  echo '```'
-  grep -E "^test(:|, )|^Time limit|^GPU available|^Using bfloat16|Precision " "$LOG" | tail -n 8
-  [ -f "$RUN/fit_done.json" ] && cat "$RUN/fit_done.json"
-  echo '```'
-  echo
+  if [ "$TRAIN" != 0 ]; then
+    echo "## make train on the GPU (outputs/runs/gpu-check)"
+    echo
+    echo '```'
+    grep -E "^test(:|, )|^Time limit|^GPU available|^Using bfloat16|Precision " "$LOG" | tail -n 8
+    [ -f "$RUN/fit_done.json" ] && cat "$RUN/fit_done.json"
+    echo '```'
+    echo
+  fi
   echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the clustering step: \`clustering_$SLUG.md\`; the whole log: outputs/gpu_check.log."
 } > "$SUMMARY"
 cat "$SUMMARY"

@@ -50,6 +50,7 @@ def _load(name: str):
 th = _load("triton_hashing")
 tk = _load("triton_kmeans")
 tc = _load("triton_clustered")
+tt = _load("triton_topk")
 
 INTERPRETED = availability.kernels_interpreted(th._hash_kernel)
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -320,6 +321,43 @@ def test_clustered_products_reject_bad_inputs():
         tc.clustered_dot(q, q, idx, a[..., :3])
     with pytest.raises(ValueError, match="K="):
         tc.clustered_weighted_sum(torch.zeros(1, 1, 4, 5, device=DEVICE), q, idx, a)
+
+
+# ------------------------------------------------------------------ top-k selection
+@pytest.mark.parametrize("shape,k", [((3, 5, 50), 7), ((2, 100), 32), ((4, 3, 33), 33), ((1, 7), 1),
+                                     ((37, 1000), 32), ((2, 5000), 20)])
+def test_topk_indices_equal_torch_topk_as_sets(shape, k):
+    """Distinct scores: the same set of indices as ``torch.topk``, each row's ``k`` distinct."""
+    g = _gen(sum(shape) + k)
+    x = torch.randn(*shape, generator=g)
+    got = tt.topk_indices(x.to(DEVICE), k).cpu()
+    assert got.shape == (*shape[:-1], k) and got.dtype == torch.int64
+    assert torch.equal(got.sort(-1).values, x.topk(k, -1).indices.sort(-1).values)
+
+
+def test_topk_indices_masked_keys_ties_and_signed_zeros():
+    """``-inf`` (masked keys) rank below every score and fill the slots only when the valid
+    ones run out; equal scores at the boundary take the lowest positions; -0.0 equals 0.0."""
+    x = torch.randn(3, 40, generator=_gen(5))
+    x[:, 10:] = float("-inf")
+    got = tt.topk_indices(x.to(DEVICE), 16).cpu().sort(-1).values
+    assert torch.equal(got[:, :10], torch.arange(10).expand(3, 10))  # every valid key
+    assert bool((got[:, 10:] >= 10).all())  # then masked ones, each once
+    assert all(len(set(row.tolist())) == 16 for row in got)
+    ties = torch.zeros(2, 20)
+    ties[0, 3] = 1.0
+    ties[1, ::2] = -0.0
+    got = tt.topk_indices(ties.to(DEVICE), 5).cpu().sort(-1).values
+    assert got.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
+
+
+def test_topk_indices_other_rows_go_to_torch_and_k_is_checked():
+    """float64 rows and rows longer than MAX_N take torch.topk; k outside [0, N] is refused."""
+    x = torch.randn(2, 30, dtype=torch.float64, generator=_gen(6))
+    assert torch.equal(tt.topk_indices(x.to(DEVICE), 4).cpu().sort(-1).values,
+                       x.topk(4, -1).indices.sort(-1).values)
+    with pytest.raises(ValueError, match="k=31 must be in"):
+        tt.topk_indices(x.float().to(DEVICE), 31)
 
 
 # ------------------------------------------------------------------ the fused sparse part
@@ -651,8 +689,8 @@ class _LaunchProbe:
 # counts today (benchmarks/gpu_notes.md, "Launches"), so a change that adds one fails here.
 _LAUNCHES = {
     "clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1}, 57),
-    "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_sparse_fwd_kernel": 1,
-                        "_sparse_bwd_kernel": 1}, 121),
+    "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1,
+                        "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1}, 120),
 }
 
 

@@ -42,6 +42,7 @@ def _configs():
     from fastasr.kernels import triton_clustered as tc  # needs Triton
     from fastasr.kernels import triton_hashing as th  # needs Triton
     from fastasr.kernels import triton_kmeans as tk  # needs Triton
+    from fastasr.kernels import triton_topk as tt  # needs Triton
 
     out = []
     for x_t, p_t, acc in (("*fp32", "*fp32", tl.float32), ("*bf16", "*fp32", tl.float32),
@@ -62,6 +63,9 @@ def _configs():
     out.append(("kmeans update", tk._update_kernel,
                 {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32"},
                 {"BLOCK_C": tk.UPDATE_BLOCK_C}, {}))
+    for block_n, rows in ((1024, 4), (4096, 1), (tt.MAX_N, 1)):  # N = 800, 3,200 and the longest held
+        out.append((f"topk N<={block_n} rows={rows}", tt._topk_kernel, {"x_ptr": "*fp32", "out_ptr": "*i64"},
+                    {"BLOCK_N": block_n, "ROWS": rows}, {"num_warps": 8}))
     idx = {"idx_ptr": "*i64", "perm_ptr": "*i64", "blk_ptr": "*i64"}
     for t in ("fp32", "bf16", "fp16"):
         for E in (32, 64):

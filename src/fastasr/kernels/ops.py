@@ -9,10 +9,11 @@ K-means rules). Three implementations:
   ``make install``): hashing, K-means, top-k selection and the fused per-query part
   of improved clustered attention;
 * ``triton``: the Triton kernels (``triton_hashing``, ``triton_kmeans``,
-  ``triton_clustered``) for CUDA tensors.
+  ``triton_clustered``, ``triton_topk``) for CUDA tensors.
 
-An op an implementation lacks runs the reference (``topk_indices`` on CUDA is
-``torch.topk``; the clustered products on CPU are fused into ``improved_sparse``).
+An op an implementation lacks runs the reference (the clustered products on CPU are
+fused into ``improved_sparse``; ``topk_indices`` on CUDA takes ``torch.topk`` for rows
+longer than ``triton_topk.MAX_N`` and for other dtypes than float32).
 All give the same cluster assignments for the same inputs.
 
 ``FASTASR_KERNELS`` overrides the choice, read at every call:
@@ -67,6 +68,8 @@ _TRITON_MODULES = {
     "clustered_dot": "triton_clustered",
     "clustered_weighted_sum": "triton_clustered",
     "improved_sparse": "triton_clustered",
+    "topk_indices": "triton_topk",
+    "centroid_attention": "triton_topk",
 }
 _NATIVE_OPS = {
     "hash_codes",

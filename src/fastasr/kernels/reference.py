@@ -309,6 +309,8 @@ def centroid_attention(
     lengths: torch.Tensor | None,
     scale: float,
     topk: int,
+    *,
+    select=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each centroid's attention over the keys, its output and its top keys.
 
@@ -316,6 +318,8 @@ def centroid_attention(
         centroids: ``(B, H, C, E)``; k: ``(B, H, N, E)``; v: ``(B, H, N, Ev)``;
             lengths: ``(B,)`` or None; scale: ``1/sqrt(E)``; topk: keys to select per
             centroid, ``0 <= topk <= N`` (0: none).
+        select: an implementation of :func:`topk_indices` (default: this module's; the
+            Triton backend passes its kernel).
 
     Returns:
         ``values`` ``(B, H, C, Ev)`` = ``softmax(logits) @ v`` in ``v``'s dtype (the softmax
@@ -326,7 +330,7 @@ def centroid_attention(
     logits = centroid_logits(centroids, k, lengths, scale)
     weights = logits.softmax(-1)
     values = torch.matmul(weights.to(v.dtype), v)
-    top_idx = topk_indices(logits, topk) if topk else logits.new_empty(
+    top_idx = (select or topk_indices)(logits, topk) if topk else logits.new_empty(
         *logits.shape[:3], 0, dtype=torch.int64
     )
     return values, weights.gather(-1, top_idx), top_idx

@@ -54,13 +54,10 @@ the ``C × N × E`` centroid attention, so fusing them would not pay for its com
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from fastasr.kernels import reference
 from fastasr.kernels.availability import (
     ensure_interpreter_compat,
     kernels_interpreted,

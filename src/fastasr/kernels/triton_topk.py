@@ -1,0 +1,108 @@
+"""Triton kernel: the indices of each row's ``k`` largest scores, by bisection in registers.
+
+``topk_indices(scores, k)`` is the Triton twin of ``fastasr.kernels.reference.topk_indices``
+for CUDA float32 rows: ``(..., N)`` scores -> ``(..., k)`` int64 indices of each row's ``k``
+largest entries, unordered (callers use them as a set). Improved clustered attention calls
+it on the ``(B, H, C, N)`` centroid logits: many short rows (``B·H·C`` of them, ``N`` a few
+hundred to a few thousand), which ``torch.topk``'s radix select serves with several passes
+over global memory a row.
+
+Design. One program holds ``ROWS`` whole rows in registers. Each score becomes an int32
+key with the order of the floats (the bits, with the lower 31 flipped for negatives;
+``-inf``, the masked keys, orders below every finite score). The ``k``-th largest key ``T`` is
+found by bisection over the int32 range, 32 steps of a compare and a count per row, all on
+chip; then the entries above ``T`` are taken, and of those equal to ``T`` the lowest
+positions until ``k`` are taken; a running sum over the row gives each taken entry its
+slot. The row is read once and ``k`` indices written: no sort, no host synchronisation.
+Rows longer than :data:`MAX_N` (not held in registers) and other dtypes go to
+``torch.topk``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastasr.kernels import reference
+from fastasr.kernels.availability import (
+    ensure_interpreter_compat,
+    kernels_interpreted,
+    require_triton,
+)
+
+ensure_interpreter_compat()
+
+__all__ = ["topk_indices", "centroid_attention", "MAX_N"]
+
+#: Longest row held in registers (one program, 8 warps, 32 scores a thread); longer rows: torch.topk.
+MAX_N = 8192
+_ELEMENTS = 4096  # scores a program holds at most when several rows share it
+
+
+@triton.jit
+def _topk_kernel(x_ptr, out_ptr, R, N, K, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_N)
+    inside = (rows[:, None] < R) & (cols[None, :] < N)
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=inside, other=0.0)
+    x = tl.where(x == 0.0, 0.0, x)  # -0.0 and 0.0 are equal scores: one key
+    bits = x.to(tl.int32, bitcast=True)
+    key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 keys in the order of the floats
+    key = tl.where(inside, key, -2147483648)  # lanes past N: below every score
+    lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
+    hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K
+    for _ in range(32):
+        mid = lo + (hi - lo) // 2  # in [lo, hi): an int32 value
+        count = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), 1)
+        enough = count >= K
+        lo = tl.where(enough, mid, lo)
+        hi = tl.where(enough, hi, mid)
+    kth = lo.to(tl.int32)[:, None]  # the k-th largest key of each row
+    above = key > kth
+    tied = (key == kth) & inside
+    room = K - tl.sum(above.to(tl.int32), 1)  # slots left for the ties, lowest positions first
+    take = above | (tied & (tl.cumsum(tied.to(tl.int32), 1) <= room[:, None]))
+    slot = tl.cumsum(take.to(tl.int32), 1) - 1
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + slot, cols[None, :].to(tl.int64),
+             mask=take & inside)
+
+
+def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices ``(..., k)`` of the ``k`` largest entries of each row of ``scores (..., N)``.
+
+    Unordered; of equal scores at the boundary the lowest positions are taken. No
+    autograd (the scores are detached). float32 rows of at most :data:`MAX_N` run the
+    kernel; others ``torch.topk`` (``reference.topk_indices``).
+
+    Raises:
+        ValueError: ``k`` outside ``[0, N]``.
+    """
+    N = scores.shape[-1]
+    if not 0 <= k <= N:
+        raise ValueError(f"topk_indices: k={k} must be in [0, N={N}]")
+    if scores.dtype != torch.float32 or N > MAX_N or k == 0 or scores.numel() == 0:
+        return reference.topk_indices(scores, k)
+    require_triton("topk_indices", scores.device, kernels_interpreted(_topk_kernel))
+    rows = scores.detach().reshape(-1, N).contiguous()
+    R = rows.shape[0]
+    block_n = triton.next_power_of_2(N)
+    per_program = max(1, min(_ELEMENTS // block_n, triton.next_power_of_2(R)))
+    out = torch.empty((R, k), dtype=torch.int64, device=scores.device)
+    _topk_kernel[(triton.cdiv(R, per_program),)](
+        rows, out, R, N, k, BLOCK_N=block_n, ROWS=per_program,
+        num_warps=8 if block_n * per_program >= 4096 else 4,
+    )
+    return out.view(*scores.shape[:-1], k)
+
+
+def centroid_attention(
+    centroids: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor | None,
+    scale: float,
+    topk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``reference.centroid_attention`` with its top keys selected by :func:`topk_indices`."""
+    return reference.centroid_attention(centroids, k, v, lengths, scale, topk, select=topk_indices)
