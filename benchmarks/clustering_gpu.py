@@ -111,14 +111,15 @@ def load_baseline(path: Path):
 
 
 def with_tile(block_n: int, warps: int, **kwargs):
-    """K-means with another tile (``BLOCK_N`` positions, ``warps`` warps) than the launcher's."""
+    """K-means with another tile (``BLOCK_N`` positions, ``warps`` warps) than the launcher's,
+    in one-launch and split sweeps alike."""
     def run(codes, lengths):
-        saved = triton_kmeans.BLOCK_N, triton_kmeans.LLOYD_OPTIONS
-        triton_kmeans.BLOCK_N, triton_kmeans.LLOYD_OPTIONS = block_n, {**saved[1], "num_warps": warps}
+        saved = triton_kmeans.lloyd_tile
+        triton_kmeans.lloyd_tile = lambda *a: {**saved(*a), "BLOCK_N": block_n, "num_warps": warps}
         try:
             return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, **kwargs)
         finally:
-            triton_kmeans.BLOCK_N, triton_kmeans.LLOYD_OPTIONS = saved
+            triton_kmeans.lloyd_tile = saved
     return run
 
 
@@ -133,8 +134,11 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
         base = load_baseline(baseline)
         impls[f"baseline ({baseline.name})"] = lambda c, n: base(c, n, CLUSTERS, ITERATIONS)
     lines += ["", f"## Hamming K-means, {TOKENS:,} tokens a call, {HEADS} heads, C = {CLUSTERS}, "
-              f"{ITERATIONS} iterations (ms, median of {repeats}; the launcher's tile: "
-              f"{triton_kmeans.BLOCK_N} positions, {triton_kmeans.LLOYD_OPTIONS['num_warps']} warps)", "",
+              f"{ITERATIONS} iterations (ms, median of {repeats}; the launcher's tiles: "
+              + ", ".join(f"{name} {t['BLOCK_N']} positions × {t['num_warps']} warps" for name, t in
+                          ((f"one launch, N < {triton_kmeans.WIDE_TILE_FROM}", triton_kmeans.lloyd_tile(CLUSTERS, True, 1)),
+                           ("one launch, longer", triton_kmeans.lloyd_tile(CLUSTERS, True, triton_kmeans.WIDE_TILE_FROM)),
+                           ("split", triton_kmeans.lloyd_tile(CLUSTERS, False, 1)))) + ")", "",
               "| N × B | spans (auto) | " + " | ".join(impls) + " |",
               "|---|---:|" + "---:|" * len(impls)]
     for n in ns:

@@ -20,10 +20,10 @@ class MaskedSDPA:
         return masked_attention(q, k, v, lengths)
 
 
-#: The largest N at which the full-attention paths are checked here. At N = 65,536 the key mask's
-#: backward asked for a 44 GiB buffer and ran out of memory on an 80 GB H100 (it fits an H200);
-#: the smaller check size (4,096) and ``full_paths.py`` (N = 1,024) check every path.
-PACKED_CHECK_MAX_N = 16384
+#: The largest N at which the full-attention paths are checked here. At N = 4,096 (16 sequences)
+#: and at 65,536 an fp32 path's backward asked for a 44 GiB buffer and ran out of memory on an
+#: 80 GB H100 (it fits an H200); ``full_paths.py`` checks every path at N = 1,024 before timing.
+PACKED_CHECK_MAX_N = 2048
 
 
 class CheckFailed(RuntimeError):

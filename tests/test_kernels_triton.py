@@ -196,6 +196,22 @@ def test_kmeans_several_programs_per_sequence_and_empty_sequence(spans):
     assert bool((got_a[1] == -1).all()) and int(got_c[1].sum()) == 0
 
 
+def test_kmeans_one_launch_tile_by_length():
+    """One-launch sweeps take the measured tiles (64 positions below WIDE_TILE_FROM, 128 from
+    there), split sweeps 32; a sequence over WIDE_TILE_FROM, one launch, equals the reference."""
+    assert tk.lloyd_tile(100, True, 800)["BLOCK_N"] == 64
+    assert tk.lloyd_tile(100, True, tk.WIDE_TILE_FROM)["BLOCK_N"] == 128
+    assert tk.lloyd_tile(100, False, 16384)["BLOCK_N"] == tk.BLOCK_N == 32
+    assert tk.lloyd_tile(256, True, 4096)["num_warps"] == 8  # the wide centroid tile
+    g = _gen(13)
+    N = tk.WIDE_TILE_FROM + 77
+    lengths = torch.tensor([N, N - 200])
+    codes = _codes(2, 1, N, 63, g, lengths)
+    ref_a, ref_c = reference.hamming_kmeans(codes, lengths, 6, 2)
+    got_a, got_c = tk.hamming_kmeans(*_dev(codes, lengths), 6, 2, spans=1)
+    assert torch.equal(got_a.cpu(), ref_a) and torch.equal(got_c.cpu(), ref_c)
+
+
 def test_kmeans_ignores_bits_above_bits_and_validates():
     g = _gen(12)
     codes = torch.randint(0, 2**62, (1, 2, 40), generator=g)

@@ -54,12 +54,15 @@ def _configs():
     km_ptrs = {"codes_ptr": "*i64", "cent_ptr": "*i64", "len_ptr": "*i64", "ceff_ptr": "*i64",
                "assign_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32", "BITMASK": "i64"}
     for clusters in (100, tk.MAX_CLUSTERS):
-        for in_kernel, accumulate in ((True, False), (False, True), (False, False)):
-            out.append((f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate}",
-                        tk._lloyd_kernel, km_ptrs,
-                        {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, "BLOCK_N": tk.BLOCK_N,
-                         "BLOCK_C": tk.block_c(clusters)},
-                        tk.LLOYD_OPTIONS if tk.block_c(clusters) <= 128 else tk.LLOYD_OPTIONS_WIDE))
+        for in_kernel, accumulate, length in ((True, False, 800), (True, False, tk.WIDE_TILE_FROM),
+                                              (False, True, 16384), (False, False, 16384)):
+            tile = tk.lloyd_tile(clusters, in_kernel, length)
+            options = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
+            label = (f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate} "
+                     f"tile {tile['BLOCK_N']}x{options['num_warps']}")
+            if all(label != row[0] for row in out):  # C = 256 has one tile whatever the length
+                out.append((label, tk._lloyd_kernel, km_ptrs,
+                            {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, **tile}, options))
     out.append(("kmeans update", tk._update_kernel,
                 {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32"},
                 {"BLOCK_C": tk.UPDATE_BLOCK_C}, {}))

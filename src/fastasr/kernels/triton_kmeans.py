@@ -74,6 +74,13 @@ BLOCK_N = 32  # positions per tile
 #: H200, benchmarks/results/clustering_*.md), 8 above so the 256-centroid tile does not spill.
 LLOYD_OPTIONS = {"num_warps": 4, "num_stages": 1}
 LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
+#: The tile of a one-launch sweep (one program a sequence, every iteration in it) for C <= 128,
+#: by sequence length: 64 positions x 4 warps below ``WIDE_TILE_FROM`` positions, 128 x 8 from
+#: there. Measured on an H100 in two runs (benchmarks/results/kmeans_tiles_nvidia-h100-80gb-hbm3.md),
+#: ms a call against 32 x 4: N = 800: 1.06-1.10 against 1.15-1.23 (128 x 8: 1.15-1.37);
+#: N = 1,024-4,096: 1.00-1.48 against 1.30-2.30. Split sweeps keep 32 x 4 (no tile beat it in both runs).
+ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 1}), (128, {"num_warps": 8, "num_stages": 1}))
+WIDE_TILE_FROM = 1024
 UPDATE_BLOCK_C = 32
 
 
@@ -204,6 +211,18 @@ def block_c(clusters: int) -> int:
     return max(16, triton.next_power_of_2(clusters))
 
 
+def lloyd_tile(clusters: int, one_launch: bool, length: int) -> dict:
+    """``_lloyd_kernel``'s tile and launch options for sequences of ``length`` positions:
+    ``BLOCK_N``, ``BLOCK_C``, warps, stages."""
+    tile_c = block_c(clusters)
+    if tile_c > 128:
+        return {"BLOCK_N": BLOCK_N, "BLOCK_C": tile_c, **LLOYD_OPTIONS_WIDE}
+    if one_launch:
+        block_n, options = ONE_LAUNCH_TILES[length >= WIDE_TILE_FROM]
+        return {"BLOCK_N": block_n, "BLOCK_C": tile_c, **options}
+    return {"BLOCK_N": BLOCK_N, "BLOCK_C": tile_c, **LLOYD_OPTIONS}
+
+
 def spans_per_sequence(sequences: int, length: int) -> int:
     """Programs per sequence: 1 from ``ONE_LAUNCH_FROM`` sequences, else about ``FILL_PROGRAMS``
     programs in all, each span at least ``MIN_SPAN`` positions."""
@@ -272,11 +291,10 @@ def hamming_kmeans(
     centroids, c_eff = initial_centroids(codes, lens, C)
 
     programs = spans or spans_per_sequence(B * H, N)
-    span = triton.cdiv(triton.cdiv(N, programs), BLOCK_N) * BLOCK_N
-    programs = triton.cdiv(N, span)
     bitmask = (1 << bits) - 1
-    tile_c = block_c(C)
-    tile = {"BLOCK_N": BLOCK_N, "BLOCK_C": tile_c, **(LLOYD_OPTIONS if tile_c <= 128 else LLOYD_OPTIONS_WIDE)}
+    tile = lloyd_tile(C, programs == 1, N)
+    span = triton.cdiv(triton.cdiv(N, programs), tile["BLOCK_N"]) * tile["BLOCK_N"]
+    programs = triton.cdiv(N, span)
 
     assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
     counts = torch.zeros((B, H, C), dtype=torch.int32, device=device)
