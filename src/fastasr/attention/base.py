@@ -29,7 +29,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def kernel_dtype(x: torch.Tensor) -> torch.dtype:
     """Dtype in which the clustered variants hand ``x`` to their kernels.
 
-    float16/bfloat16 stay as they are when the clustered products run on Triton (CUDA
+    float16/bfloat16 stay as they are when the sparse part runs on Triton (CUDA
     tensors, or ``FASTASR_KERNELS=triton``): its dots multiply them on the tensor cores
     with float32 accumulation, and the softmaxes run in float32. Otherwise as
     :func:`compute_dtype` (a CPU has no faster half-precision path).

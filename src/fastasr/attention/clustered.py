@@ -9,7 +9,8 @@ values.
 
 Hashing and K-means run as kernels (:mod:`fastasr.kernels.ops`: C++ on a CPU,
 Triton on a GPU); the centroid attention is two batched matrix products and a
-softmax (BLAS / cuBLAS). Half-precision inputs on a GPU stay half precision up to
+softmax (C++ with BLAS on a CPU; on a GPU one fused SDPA call, and with top keys
+torch's products and the Triton top-k). Half-precision inputs on a GPU stay half precision up to
 the matrix products (float32 accumulation); centroid means and softmaxes are float32.
 """
 

@@ -13,8 +13,8 @@ of every row to full attention is never larger than clustered attention's.
 
 The second term is computed per cluster as ``A^c_j V - sum_{l in T_j} A^c_jl V_l``
 (one dense product for all clusters, a K-row correction each); the first, per query,
-by :func:`fastasr.kernels.ops.improved_sparse` (fused in C++ on a CPU, Triton
-products on a GPU, the PyTorch reference otherwise).
+by :func:`fastasr.kernels.ops.improved_sparse` (fused in C++ on a CPU, fused in one
+Triton launch forward and one backward on a GPU, the PyTorch reference otherwise).
 
 Padded keys are never selected while a valid key remains: the selection ranks
 the masked *logits* (``-inf`` at padded keys), not the weights, so a sequence

@@ -79,7 +79,7 @@ _NATIVE_OPS = {
     "improved_sparse",
     "dropout",  # fastasr.kernels.dropout (not a clustering op; dispatched by the same rules)
 }
-_NO_FLOAT64 = {"clustered_dot", "clustered_weighted_sum", "improved_sparse"}  # Triton products
+_NO_FLOAT64 = {"clustered_dot", "clustered_weighted_sum", "improved_sparse"}  # Triton: no float64 dots
 
 
 def kernel_choice() -> str:
