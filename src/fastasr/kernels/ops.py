@@ -69,7 +69,6 @@ _TRITON_MODULES = {
     "clustered_weighted_sum": "triton_clustered",
     "improved_sparse": "triton_clustered",
     "topk_indices": "triton_topk",
-    "centroid_attention": "triton_topk",
 }
 _NATIVE_OPS = {
     "hash_codes",
@@ -170,12 +169,16 @@ def centroid_attention(
 
     On CUDA without top keys (clustered attention), in half precision or float32 and unless
     ``FASTASR_KERNELS=reference``: one fused attention call, :func:`fused_centroid_values`.
+    Where the reference runs (CUDA with top keys, or no C++ kernels), its top keys are chosen
+    by :func:`topk_indices`, so on CUDA by the Triton top-k.
     """
     if topk == 0 and fused_centroid_attention_applies(k):
         values = fused_centroid_values(centroids, k, v, lengths, scale)
         return values, values.new_empty(*values.shape[:3], 0), torch.empty(
             *values.shape[:3], 0, dtype=torch.int64, device=values.device)
     backend = _backend(centroids, "centroid_attention")
+    if backend is reference:  # the reference's products, its top keys chosen by this module's topk_indices
+        return reference.centroid_attention(centroids, k, v, lengths, scale, topk, select=topk_indices)
     return backend.centroid_attention(centroids, k, v, lengths, scale, topk)
 
 

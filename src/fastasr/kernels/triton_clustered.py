@@ -585,11 +585,12 @@ def improved_sparse(
     softmax, mass and rest in fp32). Same arguments and result as the reference.
     """
     require_triton("improved_sparse", q.device, kernels_interpreted(_sparse_fwd_kernel))
+    _check("improved_sparse", q, k, top_idx, assignments, "q", "k")
+    _check("improved_sparse", q, v, top_idx, assignments, "q", "v")
     B, H, N, E = q.shape
-    C, K = top_idx.shape[2:]
-    if k.shape[-1] != E or max(E, v.shape[-1], K) > MAX_FEATURES:
-        raise ValueError(f"improved_sparse: q E={E}, k E={k.shape[-1]}, v Ev={v.shape[-1]}, "
-                         f"K={K}; q and k must agree and each be <= {MAX_FEATURES}")
+    C = top_idx.shape[2]
+    if k.shape[-1] != E:
+        raise ValueError(f"improved_sparse: q has E={E}, k has E={k.shape[-1]}; q and k must agree")
     if values.shape != (B, H, C, v.shape[-1]) or top_w.shape != top_idx.shape:
         raise ValueError(f"improved_sparse: values {tuple(values.shape)} must be (B, H, C, Ev) = "
                          f"{(B, H, C, v.shape[-1])} and top_w {tuple(top_w.shape)} as top_idx "

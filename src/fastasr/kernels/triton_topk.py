@@ -33,7 +33,7 @@ from fastasr.kernels.availability import (
 
 ensure_interpreter_compat()
 
-__all__ = ["topk_indices", "centroid_attention", "MAX_N"]
+__all__ = ["topk_indices", "MAX_N"]
 
 #: Longest row held in registers (one program, 8 warps, 32 scores a thread); longer rows: torch.topk.
 MAX_N = 8192
@@ -95,14 +95,3 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     )
     return out.view(*scores.shape[:-1], k)
 
-
-def centroid_attention(
-    centroids: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lengths: torch.Tensor | None,
-    scale: float,
-    topk: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``reference.centroid_attention`` with its top keys selected by :func:`topk_indices`."""
-    return reference.centroid_attention(centroids, k, v, lengths, scale, topk, select=topk_indices)
