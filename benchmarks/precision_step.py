@@ -3,6 +3,7 @@
     python benchmarks/precision_step.py                      # data=manifest: the recorded-speech recipe's model
     python benchmarks/precision_step.py --overrides data=synthetic --lengths 300
     python benchmarks/precision_step.py --lengths 300 1300 --frames 12000 --rounds 5
+    python benchmarks/precision_step.py --profile bf16-mixed --lengths 1300 --frames 16000   # where a step's time goes
 
 What ``trainer.precision`` costs per update: ``32-true`` against ``bf16-mixed`` (the value
 ``trainer.precision: auto`` takes where the CPU multiplies bfloat16 natively,
@@ -76,6 +77,24 @@ def measure(args) -> list[dict]:
     return rows
 
 
+def profile(args) -> str:
+    """The ops of one step in ``args.profile`` precision by self CPU time (torch.profiler), per N."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    model_cfg, feat_in = model_config(args.overrides)
+    out = []
+    for n in args.lengths:
+        batch = make_batch(n, args.frames, feat_in=feat_in, vocab=VOCAB, frames_per_target=12)
+        stepper = build_stepper(model_cfg, feat_in, args.profile)
+        stepper.step(batch)
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            total = stepper.step(batch)
+        out.append(f"### {args.profile}, N = {n} (batch {batch[0].shape[0]}), one step {total:.2f} s\n")
+        out.append("```\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top) + "\n```\n")
+    return "\n".join(out)
+
+
 def write_table(rows: list[dict], args, info: dict, load_before: str, load_after: str) -> Path:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -109,9 +128,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--frames", type=int, default=12000, help="frames a batch (B = frames // N)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds (the median counts)")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--profile", choices=PRECISIONS, default=None,
+                   help="print one step's ops in this precision by self CPU time instead of timing")
+    p.add_argument("--top", type=int, default=30, help="--profile: rows shown")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.profile:
+        print(profile(args))
+        return
     info = bench_io.machine_info("cpu")
     before = bench_io.load_average()
     rows = measure(args)

@@ -37,3 +37,12 @@ def test_precision_step_times_the_recipes_model_both_ways_and_writes_the_table(t
         assert r["ratio"] == r["bf16-mixed_s"] / r["32-true_s"]
     text = md.read_text()
     assert "| 96 (2) |" in text and "| 48 (4) |" in text and "`python train.py data=manifest`'s" in text
+
+
+def test_precision_step_profile_prints_one_steps_ops_and_writes_no_table(tmp_path, capsys):
+    precision_step.main(["--profile", "bf16-mixed", "--lengths", "48", "--frames", "96", "--top", "5",
+                         "--overrides", "data=manifest", "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "### bf16-mixed, N = 48 (batch 2), one step" in out
+    assert "Self CPU" in out and "aten::" in out
+    assert not list(tmp_path.iterdir())  # a profile times nothing into the results
