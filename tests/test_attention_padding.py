@@ -245,3 +245,26 @@ def test_full_attention_path_per_device_dtype_and_length():
         assert padded_path(bf, bf) == ("varlen" if varlen_attn is not None else "mask")
         odd = x("meta", torch.bfloat16, 800, e=20)  # flash needs head sizes that are multiples of 8
         assert padded_path(odd, odd) == "mask"
+
+
+def test_full_attention_on_a_cpu_attends_short_half_precision_batches_in_float32(monkeypatch):
+    from fastasr.attention import full
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 24, 8, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    lengths = torch.tensor([24, 17, 9])
+    attn = build_attention("full")
+    assert full.attends_in_float32(q) and not full.attends_in_float32(q.float())
+    out = attn(q, k, v, lengths)
+    assert out.dtype == torch.bfloat16
+    # below the bound: the float32 kernel on the cast inputs, the output cast back
+    expected = full.masked_attention(q.float(), k.float(), v.float(), lengths).bfloat16()
+    assert torch.equal(out, expected)
+    out.float().sum().backward()
+    assert q.grad is not None and q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad.float()).all()
+    # from the bound on: bfloat16 as given (no lengths: the unpadded call alike)
+    monkeypatch.setattr(full, "CPU_HALF_IN_FLOAT32_BELOW", 24)
+    assert not full.attends_in_float32(q)
+    with torch.no_grad():
+        assert torch.equal(attn(q, k, v, lengths), full.masked_attention(q, k, v, lengths))
+        assert torch.equal(attn(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v))

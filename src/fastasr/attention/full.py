@@ -21,6 +21,12 @@ rounding, padded queries output 0):
 The choice, per device, dtype and N, is measured (``make gpu-check``'s full-attention table;
 docs/BENCHMARKS.md "Full attention on a GPU"): on a CPU ``mask``; on a GPU ``varlen`` in
 half precision, ``mask`` in fp32 below ``pack_from`` positions and ``packed`` from there.
+
+On a CPU, half-precision inputs shorter than :data:`CPU_HALF_IN_FLOAT32_BELOW` positions attend
+in float32 (cast in, the output cast back): torch's CPU flash kernel is slower in bfloat16 than
+in float32 there (forward + backward, 4,000 tokens: 3.1× at N = 80, 1.2× at N = 325; from
+N = 1,024 bfloat16 is the faster: ``benchmarks/cpu_half_attention.py``, docs/BENCHMARKS.md
+"Full attention on a CPU").
 """
 
 from __future__ import annotations
@@ -43,12 +49,16 @@ except ImportError:  # pragma: no cover - older torch
     varlen_attn = None
 
 __all__ = ["FullAttention", "masked_attention", "packed_attention", "varlen_attention",
-           "padded_path", "forced_padded_path", "PADDED_PATHS", "DEFAULT_PACK_FROM"]
+           "padded_path", "forced_padded_path", "attends_in_float32", "PADDED_PATHS", "DEFAULT_PACK_FROM",
+           "CPU_HALF_IN_FLOAT32_BELOW"]
 
 #: The exact paths of a padded batch, by name (:func:`padded_path` picks one).
 PADDED_PATHS = ("mask", "varlen", "packed")
 #: N from which an fp32 padded batch on a GPU is packed: measured on an H200 (docs/BENCHMARKS.md).
 DEFAULT_PACK_FROM = 8192
+#: N below which half-precision inputs on a CPU attend in float32 (module docstring; measured by
+#: benchmarks/cpu_half_attention.py, docs/BENCHMARKS.md "Full attention on a CPU").
+CPU_HALF_IN_FLOAT32_BELOW = 1024
 
 
 class _Packing:
@@ -185,6 +195,13 @@ def padded_path(q: torch.Tensor, v: torch.Tensor, pack_from: int | None = DEFAUL
     return "mask"
 
 
+def attends_in_float32(q: torch.Tensor) -> bool:
+    """Whether :class:`FullAttention` casts half-precision ``q, k, v`` to float32: on a CPU,
+    below :data:`CPU_HALF_IN_FLOAT32_BELOW` positions (module docstring)."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float16, torch.bfloat16)
+            and q.shape[2] < CPU_HALF_IN_FLOAT32_BELOW)
+
+
 _PATH_FUNCTIONS = {"mask": masked_attention, "varlen": varlen_attention, "packed": packed_attention}
 
 
@@ -206,10 +223,14 @@ class FullAttention(InnerAttention):
         self._set_hparams(pack_from=pack_from)
 
     def _forward(self, q, k, v, lengths):
+        dtype = q.dtype
+        if attends_in_float32(q):
+            q, k, v = q.float(), k.float(), v.float()
         if lengths is None:
-            return F.scaled_dot_product_attention(q, k, v)
-        path = padded_path(q, v, self.hparams["pack_from"])
-        return _PATH_FUNCTIONS[path](q, k, v, lengths)
+            out = F.scaled_dot_product_attention(q, k, v)
+        else:
+            out = _PATH_FUNCTIONS[padded_path(q, v, self.hparams["pack_from"])](q, k, v, lengths)
+        return out.to(dtype)
 
     def _dense_weights(self, q, k, lengths):
         B, _, N, E = q.shape
