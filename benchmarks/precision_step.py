@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
-from step_time import Stepper, make_batch  # noqa: E402  (one training step for both benchmarks)
+from step_time import Stepper, make_batch, profile_step  # noqa: E402  (one training step for both benchmarks)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -79,20 +79,10 @@ def measure(args) -> list[dict]:
 
 def profile(args) -> str:
     """The ops of one step in ``args.profile`` precision by self CPU time (torch.profiler), per N."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
     model_cfg, feat_in = model_config(args.overrides)
-    out = []
-    for n in args.lengths:
-        batch = make_batch(n, args.frames, feat_in=feat_in, vocab=VOCAB, frames_per_target=12)
-        stepper = build_stepper(model_cfg, feat_in, args.profile)
-        stepper.step(batch)
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            total = stepper.step(batch)
-        out.append(f"### {args.profile}, N = {n} (batch {batch[0].shape[0]}), one step {total:.2f} s\n")
-        out.append("```\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top) + "\n```\n")
-    return "\n".join(out)
+    return "\n".join(profile_step(build_stepper(model_cfg, feat_in, args.profile),
+                                   make_batch(n, args.frames, feat_in=feat_in, vocab=VOCAB, frames_per_target=12),
+                                   args.profile, args.top) for n in args.lengths)
 
 
 def write_table(rows: list[dict], args, info: dict, load_before: str, load_after: str) -> Path:

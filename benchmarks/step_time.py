@@ -138,21 +138,23 @@ def measure(args) -> list[dict]:
     return rows
 
 
-def profile(args) -> str:
-    """The ops of one step of ``args.profile`` by self CPU time (torch.profiler), per N."""
+def profile_step(stepper: Stepper, batch, label: str, top: int) -> str:
+    """One step of ``stepper`` on ``batch`` after a warm-up step, its ops by self CPU time
+    (torch.profiler), as a markdown heading and table; shared with precision_step.py."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    out = []
-    for n in args.lengths:
-        batch = make_batch(n, args.frames)
-        stepper = Stepper(build_model(args.profile, args.layers))
-        stepper.step(batch)
-        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
-            total = stepper.step(batch)
-        out.append(f"### {args.profile}, N = {n} (batch {batch[0].shape[0]}), one step {total:.2f} s\n")
-        out.append("```\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top) + "\n```\n")
-    return "\n".join(out)
+    stepper.step(batch)
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        total = stepper.step(batch)
+    return (f"### {label}, N = {batch[0].shape[1]} (batch {batch[0].shape[0]}), one step {total:.2f} s\n\n"
+            "```\n" + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top) + "\n```\n")
+
+
+def profile(args) -> str:
+    """The ops of one step of ``args.profile`` by self CPU time (torch.profiler), per N."""
+    return "\n".join(profile_step(Stepper(build_model(args.profile, args.layers)), make_batch(n, args.frames),
+                                   args.profile, args.top) for n in args.lengths)
 
 
 def write_table(rows: list[dict], args, info: dict, load_before: str, load_after: str) -> Path:
