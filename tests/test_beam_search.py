@@ -198,3 +198,51 @@ def test_one_word_per_pronunciation_keeps_the_most_frequent_homophone():
     kept = lex.one_word_per_pronunciation()
     assert kept.entries == {"there": {("ð", "ɛ"): 7}, "their": {("ð", "ə"): 9}}
     assert lex.entries["their"][("ð", "ɛ")] == 3  # the original is left as it was
+
+
+class _WeightedDecoder:
+    """A decoder whose hypothesis gets one word more wrong for each half step its (lm_weight,
+    word_score) lies from ``best``: the grid's WER is a bowl around ``best``."""
+
+    real_words, lexicon = True, None
+    reference = ["ab", "ba", "cab", "xa", "xb", "ab", "ba", "cab", "xa", "xb"]
+
+    def __init__(self, lm_weight, word_score, best):
+        self.wrong = min(len(self.reference), round(2 * (abs(lm_weight - best[0]) + abs(word_score - best[1]))))
+
+    def __call__(self, log_probs):
+        from fastasr.decoding.hypothesis import Hypothesis
+
+        words = ["zz"] * self.wrong + self.reference[self.wrong:]
+        return Hypothesis(units=list("|".join(words)), words=words)
+
+
+def _bowl_search(best, lm_weights, word_scores, extend_edges):
+    emission = Emission("u1", " ".join(_WeightedDecoder.reference), ["a"], torch.zeros(3, len(PHONES.vocab)))
+    searched = []
+
+    def decoder_for(lm_weight, word_score):
+        searched.append((lm_weight, word_score))
+        return _WeightedDecoder(lm_weight, word_score, best)
+
+    return grid_search([emission], PHONES, decoder_for, lm_weights, word_scores, extend_edges=extend_edges), searched
+
+
+def test_tuning_grid_grows_past_the_edge_its_best_point_sits_on():
+    """A best point on the grid's edge has not bracketed the optimum: with ``extend_edges`` the
+    axis grows by its edge spacing until the best is inside, searching each new row and column
+    once; without, the grid is searched as given."""
+    points, searched = _bowl_search((3.0, -2.0), [0.5, 1.0, 1.5, 2.0], [-1.0, 0.0, 1.0], extend_edges=0)
+    assert (points[0]["lm_weight"], points[0]["word_score"]) == (2.0, -1.0) and len(searched) == 12
+    points, searched = _bowl_search((3.0, -2.0), [0.5, 1.0, 1.5, 2.0], [-1.0, 0.0, 1.0], extend_edges=4)
+    assert (points[0]["lm_weight"], points[0]["word_score"], points[0]["wer"]) == (3.0, -2.0, 0.0)
+    assert len(searched) == len(set(searched)) == len(points)  # no point decoded twice
+    lms, wss = {p[0] for p in searched}, {p[1] for p in searched}
+    assert lms == {0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5} and wss == {-3.0, -2.0, -1.0, 0.0, 1.0}  # one past the best
+    assert len(searched) == len(lms) * len(wss)  # each new value against every value of the other axis
+    # at most extend_edges new values per axis, whatever the bowl
+    points, searched = _bowl_search((3.0, 0.0), [0.5, 1.0], [0.0], extend_edges=2)
+    assert {p[0] for p in searched} == {0.5, 1.0, 1.5, 2.0} and points[0]["lm_weight"] == 2.0
+    # an LM weight never goes below 0; a one-value axis does not grow
+    points, searched = _bowl_search((0.0, 0.0), [0.75, 1.5], [0.0], extend_edges=3)
+    assert {p[0] for p in searched} == {0.0, 0.75, 1.5} and points[0]["lm_weight"] == 0.0

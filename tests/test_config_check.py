@@ -59,6 +59,8 @@ def test_the_default_config_passes(tiny_corpus, tmp_path, no_audio_reads):
      "final_tuning.language='xx'", "wordfreq has no list for it"),
     (["final_tuning={lm_weight:[],word_score:[0.0]}"], "final_tuning.lm_weight", "non-empty list"),
     (["final_tuning={lm_weight:[1.0],word_score:[0.0],beam_size:0}"], "final_tuning.beam_size=0", "beam width ≥ 1"),
+    (["final_tuning={lm_weight:[1.0],word_score:[0.0],extend_edges:-1}"], "final_tuning.extend_edges=-1",
+     "integer ≥ 0"),
 ])
 def test_a_bad_value_names_its_key(tiny_corpus, tmp_path, no_audio_reads, overrides, key, expected):
     with pytest.raises(ConfigError) as err:

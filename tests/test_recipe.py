@@ -32,6 +32,7 @@ def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
     assert cfg.data.augment.speed_perturb is True and cfg.model.utterance_cmvn is True
     assert cfg.final_average == {"best": 5}
     assert cfg.final_tuning.beam_size == 50 and cfg.final_decoding.beam_size == 500  # grid narrow, test wide
+    assert cfg.final_tuning.extend_edges == 3  # a best weight on the grid's edge grows the grid past it
     assert cfg.trainer.precision == "auto"  # bf16-mixed where the hardware multiplies bfloat16
     assert cfg.data.cache.mode == "build"  # filterbanks of every split and speed factor computed once, then read
 
@@ -42,8 +43,8 @@ def test_the_final_tuning_searches_its_grid_at_its_own_beam_and_decodes_at_the_f
     at the final decoding's own width."""
     searched = []
 
-    def grid(recogniser, manifest, decoding, lm_weights, word_scores, **_):
-        searched.append(decoding["beam_size"])
+    def grid(recogniser, manifest, decoding, lm_weights, word_scores, extend_edges=0, **_):
+        searched.append((decoding["beam_size"], extend_edges))
         best = {"lm_weight": lm_weights[-1], "word_score": word_scores[0], "wer": 10.0, "per": 5.0}
         return TuningResult(manifest=manifest, best=best, points=[best])
 
@@ -51,11 +52,12 @@ def test_the_final_tuning_searches_its_grid_at_its_own_beam_and_decodes_at_the_f
     monkeypatch.setattr(fastasr.recognition.final_decoding, "manifest_emissions", lambda *a, **k: ([], []))
     recogniser = SimpleNamespace(tokenizer=SimpleNamespace(kind="phoneme"), training_manifest=None)
     spec = {"name": "beam", "beam_size": 500, "lm": {"source": "auto"}, "lm_weight": 2.0, "word_score": 0.0}
-    for beam, expected in ((50, 50), (None, 500)):
+    for beam, expected, extend in ((50, 50, 3), (None, 500, None)):
         request = FinalDecodingRequest(spec, "test.jsonl", dev_manifest="dev.jsonl", accelerator="cpu",
-                                       tuning={"lm_weight": [0.5, 1.5], "word_score": [-1.0], "beam_size": beam})
+                                       tuning={"lm_weight": [0.5, 1.5], "word_score": [-1.0], "beam_size": beam,
+                                               "extend_edges": extend})
         tuned = tune_vocabulary_and_weights(recogniser, request, spec, None)
-        assert searched[-1] == expected and tuned.beam_size == expected
+        assert searched[-1] == (expected, extend or 0) and tuned.beam_size == expected
         assert tuned.decoding == dict(spec, lm_weight=1.5, word_score=-1.0)  # the full width, the grid's weights
 
 

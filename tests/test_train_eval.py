@@ -205,7 +205,7 @@ def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
                                              f"decoding.lm.path={lm}", "average.last=2", f"paths.output_dir={tmp_path}"])
         tune_cfg = compose("tune_decoding", overrides=[ckpt, *eval_overrides(tiny_corpus), f"decoding.lm.path={lm}",
                                                        "tune.lm_weight=[0,1]", "tune.word_score=[0]",
-                                                       f"paths.output_dir={tmp_path}"])
+                                                       "tune.extend_edges=0", f"paths.output_dir={tmp_path}"])
     beam = evaluate(cfg)
     assert beam.words == "real" and beam.decoding["name"] == "beam" and beam.decoding["lm"] == str(lm)
     assert [Path(p).name[:8] for p in beam.averaged_checkpoints] == ["epoch000", "epoch001"]

@@ -42,6 +42,7 @@ def tune(cfg: DictConfig) -> TuningResult:
     average_into(recogniser.model, cfg.ckpt_path, **(cfg.get("average") or {}))
     result = tune_recogniser(recogniser, cfg.tune.manifest, OmegaConf.to_container(cfg.decoding, resolve=True),
                              cfg.tune.lm_weight, cfg.tune.word_score, accelerator=cfg.accelerator,
+                             extend_edges=int(cfg.tune.get("extend_edges") or 0),
                              **decoding_options(cfg.data))
     result = replace(result, ckpt_path=str(cfg.ckpt_path))
     run_dir = RunDir(HydraConfig.get().runtime.output_dir if HydraConfig.initialized()

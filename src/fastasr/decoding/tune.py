@@ -21,20 +21,69 @@ log = logging.getLogger(__name__)
 
 def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer,
                 decoder_for: Callable[[float, float], Decoder], lm_weights: Sequence[float],
-                word_scores: Sequence[float]) -> list[dict[str, float]]:
+                word_scores: Sequence[float], extend_edges: int = 0) -> list[dict[str, float]]:
     """WER (and unit error rate) of the decoder ``decoder_for(lm_weight, word_score)`` gives, for
-    every (lm_weight, word_score) of the grid, best first (lowest WER, then unit error rate).
+    every (lm_weight, word_score) of the grid, best first (lowest WER, then unit error rate; on a
+    full tie the point searched first).
     ``decoder_for``: e.g. a recogniser's :meth:`~fastasr.recognition.recogniser.Recogniser.decoder` with
-    the two weights set and one lexicon shared by the grid."""
+    the two weights set and one lexicon shared by the grid.
+
+    ``extend_edges``: a best point on the edge of an axis of two values or more has not bracketed
+    the optimum, so that axis grows by one value beyond the edge (by the spacing of its two
+    outermost values there; an LM weight never below 0), and the new row or column is searched
+    against every value of the other axis; again while the best stays on an edge, up to
+    ``extend_edges`` new values per axis (0: the grid as given)."""
     unit_metric = unit_metric_of(tokenizer.kind)
-    points = []
-    for lm_weight in lm_weights:
-        for word_score in word_scores:
-            start = time.perf_counter()
-            decoder = decoder_for(float(lm_weight), float(word_score))
-            result, _, _ = score(transcribe(emissions, decoder, tokenizer), unit_metric)
-            point = {"lm_weight": float(lm_weight), "word_score": float(word_score), "wer": result["wer"],
-                     unit_metric: result[unit_metric], "seconds": time.perf_counter() - start}
-            log.info("lm_weight=%g word_score=%g: WER %.2f", lm_weight, word_score, result["wer"])
-            points.append(point)
+    points: list[dict[str, float]] = []
+    searched: set[tuple[float, float]] = set()
+
+    def search(lms: Sequence[float], wss: Sequence[float]) -> None:
+        for lm_weight in lms:
+            for word_score in wss:
+                if (lm_weight, word_score) in searched:
+                    continue
+                searched.add((lm_weight, word_score))
+                start = time.perf_counter()
+                decoder = decoder_for(lm_weight, word_score)
+                result, _, _ = score(transcribe(emissions, decoder, tokenizer), unit_metric)
+                points.append({"lm_weight": lm_weight, "word_score": word_score, "wer": result["wer"],
+                               unit_metric: result[unit_metric], "seconds": time.perf_counter() - start})
+                log.info("lm_weight=%g word_score=%g: WER %.2f", lm_weight, word_score, result["wer"])
+
+    lms = list(dict.fromkeys(float(v) for v in lm_weights))
+    wss = list(dict.fromkeys(float(v) for v in word_scores))
+    search(lms, wss)
+    grown = {"lm_weight": 0, "word_score": 0}
+    while True:
+        best = min(points, key=lambda p: (p["wer"], p[unit_metric]))
+        new_lm = _beyond_edge(lms, best["lm_weight"], floor=0.0) if grown["lm_weight"] < extend_edges else None
+        new_ws = _beyond_edge(wss, best["word_score"]) if grown["word_score"] < extend_edges else None
+        if new_lm is None and new_ws is None:
+            break
+        if new_lm is not None:
+            grown["lm_weight"] += 1
+            lms.append(new_lm)
+            search([new_lm], wss)
+        if new_ws is not None:
+            grown["word_score"] += 1
+            wss.append(new_ws)
+            search(lms, [new_ws])
+        log.info("grid extended past its edge: lm_weight %s, word_score %s", sorted(lms), sorted(wss))
     return sorted(points, key=lambda p: (p["wer"], p[unit_metric]))
+
+
+def _beyond_edge(values: Sequence[float], best: float, floor: float | None = None) -> float | None:
+    """The next value past the edge of ``values`` that ``best`` sits on (the spacing of the two
+    outermost values on that side; not below ``floor``); None: ``best`` is inside, the axis has
+    fewer than two values, or the edge is at the floor."""
+    ordered = sorted(values)
+    if len(ordered) < 2:
+        return None
+    if best == ordered[-1]:
+        return round(ordered[-1] + (ordered[-1] - ordered[-2]), 6)
+    if best == ordered[0]:
+        below = round(ordered[0] - (ordered[1] - ordered[0]), 6)
+        if floor is not None:
+            below = max(below, floor)
+        return below if below < ordered[0] else None
+    return None

@@ -41,7 +41,7 @@ class FinalDecodingRequest:
         test_manifest: the split decoded and scored.
         dev_manifest: the split the tuning grid is searched on (None: no tuning).
         tuning: ``final_tuning`` (``lm_weight`` and ``word_score`` lists; optionally
-            ``frequent_words``, ``language``, ``beam_size``); None or empty: no tuning.
+            ``extend_edges``, ``frequent_words``, ``language``, ``beam_size``); None or empty: no tuning.
         loader: the decoding loader's batching (:func:`fastasr.recognition.scoring.decoding_loader`'s
             keyword arguments: frame budget, batch cap, workers, bad-utterance policy).
         training_manifest: attached to a checkpoint that carries no lexicon or LM of its own
@@ -72,7 +72,8 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, request: FinalDecodingRe
     and, weighted by their frequency, to a word LM re-estimated from the training text
     (``python -m fastasr.cli.lm build --frequent-words N``; files under the run's ``lm/``). Only a
     char model can spell added words; other units try ``0`` alone. Each vocabulary's (lm_weight,
-    word_score) grid is searched (:func:`fastasr.recognition.scoring.tune_recogniser`) and the lowest
+    word_score) grid is searched (:func:`fastasr.recognition.scoring.tune_recogniser`; grown past an
+    edge its best point sits on, up to ``extend_edges`` values per axis) and the lowest
     dev WER (then unit error rate) wins, so a corpus whose test words are the training words
     (spelled letters, digits, commands) keeps its own vocabulary. ``final_tuning.beam_size``
     (optional) is the beam the grid searches with, narrower than the final decoding's own: the
@@ -113,7 +114,8 @@ def tune_vocabulary_and_weights(recogniser: Recogniser, request: FinalDecodingRe
                 candidate[key] = dict(candidate.get(key) or {}, path=path)
         tuned = tune_recogniser(recogniser, request.dev_manifest, dict(candidate, beam_size=grid_beam),
                                 list(tuning["lm_weight"]), list(tuning["word_score"]),
-                                accelerator=accelerator, emissions=dev)
+                                accelerator=accelerator, extend_edges=int(tuning.get("extend_edges") or 0),
+                                emissions=dev)
         point = dict(tuned.best, frequent_words=n)
         vocabularies.append({"frequent_words": n, **files, "best": point, "points": tuned.points})
         searches.append((tuned, candidate))

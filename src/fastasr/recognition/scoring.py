@@ -292,11 +292,12 @@ def manifest_emissions(recogniser: Recogniser, manifest: str, *, accelerator: st
 
 
 def tune_recogniser(recogniser: Recogniser, manifest: str, decoding: Mapping[str, Any], lm_weights: Sequence[float],
-                    word_scores: Sequence[float], *, accelerator: str = "auto",
+                    word_scores: Sequence[float], *, accelerator: str = "auto", extend_edges: int = 0,
                     emissions: tuple[list[Emission], list] | None = None, **loader_options: Any) -> TuningResult:
     """Compute ``manifest``'s emissions with ``recogniser`` once (or take ``emissions``, what
     :func:`manifest_emissions` returned for it) and search the (lm_weight, word_score) grid of
-    the ``decoding`` config over them.
+    the ``decoding`` config over them, grown past an edge the best point sits on up to
+    ``extend_edges`` values per axis (:func:`fastasr.decoding.tune.grid_search`).
     ``loader_options``: :func:`decoding_options` of a data config."""
     if emissions is None:
         emissions = manifest_emissions(recogniser, manifest, accelerator=accelerator, **loader_options)
@@ -307,7 +308,8 @@ def tune_recogniser(recogniser: Recogniser, manifest: str, decoding: Mapping[str
     def decoder_for(lm_weight: float, word_score: float):
         return recogniser.decoder(dict(spec, lm_weight=lm_weight, word_score=word_score), lexicon=lexicon)
 
-    points = grid_search(emissions, recogniser.tokenizer, decoder_for, list(lm_weights), list(word_scores))
+    points = grid_search(emissions, recogniser.tokenizer, decoder_for, list(lm_weights), list(word_scores),
+                         extend_edges=extend_edges)
     lm = recogniser.decoding_lm(spec.get("lm"))
     return TuningResult(manifest=str(manifest), best=points[0], points=points,
                         lm=lm.path if isinstance(lm, BundledLM) else lm,  # the checkpoint's LM: where it was built

@@ -223,6 +223,10 @@ def _check_final_tuning(cfg: DictConfig, errors: list[str]) -> None:
     for key in ("lm_weight", "word_score"):
         if not list(tuning.get(key) or []):
             errors.append(f"final_tuning.{key}={_container(tuning.get(key))}; expected a non-empty list of numbers")
+    extend = tuning.get("extend_edges")
+    if extend is not None and not (isinstance(extend, int) and not isinstance(extend, bool) and extend >= 0):
+        errors.append(f"final_tuning.extend_edges={extend!r}; expected how many values each axis may grow past "
+                      "an edge its best point sits on: an integer ≥ 0 (0: the grid as given)")
     beam = tuning.get("beam_size")
     if beam is not None and not (isinstance(beam, int) and beam >= 1):
         errors.append(f"final_tuning.beam_size={beam!r}; expected a beam width ≥ 1 for the dev grid, or null (the "
