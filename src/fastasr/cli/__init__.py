@@ -5,6 +5,7 @@ function and prints. Nothing in the library imports this package.
 ``train.py``, ``evaluate.py``      training and scoring (at the repository's root)
 ``python -m fastasr.transcribe``  transcribe audio with a checkpoint (:mod:`fastasr.recognition.transcription`)
 ``python -m fastasr.cli.tune``     the beam search's LM weight and word score on dev (:func:`fastasr.recognition.scoring.tune_recogniser`)
+``python -m fastasr.cli.redecode`` a finished run's final decoding again (:func:`fastasr.recognition.final_decoding.final_decoding`)
 ``python -m fastasr.cross_eval``   the train-with-X / decode-with-Y matrix (:func:`fastasr.studies.matrix.run_matrix`)
 ``python -m fastasr.cli.budget``   the equal-budget study (:func:`fastasr.studies.budget.run_budget`)
 ``python -m fastasr.cli.report``   a run's or a matrix's HTML page (:func:`fastasr.studies.report.build_report`)
