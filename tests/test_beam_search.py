@@ -208,7 +208,8 @@ class _WeightedDecoder:
     reference = ["ab", "ba", "cab", "xa", "xb", "ab", "ba", "cab", "xa", "xb"]
 
     def __init__(self, lm_weight, word_score, best):
-        self.wrong = min(len(self.reference), round(2 * (abs(lm_weight - best[0]) + abs(word_score - best[1]))))
+        ws_distance = 0.0 if best[1] is None else abs(word_score - best[1])  # None: the word score does not matter
+        self.wrong = min(len(self.reference), round(2 * (abs(lm_weight - best[0]) + ws_distance)))
 
     def __call__(self, log_probs):
         from fastasr.decoding.hypothesis import Hypothesis
@@ -229,9 +230,10 @@ def _bowl_search(best, lm_weights, word_scores, extend_edges):
 
 
 def test_tuning_grid_grows_past_the_edge_its_best_point_sits_on():
-    """A best point on the grid's edge has not bracketed the optimum: with ``extend_edges`` the
-    axis grows by its edge spacing until the best is inside, searching each new row and column
-    once; without, the grid is searched as given."""
+    """A best point on the grid's edge, better than its neighbour, has not bracketed the optimum:
+    with ``extend_edges`` the axis grows by its edge spacing until the best is inside, searching
+    each new row and column once; without, the grid is searched as given; an axis along which
+    the error is flat does not grow."""
     points, searched = _bowl_search((3.0, -2.0), [0.5, 1.0, 1.5, 2.0], [-1.0, 0.0, 1.0], extend_edges=0)
     assert (points[0]["lm_weight"], points[0]["word_score"]) == (2.0, -1.0) and len(searched) == 12
     points, searched = _bowl_search((3.0, -2.0), [0.5, 1.0, 1.5, 2.0], [-1.0, 0.0, 1.0], extend_edges=4)
@@ -246,3 +248,6 @@ def test_tuning_grid_grows_past_the_edge_its_best_point_sits_on():
     # an LM weight never goes below 0; a one-value axis does not grow
     points, searched = _bowl_search((0.0, 0.0), [0.75, 1.5], [0.0], extend_edges=3)
     assert {p[0] for p in searched} == {0.0, 0.75, 1.5} and points[0]["lm_weight"] == 0.0
+    # a word score that changes nothing (digit strings, an untrained model): its axis stays as given
+    points, searched = _bowl_search((2.5, None), [1.0, 2.0], [-1.0, 0.0, 1.0], extend_edges=3)
+    assert {p[1] for p in searched} == {-1.0, 0.0, 1.0} and {p[0] for p in searched} == {1.0, 2.0, 3.0}

@@ -140,7 +140,9 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
     assert rates and all(a >= b for a, b in zip(rates, rates[1:])) and rates[0] <= peak
     final = json.loads((Path(result.run_dir) / "results.json").read_text())
     tuned = final["tuned_on_dev"]
-    assert tuned["manifest"].endswith("dev.jsonl") and len(tuned["points"]) == 2
+    assert tuned["manifest"].endswith("dev.jsonl")
+    searched = {(p["lm_weight"], p["word_score"]) for p in tuned["points"]}  # the grid, grown past a best edge
+    assert {(0.5, 0.0), (3.0, 0.0)} <= searched and len(searched) <= 2 + cfg.final_tuning.extend_edges
     assert final["decoding"]["lm_weight"] == tuned["best"]["lm_weight"] and final["decoding"]["word_score"] == 0.0
     assert tuned["beam_size"] == 4 and final["decoding"]["beam_size"] == cfg.final_decoding.beam_size == 500
     # both vocabularies were tried on dev; the decoding used the winner's lexicon and LM

@@ -28,12 +28,17 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer,
     ``decoder_for``: e.g. a recogniser's :meth:`~fastasr.recognition.recogniser.Recogniser.decoder` with
     the two weights set and one lexicon shared by the grid.
 
-    ``extend_edges``: a best point on the edge of an axis of two values or more has not bracketed
-    the optimum, so that axis grows by one value beyond the edge (by the spacing of its two
-    outermost values there; an LM weight never below 0), and the new row or column is searched
-    against every value of the other axis; again while the best stays on an edge, up to
-    ``extend_edges`` new values per axis (0: the grid as given)."""
+    ``extend_edges``: a best point on the edge of an axis of two values or more, with a lower WER
+    than its neighbour on that axis, has not bracketed the optimum, so that axis grows by one
+    value beyond the edge (by the spacing of its two outermost values there; an LM weight never
+    below 0), and the new row or column is searched against every value of the other axis; again
+    while the best stays on such an edge, up to ``extend_edges`` new values per axis (0: the grid
+    as given). An axis along which the WER is flat (a tie with the neighbour) does not grow."""
     unit_metric = unit_metric_of(tokenizer.kind)
+
+    def rank(point: dict[str, float]) -> tuple[float, float]:
+        return point["wer"], point[unit_metric]
+
     points: list[dict[str, float]] = []
     searched: set[tuple[float, float]] = set()
 
@@ -55,9 +60,12 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer,
     search(lms, wss)
     grown = {"lm_weight": 0, "word_score": 0}
     while True:
-        best = min(points, key=lambda p: (p["wer"], p[unit_metric]))
-        new_lm = _beyond_edge(lms, best["lm_weight"], floor=0.0) if grown["lm_weight"] < extend_edges else None
-        new_ws = _beyond_edge(wss, best["word_score"]) if grown["word_score"] < extend_edges else None
+        best = min(points, key=rank)
+        lm, ws = best["lm_weight"], best["word_score"]
+        wer = {(p["lm_weight"], p["word_score"]): p["wer"] for p in points}
+        new_lm = (_beyond_edge({v: wer[v, ws] for v in lms}, lm, floor=0.0)
+                  if grown["lm_weight"] < extend_edges else None)
+        new_ws = _beyond_edge({v: wer[lm, v] for v in wss}, ws) if grown["word_score"] < extend_edges else None
         if new_lm is None and new_ws is None:
             break
         if new_lm is not None:
@@ -69,21 +77,24 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer,
             wss.append(new_ws)
             search(lms, [new_ws])
         log.info("grid extended past its edge: lm_weight %s, word_score %s", sorted(lms), sorted(wss))
-    return sorted(points, key=lambda p: (p["wer"], p[unit_metric]))
+    return sorted(points, key=rank)
 
 
-def _beyond_edge(values: Sequence[float], best: float, floor: float | None = None) -> float | None:
-    """The next value past the edge of ``values`` that ``best`` sits on (the spacing of the two
-    outermost values on that side; not below ``floor``); None: ``best`` is inside, the axis has
-    fewer than two values, or the edge is at the floor."""
-    ordered = sorted(values)
-    if len(ordered) < 2:
+def _beyond_edge(wer_along: dict[float, float], best: float, floor: float | None = None) -> float | None:
+    """The next value past the edge of an axis that ``best`` sits on (the spacing of the two
+    outermost values on that side; not below ``floor``), where the WER at ``best`` is lower than
+    at its neighbour. ``wer_along``: value -> WER along the axis through the best point. None:
+    ``best`` is inside, the axis has fewer than two values, the WER is flat towards the edge, or
+    the edge is at the floor."""
+    ordered = sorted(wer_along)
+    if len(ordered) < 2 or best not in (ordered[0], ordered[-1]):
         return None
     if best == ordered[-1]:
-        return round(ordered[-1] + (ordered[-1] - ordered[-2]), 6)
-    if best == ordered[0]:
-        below = round(ordered[0] - (ordered[1] - ordered[0]), 6)
+        neighbour, beyond = ordered[-2], ordered[-1] + (ordered[-1] - ordered[-2])
+    else:
+        neighbour, beyond = ordered[1], ordered[0] - (ordered[1] - ordered[0])
         if floor is not None:
-            below = max(below, floor)
-        return below if below < ordered[0] else None
-    return None
+            beyond = max(beyond, floor)
+        if beyond >= ordered[0]:
+            return None
+    return round(beyond, 6) if wer_along[best] < wer_along[neighbour] else None
