@@ -7,6 +7,8 @@ import os
 import platform
 import re
 import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -78,3 +80,25 @@ def git_commit(root: Path) -> str:
     except OSError:
         return "unknown"
     return out.stdout.strip() or "unknown"
+
+
+def result_stem(out_dir: str | Path, name: str, info: dict) -> Path:
+    """``OUT_DIR/<name>_<machine slug>`` (``OUT_DIR`` made): a script's result files, suffix to add."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return out / f"{name}_{info['slug']}"
+
+
+def command_line(script: str) -> str:
+    """The command that wrote a table (``script`` under benchmarks/, with this process's arguments),
+    as a Markdown code span."""
+    return f"`python benchmarks/{script} {' '.join(sys.argv[1:])}`".replace("` `", "")
+
+
+def measure_and_write(measure: Callable, write_table: Callable, args) -> None:
+    """``measure(args)``'s rows on this CPU, written by ``write_table(rows, args, info, load_before,
+    load_after)`` with the machine and the load average before and after; prints the file written."""
+    info = machine_info("cpu")
+    before = load_average()
+    rows = measure(args)
+    print(f"wrote {write_table(rows, args, info, before, load_average())}")

@@ -77,13 +77,11 @@ def measure(args) -> list[dict]:
 
 
 def write_table(rows: list[dict], args, info: dict, load_before: str, load_after: str) -> Path:
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"cpu_half_attention_{info['slug']}.md"
+    path = bench_io.result_stem(args.out_dir, "cpu_half_attention", info).with_suffix(".md")
     lines = [
         "# Full attention on a CPU: the flash kernel in bfloat16 against float32",
         "",
-        f"`python benchmarks/cpu_half_attention.py {' '.join(sys.argv[1:])}`".replace("` `", ""),
+        bench_io.command_line("cpu_half_attention.py"),
         "",
         f"{datetime.date.today()}, {info['cpu']}, {info['cores']} cores, {args.threads} torch threads, "
         f"torch {info['torch']}, code {bench_io.git_commit(ROOT)}; load average {load_before} before, "
@@ -112,10 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    info = bench_io.machine_info("cpu")
-    before = bench_io.load_average()
-    rows = measure(args)
-    print(f"wrote {write_table(rows, args, info, before, bench_io.load_average())}")
+    bench_io.measure_and_write(measure, write_table, args)
 
 
 if __name__ == "__main__":

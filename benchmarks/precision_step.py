@@ -86,13 +86,11 @@ def profile(args) -> str:
 
 
 def write_table(rows: list[dict], args, info: dict, load_before: str, load_after: str) -> Path:
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"precision_step_{info['slug']}"
+    stem = bench_io.result_stem(args.out_dir, "precision_step", info)
     lines = [
         "# One training step of a recipe's model: float32 against bfloat16 autocast (CPU)",
         "",
-        f"`python benchmarks/precision_step.py {' '.join(sys.argv[1:])}`".replace("` `", ""),
+        bench_io.command_line("precision_step.py"),
         "",
         f"{datetime.date.today()}, {info['cpu']}, {info['cores']} cores, {args.threads} torch threads, "
         f"torch {info['torch']}, native bfloat16: {native_bf16('cpu')}; load average {load_before} before, "
@@ -127,10 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile:
         print(profile(args))
         return
-    info = bench_io.machine_info("cpu")
-    before = bench_io.load_average()
-    rows = measure(args)
-    print(f"wrote {write_table(rows, args, info, before, bench_io.load_average())}")
+    bench_io.measure_and_write(measure, write_table, args)
 
 
 if __name__ == "__main__":

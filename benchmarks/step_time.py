@@ -158,14 +158,12 @@ def profile(args) -> str:
 
 
 def write_table(rows: list[dict], args, info: dict, load_before: str, load_after: str) -> Path:
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"step_time_{info['slug']}"
+    stem = bench_io.result_stem(args.out_dir, "step_time", info)
     variants = _variants(args)
     lines = [
         "# One training step of the paper's model: each attention against the floor",
         "",
-        f"`python benchmarks/step_time.py {' '.join(sys.argv[1:])}`".replace("` `", ""),
+        bench_io.command_line("step_time.py"),
         "",
         f"{datetime.date.today()}, {info['cpu']}, {info['cores']} cores, {args.threads} torch threads, "
         f"torch {info['torch']}; load average {load_before} before, {load_after} after. Model: {args.layers} "
@@ -212,10 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile:
         print(profile(args))
         return
-    info = bench_io.machine_info("cpu")
-    before = bench_io.load_average()
-    rows = measure(args)
-    print(f"wrote {write_table(rows, args, info, before, bench_io.load_average())}")
+    bench_io.measure_and_write(measure, write_table, args)
 
 
 if __name__ == "__main__":
