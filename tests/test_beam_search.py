@@ -251,3 +251,5 @@ def test_tuning_grid_grows_past_the_edge_its_best_point_sits_on():
     # a word score that changes nothing (digit strings, an untrained model): its axis stays as given
     points, searched = _bowl_search((2.5, None), [1.0, 2.0], [-1.0, 0.0, 1.0], extend_edges=3)
     assert {p[1] for p in searched} == {-1.0, 0.0, 1.0} and {p[0] for p in searched} == {1.0, 2.0, 3.0}
+    with pytest.raises(ValueError, match="extend_edges=-1; expected .* an integer ≥ 0"):  # python -m fastasr.cli.tune's too
+        _bowl_search((1.0, 0.0), [1.0], [0.0], extend_edges=-1)

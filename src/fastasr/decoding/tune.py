@@ -34,6 +34,9 @@ def grid_search(emissions: Sequence[Emission], tokenizer: Tokenizer,
     below 0), and the new row or column is searched against every value of the other axis; again
     while the best stays on such an edge, up to ``extend_edges`` new values per axis (0: the grid
     as given). An axis along which the WER is flat (a tie with the neighbour) does not grow."""
+    if extend_edges < 0:
+        raise ValueError(f"extend_edges={extend_edges}; expected how many values each axis may grow past an "
+                         "edge its best point sits on: an integer ≥ 0 (0: the grid as given)")
     unit_metric = unit_metric_of(tokenizer.kind)
 
     def rank(point: dict[str, float]) -> tuple[float, float]:
