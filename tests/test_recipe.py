@@ -33,6 +33,9 @@ def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
     assert cfg.final_average == {"best": 5}
     assert cfg.final_tuning.beam_size == 50 and cfg.final_decoding.beam_size == 500  # grid narrow, test wide
     assert cfg.final_tuning.extend_edges == 3  # a best weight on the grid's edge grows the grid past it
+    # from the second epoch, dropout by the epochs the budget affords: none below 20, 0.1 from 40
+    assert cfg.model.dropout == 0.0 and cfg.callbacks.budget_dropout.p == 0.1
+    assert list(cfg.callbacks.budget_dropout.epochs) == [20, 40]
     assert cfg.trainer.precision == "auto"  # bf16-mixed where the hardware multiplies bfloat16
     assert cfg.data.cache.mode == "build"  # filterbanks of every split and speed factor computed once, then read
 
@@ -94,6 +97,7 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
     assert derive_train_config(_compose("trainer.accelerator=cpu")).trainer.precision == "32-true"
     assert auto_precision("cpu", on_cpu=False) == "32-true"
     assert builtin.data.cache.mode == "auto"  # make train computes its features on the fly unless `make features` ran
+    assert builtin.callbacks.get("budget_dropout") is None  # make train trains as it is
     for preset in ("paper_wsj", "paper_swbd", "matrix_member"):
         cfg = _compose(f"experiment={preset}")
         assert cfg.scheduler._target_.endswith("ReduceLROnPlateau"), preset
@@ -120,6 +124,7 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
         "callbacks.lr_monitor.logging_interval=step", "name=budget",
         "final_tuning.lm_weight=[0.5,3.0]", "final_tuning.word_score=[0.0]", "final_tuning.frequent_words=[0,200]",
         "final_tuning.beam_size=4", f"data.cache.dir={tmp_path / 'feature_cache'}",
+        "callbacks.budget_dropout.epochs=[1,1]",  # any budget affords one epoch: the dropout is raised
     )
     assert cfg.trainer.max_epochs == -1
     with caplog.at_level("INFO"):
@@ -156,3 +161,7 @@ def test_the_time_budget_ends_the_run_and_the_rate_decays_over_it(tiny_corpus, t
     averaged = Path(result.averaged_ckpt)
     assert averaged.name == "averaged.ckpt" and final["ckpt_path"] == str(averaged)
     assert 1 <= len(result.averaged_from) <= 5 and final["averaged_checkpoints"] == result.averaged_from
+    # callbacks.budget_dropout: decided after the first epoch, in the results, the rate logged every epoch
+    assert result.dropout["dropout"] == 0.1 and result.dropout["epochs"] >= 1 and final["budget_dropout"] == result.dropout
+    logged = [float(r["train/dropout"]) for r in rows if r.get("train/dropout")]
+    assert logged and all(rate == pytest.approx(0.1) for rate in logged)

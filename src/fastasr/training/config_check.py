@@ -75,6 +75,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_model_values(cfg: DictConfig, errors: list[str]) -> None:
     """The sizes every encoder has, judged one by one so that each error names its key (the
     model's own checks, run by :func:`_check_model`, see only what it was built with)."""
@@ -90,8 +94,7 @@ def _check_model_values(cfg: DictConfig, errors: list[str]) -> None:
         errors.append(f"model.heads={heads}; expected a divisor of model.d_model={d_model} (each head gets "
                       "d_model / heads dimensions)")
     dropout = model.get("dropout")
-    if dropout is not None and not (isinstance(dropout, (int, float)) and not isinstance(dropout, bool)
-                                    and 0 <= dropout < 1):
+    if dropout is not None and not (_is_number(dropout) and 0 <= dropout < 1):
         errors.append(f"model.dropout={dropout!r}; expected a number in [0, 1)")
     subsampling = model.get("subsampling")
     if subsampling is not None and subsampling not in (1, 2, 4, 8):
@@ -214,6 +217,15 @@ def _check_callbacks(cfg: DictConfig, errors: list[str]) -> None:
     step_ckpt = callbacks.get("step_checkpoint") or {}
     if step_ckpt and step_ckpt.get("every_n_train_steps") is not None and int(step_ckpt.every_n_train_steps) < 1:
         errors.append(f"callbacks.step_checkpoint.every_n_train_steps={step_ckpt.every_n_train_steps}; expected ≥ 1")
+    dropout = callbacks.get("budget_dropout") or {}
+    rate, epochs = dropout.get("p"), _container(dropout.get("epochs"))
+    if rate is not None and not (_is_number(rate) and 0 <= rate < 1):
+        errors.append(f"callbacks.budget_dropout.p={rate!r}; expected the dropout rate of a run with many epochs, "
+                      "a number in [0, 1)")
+    if epochs is not None and not (isinstance(epochs, list) and len(epochs) == 2 and all(map(_is_number, epochs))
+                                   and 0 < epochs[0] <= epochs[1]):
+        errors.append(f"callbacks.budget_dropout.epochs={epochs!r}; expected [none_below, full_from]: no dropout "
+                      "below the first number of epochs, p from the second, 0 < none_below ≤ full_from")
 
 
 def _check_final_tuning(cfg: DictConfig, errors: list[str]) -> None:

@@ -32,7 +32,7 @@ from fastasr.recognition.final_decoding import FinalDecodingRequest, final_decod
 from fastasr.recognition.recogniser import Recogniser, with_decoding_data
 from fastasr.recognition.scoring import DecodeResult, decoding_options, training_manifest
 from fastasr.rundir import RunDir
-from fastasr.training.callbacks import report_learning_warnings, reset_peak_memory
+from fastasr.training.callbacks import dropout_decision, report_learning_warnings, reset_peak_memory
 from fastasr.training.config_check import ConfigError, check_run_dir, check_train_config
 from fastasr.training.derived_config import derive_train_config
 from fastasr.training.lit import ASRLitModule
@@ -125,6 +125,8 @@ class TrainingResult:
             ``per``/``cer``, ``wer``, ``utterances``, ``attention``, ...); None: not tested.
         final_decoding: the test split by ``final_decoding`` (:class:`fastasr.recognition.scoring.DecodeResult`).
         learning_warnings: :mod:`fastasr.training.callbacks.not_learning`'s warnings ([]: the run learnt).
+        dropout: :mod:`fastasr.training.callbacks.budget_dropout`'s decision (None: no such callback,
+            or no epoch ended).
     """
 
     run_dir: str
@@ -136,6 +138,7 @@ class TrainingResult:
     test: dict[str, Any] | None = None
     final_decoding: DecodeResult | None = None
     learning_warnings: list[dict[str, Any]] = field(default_factory=list)
+    dropout: dict[str, Any] | None = None
 
     @property
     def tested_ckpt(self) -> str | None:
@@ -217,6 +220,9 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
     # callbacks.not_learning's warnings ([] when the run learnt), also into the final decoding's results.json
     decoded = result.final_decoding is not None
     result.learning_warnings = report_learning_warnings(trainer, run_dir if decoded else None)
+    result.dropout = dropout_decision(trainer)
+    if decoded and result.dropout is not None:  # results.json says which dropout the model trained with
+        run_dir.write_results({**(run_dir.read_results() or {}), "budget_dropout": result.dropout})
     finish_wandb()
     return result
 

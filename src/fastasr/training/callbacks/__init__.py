@@ -10,6 +10,7 @@
     PreemptionCheckpoint  on SIGTERM, a resumable checkpoint of the current step (``step-last.ckpt``)
     LastCheckpoint        a resumable checkpoint of every epoch end (``last.ckpt``)
     LearningWatch         one warning when the run is not learning (CTC's blank plateau, a stalled dev loss)
+    BudgetDropout         dropout where the training budget affords many epochs (decided after the first)
 
 Names are imported on first use, so importing one callback does not import the others.
 Where their files go in a run directory is :mod:`fastasr.rundir`'s business.
@@ -32,6 +33,8 @@ _EXPORTS = {
     "PreemptionCheckpoint": "preemption",
     "LastCheckpoint": "last_checkpoint",
     "LearningWatch": "not_learning",
+    "BudgetDropout": "budget_dropout",
+    "dropout_decision": "budget_dropout",
     "learning_warnings": "not_learning",
     "report_learning_warnings": "not_learning",
     "RunInfoLogger": "run_info",
