@@ -25,6 +25,8 @@ from typing import Any
 import lightning as L
 from torch import nn
 
+from fastasr.training.lr_schedules import budget_progress
+
 log = logging.getLogger(__name__)
 
 
@@ -79,8 +81,6 @@ class BudgetDropout(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.decision is None:
-            from fastasr.training.lr_schedules import budget_progress
-
             # DDP: every rank takes rank 0's measure, so all of them train with the same rate
             progress = trainer.strategy.broadcast(budget_progress(trainer), src=0)
             self.decide(progress, trainer.global_step, pl_module, announce=trainer.is_global_zero)
