@@ -49,6 +49,13 @@ def test_the_rate_rises_linearly_between_the_bounds(epochs, rate):
     assert BudgetDropout(p=0.2, epochs=[30, 30]).rate(epochs) == (0.2 if epochs is not None and epochs >= 30 else 0.0)
 
 
+def test_a_run_resumed_without_a_decision_estimates_from_the_epochs_it_has_done():
+    """A checkpoint of a run without the callback: at the end of its 10th epoch half the budget is spent."""
+    model = _model(0.0)
+    decision = BudgetDropout(p=0.1, epochs=[20, 40]).decide(0.5, 900, model, epochs_done=10)
+    assert decision == {"epochs": 20.0, "dropout": None, "update": 900} and _rates(model) == [0.0, 0.0]
+
+
 def test_no_budget_keeps_the_models_rate():
     model = _model(0.0)
     decision = BudgetDropout().decide(0.0, 10, model)

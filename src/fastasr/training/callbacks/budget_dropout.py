@@ -7,7 +7,8 @@ run is depends on the corpus *and* the machine, so no fixed ``model.dropout`` su
 :class:`BudgetDropout` decides once, at the end of the first epoch (its validation and
 checkpoints included): the budget then affords ``E = 1 / budget_progress`` epochs
 (:func:`fastasr.training.lr_schedules.budget_progress`: ``trainer.max_time``, ``max_steps`` or
-``max_epochs``, whichever ends the run first). The rate is 0 below ``epochs[0]``, ``p`` from
+``max_epochs``, whichever ends the run first; a run resumed from a checkpoint without a decision
+takes it at its first epoch end, from the epochs done so far). The rate is 0 below ``epochs[0]``, ``p`` from
 ``epochs[1]``, and rises linearly between, so an estimate near a bound moves the rate a little,
 never from nothing to all. Every dropout module of the model below that rate is raised to it
 (a model built with more dropout keeps its own). Dropout has no parameters, so the checkpoints
@@ -83,15 +84,18 @@ class BudgetDropout(L.Callback):
         if self.decision is None:
             # DDP: every rank takes rank 0's measure, so all of them train with the same rate
             progress = trainer.strategy.broadcast(budget_progress(trainer), src=0)
-            self.decide(progress, trainer.global_step, pl_module, announce=trainer.is_global_zero)
+            self.decide(progress, trainer.global_step, pl_module, epochs_done=trainer.current_epoch + 1,
+                        announce=trainer.is_global_zero)
         pl_module.log("train/dropout", max_dropout(pl_module), on_step=False, on_epoch=True, batch_size=1)
 
     # ------------------------------------------------------------------ the decision
-    def decide(self, progress: float, update: int, module: nn.Module, announce: bool = True) -> dict[str, Any]:
-        """Take the decision after the first epoch (``update`` updates), which spent ``progress``
-        (0–1) of the budget, and apply it to ``module``'s dropout. A budget that is not set
-        (``progress`` 0) keeps the model's rate."""
-        epochs = 1.0 / progress if progress > 0 else None
+    def decide(self, progress: float, update: int, module: nn.Module, epochs_done: int = 1,
+               announce: bool = True) -> dict[str, Any]:
+        """Take the decision after ``epochs_done`` epochs (1; more where a run from a checkpoint
+        without a decision resumes) and ``update`` updates, which spent ``progress`` (0–1) of the
+        budget, and apply it to ``module``'s dropout. A budget that is not set (``progress`` 0)
+        keeps the model's rate."""
+        epochs = epochs_done / progress if progress > 0 else None
         rate = self.rate(epochs)
         self.decision = {"epochs": None if epochs is None else round(epochs, 1),
                          "dropout": round(rate, 4) if rate > 0 else None, "update": int(update)}
