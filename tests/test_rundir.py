@@ -55,8 +55,11 @@ def test_fit_done_results_and_metrics_files(tmp_path):
     assert run.read_fit_done() is None
     run.clear_fit_done()
     assert not run.fit_done_file.exists()
+    assert run.add_to_results({"learning_warnings": []}) is False and run.read_results() is None  # none to add to
     run.write_results({"per": 1.0})
     assert run.read_results() == {"per": 1.0}
+    assert run.add_to_results({"learning_warnings": []}) is True
+    assert run.read_results() == {"per": 1.0, "learning_warnings": []}
     for version in (10, 2, 0):
         (run.path / "csv" / f"version_{version}").mkdir(parents=True)
         (run.path / "csv" / f"version_{version}" / "metrics.csv").write_text("step\n")

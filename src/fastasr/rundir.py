@@ -277,3 +277,12 @@ class RunDir:
             return json.loads(self.results_file.read_text())
         except json.JSONDecodeError:
             return None
+
+    def add_to_results(self, fields: Mapping[str, Any]) -> bool:
+        """Add ``fields`` to an existing ``results.json`` (what training learnt about the run,
+        beside its final decoding's numbers); False, and nothing written, when there is none."""
+        results = self.read_results()
+        if results is None:
+            return False
+        self.write_results({**results, **fields})
+        return True

@@ -222,7 +222,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
     result.learning_warnings = report_learning_warnings(trainer, run_dir if decoded else None)
     result.dropout = dropout_decision(trainer)
     if decoded and result.dropout is not None:  # results.json says which dropout the model trained with
-        run_dir.write_results({**(run_dir.read_results() or {}), "budget_dropout": result.dropout})
+        run_dir.add_to_results({"budget_dropout": result.dropout})
     finish_wandb()
     return result
 

@@ -312,7 +312,5 @@ def report_learning_warnings(trainer: L.Trainer, run_dir: Any | None = None) -> 
         log.warning("this run was not learning (%s at update %d): see learning_warnings in the results, and %s",
                     w["condition"], w["update"], TROUBLESHOOTING)
     if run_dir is not None:
-        results = run_dir.read_results()
-        if results is not None:
-            run_dir.write_results({**results, "learning_warnings": warnings})
+        run_dir.add_to_results({"learning_warnings": warnings})
     return warnings
