@@ -8,7 +8,8 @@ model (one padded batch, eval mode, CPU) and prints one row: per encoder layer, 
 highest mean entropy (nats) of a head's attention rows over the valid queries, beside ``log N``,
 the entropy of uniform attention over the batch's mean length. A head near ``log N`` attends to
 everything alike (it carries no content); a head near 0 attends to one key. The weights are the
-full softmax ``softmax(Q K^T / sqrt(E))`` over the valid keys, of the queries and keys the layer
+full softmax ``softmax(Q K^T / sqrt(E))`` over the valid keys (full attention's
+``dense_weights``), of the queries and keys the layer
 hands its inner attention (``CTCModel.capture_attention``), whatever variant it trained with.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from fastasr.attention.masking import key_mask
+from fastasr.attention import build_attention
 from fastasr.data.features import Fbank
 from fastasr.data.manifest import read_manifest
 from fastasr.recognition.recogniser import load_recogniser
@@ -34,12 +35,9 @@ def head_entropies(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor) -> t
     ``q, k``: ``(B, H, N, E)``; ``lengths``: ``(B,)`` valid positions. Returns ``(H,)``, the mean
     over the batch's utterances of each one's mean over its valid queries. Uniform attention
     over ``L`` keys gives ``log L``; attention on one key gives 0."""
-    B, _, N, E = q.shape
-    scores = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(E)
-    valid = key_mask(lengths, B, N, q.device)  # (B, N) True = a valid position
-    weights = scores.masked_fill(~valid[:, None, None, :], float("-inf")).softmax(-1)
+    weights = build_attention("full").dense_weights(q.double(), k.double(), lengths)  # (B, H, N, N)
     entropy = -(weights * weights.clamp_min(1e-300).log()).sum(-1)  # (B, H, N)
-    per_utterance = [entropy[b, :, : int(lengths[b])].mean(-1) for b in range(B)]
+    per_utterance = [entropy[b, :, : int(lengths[b])].mean(-1) for b in range(q.shape[0])]
     return torch.stack(per_utterance).mean(0)
 
 
