@@ -1,4 +1,4 @@
-"""The CTC acoustic model: CMVN [→ per-utterance CMVN] → SpecAugment → [subsampling] → [positions] → encoder → CTC head.
+"""The CTC acoustic model: CMVN [→ per-utterance CMVN] → SpecAugment → [subsampling] → [× √d_model] → [positions] → encoder → CTC head.
 
 Observers (dashboards, analysis scripts) see the attention through a public API instead of
 reaching into layers: :meth:`CTCModel.attention_layers` and the context manager
@@ -8,6 +8,7 @@ reaching into layers: :meth:`CTCModel.attention_layers` and the context manager
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,11 @@ class CTCModel(nn.Module):
             ``rotary`` (queries and keys rotated in every attention layer) or ``none``
             (order from the convolutions alone); :mod:`fastasr.model.positional` says when
             each fits.
+        xscaling: multiply the front end's output by ``sqrt(d_model)`` before the positions are
+            added (ESPnet's and NeMo's ``xscaling``), so that the content and not the position
+            table fills the encoder's input from the first update: at initialisation the front
+            end's output has an RMS near 0.1 against the sinusoids' 0.71. False: the input as
+            the front end gives it (the paper's model, and every checkpoint saved without the key).
         inter_ctc_layers: 1-based numbers of the encoder layers (below the last) whose outputs
             also get a CTC loss in training, through the final norm and the shared output layer
             (intermediate CTC, Lee & Watanabe, ICASSP 2021); empty: none.
@@ -88,6 +94,7 @@ class CTCModel(nn.Module):
         positions: str = "absolute",
         inter_ctc_layers: Sequence[int] = (),
         inter_ctc_weight: float = 0.0,
+        xscaling: bool = False,
     ):
         super().__init__()
         self.inter_ctc_layers, self.inter_ctc_weight = check_inter_ctc(inter_ctc_layers, inter_ctc_weight, layers)
@@ -97,6 +104,7 @@ class CTCModel(nn.Module):
         self.utterance_cmvn = UtteranceCMVN() if utterance_cmvn else None
         self.spec_augment = SpecAugment(**spec_augment) if spec_augment else None
         self.frontend = ConvSubsampling(feat_in, d_model, subsampling)
+        self.input_scale = math.sqrt(d_model) if xscaling else 1.0
         # the dropout the added positions carry stays where it was for the other two kinds
         self.positions = SinusoidalPositionalEncoding(d_model, dropout) if positions == "absolute" else Dropout(dropout)
         self.encoder = TransformerEncoder(
@@ -184,6 +192,8 @@ class CTCModel(nn.Module):
         if self.spec_augment is not None and self.training:
             x = self.spec_augment(x, lengths)
         x, lengths = self.frontend(x, lengths)
+        if self.input_scale != 1.0:
+            x = x * self.input_scale
         return self.positions(x), lengths
 
     def _log_probs(self, x: torch.Tensor) -> torch.Tensor:
