@@ -11,7 +11,12 @@ import torch
 from torch import nn
 
 from fastasr.kernels.dropout import Dropout
-from fastasr.training.callbacks.budget_dropout import BudgetDropout, dropout_decision, max_dropout, raise_dropout
+from fastasr.training.callbacks.budget_dropout import (
+    BudgetDropout,
+    dropout_decision,
+    max_dropout,
+    raise_dropout,
+)
 
 
 def _model(p: float = 0.0) -> nn.Module:

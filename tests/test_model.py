@@ -61,6 +61,16 @@ def test_without_positions_the_model_is_blind_to_frame_order():
         small_model(positions="relative")
 
 
+def _encoder_input(model: CTCModel, feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """What ``model``'s encoder receives for this batch (a forward pre-hook on it)."""
+    captured: list[torch.Tensor] = []
+    hook = model.encoder.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+    with torch.no_grad():
+        model(feats, lengths)
+    hook.remove()
+    return captured[0]
+
+
 def test_xscaling_multiplies_the_front_end_output_by_sqrt_d_before_the_positions():
     """xscaling=True: the encoder's input is sqrt(d_model) · front end + sinusoids; without it
     (the default, so checkpoints saved before the option rebuild unchanged) front end + sinusoids."""
@@ -68,17 +78,12 @@ def test_xscaling_multiplies_the_front_end_output_by_sqrt_d_before_the_positions
     inputs = {}
     for xscaling in (False, True):
         torch.manual_seed(3)
-        model = small_model(xscaling=xscaling).eval()
-        hook = model.encoder.register_forward_pre_hook(lambda m, args: inputs.__setitem__(xscaling, args[0]))
-        with torch.no_grad():
-            model(feats, lengths)
-        hook.remove()
-    table = model.positions.table(30, torch.device("cpu"), torch.float32)
+        inputs[xscaling] = _encoder_input(small_model(xscaling=xscaling).eval(), feats, lengths)
+    table = SinusoidalPositionalEncoding(32).table(30, torch.device("cpu"), torch.float32)
     front_end = inputs[False] - table
     torch.testing.assert_close(inputs[True] - table, front_end * 32 ** 0.5)
     assert not torch.allclose(inputs[True], inputs[False])
     assert small_model().input_scale == 1.0
-
 
 def test_forward_shapes_and_log_probs():
     model = small_model().eval()

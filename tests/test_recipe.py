@@ -30,6 +30,7 @@ def test_recorded_speech_data_chooses_the_real_speech_recipe(data):
     assert cfg.scheduler._target_ == "fastasr.training.lr_schedules.BudgetSchedule"
     assert cfg.trainer.max_epochs == -1 and cfg.trainer.max_time == "00:00:30:00"
     assert cfg.data.augment.speed_perturb is True and cfg.model.utterance_cmvn is True
+    assert cfg.model.xscaling is True and cfg.model.positions == "absolute"  # content, not the sinusoids, fills the input
     assert cfg.final_average == {"best": 5}
     assert cfg.final_tuning.beam_size == 50 and cfg.final_decoding.beam_size == 500  # grid narrow, test wide
     assert cfg.final_tuning.extend_edges == 3  # a best weight on the grid's edge grows the grid past it
@@ -90,6 +91,7 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
     assert builtin.model.layers == 4 and builtin.data.augment.speed_perturb is False
     # make train's encoder reads any length: no positions, order from the convolution modules
     assert builtin.model.positions == "none" and builtin.model.conv_kernel == 15
+    assert builtin.model.xscaling is False  # make train's model as it was measured
     # bf16 mixed precision on a GPU, float32 on a CPU (where make train's numbers were measured)
     assert builtin.trainer.precision == "bf16-on-gpu"
     from fastasr.training.derived_config import auto_precision, derive_train_config
@@ -105,6 +107,7 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
         assert cfg.trainer.max_epochs > 0 and cfg.final_average is None, preset
         # the paper's model: added sinusoids and no convolution module
         assert cfg.model.positions == "absolute" and cfg.model.conv_kernel is None, preset
+        assert cfg.model.xscaling is False, preset  # the paper's input: front end + sinusoids
     # a user's choice still wins over the recipe
     assert _compose("data=manifest", "recipe=builtin").scheduler._target_.endswith("ReduceLROnPlateau")
     assert _compose("data=manifest", "trainer.max_time=00:02:00:00").trainer.max_time == "00:02:00:00"

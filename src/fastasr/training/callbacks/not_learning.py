@@ -240,7 +240,7 @@ class LearningWatch(L.Callback):
         restart = ("the same command with another seed (a start can stick off the plateau: the model finds "
                    "where the words are but not which they are); " if condition == STALLED else "")
         return (f"{head}" + (f" Training with {setting}." if setting else "") +
-                f" What to try: {restart}a lower optim.lr (half, say); a larger batch: {batch_advice}; fewer "
+                f" What to try: {_input_scale_advice(pl_module)}{restart}a lower optim.lr (half, say); a larger batch: {batch_advice}; fewer "
                 f"output units: tokenizer=bpe with a small data.vocab_size (about 30). "
                 f"See {TROUBLESHOOTING} (callbacks.not_learning sets when this warning is given).")
 
@@ -257,6 +257,16 @@ class LearningWatch(L.Callback):
                          f"data.min_batches_per_epoch={minimum} updates an epoch)")
             parts.append(text)
         return ", ".join(parts)
+
+
+def _input_scale_advice(pl_module: L.LightningModule | None) -> str:
+    """``model.xscaling=true`` first when the module's model adds sinusoids to an unscaled front
+    end: its input starts as mostly position, and such starts stuck (docs/RECIPES.md)."""
+    model = getattr(pl_module, "model", None)
+    if getattr(model, "position_kind", None) != "absolute" or getattr(model, "input_scale", None) != 1.0:
+        return ""
+    return ("model.xscaling=true (this model adds its sinusoids to the front end's output unscaled, so its "
+            "input starts as mostly position; with the scaling, starts that stuck learned); ")
 
 
 def _budgets(trainer: L.Trainer | None) -> tuple[int | None, int | None]:
