@@ -85,6 +85,7 @@ def test_xscaling_multiplies_the_front_end_output_by_sqrt_d_before_the_positions
     assert not torch.allclose(inputs[True], inputs[False])
     assert small_model().input_scale == 1.0
 
+
 def test_forward_shapes_and_log_probs():
     model = small_model().eval()
     feats = torch.randn(3, 25, 20)

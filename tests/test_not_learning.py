@@ -180,7 +180,6 @@ def test_the_warning_names_the_batch_the_rate_and_what_to_try():
     assert Path(TROUBLESHOOTING.split("#")[0]).name == "TROUBLESHOOTING.md"
 
 
-
 @pytest.mark.parametrize("positions, xscaling, advised", [
     ("absolute", False, True), ("absolute", True, False), ("none", False, False), ("rotary", False, False)])
 def test_a_model_whose_sinusoids_swamp_its_input_is_told_to_scale_it(positions, xscaling, advised):
@@ -189,11 +188,15 @@ def test_a_model_whose_sinusoids_swamp_its_input_is_told_to_scale_it(positions, 
     module = FakeModule()
     module.model = CTCModel(vocab_size=5, feat_in=8, d_model=16, heads=2, ff_dim=16, layers=1,
                             positions=positions, xscaling=xscaling)
-    for condition_curve in ([(700, 2.9, 97.0)], [(300, 2.6, 80.0)] + [(300 + 100 * i, 2.6, 80.0) for i in range(1, 6)]):
+    plateau = [(700, 2.9, 97.0)]
+    stalled = [(300 + 100 * i, 2.6, 80.0) for i in range(6)]
+    for condition, curve in ((PLATEAU, plateau), (STALLED, stalled)):
         watch = LearningWatch(after_updates=0)
-        feed(watch, condition_curve, trainer=fake_trainer(), pl_module=module)
+        feed(watch, curve, trainer=fake_trainer(), pl_module=module)
+        assert watch.conditions == [condition]
         message = watch.warnings[-1]["message"]
         assert ("What to try: model.xscaling=true (" in message) == advised, message
+
 
 def test_the_troubleshooting_section_the_warning_points_to_exists():
     from fastasr.config import PROJECT_ROOT

@@ -240,8 +240,9 @@ class LearningWatch(L.Callback):
         restart = ("the same command with another seed (a start can stick off the plateau: the model finds "
                    "where the words are but not which they are); " if condition == STALLED else "")
         return (f"{head}" + (f" Training with {setting}." if setting else "") +
-                f" What to try: {_input_scale_advice(pl_module)}{restart}a lower optim.lr (half, say); a larger batch: {batch_advice}; fewer "
-                f"output units: tokenizer=bpe with a small data.vocab_size (about 30). "
+                f" What to try: {_input_scale_advice(pl_module)}{restart}a lower optim.lr (half, say); "
+                f"a larger batch: {batch_advice}; fewer output units: tokenizer=bpe with a small "
+                f"data.vocab_size (about 30). "
                 f"See {TROUBLESHOOTING} (callbacks.not_learning sets when this warning is given).")
 
     def _batch_text(self, trainer: L.Trainer | None) -> str:
