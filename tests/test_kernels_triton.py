@@ -376,6 +376,72 @@ def test_topk_indices_other_rows_go_to_torch_and_k_is_checked():
         tt.topk_indices(x.float().to(DEVICE), 31)
 
 
+@pytest.mark.parametrize("shape,k,lengths,dtype", [
+    ((3, 2, 5, 50), 7, [50, 4, 0], torch.float32),  # a sequence shorter than k, an empty one
+    ((2, 3, 4, 1000), 32, [1000, 613], torch.bfloat16),  # several rows a program; half precision
+    ((2, 2, 3, 33), 33, None, torch.float32),  # k = N, no lengths
+    ((2, 3, 5000), 20, [5000, 2049], torch.float32),  # one row a program
+])
+def test_masked_topk_equals_the_reference(shape, k, lengths, dtype):
+    """The logits formed in registers: the same top logits as ``reference.masked_topk`` (and,
+    where the scores are distinct, the same valid keys), each at its key; each row's
+    log-sum-exp within float32 rounding; the padded keys that fill a short sequence's list
+    have logit -inf."""
+    g = _gen(sum(shape) + k)
+    x = (torch.randn(*shape, generator=g) * 4).to(dtype)
+    lens = None if lengths is None else torch.tensor(lengths)
+    want = reference.masked_topk(x, k, 0.37, lens)
+    got = [t.cpu() for t in tt.masked_topk(x.to(DEVICE), k, 0.37, _dev(lens)[0] if lens is not None else None)]
+    assert got[0].shape == want[0].shape and got[1].shape == want[1].shape and got[2].shape == want[2].shape
+    seen = shape[-1] if lens is None else torch.where(lens == 0, shape[-1], lens)
+    seen = torch.as_tensor(seen).view(-1, *([1] * (len(shape) - 1)))
+    logits = (x.float() * 0.37).masked_fill(torch.arange(shape[-1]) >= seen, float("-inf"))
+    assert torch.equal(got[1], logits.gather(-1, got[0]))  # each logit at its key
+    assert torch.equal(got[1].sort(-1).values, want[1].sort(-1).values)
+    order_got, order_want = got[0].sort(-1), want[0].sort(-1)
+    valid = order_want.values < seen
+    assert bool((got[1].gather(-1, order_got.indices)[~valid] == float("-inf")).all())
+    if dtype == torch.float32:  # distinct scores: the same keys
+        assert torch.equal(order_got.values[valid], order_want.values[valid])
+    torch.testing.assert_close(got[2], want[2], rtol=1e-6, atol=1e-5)
+
+
+def test_masked_topk_checks_its_arguments():
+    x = torch.zeros(2, 3, 10, device=DEVICE)
+    with pytest.raises(ValueError, match="k=11 must be in"):
+        tt.masked_topk(x, 11, 1.0, None)
+    with pytest.raises(ValueError, match=r"lengths has shape \(3,\); expected \(2,\)"):
+        tt.masked_topk(x, 2, 1.0, torch.tensor([1, 2, 3], device=DEVICE))
+
+
+def test_fused_centroid_attention_with_the_triton_top_k_equals_the_reference(monkeypatch):
+    """i-clustered's centroid attention as a GPU runs it (the products read once by the Triton
+    top-k): the reference's values, top weights and gradients."""
+    monkeypatch.setenv("FASTASR_KERNELS", "triton")
+    from fastasr.kernels import ops
+    g = _gen(41)
+    B, H, C, N, E, K = 3, 2, 6, 45, 16, 8
+    lens = torch.tensor([45, 5, 30])
+    leaves = [torch.randn(*shape, generator=g).requires_grad_()
+              for shape in ((B, H, C, E), (B, H, N, E), (B, H, N, E))]
+    g_val, g_key = torch.randn(B, H, C, E, generator=g), torch.randn(B, H, C, N, generator=g)
+
+    def run(impl, device):
+        dev = [t.detach().to(device).requires_grad_() for t in leaves]
+        values, top_w, top_idx = impl(*dev, lens.to(device), 0.25, K)
+        loss = (values * g_val.to(device)).sum() + (top_w * g_key.to(device).gather(-1, top_idx)).sum()
+        order = top_idx.sort(-1)
+        grads = torch.autograd.grad(loss, dev)
+        return [t.cpu() for t in (values, order.values, top_w.gather(-1, order.indices), *grads)]
+
+    want, got = run(reference.centroid_attention, "cpu"), run(ops.fused_centroid_attention, DEVICE)
+    valid = want[1] < lens.view(B, 1, 1, 1)
+    assert torch.equal(got[1][valid], want[1][valid])
+    torch.testing.assert_close(got[2][valid], want[2][valid], rtol=1e-5, atol=1e-6)
+    for a, b in zip(got[:1] + got[3:], want[:1] + want[3:]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 # ------------------------------------------------------------------ the fused sparse part
 def _sparse_inputs(B, H, N, E, EV, C, K, g, dtype=torch.float32, noncontiguous=False):
     """Inputs of ``improved_sparse``: q, k (E), v (Ev), centroid values and top weights."""
