@@ -14,10 +14,8 @@
    signature, loaded from a file. Each is first checked equal to the PyTorch reference. Median of
    ``--repeats`` CUDA-event timings.
 3. **The whole attention call** (forward + backward, bf16, 6 × 32, 65,536 tokens) of both
-   variants per N (i-clustered also with its centroid attention in torch, as the reference
-   computes it); i-clustered's fused sparse part, Triton top-k and fused centroid attention
-   each against what it replaces (the Triton products with torch around them; ``torch.topk``;
-   the torch logits, softmax and values), in the same run; and
+   variants per N; i-clustered's fused sparse part and Triton top-k each against what it
+   replaces (the Triton products with torch around them; ``torch.topk``), in the same run; and
    torch.profiler's largest CUDA kernels of one i-clustered-100 call at N = 4,096: where the
    rest of the time goes.
 
@@ -27,7 +25,6 @@ Writes ``benchmarks/results/clustering_<gpu>.md``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib.util
 import os
@@ -42,7 +39,7 @@ import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch  # noqa: E402
 
 from fastasr.attention import build_attention  # noqa: E402
-from fastasr.kernels import ops, reference, triton_kmeans  # noqa: E402
+from fastasr.kernels import reference, triton_kmeans  # noqa: E402
 
 TOKENS = 65536
 HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10
@@ -161,26 +158,8 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
         print(lines[-1], flush=True)
 
 
-@contextlib.contextmanager
-def centroid_attention_in_torch():
-    """i-clustered's centroid attention as the reference computes it (torch logits, softmax and
-    values kept for the backward, the Triton top-k), in place of ``ops.fused_centroid_attention``."""
-    fused = ops.fused_centroid_attention
-
-    def torch_path(centroids, k, v, lengths, scale, topk):
-        if topk == 0:
-            return fused(centroids, k, v, lengths, scale, topk)
-        return reference.centroid_attention(centroids, k, v, lengths, scale, topk, select=ops.topk_indices)
-
-    ops.fused_centroid_attention = torch_path
-    try:
-        yield
-    finally:
-        ops.fused_centroid_attention = fused
-
-
 def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
-    specs = ("clustered-100", "i-clustered-100", "i-clustered-100 (centroid attention in torch)")
+    specs = ("clustered-100", "i-clustered-100")
     lines += ["", f"## Attention call, forward + backward, bf16, {HEADS} × {DIM}, {TOKENS:,} tokens "
               f"(ms, median of {repeats})", "", "| N × B | " + " | ".join(specs) + " |",
               "|---|" + "---:|" * len(specs)]
@@ -188,10 +167,9 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
         q, k, v, lengths = attention_inputs(n)
         cells = []
         for spec in specs:
-            attn = build_attention(spec.split(" ")[0], seed=0).cuda()
+            attn = build_attention(spec, seed=0).cuda()
             call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
-            with centroid_attention_in_torch() if "torch" in spec else contextlib.nullcontext():
-                cells.append(f"{cuda_ms(call, repeats):.2f}")
+            cells.append(f"{cuda_ms(call, repeats):.2f}")
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
 
@@ -207,9 +185,8 @@ def parts_table(lines: list[str], ns: list[int], repeats: int) -> None:
     ``triton_topk`` against ``torch.topk``. Each is checked against the other first."""
     lines += ["", f"## i-clustered's parts, each against what it replaces ({HEADS} × {DIM}, C = {CLUSTERS}, "
               f"K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
-              "| N × B | sparse part: products + torch | sparse part: fused | top-k: torch.topk | top-k: Triton "
-              "| centroid attention: torch | centroid attention: fused |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+              "| N × B | sparse part: products + torch | sparse part: fused | top-k: torch.topk | top-k: Triton |",
+              "|---|---:|---:|---:|---:|"]
     for n in ns:
         lines.append(parts_row(n, repeats))
         print(lines[-1], flush=True)
@@ -255,26 +232,7 @@ def parts_row(n: int, repeats: int) -> str:
                        torch.topk(logits, K, -1).indices.sort(-1).values)
     cells += [cuda_ms(lambda: reference.topk_indices(logits, K), repeats),
               cuda_ms(lambda: triton_topk.topk_indices(logits, K), repeats)]
-    centroids = torch.randn(b, HEADS, CLUSTERS, DIM, device="cuda", generator=g).requires_grad_()
-
-    def centroid_torch():
-        return reference.centroid_attention(centroids, k, v, lengths, DIM ** -0.5, K, select=ops.topk_indices)
-
-    def centroid_fused():
-        return ops.fused_centroid_attention(centroids, k, v, lengths, DIM ** -0.5, K)
-
-    def centroid_forward_backward(fn):
-        values, top_w, top_idx = fn()
-        (values.float().sum() + top_w.sum()).backward()
-        return values.detach().float(), top_w.detach().sort(-1).values
-
-    (w_values, w_top), (g_values, g_top) = (centroid_forward_backward(f) for f in (centroid_torch, centroid_fused))
-    centroid_err = max(float((g_values - w_values).norm() / w_values.norm()),
-                       float((g_top - w_top).norm() / w_top.norm()))
-    cells += [cuda_ms(lambda: centroid_forward_backward(centroid_torch), repeats),
-              cuda_ms(lambda: centroid_forward_backward(centroid_fused), repeats)]
     note = ("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
-    note += "" if centroid_err < 2e-2 else f" fused centroid attention differs: {centroid_err:.1e}"
     return f"| {n} × {b} | " + " | ".join(f"{c:.3f}" for c in cells) + f" |{note}"
 
 

@@ -66,17 +66,9 @@ def _configs():
     out.append(("kmeans update", tk._update_kernel,
                 {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32"},
                 {"BLOCK_C": tk.UPDATE_BLOCK_C}, {}))
-    topk_ptrs = {"out_ptr": "*i64", "top_ptr": "*fp32", "lse_ptr": "*fp32", "len_ptr": "*i64",
-                 "scale": "fp32"}
     for block_n, rows in ((1024, 4), (4096, 1), (tt.MAX_N, 1)):  # N = 800, 3,200 and the longest held
-        out.append((f"topk N<={block_n} rows={rows}", tt._topk_kernel, {**topk_ptrs, "x_ptr": "*fp32"},
-                    {"BLOCK_N": block_n, "ROWS": rows, "LOGITS": False, "HAS_LENGTHS": False},
-                    {"num_warps": 8}))
-        for x_t in ("bf16", "fp32"):  # i-clustered's centroid products: logits formed in registers
-            out.append((f"masked_topk {x_t} N<={block_n} rows={rows}", tt._topk_kernel,
-                        {**topk_ptrs, "x_ptr": f"*{x_t}"},
-                        {"BLOCK_N": block_n, "ROWS": rows, "LOGITS": True, "HAS_LENGTHS": True},
-                        {"num_warps": 8}))
+        out.append((f"topk N<={block_n} rows={rows}", tt._topk_kernel, {"x_ptr": "*fp32", "out_ptr": "*i64"},
+                    {"BLOCK_N": block_n, "ROWS": rows}, {"num_warps": 8}))
     idx = {"idx_ptr": "*i64", "perm_ptr": "*i64", "blk_ptr": "*i64"}
     for t in ("fp32", "bf16", "fp16"):
         for E in (32, 64):

@@ -46,11 +46,9 @@ __all__ = [
     "hash_codes",
     "hamming_kmeans",
     "topk_indices",
-    "masked_topk",
     "clustered_dot",
     "clustered_weighted_sum",
     "centroid_attention",
-    "fused_centroid_attention",
     "fused_centroid_attention_applies",
     "fused_centroid_values",
     "improved_sparse",
@@ -71,7 +69,6 @@ _TRITON_MODULES = {
     "clustered_weighted_sum": "triton_clustered",
     "improved_sparse": "triton_clustered",
     "topk_indices": "triton_topk",
-    "masked_topk": "triton_topk",
 }
 _NATIVE_OPS = {
     "hash_codes",
@@ -146,14 +143,6 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     return _backend(scores, "topk_indices").topk_indices(scores, k)
 
 
-def masked_topk(
-    scores: torch.Tensor, k: int, scale: float, lengths: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(B, ..., N)`` products -> the top ``k`` keys of the logits ``scale * scores`` (keys past
-    each sequence's length masked), their logits and each row's log-sum-exp ``(B, ..., 1)``."""
-    return _backend(scores, "masked_topk").masked_topk(scores, k, scale, lengths)
-
-
 def clustered_dot(
     q: torch.Tensor, k: torch.Tensor, topk_idx: torch.Tensor, assignments: torch.Tensor
 ) -> torch.Tensor:
@@ -178,13 +167,15 @@ def centroid_attention(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(B,H,C,E)`` centroids -> centroid outputs ``(B,H,C,Ev)``, top weights and top keys ``(B,H,C,topk)``.
 
-    On CUDA, in half precision or float32 and unless ``FASTASR_KERNELS=reference``:
-    :func:`fused_centroid_attention` (the values by one fused attention call, no
-    ``(B, H, C, N)`` tensor kept for the backward). Where the reference runs (no C++ kernels,
-    or float64), its top keys are chosen by :func:`topk_indices`.
+    On CUDA without top keys (clustered attention), in half precision or float32 and unless
+    ``FASTASR_KERNELS=reference``: one fused attention call, :func:`fused_centroid_values`.
+    Where the reference runs (CUDA with top keys, or no C++ kernels), its top keys are chosen
+    by :func:`topk_indices`, so on CUDA by the Triton top-k.
     """
-    if fused_centroid_attention_applies(k):
-        return fused_centroid_attention(centroids, k, v, lengths, scale, topk)
+    if topk == 0 and fused_centroid_attention_applies(k):
+        values = fused_centroid_values(centroids, k, v, lengths, scale)
+        return values, values.new_empty(*values.shape[:3], 0), torch.empty(
+            *values.shape[:3], 0, dtype=torch.int64, device=values.device)
     backend = _backend(centroids, "centroid_attention")
     if backend is reference:  # the reference's products, its top keys chosen by this module's topk_indices
         return reference.centroid_attention(centroids, k, v, lengths, scale, topk, select=topk_indices)
@@ -192,7 +183,7 @@ def centroid_attention(
 
 
 def fused_centroid_attention_applies(k: torch.Tensor) -> bool:
-    """Whether :func:`centroid_attention` runs :func:`fused_centroid_attention` for ``k``."""
+    """Whether :func:`centroid_attention` without top keys runs :func:`fused_centroid_values` for ``k``."""
     return (k.device.type == "cuda" and k.dtype in (torch.float16, torch.bfloat16, torch.float32)
             and kernel_choice() != "reference")
 
@@ -217,46 +208,6 @@ def fused_centroid_values(
         centroids.to(k.dtype), k, v, attn_mask=keys_ok, scale=scale
     )
     return out.to(v.dtype)
-
-
-def fused_centroid_attention(
-    centroids: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lengths: torch.Tensor | None,
-    scale: float,
-    topk: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`centroid_attention` with nothing of size ``(B, H, C, N)`` kept for the backward.
-
-    ``values`` is :func:`fused_centroid_values`. The products ``centroids k^T`` are formed once,
-    outside autograd, and read once by :func:`masked_topk` (on a GPU one Triton launch that
-    forms the logits in registers) for the top keys, their logits ``s`` and each row's
-    log-sum-exp ``lse``; ``top_w = exp(s - lse)``, the reference's softmax at the top keys.
-    Their gradient needs no logits either: ``s`` is differentiated through the top keys'
-    rows (a ``(B, H, C, topk, E)`` gather) and ``lse`` through its own derivative,
-    ``d lse_c = scale (d c_c . P_c k + c_c . P_c dk)`` with ``P_c k`` one more fused attention
-    call (keys as values). Both enter as terms of value zero (``x - x.detach()``), so the
-    numbers are the reference's and the gradients equal its own (tested against it).
-    """
-    values = fused_centroid_values(centroids, k, v, lengths, scale)
-    B, H, C, _ = centroids.shape
-    if topk == 0:
-        return values, values.new_empty(B, H, C, 0), torch.empty(
-            B, H, C, 0, dtype=torch.int64, device=values.device)
-    with torch.no_grad():
-        scores = torch.matmul(centroids.to(k.dtype), k.transpose(-1, -2))
-        top_idx, top_logits, lse = masked_topk(scores, topk, scale, lengths)
-        del scores
-    E = k.shape[-1]
-    top_k = k.gather(2, top_idx.reshape(B, H, C * topk, 1).expand(-1, -1, -1, E))
-    s = torch.matmul(top_k.view(B, H, C, topk, E), centroids.to(k.dtype).unsqueeze(-1))
-    s = s.squeeze(-1).to(centroids.dtype) * scale
-    pk = fused_centroid_values(centroids.detach(), k.detach(), k, lengths, scale).to(centroids.dtype)
-    d_lse = scale * ((centroids * pk.detach()).sum(-1, keepdim=True)
-                     + (centroids.detach() * pk).sum(-1, keepdim=True))
-    top_logits = top_logits + (s - s.detach()) - lse - (d_lse - d_lse.detach())
-    return values, top_logits.exp(), top_idx
 
 
 def improved_sparse(

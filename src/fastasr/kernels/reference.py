@@ -45,7 +45,6 @@ __all__ = [
     "clustered_weighted_sum",
     "gather_clusters",
     "topk_indices",
-    "masked_topk",
     "centroid_logits",
     "centroid_attention",
     "improved_sparse",
@@ -283,31 +282,6 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     between equal scores are broken arbitrarily. No autograd.
     """
     return scores.detach().topk(k, dim=-1, sorted=False).indices
-
-
-def masked_topk(
-    scores: torch.Tensor, k: int, scale: float, lengths: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The top keys of the logits ``scale * scores``, with their logits and each row's log-sum-exp.
-
-    Args:
-        scores: ``(B, ..., N)`` products (any float dtype; the logits are float32, float64
-            for float64 scores); k: keys per row, ``1 <= k <= N``; scale: the logits' factor;
-            lengths: ``(B,)`` or None: keys past a sequence's length are ``-inf`` (all kept
-            at length 0: :func:`~fastasr.kernels.padding.key_mask`).
-
-    Returns:
-        ``top_idx`` ``(B, ..., k)`` int64 (unordered, as :func:`topk_indices`), their logits
-        ``(B, ..., k)`` and the log-sum-exp ``(B, ..., 1)`` of each row's logits. No autograd.
-    """
-    scores = scores.detach()
-    B, N = scores.shape[0], scores.shape[-1]
-    dt = torch.float64 if scores.dtype == torch.float64 else torch.float32
-    logits = scores.to(dt) * scale
-    keys_ok = key_mask(lengths, B, N, scores.device).view(B, *([1] * (scores.dim() - 2)), N)
-    logits = logits.masked_fill(~keys_ok, float("-inf"))
-    top_idx = topk_indices(logits, k)
-    return top_idx, logits.gather(-1, top_idx), logits.logsumexp(-1, keepdim=True)
 
 
 def centroid_logits(

@@ -33,7 +33,7 @@ from fastasr.kernels.availability import (
 
 ensure_interpreter_compat()
 
-__all__ = ["topk_indices", "masked_topk", "MAX_N"]
+__all__ = ["topk_indices", "MAX_N"]
 
 #: Longest row held in registers (one program, 8 warps, 32 scores a thread); longer rows: torch.topk.
 MAX_N = 8192
@@ -41,19 +41,11 @@ _ELEMENTS = 4096  # scores a program holds at most when several rows share it
 
 
 @triton.jit
-def _topk_kernel(x_ptr, out_ptr, top_ptr, lse_ptr, len_ptr, R, N, K, ROWS_PER_SEQ, scale,
-                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, LOGITS: tl.constexpr,
-                 HAS_LENGTHS: tl.constexpr):
+def _topk_kernel(x_ptr, out_ptr, R, N, K, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     inside = (rows[:, None] < R) & (cols[None, :] < N)
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=inside, other=0.0)
-    x = x.to(tl.float32)
-    if LOGITS:  # scale, then -inf at the keys past each sequence's length (all kept at length 0)
-        x = x * scale
-        if HAS_LENGTHS:
-            length = tl.load(len_ptr + rows // ROWS_PER_SEQ, mask=rows < R, other=0)[:, None]
-            x = tl.where((cols[None, :] < length) | (length == 0), x, float("-inf"))
     x = tl.where(x == 0.0, 0.0, x)  # -0.0 and 0.0 are equal scores: one key
     bits = x.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 keys in the order of the floats
@@ -72,15 +64,8 @@ def _topk_kernel(x_ptr, out_ptr, top_ptr, lse_ptr, len_ptr, R, N, K, ROWS_PER_SE
     room = K - tl.sum(above.to(tl.int32), 1)  # slots left for the ties, lowest positions first
     take = above | (tied & (tl.cumsum(tied.to(tl.int32), 1) <= room[:, None]))
     slot = tl.cumsum(take.to(tl.int32), 1) - 1
-    at = rows.to(tl.int64)[:, None] * K + slot
-    tl.store(out_ptr + at, cols[None, :].to(tl.int64), mask=take & inside)
-    if LOGITS:  # the taken logits, and each row's log-sum-exp, from the same registers
-        tl.store(top_ptr + at, x, mask=take & inside)
-        x = tl.where(inside, x, float("-inf"))
-        top = tl.where(rows < R, tl.max(x, 1), 0.0)  # rows past R: no -inf - -inf
-        total = tl.where(rows < R, tl.sum(tl.exp(x - top[:, None]), 1), 1.0)
-        lse = top + tl.log(total)
-        tl.store(lse_ptr + rows, lse, mask=rows < R)
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + slot, cols[None, :].to(tl.int64),
+             mask=take & inside)
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -99,55 +84,14 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     if scores.dtype != torch.float32 or N > MAX_N or k == 0 or scores.numel() == 0:
         return reference.topk_indices(scores, k)
     require_triton("topk_indices", scores.device, kernels_interpreted(_topk_kernel))
-    out, _, _ = _launch(scores, k, None, None)
-    return out
-
-
-def masked_topk(
-    scores: torch.Tensor, k: int, scale: float, lengths: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The Triton twin of ``reference.masked_topk``: top keys, their logits and each row's
-    log-sum-exp of ``scale * scores`` with the keys past each sequence's length masked.
-
-    One read of ``scores (B, ..., N)`` (float32 or half precision): the logits are formed in
-    registers, never written. Rows longer than :data:`MAX_N` and float64 go to the reference.
-
-    Raises:
-        ValueError: ``k`` outside ``[1, N]``, or ``lengths`` not ``(B,)``.
-    """
-    N = scores.shape[-1]
-    if not 1 <= k <= N:
-        raise ValueError(f"masked_topk: k={k} must be in [1, N={N}]")
-    if lengths is not None and tuple(lengths.shape) != (scores.shape[0],):
-        raise ValueError(f"masked_topk: lengths has shape {tuple(lengths.shape)}; expected "
-                         f"({scores.shape[0]},), one length per sequence of scores {tuple(scores.shape)}")
-    if scores.dtype == torch.float64 or N > MAX_N or scores.numel() == 0:
-        return reference.masked_topk(scores, k, scale, lengths)
-    require_triton("masked_topk", scores.device, kernels_interpreted(_topk_kernel))
-    return _launch(scores, k, scale, lengths)
-
-
-def _launch(scores, k, scale, lengths):
-    """Run the kernel over the rows of ``scores``; ``scale`` None: plain scores (no logits)."""
-    N = scores.shape[-1]
     rows = scores.detach().reshape(-1, N).contiguous()
     R = rows.shape[0]
     block_n = triton.next_power_of_2(N)
     per_program = max(1, min(_ELEMENTS // block_n, triton.next_power_of_2(R)))
     out = torch.empty((R, k), dtype=torch.int64, device=scores.device)
-    logits = scale is not None
-    top = torch.empty((R, k) if logits else (1, 1), dtype=torch.float32, device=scores.device)
-    lse = torch.empty((R,) if logits else (1,), dtype=torch.float32, device=scores.device)
-    has_lengths = logits and lengths is not None
-    lens = lengths.to(scores.device, torch.int64) if has_lengths else out
     _topk_kernel[(triton.cdiv(R, per_program),)](
-        rows, out, top, lse, lens, R, N, k, max(1, R // max(1, scores.shape[0])),
-        1.0 if scale is None else float(scale),
-        BLOCK_N=block_n, ROWS=per_program, LOGITS=logits, HAS_LENGTHS=has_lengths,
+        rows, out, R, N, k, BLOCK_N=block_n, ROWS=per_program,
         num_warps=8 if block_n * per_program >= 4096 else 4,
     )
-    shape = scores.shape[:-1]
-    if not logits:
-        return out.view(*shape, k), None, None
-    return out.view(*shape, k), top.view(*shape, k), lse.view(*shape, 1)
+    return out.view(*scores.shape[:-1], k)
 
