@@ -177,7 +177,21 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
 PARTS_TOPK = 32
 
 
-def parts_table(lines: list[str], ns: list[int], repeats: int) -> None:
+def with_topk_tile(rows: int, warps: int):
+    """The Triton top-k with another tile (``rows`` rows a program, ``warps`` warps) than the launcher's."""
+    from fastasr.kernels import triton_topk
+
+    def run(scores, k):
+        saved = triton_topk.topk_tile
+        triton_topk.topk_tile = lambda n, r: (rows, warps)
+        try:
+            return triton_topk.topk_indices(scores, k)
+        finally:
+            triton_topk.topk_tile = saved
+    return run
+
+
+def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[str] = ()) -> None:
     """i-clustered's two Triton parts against what they replace, in one run: the per-query
     sparse part fused (``triton_clustered.improved_sparse``) against the reference composed
     of the Triton products (``clustered_dot``/``clustered_weighted_sum`` and torch around
@@ -185,14 +199,15 @@ def parts_table(lines: list[str], ns: list[int], repeats: int) -> None:
     ``triton_topk`` against ``torch.topk``. Each is checked against the other first."""
     lines += ["", f"## i-clustered's parts, each against what it replaces ({HEADS} × {DIM}, C = {CLUSTERS}, "
               f"K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
-              "| N × B | sparse part: products + torch | sparse part: fused | top-k: torch.topk | top-k: Triton |",
-              "|---|---:|---:|---:|---:|"]
+              "| N × B | sparse part: products + torch | sparse part: fused | top-k: torch.topk | top-k: Triton |"
+              + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles),
+              "|---|---:|---:|---:|---:|" + "---:|" * len(topk_tiles)]
     for n in ns:
-        lines.append(parts_row(n, repeats))
+        lines.append(parts_row(n, repeats, topk_tiles))
         print(lines[-1], flush=True)
 
 
-def parts_row(n: int, repeats: int) -> str:
+def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
     """One row of :func:`parts_table`."""
     import functools
 
@@ -232,6 +247,10 @@ def parts_row(n: int, repeats: int) -> str:
                        torch.topk(logits, K, -1).indices.sort(-1).values)
     cells += [cuda_ms(lambda: reference.topk_indices(logits, K), repeats),
               cuda_ms(lambda: triton_topk.topk_indices(logits, K), repeats)]
+    for tile in topk_tiles:
+        run = with_topk_tile(*map(int, tile.split(":")))
+        same = same and torch.equal(run(logits, K).sort(-1).values, torch.topk(logits, K, -1).indices.sort(-1).values)
+        cells.append(cuda_ms(lambda run=run: run(logits, K), repeats))
     note = ("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
     return f"| {n} × {b} | " + " | ".join(f"{c:.3f}" for c in cells) + f" |{note}"
 
@@ -257,6 +276,8 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", type=Path, default=None, help="a file defining hamming_kmeans, timed beside")
     p.add_argument("--tiles", nargs="*", default=[],
                    help="other K-means tiles to time, BLOCK_N:WARPS (e.g. 64:8)")
+    p.add_argument("--topk-tiles", nargs="*", default=[],
+                   help="other Triton top-k tiles to time, ROWS:WARPS (e.g. 1:1, one warp a row)")
     p.add_argument("--skip-attention", action="store_true", help="K-means only")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
@@ -274,7 +295,7 @@ def main(argv=None) -> int:
     kmeans_table(lines, args.ns, args.repeats, args.baseline, args.tiles)
     if not args.skip_attention:
         attention_table(lines, [n for n in args.ns if n != 800], max(5, args.repeats // 2))
-        parts_table(lines, [n for n in args.ns if n <= 16384], max(5, args.repeats // 2))
+        parts_table(lines, [n for n in args.ns if n <= 16384], max(5, args.repeats // 2), args.topk_tiles)
         profile(lines, "i-clustered-100", 4096)
     slug = bench_io.slugify(gpu)
     args.out_dir.mkdir(parents=True, exist_ok=True)

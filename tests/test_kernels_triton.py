@@ -351,6 +351,17 @@ def test_topk_indices_equal_torch_topk_as_sets(shape, k):
     assert torch.equal(got.sort(-1).values, x.topk(k, -1).indices.sort(-1).values)
 
 
+@pytest.mark.parametrize("tile", [(1, 1), (2, 2), (8, 4)])
+def test_topk_indices_equal_for_every_tile(tile, monkeypatch):
+    """The tiles a benchmark may time instead of the launcher's (rows a program, warps) select
+    the same keys, masked rows and rows beyond the last program included."""
+    x = torch.randn(2, 3, 37, generator=_gen(sum(tile)))
+    x[1, :, 30:] = float("-inf")
+    want = tt.topk_indices(x.to(DEVICE), 9).cpu().sort(-1).values
+    monkeypatch.setattr(tt, "topk_tile", lambda n, rows: tile)
+    assert torch.equal(tt.topk_indices(x.to(DEVICE), 9).cpu().sort(-1).values, want)
+
+
 def test_topk_indices_masked_keys_ties_and_signed_zeros():
     """``-inf`` (masked keys) rank below every score and fill the slots only when the valid
     ones run out; equal scores at the boundary take the lowest positions; -0.0 equals 0.0."""

@@ -33,7 +33,7 @@ from fastasr.kernels.availability import (
 
 ensure_interpreter_compat()
 
-__all__ = ["topk_indices", "MAX_N"]
+__all__ = ["topk_indices", "topk_tile", "MAX_N"]
 
 #: Longest row held in registers (one program, 8 warps, 32 scores a thread); longer rows: torch.topk.
 MAX_N = 8192
@@ -86,12 +86,23 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     require_triton("topk_indices", scores.device, kernels_interpreted(_topk_kernel))
     rows = scores.detach().reshape(-1, N).contiguous()
     R = rows.shape[0]
-    block_n = triton.next_power_of_2(N)
-    per_program = max(1, min(_ELEMENTS // block_n, triton.next_power_of_2(R)))
+    per_program, warps = topk_tile(N, R)
     out = torch.empty((R, k), dtype=torch.int64, device=scores.device)
     _topk_kernel[(triton.cdiv(R, per_program),)](
-        rows, out, R, N, k, BLOCK_N=block_n, ROWS=per_program,
-        num_warps=8 if block_n * per_program >= 4096 else 4,
+        rows, out, R, N, k, BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, num_warps=warps,
     )
     return out.view(*scores.shape[:-1], k)
+
+
+def topk_tile(n: int, rows: int) -> tuple[int, int]:
+    """``(rows a program, warps)`` for ``rows`` rows of ``n`` scores: as many whole rows as fit
+    in ``_ELEMENTS`` scores a program, 8 warps from 4,096 scores a program, else 4.
+
+    The warps of a program share its rows' reductions (each of the 32 bisection steps is a
+    count across warps); ``benchmarks/clustering_gpu.py --topk-tiles`` times other tiles, one
+    warp a row among them (no cross-warp reduction), against this one.
+    """
+    block_n = triton.next_power_of_2(n)
+    per_program = max(1, min(_ELEMENTS // block_n, triton.next_power_of_2(rows)))
+    return per_program, 8 if block_n * per_program >= 4096 else 4
 
