@@ -14,8 +14,9 @@
    signature, loaded from a file. Each is first checked equal to the PyTorch reference. Median of
    ``--repeats`` CUDA-event timings.
 3. **The whole attention call** (forward + backward, bf16, 6 × 32, 65,536 tokens) of both
-   variants per N; i-clustered's fused sparse part and Triton top-k each against what it
-   replaces (the Triton products with torch around them; ``torch.topk``), in the same run; and
+   variants per N, and last the same calls replayed as one CUDA graph each (the GPU's time
+   without the host's launches); i-clustered's fused sparse part and Triton top-k each against
+   what it replaces (the Triton products with torch around them; ``torch.topk``), in the same run; and
    torch.profiler's largest CUDA kernels of one i-clustered-100 call at N = 4,096: where the
    rest of the time goes.
 
@@ -158,6 +159,28 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
         print(lines[-1], flush=True)
 
 
+def graphed_call_ms(spec: str, q, k, v, lengths, repeats: int) -> str:
+    """Milliseconds of one forward + backward of ``spec`` replayed as one CUDA graph: what the
+    call costs the GPU once the host no longer issues it kernel by kernel. Hash planes from the
+    global RNG (a seeded module re-seeds a private generator, which capture does not take).
+    A call that cannot be captured reads as the error's first line."""
+    attn = build_attention(spec, seed=None).cuda()
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # compile the kernels, settle the allocator
+                attention_call(attn, q, k, v, lengths)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            attention_call(attn, q, k, v, lengths)
+        return f"{cuda_ms(graph.replay, repeats):.2f}"
+    except Exception as exc:  # noqa: BLE001 - the table says why capture failed
+        torch.cuda.synchronize()
+        return f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+
+
 def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
     specs = ("clustered-100", "i-clustered-100")
     lines += ["", f"## Attention call, forward + backward, bf16, {HEADS} × {DIM}, {TOKENS:,} tokens "
@@ -172,6 +195,23 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
             cells.append(f"{cuda_ms(call, repeats):.2f}")
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
+
+
+def graph_table(lines: list[str], ns: list[int], repeats: int) -> None:
+    """The same calls replayed as one CUDA graph each (:func:`graphed_call_ms`). Run last: a
+    capture that fails can leave the device unusable for what would follow it."""
+    specs = ("clustered-100", "i-clustered-100")
+    lines += ["", f"## Attention call as one CUDA graph, forward + backward, bf16, {HEADS} × {DIM}, "
+              f"{TOKENS:,} tokens (ms, median of {repeats}; the GPU's time for the call without "
+              "the host issuing it kernel by kernel)", "", "| N × B | " + " | ".join(specs) + " |",
+              "|---|" + "---:|" * len(specs)]
+    for n in ns:
+        q, k, v, lengths = attention_inputs(n)
+        cells = [graphed_call_ms(spec, q, k, v, lengths, repeats) for spec in specs]
+        lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+        if any(c.startswith("capture failed") for c in cells):
+            break
 
 
 PARTS_TOPK = 32
@@ -301,6 +341,9 @@ def main(argv=None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"clustering_{slug}.md"
     out.write_text("\n".join(lines) + "\n")
+    if not args.skip_attention:
+        graph_table(lines, [n for n in args.ns if n != 800], max(5, args.repeats // 2))
+        out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
     return 0 if ok else 1
 
