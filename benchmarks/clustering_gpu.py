@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -114,13 +115,12 @@ def load_baseline(path: Path):
 def with_tile(block_n: int, warps: int, **kwargs):
     """K-means with another tile (``BLOCK_N`` positions, ``warps`` warps) than the launcher's,
     in one-launch and split sweeps alike."""
+    launcher = triton_kmeans.lloyd_tile
+
     def run(codes, lengths):
-        saved = triton_kmeans.lloyd_tile
-        triton_kmeans.lloyd_tile = lambda *a: {**saved(*a), "BLOCK_N": block_n, "num_warps": warps}
-        try:
+        tile = lambda *a: {**launcher(*a), "BLOCK_N": block_n, "num_warps": warps}  # noqa: E731
+        with mock.patch.object(triton_kmeans, "lloyd_tile", tile):
             return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, **kwargs)
-        finally:
-            triton_kmeans.lloyd_tile = saved
     return run
 
 
@@ -222,12 +222,8 @@ def with_topk_tile(rows: int, warps: int):
     from fastasr.kernels import triton_topk
 
     def run(scores, k):
-        saved = triton_topk.topk_tile
-        triton_topk.topk_tile = lambda n, r: (rows, warps)
-        try:
+        with mock.patch.object(triton_topk, "topk_tile", lambda n, r: (rows, warps)):
             return triton_topk.topk_indices(scores, k)
-        finally:
-            triton_topk.topk_tile = saved
     return run
 
 
@@ -283,13 +279,13 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
     err = float((got - want).norm() / want.norm())
     cells = [cuda_ms(lambda: forward_backward(products), repeats),
              cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats)]
-    same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values,
-                       torch.topk(logits, K, -1).indices.sort(-1).values)
+    want_top = torch.topk(logits, K, -1).indices.sort(-1).values
+    same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
     cells += [cuda_ms(lambda: reference.topk_indices(logits, K), repeats),
               cuda_ms(lambda: triton_topk.topk_indices(logits, K), repeats)]
     for tile in topk_tiles:
         run = with_topk_tile(*map(int, tile.split(":")))
-        same = same and torch.equal(run(logits, K).sort(-1).values, torch.topk(logits, K, -1).indices.sort(-1).values)
+        same = same and torch.equal(run(logits, K).sort(-1).values, want_top)
         cells.append(cuda_ms(lambda run=run: run(logits, K), repeats))
     note = ("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
     return f"| {n} × {b} | " + " | ".join(f"{c:.3f}" for c in cells) + f" |{note}"

@@ -105,4 +105,3 @@ def topk_tile(n: int, rows: int) -> tuple[int, int]:
     block_n = triton.next_power_of_2(n)
     per_program = max(1, min(_ELEMENTS // block_n, triton.next_power_of_2(rows)))
     return per_program, 8 if block_n * per_program >= 4096 else 4
-
