@@ -69,7 +69,7 @@ def cluster_means(
     B, H, N, E = q.shape
     C = clusters
     dt = compute_dtype(q.dtype)
-    slot = torch.where(assignments < 0, C, assignments)
+    slot = assignments.remainder(C + 1)  # padded (-1): C, the extra row
     rows = (torch.arange(B * H, device=q.device).view(B, H, 1) * (C + 1) + slot).reshape(-1)
     sums = torch.zeros(B * H * (C + 1), E, dtype=dt, device=q.device)
     sums = sums.index_add(0, rows, q.reshape(B * H * N, E).to(dt)).view(B, H, C + 1, E)
@@ -83,7 +83,7 @@ def gather_padded(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
     """
     B, H, C, D = x.shape
     padded = torch.cat([x, x.new_zeros(B, H, 1, D)], dim=2)
-    slot = torch.where(assignments < 0, C, assignments)
+    slot = assignments.remainder(C + 1)  # padded (-1): C, the zero row
     return padded.gather(2, slot[..., None].expand(*slot.shape, D))
 
 

@@ -71,12 +71,13 @@ class ImprovedClusteredAttention(ClusteredAttention):
     def _forward(self, q, k, v, lengths):
         q, k, vv = self.kernel_inputs(q, k, v)
         scale = self.scale(q.shape[-1])
-        assignments, _, centroids = self.cluster_queries(q, lengths)
+        assignments, counts, centroids = self.cluster_queries(q, lengths)
         kk = min(self.topk, q.shape[2])
         with record_function("attention.centroid_attention"):
             values, top_w, top_idx = ops.centroid_attention(centroids, k, vv, lengths, scale, kk)
         with record_function("attention.sparse_part"):
-            out = ops.improved_sparse(q, k, vv, values, top_w, top_idx, assignments, lengths, scale)
+            out = ops.improved_sparse(q, k, vv, values, top_w, top_idx, assignments, lengths, scale,
+                                      counts=counts)
         return out.to(v.dtype)
 
     def _dense_weights(self, q, k, lengths):

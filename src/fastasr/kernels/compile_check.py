@@ -39,6 +39,7 @@ def _configs():
     """(label, kernel, pointer dtypes, constexprs, launch options) as the launchers use them."""
     import triton.language as tl
 
+    from fastasr.kernels import cluster_order as co  # needs Triton
     from fastasr.kernels import triton_clustered as tc  # needs Triton
     from fastasr.kernels import triton_hashing as th  # needs Triton
     from fastasr.kernels import triton_kmeans as tk  # needs Triton
@@ -51,8 +52,8 @@ def _configs():
                     {"x_ptr": x_t, "planes_ptr": p_t, "len_ptr": "*i64", "out_ptr": "*i64"},
                     {"HAS_LENGTHS": True, "ACC_DTYPE": acc, "BLOCK_N": th.BLOCK_N, "BLOCK_E": 32,
                      "BLOCK_BITS": 64}, {}))
-    km_ptrs = {"codes_ptr": "*i64", "cent_ptr": "*i64", "len_ptr": "*i64", "ceff_ptr": "*i64",
-               "assign_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32", "BITMASK": "i64"}
+    km_ptrs = {"codes_ptr": "*i64", "cent_ptr": "*i64", "len_ptr": "*i64", "assign_ptr": "*i64",
+               "ones_ptr": "*i32", "counts_ptr": "*i32", "BITMASK": "i64"}
     for clusters in (100, tk.MAX_CLUSTERS):
         for in_kernel, accumulate, length in ((True, False, 800), (True, False, tk.WIDE_TILE_FROM),
                                               (False, True, 16384), (False, False, 16384)):
@@ -61,7 +62,8 @@ def _configs():
             label = (f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate} "
                      f"tile {tile['BLOCK_N']}x{options['num_warps']}")
             if all(label != row[0] for row in out):  # C = 256 has one tile whatever the length
-                out.append((label, tk._lloyd_kernel, km_ptrs,
+                counts = {"ones_ptr": "*i64", "counts_ptr": "*i64"} if in_kernel else {}  # as launched
+                out.append((label, tk._lloyd_kernel, {**km_ptrs, **counts},
                             {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, **tile}, options))
     out.append(("kmeans update", tk._update_kernel,
                 {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32"},
@@ -69,6 +71,10 @@ def _configs():
     for block_n, rows in ((1024, 4), (4096, 1), (tt.MAX_N, 1)):  # N = 800, 3,200 and the longest held
         out.append((f"topk N<={block_n} rows={rows}", tt._topk_kernel, {"x_ptr": "*fp32", "out_ptr": "*i64"},
                     {"BLOCK_N": block_n, "ROWS": rows}, {"num_warps": 8}))
+    for clusters in (100, tk.MAX_CLUSTERS):
+        block_c, block_p = co.table_tile(clusters)
+        out.append((f"block table C={clusters}", co._block_table_kernel, {"counts_ptr": "*i64", "table_ptr": "*i64"},
+                    {"BLOCK_N": 64, "BLOCK_C": block_c, "BLOCK_P": block_p}, {}))
     idx = {"idx_ptr": "*i64", "perm_ptr": "*i64", "blk_ptr": "*i64"}
     for t in ("fp32", "bf16", "fp16"):
         for E in (32, 64):

@@ -354,8 +354,11 @@ def improved_sparse(
     assignments: torch.Tensor,
     lengths: torch.Tensor | None,
     scale: float,
+    *,
+    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The fused per-query part of improved clustered attention; see ``reference.improved_sparse``."""
+    """The fused per-query part of improved clustered attention; see ``reference.improved_sparse``
+    (``counts``: unused, the C++ kernel groups the queries itself)."""
     require("improved_sparse")
     if max(q.shape[-1], v.shape[-1], top_idx.shape[-1]) > MAX_SPARSE_DIM:
         return reference.improved_sparse(

@@ -220,7 +220,9 @@ def improved_sparse(
     assignments: torch.Tensor,
     lengths: torch.Tensor | None,
     scale: float,
+    *,
+    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The per-query part of improved clustered attention -> ``(B,H,N,Ev)``; see the reference."""
     backend = _backend(q, "improved_sparse")
-    return backend.improved_sparse(q, k, v, values, top_w, top_idx, assignments, lengths, scale)
+    return backend.improved_sparse(q, k, v, values, top_w, top_idx, assignments, lengths, scale, counts=counts)

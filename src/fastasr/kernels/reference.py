@@ -347,6 +347,7 @@ def improved_sparse(
     lengths: torch.Tensor | None,
     scale: float,
     *,
+    counts: torch.Tensor | None = None,
     dot=None,
     wsum=None,
 ) -> torch.Tensor:
@@ -367,6 +368,8 @@ def improved_sparse(
         top_w: ``(B, H, C, K)`` the centroid weights ``A^c`` at the top keys.
         top_idx: ``(B, H, C, K)`` int64 key positions; assignments: ``(B, H, N)`` int64,
             ``-1`` for padded queries; lengths: ``(B,)`` or None; scale: ``1/sqrt(E)``.
+        counts: ``(B, H, C)`` members per cluster when the caller has them (K-means returns
+            them): the Triton kernels' cluster order takes them instead of counting; unused here.
         dot, wsum: implementations of :func:`clustered_dot` and
             :func:`clustered_weighted_sum` (default: this module's). The Triton backend
             passes its kernels; then half-precision ``q``, ``k``, ``v`` reach them as they

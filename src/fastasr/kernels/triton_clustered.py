@@ -19,7 +19,7 @@ key/value rows once and does one ``tl.dot`` on the tensor cores (fp16/bf16 opera
 fp32 accumulator; fp32 inputs in full fp32 precision, no tf32). No block multiplies
 rows of another cluster, whatever the cluster sizes (a block of consecutive sorted
 positions would loop over ~15 clusters at N = 220, C = 100). The block table is
-built on the device without a host synchronisation: ``cdiv(N, BLOCK_N) + C`` slots
+one launch on the device without a host synchronisation: ``cdiv(N, BLOCK_N) + C`` slots
 per (batch, head) bound the number of blocks, unused slots exit at once.
 
 The three kernels, and which pass uses them:
@@ -572,6 +572,8 @@ def improved_sparse(
     assignments: torch.Tensor,
     lengths: torch.Tensor | None,
     scale: float,
+    *,
+    counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``reference.improved_sparse`` fused into one Triton launch forward and one backward.
 
@@ -581,6 +583,7 @@ def improved_sparse(
     ``values``: nothing of size ``C × K × E`` is gathered). The backward recomputes the
     softmax (nothing of size ``N × K`` is stored) and adds ``dk``, ``dv``, ``dtop_w`` and
     ``dvalues`` with atomics, so those are reproducible to rounding, not bit for bit.
+    ``counts`` (K-means' members per cluster, when given) spares the cluster order its count.
     Half-precision ``q``, ``k``, ``v`` reach the tensor-core dots as they are (scores,
     softmax, mass and rest in fp32). Same arguments and result as the reference.
     """
@@ -595,7 +598,7 @@ def improved_sparse(
         raise ValueError(f"improved_sparse: values {tuple(values.shape)} must be (B, H, C, Ev) = "
                          f"{(B, H, C, v.shape[-1])} and top_w {tuple(top_w.shape)} as top_idx "
                          f"{tuple(top_idx.shape)}")
-    order = cluster_order(assignments, C)
+    order = cluster_order(assignments, C, counts)
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=q.device)
     lengths = lengths.to(device=q.device, dtype=torch.int64)

@@ -23,7 +23,8 @@ positions in one sweep, on chip:
   accumulator: ``onehot(assign)^T @ bits``, a second product of 0/1 values (exact),
   whose column 63 carries 1 and so counts the members.
 
-When one program owns a whole sequence (``P = 1`` span per sequence) the program runs
+When one program owns a whole sequence (``P = 1`` span per sequence) the program reads
+its initial centroids from the codes and runs
 **every iteration and the final assignment in one launch**: after each sweep the
 strict per-bit majority updates the centroids in registers, and nothing but the
 assignments and counts is ever written. That is the case whenever the batch has
@@ -112,16 +113,19 @@ def _vote(ones, cnt, old, offs_bits, BITS):
 
 @triton.jit
 def _lloyd_kernel(
-    codes_ptr, cent_ptr, len_ptr, ceff_ptr, assign_ptr, ones_ptr, counts_ptr,
+    codes_ptr, cent_ptr, len_ptr, assign_ptr, ones_ptr, counts_ptr,
     H, N, C, SPAN, BITMASK, BITS, PASSES,
     IN_KERNEL: tl.constexpr, ACCUMULATE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Lloyd sweeps over the span ``[pid_s * SPAN, +SPAN)`` of sequence ``pid_bh``.
 
-    ``IN_KERNEL``: the program owns the whole sequence and runs ``PASSES`` sweeps
-    (the iterations, then the final assignment), updating the centroids in registers;
-    it writes the assignments and the counts. Otherwise one sweep: ``ACCUMULATE``
+    ``IN_KERNEL``: the program owns the whole sequence: it reads the initial centroids
+    from the codes (those at the evenly spaced valid positions, as
+    ``reference.initial_centroids``) and runs ``PASSES`` sweeps (the iterations, then the
+    final assignment), updating the centroids in registers; it writes the assignments and
+    the counts (``counts_ptr``'s integer type). Otherwise one sweep from the centroids at
+    ``cent_ptr``: ``ACCUMULATE``
     adds members and set bits into ``counts``/``ones`` (int32 atomics) for
     ``_update_kernel``; without it, the final assignment (and the counts).
     """
@@ -129,7 +133,7 @@ def _lloyd_kernel(
     pid_s = tl.program_id(1)
     b = pid_bh // H
     length = tl.load(len_ptr + b)
-    c_eff = tl.load(ceff_ptr + b)
+    c_eff = tl.minimum(length, C)  # centroids in use
     row = pid_bh.to(tl.int64) * N
     crow = pid_bh.to(tl.int64) * C
     start = pid_s * SPAN
@@ -152,7 +156,11 @@ def _lloyd_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         tl.store(assign_ptr + row + offs_n, tl.full((BLOCK_N,), -1, tl.int64), mask=offs_n < stop)
 
-    cent = tl.load(cent_ptr + crow + offs_c, mask=in_c, other=0) & BITMASK  # (BLOCK_C,) int64
+    if IN_KERNEL:  # centroid c starts at the code of valid position floor(c * length / c_eff)
+        first = tl.minimum((offs_c * length) // tl.maximum(c_eff, 1), N - 1)
+        cent = tl.load(codes_ptr + row + first, mask=in_c, other=0) & BITMASK  # (BLOCK_C,) int64
+    else:
+        cent = tl.load(cent_ptr + crow + offs_c, mask=in_c, other=0) & BITMASK
     ones = tl.zeros((BLOCK_C, 64), dtype=tl.int32)  # the last sweep's set bits and members
     cnt = tl.zeros((BLOCK_C,), dtype=tl.int32)
     for _ in range(PASSES):
@@ -175,7 +183,7 @@ def _lloyd_kernel(
         if IN_KERNEL:
             cent = _vote(ones, cnt, cent, offs_bits, BITS)
     if IN_KERNEL:
-        tl.store(counts_ptr + crow + offs_c, cnt, mask=in_c)
+        tl.store(counts_ptr + crow + offs_c, cnt.to(counts_ptr.dtype.element_ty), mask=in_c)
     else:
         tl.atomic_add(counts_ptr + crow + offs_c, cnt, mask=in_c)
         if ACCUMULATE:
@@ -288,8 +296,6 @@ def hamming_kmeans(
             raise ValueError(f"hamming_kmeans: lengths must be ({B},), got {tuple(lengths.shape)}")
         lens = lengths.to(device=device, dtype=torch.int64).contiguous()
     codes = codes.contiguous()
-    centroids, c_eff = initial_centroids(codes, lens, C)
-
     programs = spans or spans_per_sequence(B * H, N)
     bitmask = (1 << bits) - 1
     tile = lloyd_tile(C, programs == 1, N)
@@ -297,14 +303,16 @@ def hamming_kmeans(
     programs = triton.cdiv(N, span)
 
     assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
-    counts = torch.zeros((B, H, C), dtype=torch.int32, device=device)
-    args = (codes, centroids, lens, c_eff, assign)
-    if programs == 1:
+    if programs == 1:  # every pass in one launch, from the initial centroids it reads itself
+        counts = torch.empty((B, H, C), dtype=torch.int64, device=device)
         _lloyd_kernel[(B * H, 1)](
-            *args, counts, counts, H, N, C, span, bitmask, bits, iterations + 1,
+            codes, codes, lens, assign, counts, counts, H, N, C, span, bitmask, bits, iterations + 1,
             IN_KERNEL=True, ACCUMULATE=False, **tile,
         )
-        return assign, counts.to(torch.int64)
+        return assign, counts
+    centroids, _ = initial_centroids(codes, lens, C)
+    args = (codes, centroids, lens, assign)
+    counts = torch.zeros((B, H, C), dtype=torch.int32, device=device)
     ones = torch.zeros((B, H, C, 64), dtype=torch.int32, device=device)
     grid = (B * H, programs)
     for _ in range(iterations):
