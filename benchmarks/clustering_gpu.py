@@ -14,8 +14,9 @@
    signature, loaded from a file. Each is first checked equal to the PyTorch reference. Median of
    ``--repeats`` CUDA-event timings.
 3. **The whole attention call** (forward + backward, bf16, 6 × 32, 65,536 tokens) of both
-   variants per N, and last the same calls replayed as one CUDA graph each (the GPU's time
-   without the host's launches); i-clustered's fused sparse part and Triton top-k each against
+   variants per N, i-clustered's again with the cluster order's block table built by its
+   PyTorch twin (what its one Triton launch saves the host), and last the same calls replayed
+   as one CUDA graph each (the GPU's time without the host's launches); i-clustered's fused sparse part and Triton top-k each against
    what it replaces (the Triton products with torch around them; ``torch.topk``), in the same run; and
    torch.profiler's largest CUDA kernels of one i-clustered-100 call at N = 4,096: where the
    rest of the time goes.
@@ -181,11 +182,26 @@ def graphed_call_ms(spec: str, q, k, v, lengths, repeats: int) -> str:
         return f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
 
 
+def with_torch_block_table():
+    """The cluster order's block table built by its PyTorch twin (about 20 torch kernels)
+    instead of its one Triton launch: what the launch saves the host, in the same run."""
+    from fastasr.kernels import cluster_order as co
+
+    def blocks(self, block_n):
+        if block_n not in self._tables:
+            self._tables[block_n] = co.block_table_reference(self.counts, self.perm.shape[-1], block_n)
+        return self._tables[block_n]
+    return mock.patch.object(co.ClusterOrder, "blocks", blocks)
+
+
 def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
+    """Both calls per N, and i-clustered's again with the torch block table
+    (:func:`with_torch_block_table`), each checked equal to the Triton one's output first."""
     specs = ("clustered-100", "i-clustered-100")
     lines += ["", f"## Attention call, forward + backward, bf16, {HEADS} × {DIM}, {TOKENS:,} tokens "
-              f"(ms, median of {repeats})", "", "| N × B | " + " | ".join(specs) + " |",
-              "|---|" + "---:|" * len(specs)]
+              f"(ms, median of {repeats})", "",
+              "| N × B | " + " | ".join(specs) + " | i-clustered-100, torch block table |",
+              "|---|" + "---:|" * (len(specs) + 1)]
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
         cells = []
@@ -193,6 +209,14 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
             attn = build_attention(spec, seed=0).cuda()
             call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
             cells.append(f"{cuda_ms(call, repeats):.2f}")
+        attn = build_attention("i-clustered-100", seed=0).cuda()
+        call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
+        with torch.no_grad():
+            want = attn(q, k, v, lengths)
+            with with_torch_block_table():
+                same = torch.equal(attn(q, k, v, lengths), want)
+        with with_torch_block_table():
+            cells.append(f"{cuda_ms(call, repeats):.2f}" + ("" if same else " (output differs)"))
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
 
