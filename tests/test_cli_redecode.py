@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import fastasr.cli.redecode as redecode
+import fastasr.training.fit as fit
 from fastasr.config import CONFIG_DIR
 from fastasr.training.derived_config import derive_train_config
 
@@ -41,7 +42,7 @@ def test_redecode_decodes_the_runs_checkpoint_with_its_config_and_the_overrides(
         return SimpleNamespace(decoding={"name": "beam"}, words="real", unit_metric="cer", unit_error_rate=5.25,
                                wer=12.5)
 
-    monkeypatch.setattr(redecode, "final_decoding", fake_final_decoding)
+    monkeypatch.setattr(fit, "final_decoding", fake_final_decoding)  # what decode_run hands the request to
     assert redecode.main([str(run), "final_tuning.extend_edges=3", "final_decoding.beam_size=64"]) == 0
     request, ckpt, out, averaged_from = calls[-1]
     assert ckpt == str(averaged) and averaged_from == ["e1", "e2"]  # the checkpoint the run's decoding read

@@ -98,10 +98,12 @@ def test_a_phoneme_model_needs_phonemes_in_the_manifest(tiny_corpus, tmp_path, n
 
 
 def test_the_config_is_checked_with_its_derived_values(tiny_corpus, tmp_path, no_audio_reads):
-    """The check sees what training runs (fastasr.training.derived_config), on a copy of the config."""
+    """The check sees what training runs (fastasr.training.derived_config), on a copy of the config,
+    and returns that copy (what train() runs)."""
     raw = compose_train(tiny_corpus, tmp_path)
-    check_train_config(raw)
+    checked = check_train_config(raw)
     assert OmegaConf.is_missing(raw.data, "length_cost")  # the caller's config is not changed
+    assert checked is not raw and checked.data.length_cost == "quadratic"  # full attention's batch price
     with pytest.raises(ConfigError, match=r"member='fulll': unknown attention spec 'fulll'"):
         check_train_config(compose_train(tiny_corpus, tmp_path, "experiment=matrix_member", "member=fulll"))
     with pytest.raises(ConfigError, match=r"model: model._target_ 'torch.nn.Linear' is not a fastasr.model.CTCModel "):

@@ -1,5 +1,5 @@
 """``python -m fastasr.cli.redecode RUN_DIR [--out DIR] [KEY=VALUE ...]``: a finished run's final
-decoding again, without training (:func:`fastasr.recognition.final_decoding.final_decoding`).
+decoding again, without training (:func:`fastasr.training.fit.decode_run`, what training hands over to).
 
 The run's ``config.yaml`` with the ``KEY=VALUE`` overrides (OmegaConf dot-list, e.g.
 ``final_tuning.extend_edges=3`` or ``final_decoding.beam_size=1000``) says what to decode; the
@@ -19,11 +19,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
-from fastasr.recognition.final_decoding import final_decoding
 from fastasr.rundir import RunDir
-from fastasr.training.fit import final_decoding_request
+from fastasr.training.fit import decode_run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,7 +38,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if out.results_file.is_file():
         print(f"redecode: {out.results_file} exists; pass another --out", file=sys.stderr)
         return 2
-    cfg = OmegaConf.merge(OmegaConf.load(run.config_file), OmegaConf.from_dotlist(args.overrides))
     before = run.read_results() or {}
     ckpt = next((Path(p) for p in (before.get("ckpt_path"), run.checkpoints / "averaged.ckpt")
                  if p and Path(p).is_file()), None) or run.finished_checkpoint(run.read_fit_done())
@@ -49,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if (run.path / "lm").is_dir():
         shutil.copytree(run.path / "lm", out.path / "lm", dirs_exist_ok=True)
     averaged_from = before.get("averaged_checkpoints") if str(ckpt) == before.get("ckpt_path") else None
-    result = final_decoding(final_decoding_request(cfg), str(ckpt), out, averaged_from=averaged_from)
+    result = decode_run(run, str(ckpt), out=out, overrides=args.overrides, averaged_from=averaged_from)
     if result is None:
         print("redecode: no final decoding for this run (final_decoding is null, or no lexicon for its units)")
         return 1

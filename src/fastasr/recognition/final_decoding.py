@@ -1,6 +1,7 @@
 """Training's final decoding: the test split decoded with real words, by the checkpoint alone.
 
-:func:`final_decoding` is what :func:`fastasr.training.fit.train` hands over to after its test: the
+:func:`final_decoding` is what training hands over to after its test (through
+:func:`fastasr.training.fit.decode_run`, from the run's ``config.yaml``): the
 beam search of ``final_decoding`` (``conf/decoding``), with the vocabulary, LM weight and word
 score first chosen on the dev split (:func:`tune_vocabulary_and_weights`, ``final_tuning``),
 through the scoring path evaluate.py takes (:func:`fastasr.recognition.scoring.decode_manifest`).

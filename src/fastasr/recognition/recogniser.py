@@ -212,6 +212,11 @@ class Recogniser:
             raise ValueError(f"{source}: recogniser entry lacks {missing}; expected the keys of Recogniser.to_dict()")
         if state.get("format", FORMAT) > FORMAT:
             raise ValueError(f"{source}: recogniser format {state['format']}; this fastasr reads up to {FORMAT}")
+        model_config = dict(state["model"])
+        target = str(model_config.pop("_target_", None) or DEFAULT_MODEL_TARGET)  # format 1: CTCModel
+        model_config.pop("_partial_", None)
+        model_class(target, f"{source}: recogniser model._target_")
+        lm = None if state.get("lm") is None else BundledLM.from_dict(state["lm"], source)
         try:
             tokenizer = Tokenizer.from_state_dict(dict(state["tokenizer"]))
             features = FeatureConfig.from_dict(state["features"])
@@ -224,11 +229,6 @@ class Recogniser:
                 raise ValueError(f"{source}: bad recogniser lexicon entry; expected {{'source', 'entries': [lines]}}")
             lexicon = Lexicon.from_lines(entry["entries"], where=f"{source}: recogniser lexicon")
             lexicon_source = entry.get("source")
-        lm = None if state.get("lm") is None else BundledLM.from_dict(state["lm"], source)
-        model_config = dict(state["model"])
-        target = str(model_config.pop("_target_", None) or DEFAULT_MODEL_TARGET)  # format 1: CTCModel
-        model_config.pop("_partial_", None)
-        model_class(target, f"{source}: recogniser model._target_")
         return cls(model_config, state["attention"], tokenizer, features, lexicon, lexicon_source, lm,
                    model_target=target)
 

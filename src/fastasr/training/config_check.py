@@ -101,11 +101,14 @@ def _check_model_values(cfg: DictConfig, errors: list[str]) -> None:
         errors.append(f"model.subsampling={subsampling!r}; expected one of 1, 2, 4, 8")
 
 
-def _check_model(cfg: DictConfig, feat_in: int, errors: list[str]) -> None:
+def _check_model(cfg: DictConfig, errors: list[str]) -> None:
     """Build the model the config names on the meta device (no memory, no weights), as the
     recogniser will (:meth:`fastasr.recognition.recogniser.Recogniser.build_model`: the class ``_target_``
-    names, a CTCModel subclass, as a partial completed with the data's sizes): its own checks run."""
-
+    names, a CTCModel subclass, as a partial completed with the data's sizes): its own checks run.
+    ``feat_in`` is ``data.features.num_mel_bins`` when that is a positive integer, else the default
+    (:func:`_check_components` names a bad one)."""
+    bins = OmegaConf.select(cfg, "data.features.num_mel_bins", default=None)
+    feat_in = bins if _is_int(bins) and bins > 0 else FeatureConfig.num_mel_bins
     config = _container(cfg.model)
     try:
         model_class(config.get("_target_") or DEFAULT_MODEL_TARGET)
@@ -116,12 +119,27 @@ def _check_model(cfg: DictConfig, feat_in: int, errors: list[str]) -> None:
         errors.append(f"model: {err.__cause__ or err}")  # the model's own message, not Hydra's wrapper
 
 
-def _check_features(cfg: DictConfig, errors: list[str]) -> FeatureConfig | None:
+def _check_components(cfg: DictConfig, model: bool, errors: list[str]) -> None:
+    """Each section that a class reads, given to that class: the model (``model``: when its
+    values passed), the phone folding, the feature cache, the augmentation and the features."""
+    data = cfg.data
+    if model:
+        _check_model(cfg, errors)
+    if data.get("phone_folding") is not None:
+        try:
+            folding(str(data.phone_folding))
+        except ValueError as err:
+            errors.append(f"data.phone_folding: {err}")
+    for key, section in (("cache", CacheConfig), ("augment", AugmentConfig)):
+        try:
+            section.from_dict(_container(data.get(key)))
+        except (ValueError, TypeError) as err:  # their messages mostly name the key already
+            errors.append(str(err) if f"data.{key}" in str(err) else f"data.{key}: {err}")
     try:
         fc = FeatureConfig.from_dict(_container(cfg.data.features))
     except (ValueError, TypeError) as err:
         errors.append(f"data.features: {err}")
-        return None
+        return
     if fc.sample_rate is not None and not fc.sample_rate > 0:
         errors.append(f"features.sample_rate={fc.sample_rate}; expected > 0, or null for the training audio's own rate")
     for key in ("num_mel_bins", "frame_length_ms", "frame_shift_ms"):
@@ -129,7 +147,6 @@ def _check_features(cfg: DictConfig, errors: list[str]) -> FeatureConfig | None:
             errors.append(f"features.{key}={getattr(fc, key)}; expected > 0")
     if fc.channels is not None and fc.channels < 1:
         errors.append(f"features.channels={fc.channels}; expected ≥ 1, or null for any")
-    return fc
 
 
 def _manifest_path(cfg: DictConfig, split: str, errors: list[str]) -> Path | None:
@@ -177,16 +194,6 @@ def _check_data(cfg: DictConfig, errors: list[str]) -> None:
         for split, path in paths.items():
             if path is not None:
                 _check_phonemes(path, f"{split}_manifest", errors)
-    if data.get("phone_folding") is not None:
-        try:
-            folding(str(data.phone_folding))
-        except ValueError as err:
-            errors.append(f"data.phone_folding: {err}")
-    for key, section in (("cache", CacheConfig), ("augment", AugmentConfig)):
-        try:
-            section.from_dict(_container(data.get(key)))
-        except (ValueError, TypeError) as err:  # their messages mostly name the key already
-            errors.append(str(err) if f"data.{key}" in str(err) else f"data.{key}: {err}")
     if not int(data.get("max_frames_per_batch", 1)) > 0:
         errors.append(f"data.max_frames_per_batch={data.max_frames_per_batch}; expected > 0")
     if data.get("max_batch_size") is not None and not int(data.max_batch_size) > 0:
@@ -256,10 +263,13 @@ def _check_final_tuning(cfg: DictConfig, errors: list[str]) -> None:
                           f"{', '.join(sorted(wordfreq.available_languages()))}")
 
 
-def check_train_config(cfg: DictConfig) -> None:
+def check_train_config(cfg: DictConfig) -> DictConfig:
     """Check a composed training config without reading audio: the config training runs, i.e.
     with its derived values (:func:`fastasr.training.derived_config.derive_train_config`, on a copy:
-    ``cfg`` is not changed).
+    ``cfg`` is not changed). Returns that derived copy, checked.
+
+    The values are judged first, then each section is given to the class that reads it
+    (:func:`_check_components`).
 
     Raises:
         ConfigError: listing every problem found, each with its config key, the value and
@@ -271,17 +281,17 @@ def check_train_config(cfg: DictConfig) -> None:
         raise ConfigError(f"invalid config:\n  {err}") from None
     errors: list[str] = []
     _check_attention(cfg, errors)
-    features = _check_features(cfg, errors)
     if not errors:
         _check_model_values(cfg, errors)
-    if not errors:  # the model check repeats attention and size errors less clearly
-        _check_model(cfg, features.num_mel_bins if features else 80, errors)
+    model = not errors  # the model check repeats attention and size errors less clearly
     _check_data(cfg, errors)
     _check_trainer(cfg, errors)
     _check_callbacks(cfg, errors)
     _check_final_tuning(cfg, errors)
+    _check_components(cfg, model, errors)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
+    return cfg
 
 
 # ---------------------------------------------------------------------- the run directory

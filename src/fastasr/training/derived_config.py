@@ -2,8 +2,8 @@
 
 The YAML under ``conf/`` holds plain values and ``${}`` references; a value that follows from
 others by a rule is filled in here, by :func:`derive_train_config`. :func:`fastasr.training.fit.train`
-calls it where training starts (after :func:`fastasr.training.config_check.check_train_config`, before the
-config is saved as the run's ``config.yaml`` and instantiated), and the matrix and the budget study
+gets it where training starts, from :func:`fastasr.training.config_check.check_train_config` (which derives
+a copy and checks it), before the config is saved as the run's ``config.yaml`` and instantiated, and the matrix and the budget study
 call it on every member they compose (``fastasr.studies.matrix.members``, ``fastasr.studies.budget.members``), so
 what they compare and train is what ``python train.py`` runs:
 

@@ -4,7 +4,10 @@ trainer → fit → test.
 ``python train.py`` (Hydra) calls :func:`train`; tests call it with a composed config. The values
 a config derives from others (``data.tokenizer`` from a top-level ``tokenizer=``, the batch price
 of the attention, the checkpoint monitor, a matrix member's attention) are filled in by
-:func:`fastasr.training.derived_config.derive_train_config` at its start.
+:func:`fastasr.training.derived_config.derive_train_config` at its start, on the copy that
+:func:`fastasr.training.config_check.check_train_config` checks and returns (the caller's config
+is left as it was). After the test it hands over to the final decoding of the run directory
+(:func:`decode_run`), which reads the run's ``config.yaml``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import copy
 import logging
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +38,6 @@ from fastasr.recognition.scoring import DecodeResult, decoding_options, training
 from fastasr.rundir import RunDir
 from fastasr.training.callbacks import dropout_decision, report_learning_warnings, reset_peak_memory
 from fastasr.training.config_check import ConfigError, check_run_dir, check_train_config
-from fastasr.training.derived_config import derive_train_config
 from fastasr.training.lit import ASRLitModule
 from fastasr.training.loggers import build_loggers, finish_wandb
 
@@ -110,6 +113,16 @@ def final_decoding_request(cfg: DictConfig) -> FinalDecodingRequest:
     )
 
 
+def decode_run(run_dir: RunDir, ckpt: str, *, out: RunDir | None = None, overrides: Sequence[str] = (),
+               averaged_from: list[str] | None = None) -> DecodeResult | None:
+    """The final decoding of a training run, as its ``config.yaml`` (with the OmegaConf dot-list
+    ``overrides``) asks (:func:`final_decoding_request`), by ``ckpt``; files and ``results.json``
+    to ``out`` (default: the run directory). What :func:`train` hands over to after its test, and
+    what ``python -m fastasr.cli.redecode`` repeats."""
+    cfg = OmegaConf.merge(OmegaConf.load(run_dir.config_file), OmegaConf.from_dotlist(list(overrides)))
+    return final_decoding(final_decoding_request(cfg), ckpt, out or run_dir, averaged_from=averaged_from)
+
+
 @dataclass
 class TrainingResult:
     """What :func:`train` returns.
@@ -152,8 +165,9 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
     ``run_dir``: where the run lives (checkpoints, logs, config.yaml); None: the running
     Hydra job's output directory, else ``cfg.paths.run_dir`` (:func:`run_dir_of`).
     """
-    check_train_config(cfg)  # config mistakes fail here, naming the key, before any audio is read
-    derive_train_config(cfg)  # the values that follow from others: before config.yaml is written
+    # config mistakes fail here, naming the key, before any audio is read; the values that follow
+    # from others are filled in before config.yaml is written
+    cfg = check_train_config(cfg)
     L.seed_everything(cfg.seed, workers=True)
     run_dir = RunDir(run_dir if run_dir is not None else run_dir_of(cfg))
     if is_rank_zero_process():  # a resumed checkpoint must be this config's; a finished run is kept as it is
@@ -164,17 +178,14 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
     if is_rank_zero_process():  # DDP: only global rank 0 writes the run's files
         OmegaConf.save(cfg, run_dir.config_file, resolve=True)
 
+    callbacks, loggers = build_callbacks(cfg, run_dir), build_loggers(cfg, run_dir) or False
     # the subsampling factor's one home is the model config; the label-length filter needs it
     datamodule = instantiate(cfg.data, subsampling_factor=cfg.model.get("subsampling", 1), _convert_="all")
     datamodule.setup("fit")
     lit = build_module(cfg, datamodule, run_dir)
 
-    trainer: L.Trainer = instantiate(
-        cfg.trainer,
-        callbacks=build_callbacks(cfg, run_dir),
-        logger=build_loggers(cfg, run_dir) or False,
-        default_root_dir=str(run_dir.path),
-    )
+    trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers,
+                                     default_root_dir=str(run_dir.path))
     reset_peak_memory()  # this run's peak, not an earlier run's in the same process
     leave_process_group_at_exit()  # DDP: the process group Lightning is about to start ends with the process
     try:
@@ -212,8 +223,8 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
         log.info("test: %s", lit.test_result)
         if cfg.get("final_decoding") and trainer.is_global_zero:
             try:
-                result.final_decoding = final_decoding(final_decoding_request(cfg), best or result.last_ckpt,
-                                                       run_dir, averaged_from=result.averaged_from)
+                result.final_decoding = decode_run(run_dir, best or result.last_ckpt,
+                                                   averaged_from=result.averaged_from)
             except Exception:  # the model is trained and tested; a decoding setting must not lose that
                 log.exception("final decoding failed; the run is complete: decode it with "
                               "python evaluate.py ckpt_path=%s decoding=...", best or result.last_ckpt)
@@ -243,8 +254,7 @@ class TrainPreflight(Callback):
             run_dir = Path(str(cfg.hydra.run.dir))
             del cfg["hydra"]
         try:
-            check_train_config(cfg)
-            check_run_dir(derive_train_config(cfg), RunDir(run_dir))
+            check_run_dir(check_train_config(cfg), RunDir(run_dir))
         except (ConfigError, FileExistsError, FileNotFoundError) as err:
             print(f"train.py: {err}", file=sys.stderr)
             raise SystemExit(2) from None
