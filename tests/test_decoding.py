@@ -53,7 +53,8 @@ def test_error_rates_nothing_scored_is_nan():
 def test_error_rates_of_transcripts_equal_evaluates_score_in_batches():
     """The training module's accumulator (``ErrorRates.add``, a batch at a time) and evaluate.py's
     corpus scoring (``emissions.score``) give the same rates for the same transcripts."""
-    from fastasr.decoding.emissions import Transcript, score
+    from fastasr.decoding.emissions import score
+    from fastasr.decoding.metrics import Transcript
 
     transcripts = [
         Transcript("u1", ["ab", "cd"], ["ab", "ed"], list("ab|cd"), list("ab|ed"), list("abcd"), list("abed")),

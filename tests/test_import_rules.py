@@ -137,6 +137,58 @@ def test_a_forbidden_import_is_caught(tmp_path):
     }
 
 
+def import_circles(src: Path = SRC) -> list[list[str]]:
+    """The circles of the module graph: each a list of modules that reach one another by their
+    fastasr imports, every import counted (inside functions and ``if TYPE_CHECKING:`` blocks too);
+    an import of a name is an arrow to the deepest module the name's path reaches."""
+    imports = all_imports(src)
+
+    def module(name: str) -> str | None:
+        while name not in imports and "." in name:
+            name = name.rsplit(".", 1)[0]
+        return name if name in imports else None
+
+    graph = {m: sorted({t for i, _, _, _ in found if (t := module(i)) not in (None, m)})
+             for m, found in imports.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def strong(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return circles
+
+
+def test_no_import_circle():
+    """No two modules import each other, not even for annotations alone."""
+    assert import_circles() == []
+
+
+def test_an_import_circle_is_caught(tmp_path):
+    (tmp_path / "fastasr" / "decoding").mkdir(parents=True)
+    (tmp_path / "fastasr" / "decoding" / "a.py").write_text("from fastasr.decoding.b import B\n")
+    (tmp_path / "fastasr" / "decoding" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from fastasr.decoding.a import A\n")
+    assert import_circles(tmp_path) == [["fastasr.decoding.a", "fastasr.decoding.b"]]
+
+
 def test_the_layers_cover_every_package():
     """Every fastasr module belongs to a layer (a new top-level module or package must be placed)."""
     unplaced = sorted(m for m in all_imports() if m != "fastasr" and layer_of(m) == len(LAYERS))

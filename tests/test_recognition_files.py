@@ -1,7 +1,7 @@
 """Per-utterance results: alignments, the S/D/I breakdown and the recogs/errs files."""
 
-from fastasr.decoding.emissions import Transcript, score
-from fastasr.decoding.metrics import align
+from fastasr.decoding.emissions import score
+from fastasr.decoding.metrics import Transcript, align
 from fastasr.decoding.recognition_files import aligned_text, write_recognition_files
 from fastasr.rundir import RunDir
 

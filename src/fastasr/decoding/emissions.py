@@ -24,7 +24,7 @@ from fastasr.data.lexicon import Lexicon, words_of
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.data.tokenizer import unit_metric as unit_metric_of
 from fastasr.decoding.hypothesis import Hypothesis
-from fastasr.decoding.metrics import Alignment, align
+from fastasr.decoding.metrics import Alignment, Transcript, align
 from fastasr.decoding.recognition_files import write_recognition_files
 from fastasr.progress import progress_bar
 
@@ -51,22 +51,6 @@ class Emission:
     transcript: str
     units: list[str]
     log_probs: torch.Tensor
-
-
-@dataclass
-class Transcript:
-    """One decoded utterance beside its reference. ``*_units`` keep their word boundaries (for
-    reading); ``*_scored_units`` are what the unit error rate scores (``Tokenizer.scored_units``:
-    no boundaries, the scoring phone folding, a subword model's characters)."""
-
-    id: str
-    ref_words: list[str]
-    hyp_words: list[str]
-    ref_units: list[str]
-    hyp_units: list[str]
-    ref_scored_units: list[str]
-    hyp_scored_units: list[str]
-    score: float | None = None  # the decoder's score of the hypothesis (beam search); None: greedy
 
 
 def decoding_device(accelerator: str = "auto") -> torch.device:

@@ -1,16 +1,29 @@
-"""Error rates from edit distances (jiwer): corpus-level alignments and a per-batch accumulator."""
+"""Error rates from edit distances (jiwer): what is scored (:class:`Transcript`: one decoded
+utterance beside its reference), corpus-level alignments and a per-batch accumulator."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import jiwer
 import torch
 
-if TYPE_CHECKING:  # emissions.py imports this module: the name is for the annotation only
-    from fastasr.decoding.emissions import Transcript
+
+@dataclass
+class Transcript:
+    """One decoded utterance beside its reference. ``*_units`` keep their word boundaries (for
+    reading); ``*_scored_units`` are what the unit error rate scores (``Tokenizer.scored_units``:
+    no boundaries, the scoring phone folding, a subword model's characters)."""
+
+    id: str
+    ref_words: list[str]
+    hyp_words: list[str]
+    ref_units: list[str]
+    hyp_units: list[str]
+    ref_scored_units: list[str]
+    hyp_scored_units: list[str]
+    score: float | None = None  # the decoder's score of the hypothesis (beam search); None: greedy
 
 
 @dataclass

@@ -75,7 +75,7 @@ def write_recognition_files(paths: Mapping[str, Path], transcripts: Sequence, wo
 
     Args:
         paths: where each goes, by kind (:meth:`fastasr.rundir.RunDir.recognition_files`).
-        transcripts: :class:`fastasr.decoding.emissions.Transcript` per utterance.
+        transcripts: :class:`fastasr.decoding.metrics.Transcript` per utterance.
         words / units: their alignments (``keep_chunks=True``), in the same order.
         unit_name: PER or CER, for the units' header.
 
