@@ -187,11 +187,7 @@ def with_torch_block_table():
     instead of its one Triton launch: what the launch saves the host, in the same run."""
     from fastasr.kernels import cluster_order as co
 
-    def blocks(self, block_n):
-        if block_n not in self._tables:
-            self._tables[block_n] = co.block_table_reference(self.counts, self.perm.shape[-1], block_n)
-        return self._tables[block_n]
-    return mock.patch.object(co.ClusterOrder, "blocks", blocks)
+    return mock.patch.object(co, "block_table", co.block_table_reference)
 
 
 def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:

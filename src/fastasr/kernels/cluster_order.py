@@ -3,7 +3,7 @@
 What the Triton clustered products (:mod:`fastasr.kernels.triton_clustered`) run on: one
 stable ``argsort`` per attention call, shared by every product of the forward and the
 backward pass, and a table of blocks built on the device without a host synchronisation,
-by one Triton launch (:func:`block_table_reference` is its PyTorch twin, for tests).
+by one Triton launch (:func:`block_table`; :func:`block_table_reference` is its PyTorch twin, for tests).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fastasr.kernels.availability import ensure_interpreter_compat
 
 ensure_interpreter_compat()
 
-__all__ = ["ClusterOrder", "block_table_reference", "cluster_order"]
+__all__ = ["ClusterOrder", "block_slots", "block_table", "block_table_reference", "cluster_order"]
 
 #: Block slots a program of ``_block_table_kernel`` fills at once, times ``next_pow2(C)``.
 _TABLE_ELEMENTS = 4096
@@ -62,11 +62,29 @@ def table_tile(clusters: int) -> tuple[int, int]:
     return block_c, max(16, min(128, _TABLE_ELEMENTS // block_c))
 
 
-def block_table_reference(counts: torch.Tensor, N: int, block_n: int) -> tuple[torch.Tensor, int]:
-    """PyTorch twin of the block table: ``counts`` ``(B*H, C)`` valid members per cluster
-    of sequences of ``N`` positions -> ``(B*H, P, 3)`` int64 rows and ``P``."""
+def block_slots(N: int, clusters: int, block_n: int) -> int:
+    """``P``, the block slots of a (batch, head): ``cdiv(N, block_n) + C``, an upper bound on
+    ``sum_c cdiv(count_c, block_n)``."""
+    return -(-N // block_n) + clusters
+
+
+def block_table(counts: torch.Tensor, N: int, block_n: int) -> tuple[torch.Tensor, int]:
+    """The block table of ``counts`` ``(B*H, C)`` valid members per cluster of sequences of
+    ``N`` positions: ``(B*H, P, 3)`` int64 rows ``[cluster, first sorted slot, rows]`` and
+    ``P`` (:func:`block_slots`), by one Triton launch."""
     BH, C = counts.shape
-    P = -(-N // block_n) + C
+    P = block_slots(N, C, block_n)
+    table = torch.empty((BH, P, 3), dtype=torch.int64, device=counts.device)
+    if table.numel():
+        block_c, block_p = table_tile(C)
+        _block_table_kernel[(BH,)](counts, table, C, P, BLOCK_N=block_n, BLOCK_C=block_c, BLOCK_P=block_p)
+    return table, P
+
+
+def block_table_reference(counts: torch.Tensor, N: int, block_n: int) -> tuple[torch.Tensor, int]:
+    """PyTorch twin of :func:`block_table`: the same rows and ``P``."""
+    BH, C = counts.shape
+    P = block_slots(N, C, block_n)
     nblk = (counts + block_n - 1) // block_n
     ends = nblk.cumsum(-1)
     starts = counts.cumsum(-1) - counts
@@ -100,17 +118,10 @@ class ClusterOrder:
     _tables: dict = field(default_factory=dict)
 
     def blocks(self, block_n: int) -> tuple[torch.Tensor, int]:
-        """``(B*H, P, 3)`` int64 rows ``[cluster, first sorted slot, rows]`` and ``P``: one
-        Triton launch per ``block_n``, kept for the next product."""
+        """``(B*H, P, 3)`` int64 rows ``[cluster, first sorted slot, rows]`` and ``P``
+        (:func:`block_table`: one Triton launch per ``block_n``, kept for the next product)."""
         if block_n not in self._tables:
-            BH, C = self.counts.shape
-            P = -(-self.perm.shape[-1] // block_n) + C
-            table = torch.empty((BH, P, 3), dtype=torch.int64, device=self.perm.device)
-            if table.numel():
-                block_c, block_p = table_tile(C)
-                _block_table_kernel[(BH,)](self.counts, table, C, P, BLOCK_N=block_n, BLOCK_C=block_c,
-                                           BLOCK_P=block_p)
-            self._tables[block_n] = (table, P)
+            self._tables[block_n] = block_table(self.counts, self.perm.shape[-1], block_n)
         return self._tables[block_n]
 
 

@@ -305,6 +305,7 @@ def hamming_kmeans(
     assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
     if programs == 1:  # every pass in one launch, from the initial centroids it reads itself
         counts = torch.empty((B, H, C), dtype=torch.int64, device=device)
+        # it reads no centroids (cent_ptr: the codes) and accumulates nothing (ones_ptr: counts)
         _lloyd_kernel[(B * H, 1)](
             codes, codes, lens, assign, counts, counts, H, N, C, span, bitmask, bits, iterations + 1,
             IN_KERNEL=True, ACCUMULATE=False, **tile,
