@@ -15,11 +15,13 @@
    ``--repeats`` CUDA-event timings.
 3. **The whole attention call** (forward + backward, bf16, 6 × 32, 65,536 tokens) of both
    variants per N, i-clustered's again with the cluster order's block table built by its
-   PyTorch twin (what its one Triton launch saves the host), and last the same calls replayed
+   PyTorch twin (what its one Triton launch saves the host) and with its centroid attention in
+   the fused Triton kernels (``fastasr.kernels.triton_centroid``, off by default until this
+   column says it is faster), and last the same calls replayed
    as one CUDA graph each (the GPU's time without the host's launches); i-clustered's fused sparse part and Triton top-k each against
    what it replaces (the Triton products with torch around them; ``torch.topk``), in the same run; and
-   torch.profiler's largest CUDA kernels of one i-clustered-100 call at N = 4,096: where the
-   rest of the time goes.
+   torch.profiler's largest CUDA kernels of one i-clustered-100 call at N = 4,096, by default and
+   with the fused centroid attention: where the rest of the time goes.
 
 Writes ``benchmarks/results/clustering_<gpu>.md``.
 """
@@ -87,22 +89,24 @@ def sync_check(lines: list[str]) -> bool:
     lines += ["## No host synchronisation in forward + backward", "",
               "| attention | N × B | result |", "|---|---|---|"]
     ok = True
-    for spec in ("clustered-100", "i-clustered-100"):
+    for spec, fused in (("clustered-100", False), ("i-clustered-100", False), ("i-clustered-100", True)):
         attn = build_attention(spec, seed=0).cuda()
         q, k, v, lengths = attention_inputs(4096)
-        attention_call(attn, q, k, v, lengths)  # warm-up: Triton compiles
-        torch.cuda.synchronize()
-        try:
-            torch.cuda.set_sync_debug_mode("error")
-            attention_call(attn, q, k, v, lengths)
-            result = "no synchronisation"
-        except RuntimeError as exc:
-            ok = False
-            result = f"**synchronises**: {str(exc).splitlines()[0][:160]}"
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        lines.append(f"| {spec} | 4096 × {q.shape[0]} | {result} |")
-        print(spec, result, flush=True)
+        with with_fused_centroids(fused):
+            attention_call(attn, q, k, v, lengths)  # warm-up: Triton compiles
+            torch.cuda.synchronize()
+            try:
+                torch.cuda.set_sync_debug_mode("error")
+                attention_call(attn, q, k, v, lengths)
+                result = "no synchronisation"
+            except RuntimeError as exc:
+                ok = False
+                result = f"**synchronises**: {str(exc).splitlines()[0][:160]}"
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        label = spec + (", fused centroid attention" if fused else "")
+        lines.append(f"| {label} | 4096 × {q.shape[0]} | {result} |")
+        print(label, result, flush=True)
     return ok
 
 
@@ -190,14 +194,25 @@ def with_torch_block_table():
     return mock.patch.object(co, "block_table", co.block_table_reference)
 
 
+def with_fused_centroids(on: bool = True):
+    """i-clustered's centroid attention in the fused Triton kernels
+    (``fastasr.kernels.ops.TRITON_CENTROID_TOPK``) or, ``on=False``, as by default."""
+    from fastasr.kernels import ops
+
+    return mock.patch.object(ops, "TRITON_CENTROID_TOPK", on)
+
+
 def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
     """Both calls per N, and i-clustered's again with the torch block table
-    (:func:`with_torch_block_table`), each checked equal to the Triton one's output first."""
+    (:func:`with_torch_block_table`), checked equal to the Triton one's output first, and
+    with the fused centroid attention (:func:`with_fused_centroids`), its output's relative
+    distance to the default path's given when it exceeds bf16's rounding (1e-2)."""
     specs = ("clustered-100", "i-clustered-100")
     lines += ["", f"## Attention call, forward + backward, bf16, {HEADS} × {DIM}, {TOKENS:,} tokens "
               f"(ms, median of {repeats})", "",
-              "| N × B | " + " | ".join(specs) + " | i-clustered-100, torch block table |",
-              "|---|" + "---:|" * (len(specs) + 1)]
+              "| N × B | " + " | ".join(specs) + " | i-clustered-100, torch block table "
+              "| i-clustered-100, fused centroid attention |",
+              "|---|" + "---:|" * (len(specs) + 2)]
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
         cells = []
@@ -213,6 +228,11 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
                 same = torch.equal(attn(q, k, v, lengths), want)
         with with_torch_block_table():
             cells.append(f"{cuda_ms(call, repeats):.2f}" + ("" if same else " (output differs)"))
+        with torch.no_grad(), with_fused_centroids():
+            got = attn(q, k, v, lengths).float()
+        rel = float((got - want.float()).norm() / want.float().norm())
+        with with_fused_centroids():
+            cells.append(f"{cuda_ms(call, repeats):.2f}" + ("" if rel <= 1e-2 else f" (output {rel:.1e} apart)"))
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
 
@@ -220,14 +240,18 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
 def graph_table(lines: list[str], ns: list[int], repeats: int) -> None:
     """The same calls replayed as one CUDA graph each (:func:`graphed_call_ms`). Run last: a
     capture that fails can leave the device unusable for what would follow it."""
-    specs = ("clustered-100", "i-clustered-100")
+    specs = (("clustered-100", False), ("i-clustered-100", False), ("i-clustered-100", True))
+    labels = [spec + (", fused centroid attention" if fused else "") for spec, fused in specs]
     lines += ["", f"## Attention call as one CUDA graph, forward + backward, bf16, {HEADS} × {DIM}, "
               f"{TOKENS:,} tokens (ms, median of {repeats}; the GPU's time for the call without "
-              "the host issuing it kernel by kernel)", "", "| N × B | " + " | ".join(specs) + " |",
+              "the host issuing it kernel by kernel)", "", "| N × B | " + " | ".join(labels) + " |",
               "|---|" + "---:|" * len(specs)]
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
-        cells = [graphed_call_ms(spec, q, k, v, lengths, repeats) for spec in specs]
+        cells = []
+        for spec, fused in specs:
+            with with_fused_centroids(fused):
+                cells.append(graphed_call_ms(spec, q, k, v, lengths, repeats))
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
         if any(c.startswith("capture failed") for c in cells):
@@ -311,17 +335,19 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
     return f"| {n} × {b} | " + " | ".join(f"{c:.3f}" for c in cells) + f" |{note}"
 
 
-def profile(lines: list[str], spec: str, n: int) -> None:
+def profile(lines: list[str], spec: str, n: int, fused: bool = False) -> None:
     attn = build_attention(spec, seed=0).cuda()
     q, k, v, lengths = attention_inputs(n)
-    for _ in range(2):
-        attention_call(attn, q, k, v, lengths)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        attention_call(attn, q, k, v, lengths)
+    with with_fused_centroids(fused):
+        for _ in range(2):
+            attention_call(attn, q, k, v, lengths)
         torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            attention_call(attn, q, k, v, lengths)
+            torch.cuda.synchronize()
     table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
-    lines += ["", f"## Largest CUDA kernels of one {spec} call (forward + backward), N = {n}", "",
+    label = spec + (", fused centroid attention" if fused else "")
+    lines += ["", f"## Largest CUDA kernels of one {label} call (forward + backward), N = {n}", "",
               "```", table, "```"]
 
 
@@ -353,6 +379,7 @@ def main(argv=None) -> int:
         attention_table(lines, [n for n in args.ns if n != 800], max(5, args.repeats // 2))
         parts_table(lines, [n for n in args.ns if n <= 16384], max(5, args.repeats // 2), args.topk_tiles)
         profile(lines, "i-clustered-100", 4096)
+        profile(lines, "i-clustered-100", 4096, fused=True)
     slug = bench_io.slugify(gpu)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"clustering_{slug}.md"

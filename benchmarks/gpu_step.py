@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from step_time import FLOOR, build_model, make_batch  # noqa: E402
@@ -36,23 +37,27 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
+from fastasr.kernels import ops  # noqa: E402
 
-#: column -> (attention spec, forced padded path of full attention or None)
+#: column -> (attention spec, forced padded path of full attention or None, whether i-clustered's
+#: centroid attention runs the fused Triton kernels, ``fastasr.kernels.ops.TRITON_CENTROID_TOPK``)
 VARIANTS = {
-    "full": ("full", None),
-    "full, key mask": ("full", "mask"),
-    "full, packed": ("full", "packed"),
-    "clustered-100": ("clustered-100", None),
-    "i-clustered-100": ("i-clustered-100", None),
-    FLOOR: (FLOOR, None),
+    "full": ("full", None, False),
+    "full, key mask": ("full", "mask", False),
+    "full, packed": ("full", "packed", False),
+    "clustered-100": ("clustered-100", None, False),
+    "i-clustered-100": ("i-clustered-100", None, False),
+    "i-clustered-100, fused centroids": ("i-clustered-100", None, True),
+    FLOOR: (FLOOR, None, False),
 }
 
 
 class GpuStepper:
-    def __init__(self, spec: str, path: str | None, layers: int):
+    def __init__(self, spec: str, path: str | None, fused: bool, layers: int):
         self.model = build_model(spec, layers).cuda()
         self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01)
         self.path = path
+        self.fused = fused
 
     def step(self, batch) -> float:
         feats, lengths, targets, target_lengths = batch
@@ -60,7 +65,8 @@ class GpuStepper:
         t0 = time.perf_counter()
         self.optim.zero_grad(set_to_none=True)
         forced = forced_padded_path(self.path) if self.path else contextlib.nullcontext()
-        with forced, torch.autocast("cuda", dtype=torch.bfloat16):
+        fused = mock.patch.object(ops, "TRITON_CENTROID_TOPK", self.fused)
+        with forced, fused, torch.autocast("cuda", dtype=torch.bfloat16):
             log_probs, out_lengths = self.model(feats, lengths)
         loss = nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths, target_lengths,
                                       blank=0, reduction="mean", zero_infinity=True)
@@ -96,8 +102,7 @@ def main(argv=None) -> None:
         taken[n] = padded_path(probe, probe)
         table[n] = {}
         for name in args.variants:
-            spec, path = VARIANTS[name]
-            stepper = GpuStepper(spec, path, args.layers)
+            stepper = GpuStepper(*VARIANTS[name], args.layers)
             for _ in range(2):
                 stepper.step(batch)
             table[n][name] = 1000 * statistics.median(stepper.step(batch) for _ in range(args.rounds))
@@ -137,7 +142,7 @@ def write_profile(args, info) -> None:
     parts = []
     for n in args.lengths:
         batch = tuple(t.cuda() for t in make_batch(n, args.frames))
-        stepper = GpuStepper(args.profile, None, args.layers)
+        stepper = GpuStepper(args.profile, None, False, args.layers)
         for _ in range(2):
             stepper.step(batch)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -51,6 +51,7 @@ th = _load("triton_hashing")
 tk = _load("triton_kmeans")
 tc = _load("triton_clustered")
 tt = _load("triton_topk")
+tcen = _load("triton_centroid")
 
 INTERPRETED = availability.kernels_interpreted(th._hash_kernel)
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -387,6 +388,108 @@ def test_topk_indices_other_rows_go_to_torch_and_k_is_checked():
         tt.topk_indices(x.float().to(DEVICE), 31)
 
 
+def test_topk_softmax_takes_the_top_keys_and_their_softmax_weights():
+    """One launch: the indices ``topk_indices`` takes and ``exp(logit - lse)`` at them, masked
+    keys included when a row has fewer valid ones than ``k``; a row without keys weighs 0."""
+    x = torch.randn(2, 3, 37, generator=_gen(8))
+    x[1, :, 5:] = float("-inf")
+    x[0, 2, :] = float("-inf")
+    lse = x.logsumexp(-1)
+    idx, w = tt.topk_softmax(x.to(DEVICE), lse.to(DEVICE), 9)
+    idx, w = idx.cpu(), w.cpu()
+    assert torch.equal(idx, tt.topk_indices(x.to(DEVICE), 9).cpu())
+    want = torch.nan_to_num(x.softmax(-1), nan=0.0).gather(-1, idx)
+    torch.testing.assert_close(w, want, atol=1e-6, rtol=1e-6)
+    assert bool((w[0, 2] == 0).all()) and bool((w[1, :, 5:].sum(-1) < 1.01).all())
+    with pytest.raises(ValueError, match="lse"):
+        tt.topk_softmax(x.to(DEVICE), lse[0].to(DEVICE), 9)
+
+
+# ------------------------------------------------------------------ i-clustered's centroid attention
+def _centroid_inputs(B, H, C, N, E, EV, g, dtype=torch.float32, padded=True):
+    centroids = torch.randn(B, H, C, E, generator=g)
+    k = torch.randn(B, H, N, E, generator=g).to(dtype)
+    v = torch.randn(B, H, N, EV, generator=g).to(dtype)
+    lengths = _lengths(B, N, g) if padded else None
+    return centroids, k, v, lengths
+
+
+def _centroid_and_grads(fn, leaves, lengths, K, g):
+    """``fn``'s values, top weights, top keys and the gradients of a random loss on both
+    outputs, the top keys and weights in the order of the keys (the ops leave them unordered)."""
+    values, top_w, top_idx = fn(*leaves, lengths, leaves[0].shape[-1] ** -0.5, K)
+    order = top_idx.argsort(-1)
+    top_w, top_idx = top_w.gather(-1, order), top_idx.gather(-1, order)
+    gv = torch.randn(values.shape, generator=g).to(values.device)
+    gw = torch.randn(top_w.shape, generator=g).to(values.device)
+    loss = (values.float() * gv).sum() + (top_w.float() * gw).sum()
+    return (values, top_w, top_idx, *torch.autograd.grad(loss, leaves))
+
+
+CENTROID_CASES = [
+    # B, H, C, N, E, Ev, K, padded
+    (2, 3, 7, 37, 16, 16, 5, True),
+    (2, 2, 20, 600, 32, 24, 8, True),  # two key spans a sequence (SPLIT_KEYS = 512); Ev != E
+    (2, 1, 120, 70, 20, 16, 3, False),  # more centroids than keys, no lengths
+    (1, 2, 9, 40, 16, 16, 0, True),  # no top keys (clustered attention's call)
+    (2, 1, 6, 30, 16, 16, 30, True),  # every key a top key, masked ones in the shorter sequence
+]
+
+
+@pytest.mark.parametrize("B,H,C,N,E,EV,K,padded", CENTROID_CASES)
+def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded):
+    """Three launches forward, one backward: values, top keys, top weights and the gradients
+    of the centroids, keys and values equal the reference's (float32)."""
+    g = _gen(B + C + N + E + EV + K)
+    centroids, k, v, lengths = _centroid_inputs(B, H, C, N, E, EV, g, padded=padded)
+    want = _centroid_and_grads(reference.centroid_attention,
+                               [t.clone().requires_grad_() for t in (centroids, k, v)], lengths, K, _gen(1))
+    got = _centroid_and_grads(tcen.centroid_attention, [t.to(DEVICE).requires_grad_() for t in (centroids, k, v)],
+                              None if lengths is None else lengths.to(DEVICE), K, _gen(1))
+    assert torch.equal(got[2].cpu(), want[2])
+    for name, a, b in zip(("values", "top_w", "top_idx", "dcentroids", "dk", "dv"), got, want):
+        assert a.dtype == b.dtype, name
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), atol=1e-5, rtol=1e-5,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("C,E", [(130, 32), (64, 64)])  # a 256-row tile; heads of 64
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])
+def test_fused_centroid_attention_half_precision(dtype, tol, C, E):
+    """fp16/bf16 keys and values (fp32 logits, softmax and accumulation): against the reference
+    in float64 on the same values, relative L2 error within ``tol``; values and the key and
+    value gradients in the input dtype. The top keys are compared as the float64 reference
+    picks them (half-precision rounding reorders near-ties)."""
+    g = _gen(77)
+    centroids, k, v, lengths = _centroid_inputs(2, 2, C, 90, E, E, g, dtype=dtype)
+    got = _centroid_and_grads(tcen.centroid_attention, [t.to(DEVICE).requires_grad_() for t in (centroids, k, v)],
+                              lengths.to(DEVICE), 8, _gen(2))
+    want = _centroid_and_grads(reference.centroid_attention,
+                               [t.double().requires_grad_() for t in (centroids, k, v)], lengths, 8, _gen(2))
+    assert got[0].dtype == dtype and got[4].dtype == dtype and got[5].dtype == dtype
+    same = (got[2].cpu() == want[2]).all(-1)
+    assert float(same.float().mean()) > 0.9  # rows whose top keys agree with float64's
+    for i, name in ((0, "values"), (3, "dcentroids"), (4, "dk"), (5, "dv")):
+        assert _rel(got[i].cpu(), want[i]) < tol, name
+    assert _rel(got[1].cpu()[same], want[1][same]) < tol, "top_w"
+
+
+def test_fused_centroid_attention_refuses_what_it_does_not_serve():
+    c, k = torch.zeros(1, 1, 3, 8, device=DEVICE), torch.zeros(1, 1, 5, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="topk=6 must be in"):
+        tcen.centroid_attention(c, k, k, None, 1.0, 6)
+    with pytest.raises(ValueError, match=f"C <= {tcen.MAX_CENTROIDS // 2}"):  # float32: half the rows
+        tcen.centroid_attention(torch.zeros(1, 1, tcen.MAX_CENTROIDS // 2 + 1, 8, device=DEVICE), k, k, None, 1.0, 2)
+    assert tcen.applies(torch.zeros(1, 1, tcen.MAX_CENTROIDS, 8), k.half(), k.half())
+    wide = torch.zeros(1, 1, 5, 64, dtype=torch.bfloat16)  # heads of 64: 64 centroids in half precision
+    assert tcen.applies(torch.zeros(1, 1, 64, 64), wide, wide)
+    assert not tcen.applies(torch.zeros(1, 1, 65, 64), wide, wide)
+    assert not tcen.applies(torch.zeros(1, 1, 8, 64), wide.float(), wide.float())
+    with pytest.raises(ValueError, match="must be"):
+        tcen.centroid_attention(c, torch.zeros(1, 1, 5, 6, device=DEVICE), k, None, 1.0, 2)
+    assert not tcen.applies(c, k.double(), k.double())
+
+
 # ------------------------------------------------------------------ the fused sparse part
 def _sparse_inputs(B, H, N, E, EV, C, K, g, dtype=torch.float32, noncontiguous=False):
     """Inputs of ``improved_sparse``: q, k (E), v (Ev), centroid values and top weights."""
@@ -538,11 +641,14 @@ def test_ops_dispatch_rules(monkeypatch):
         ops.hash_codes(torch.zeros(1, 1, 2, 3), torch.zeros(4, 8))
 
 
-def test_i_clustered_attention_through_triton_equals_reference(monkeypatch):
-    """End to end: i-clustered attention with every op on Triton vs on the reference."""
+@pytest.mark.parametrize("fused_centroids", [False, True])
+def test_i_clustered_attention_through_triton_equals_reference(fused_centroids, monkeypatch):
+    """End to end: i-clustered attention with every op on Triton vs on the reference, its
+    centroid attention in torch with the Triton top-k or fused (``ops.TRITON_CENTROID_TOPK``)."""
     from fastasr.attention import build_attention
     from fastasr.kernels import ops
 
+    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", fused_centroids)
     g = _gen(21)
     B, H, N, E = 2, 2, 45, 16
     q, k, v = (torch.randn(B, H, N, E, generator=g) for _ in range(3))
@@ -745,6 +851,11 @@ _LAUNCHES = {
     # (_sparse_blocks); half precision shares one table
     "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
                         "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1}, 52),
+    # with ops.TRITON_CENTROID_TOPK: the centroid attention in three launches forward, one backward
+    "i-clustered-10 fused": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
+                              "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
+                              "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_centroid_bwd_kernel": 1},
+                             35),
 }
 
 
@@ -766,8 +877,9 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     from fastasr.kernels import ops
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", spec.endswith(" fused"))
     overrides = {"topk": 8} if spec.startswith("i-") else {}
-    attn = build_attention(spec, seed=0, iterations=3, **overrides)
+    attn = build_attention(spec.split()[0], seed=0, iterations=3, **overrides)
     g = _gen(40)
     q, k, v = (torch.randn(2, 3, 45, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
     lengths = check_lengths(torch.tensor([45, 29]).to(DEVICE), 2, 45)

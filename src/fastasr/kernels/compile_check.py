@@ -40,6 +40,7 @@ def _configs():
     import triton.language as tl
 
     from fastasr.kernels import cluster_order as co  # needs Triton
+    from fastasr.kernels import triton_centroid as tcen  # needs Triton
     from fastasr.kernels import triton_clustered as tc  # needs Triton
     from fastasr.kernels import triton_hashing as th  # needs Triton
     from fastasr.kernels import triton_kmeans as tk  # needs Triton
@@ -69,8 +70,41 @@ def _configs():
                 {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32"},
                 {"BLOCK_C": tk.UPDATE_BLOCK_C}, {}))
     for block_n, rows in ((1024, 4), (4096, 1), (tt.MAX_N, 1)):  # N = 800, 3,200 and the longest held
-        out.append((f"topk N<={block_n} rows={rows}", tt._topk_kernel, {"x_ptr": "*fp32", "out_ptr": "*i64"},
-                    {"BLOCK_N": block_n, "ROWS": rows}, {"num_warps": 8}))
+        for weights in (False, True):
+            out.append((f"topk N<={block_n} rows={rows} weights={weights}", tt._topk_kernel,
+                        {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
+                        {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights}, {"num_warps": 8}))
+    for t in ("fp32", "bf16", "fp16"):
+        dot_dtype, precision = tc.dot_config(
+            {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
+        widest = tcen.MAX_CENTROIDS // 2 if t == "fp32" else tcen.MAX_CENTROIDS
+        cases = [(25, 32), (100, 32), (widest, 32)] + ([] if t == "fp32" else [(25, 64), (64, 64)])
+        for clusters, E in cases:  # the tiles max_centroids serves, up to its bounds
+            data = {"c_ptr": "*fp32", "k_ptr": f"*{t}", "v_ptr": f"*{t}", "len_ptr": "*i64", "scale": "fp32"}
+            for kernel, backward, ptrs in (
+                (tcen._centroid_fwd_kernel, False, {"logits_ptr": "*fp32", "part_m_ptr": "*fp32",
+                                                    "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32"}),
+                (tcen._centroid_bwd_kernel, True, {"lse_ptr": "*fp32", "values_ptr": "*fp32",
+                                                   "dvalues_ptr": f"*{t}", "tw_ptr": "*fp32", "dtw_ptr": "*fp32",
+                                                   "idx_ptr": "*i64", "dc_ptr": "*fp32", "dk_ptr": f"*{t}",
+                                                   "dv_ptr": f"*{t}"}),
+            ):
+                tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward)
+                options = {"num_warps": tiles.pop("num_warps")}
+                consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": tcen.SPLIT_KEYS, **tiles}
+                if backward:
+                    consts.update(HAS_TOP=True, BLOCK_K=32)
+                name = "centroid_bwd" if backward else "centroid_fwd"
+                out.append((f"{name} {t} C={clusters} E={E} tile {tiles['BLOCK_C']}x{tiles['BLOCK_N']}",
+                            kernel, {**data, **ptrs}, consts, options))
+            if t == "fp32":  # the combine kernel reads fp32 partials whatever the inputs
+                continue
+            tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, False)
+            out.append((f"centroid_combine {t} C={clusters} E={E}", tcen._centroid_combine_kernel,
+                        {"part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32",
+                         "values_ptr": f"*{t}", "values32_ptr": "*fp32", "lse_ptr": "*fp32"},
+                        {"BLOCK_C": tiles["BLOCK_C"], "BLOCK_V": tiles["BLOCK_V"]},
+                        {"num_warps": tiles["num_warps"]}))
     for clusters in (100, tk.MAX_CLUSTERS):
         block_c, block_p = co.table_tile(clusters)
         out.append((f"block table C={clusters}", co._block_table_kernel, {"counts_ptr": "*i64", "table_ptr": "*i64"},
@@ -78,7 +112,7 @@ def _configs():
     idx = {"idx_ptr": "*i64", "perm_ptr": "*i64", "blk_ptr": "*i64"}
     for t in ("fp32", "bf16", "fp16"):
         for E in (32, 64):
-            dot_dtype, precision = tc._dot_config(
+            dot_dtype, precision = tc.dot_config(
                 {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
             block_n, block_k, block_e = tc._blocks(32, E, dot_dtype)
             consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "BLOCK_N": block_n,

@@ -9,7 +9,8 @@ K-means rules). Three implementations:
   ``make install``): hashing, K-means, top-k selection and the fused per-query part
   of improved clustered attention;
 * ``triton``: the Triton kernels (``triton_hashing``, ``triton_kmeans``,
-  ``triton_clustered``, ``triton_topk``) for CUDA tensors.
+  ``triton_clustered``, ``triton_topk``; ``triton_centroid`` with
+  :data:`TRITON_CENTROID_TOPK`) for CUDA tensors.
 
 An op an implementation lacks runs the reference (the clustered products on CPU are
 fused into ``improved_sparse``; ``topk_indices`` on CUDA takes ``torch.topk`` for rows
@@ -49,6 +50,7 @@ __all__ = [
     "clustered_dot",
     "clustered_weighted_sum",
     "centroid_attention",
+    "TRITON_CENTROID_TOPK",
     "fused_centroid_attention_applies",
     "fused_centroid_values",
     "improved_sparse",
@@ -59,6 +61,14 @@ __all__ = [
 
 #: Environment variable that forces one implementation: auto | reference | native | triton.
 KERNELS_ENV = "FASTASR_KERNELS"
+
+#: i-clustered's centroid attention where the Triton kernels run: False, PyTorch's products and
+#: softmax with the Triton top-k (the path the H100 tables were measured on); True, the fused
+#: Triton kernels of :mod:`fastasr.kernels.triton_centroid` (three launches forward, one
+#: backward, no (C, N) tensor but the logits). Equal to the reference under the interpreter
+#: and compiled for sm_90 without spills, not yet timed on a GPU: ``make gpu-check`` times the
+#: two in one run (``benchmarks/clustering_gpu.py``), and the faster becomes this default.
+TRITON_CENTROID_TOPK = False
 _CHOICES = ("auto", "reference", "native", "triton")
 
 # The ops each implementation has (the Triton ones: the module holding each kernel).
@@ -169,6 +179,8 @@ def centroid_attention(
 
     On CUDA without top keys (clustered attention), in half precision or float32 and unless
     ``FASTASR_KERNELS=reference``: one fused attention call, :func:`fused_centroid_values`.
+    With top keys where the Triton kernels run and :data:`TRITON_CENTROID_TOPK` is set:
+    :func:`fastasr.kernels.triton_centroid.centroid_attention` (for the shapes it serves).
     Where the reference runs (CUDA with top keys, or no C++ kernels), its top keys are chosen
     by :func:`topk_indices`, so on CUDA by the Triton top-k.
     """
@@ -176,6 +188,10 @@ def centroid_attention(
         values = fused_centroid_values(centroids, k, v, lengths, scale)
         return values, values.new_empty(*values.shape[:3], 0), torch.empty(
             *values.shape[:3], 0, dtype=torch.int64, device=values.device)
+    if topk and TRITON_CENTROID_TOPK and kernel_backend(k, "improved_sparse") == "triton":
+        kernels = import_kernel_module("triton_centroid")
+        if kernels.applies(centroids, k, v):
+            return kernels.centroid_attention(centroids, k, v, lengths, scale, topk)
     backend = _backend(centroids, "centroid_attention")
     if backend is reference:  # the reference's products, its top keys chosen by this module's topk_indices
         return reference.centroid_attention(centroids, k, v, lengths, scale, topk, select=topk_indices)

@@ -67,7 +67,7 @@ from fastasr.kernels.cluster_order import ClusterOrder, cluster_order
 
 ensure_interpreter_compat()
 
-__all__ = ["ClusterOrder", "cluster_order", "clustered_dot", "clustered_weighted_sum",
+__all__ = ["ClusterOrder", "cluster_order", "clustered_dot", "clustered_weighted_sum", "dot_config",
            "improved_sparse"]
 
 MAX_FEATURES = 256  # E and K are held whole in one tile
@@ -316,7 +316,7 @@ def _sparse_bwd_kernel(
 # --- host side -------------------------------------------------------------------------
 
 
-def _dot_config(dtype: torch.dtype, interpreted: bool):
+def dot_config(dtype: torch.dtype, interpreted: bool):
     """(tl dtype of the dot operands, input_precision) for inputs promoted to ``dtype``."""
     if dtype == torch.float32:
         return tl.float32, "ieee"  # fp32 accuracy (the 1e-4 contract), not tf32
@@ -370,7 +370,7 @@ def _launch(kernel, a, m, topk_idx, order: ClusterOrder, out, width: int):
     B, H, N = a.shape[:3]
     S, K = m.shape[2], topk_idx.shape[3]
     interpreted = kernels_interpreted(kernel)
-    dot_dtype, precision = _dot_config(torch.promote_types(a.dtype, m.dtype), interpreted)
+    dot_dtype, precision = dot_config(torch.promote_types(a.dtype, m.dtype), interpreted)
     block_n, block_k, block_e = _blocks(K, width, dot_dtype)
     table, P = order.blocks(block_n)
     kernel[(B * H, P)](
@@ -520,7 +520,7 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
     S, EV, K = k.shape[2], v.shape[3], top_idx.shape[3]
     C = top_idx.shape[2]
     interpreted = kernels_interpreted(kernel)
-    dot_dtype, precision = _dot_config(torch.promote_types(q.dtype, v.dtype), interpreted)
+    dot_dtype, precision = dot_config(torch.promote_types(q.dtype, v.dtype), interpreted)
     block_n, block_k, block_e, block_v = _sparse_blocks(K, E, EV, dot_dtype, kernel is _sparse_bwd_kernel)
     table, P = order.blocks(block_n)
     kernel[(B * H, P)](

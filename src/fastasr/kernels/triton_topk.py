@@ -15,7 +15,9 @@ chip; then the entries above ``T`` are taken, and of those equal to ``T`` the lo
 positions until ``k`` are taken; a running sum over the row gives each taken entry its
 slot. The row is read once and ``k`` indices written: no sort, no host synchronisation.
 Rows longer than :data:`MAX_N` (not held in registers) and other dtypes go to
-``torch.topk``.
+``torch.topk``. ``topk_softmax(logits, lse, k)`` is the same launch that also writes the
+taken entries' softmax weights ``exp(score - lse)`` (i-clustered's top weights, given each
+row's log-sum-exp), the score recovered from its key.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from fastasr.kernels.availability import (
 
 ensure_interpreter_compat()
 
-__all__ = ["topk_indices", "topk_tile", "MAX_N"]
+__all__ = ["topk_indices", "topk_softmax", "topk_tile", "MAX_N"]
 
 #: Longest row held in registers (one program, 8 warps, 32 scores a thread); longer rows: torch.topk.
 MAX_N = 8192
@@ -41,7 +43,8 @@ _ELEMENTS = 4096  # scores a program holds at most when several rows share it
 
 
 @triton.jit
-def _topk_kernel(x_ptr, out_ptr, R, N, K, BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
+def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
+                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     inside = (rows[:, None] < R) & (cols[None, :] < N)
@@ -66,6 +69,12 @@ def _topk_kernel(x_ptr, out_ptr, R, N, K, BLOCK_N: tl.constexpr, ROWS: tl.conste
     slot = tl.cumsum(take.to(tl.int32), 1) - 1
     tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + slot, cols[None, :].to(tl.int64),
              mask=take & inside)
+    if WEIGHTS:  # the softmax at the taken entries: exp(score - the row's log-sum-exp)
+        lse = tl.load(lse_ptr + rows, mask=rows < R, other=0.0)
+        lse = tl.where(lse == float("-inf"), 0.0, lse)  # a row without keys: weights 0
+        score = (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)  # the keys' inverse
+        tl.store(w_ptr + rows.to(tl.int64)[:, None] * K + slot, tl.exp(score - lse[:, None]),
+                 mask=take & inside)
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -84,14 +93,47 @@ def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     if scores.dtype != torch.float32 or N > MAX_N or k == 0 or scores.numel() == 0:
         return reference.topk_indices(scores, k)
     require_triton("topk_indices", scores.device, kernels_interpreted(_topk_kernel))
+    return _select(scores, k)[0]
+
+
+def topk_softmax(logits: torch.Tensor, lse: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest logits of each row and their softmax weights, in one launch.
+
+    ``logits (..., N)`` float32, ``N <= MAX_N``, ``lse (...)`` float32 each row's
+    log-sum-exp -> ``(indices, weights)``, both ``(..., k)``: the indices as
+    :func:`topk_indices`, ``weights = exp(logits[indices] - lse)`` (0 in a row whose
+    ``lse`` is ``-inf``). No autograd.
+
+    Raises:
+        ValueError: ``k`` outside ``[1, N]``, rows longer than :data:`MAX_N` or not float32.
+    """
+    N = logits.shape[-1]
+    if not 1 <= k <= N or N > MAX_N or logits.dtype != torch.float32 or lse.dtype != torch.float32:
+        raise ValueError(f"topk_softmax: needs float32 logits and lse, 1 <= k <= N <= {MAX_N}; "
+                         f"got k={k}, N={N}, {logits.dtype} logits, {lse.dtype} lse")
+    if lse.shape != logits.shape[:-1]:
+        raise ValueError(f"topk_softmax: lse {tuple(lse.shape)} must be the logits' rows "
+                         f"{tuple(logits.shape[:-1])}")
+    require_triton("topk_softmax", logits.device, kernels_interpreted(_topk_kernel))
+    return _select(logits, k, lse)
+
+
+def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
+    """One launch over the rows of ``scores``: ``(indices, weights)``, weights None without ``lse``."""
+    N = scores.shape[-1]
     rows = scores.detach().reshape(-1, N).contiguous()
     R = rows.shape[0]
     per_program, warps = topk_tile(N, R)
-    out = torch.empty((R, k), dtype=torch.int64, device=scores.device)
-    _topk_kernel[(triton.cdiv(R, per_program),)](
-        rows, out, R, N, k, BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, num_warps=warps,
-    )
-    return out.view(*scores.shape[:-1], k)
+    idx = torch.empty((R, k), dtype=torch.int64, device=scores.device)
+    weights = None if lse is None else torch.empty((R, k), dtype=torch.float32, device=scores.device)
+    if R:
+        _topk_kernel[(triton.cdiv(R, per_program),)](  # without weights the scores stand in for both
+            rows, idx, rows if lse is None else lse.detach().reshape(-1).contiguous(),
+            rows if weights is None else weights, R, N, k,
+            BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None, num_warps=warps,
+        )
+    shape = (*scores.shape[:-1], k)
+    return idx.view(shape), None if weights is None else weights.view(shape)
 
 
 def topk_tile(n: int, rows: int) -> tuple[int, int]:

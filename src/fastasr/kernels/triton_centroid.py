@@ -1,0 +1,327 @@
+"""Triton kernels: the centroid attention of improved clustered attention, forward and backward.
+
+``centroid_attention(centroids, k, v, lengths, scale, topk)`` is the Triton twin of
+``fastasr.kernels.reference.centroid_attention`` (same arguments, same results, differentiable
+in ``centroids``, ``k`` and ``v``) for fp32/fp16/bf16 keys and values. Every centroid attends to
+every valid key of its sequence; what is returned is its output ``values = softmax(l) v``, and
+its ``topk`` largest logits ``l`` as key positions ``top_idx`` with their weights ``top_w``.
+
+Design, the way flash attention computes a softmax without holding it: one program takes one
+(batch, head) and :data:`SPLIT_KEYS` of its keys, holds every centroid of the sequence in one
+tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
+
+* forward, ``_centroid_fwd_kernel``: a block's logits are one tensor-core product, written once
+  to a ``(B, H, C, N)`` float32 buffer for the top-k; a running maximum and sum (online softmax)
+  weigh the block's values into the program's partial output. ``_centroid_combine_kernel``
+  merges the partial outputs of a sequence's key spans into ``values`` and each centroid's
+  log-sum-exp; ``triton_topk.topk_softmax`` reads the logits once and writes the top keys and
+  their weights ``exp(l - lse)``. Three launches; no softmax, weight or gathered tensor of size
+  ``C × N`` besides the logits.
+* backward, ``_centroid_bwd_kernel``: recomputes each block's logits and weights from the
+  log-sum-exp, forms ``dP = dvalues v^T`` plus the top weights' gradients at their keys and
+  ``ds = P (dP - D)`` with ``D = dvalues · values + Σ top_w dtop_w`` (the softmax's row term),
+  and writes the block's ``dk`` and ``dv`` (each key belongs to one program) and adds its
+  ``dcentroids`` with one atomic per centroid and feature. One launch.
+
+Products take the keys' dtype (fp16/bf16 on the tensor cores, fp32 in full precision) with
+fp32 accumulation; logits, softmax and its statistics are fp32, as in the reference. ``dcentroids``
+is summed with atomics over key spans, so it is reproducible to rounding, not bit for bit.
+Rows longer than ``triton_topk.MAX_N`` and more centroids than :func:`max_centroids` are not served here
+(:func:`applies`); ``fastasr.kernels.ops`` sends them to the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastasr.kernels.availability import (
+    ensure_interpreter_compat,
+    kernels_interpreted,
+    require_triton,
+)
+from fastasr.kernels.triton_clustered import dot_config
+from fastasr.kernels.triton_topk import MAX_N, topk_softmax
+
+ensure_interpreter_compat()
+
+__all__ = ["centroid_attention", "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS"]
+
+#: Most centroids a sequence may have: all of them are one tile of a program.
+MAX_CENTROIDS = 256
+#: Keys a program covers, forward and backward (a multiple of every key block).
+SPLIT_KEYS = 512
+_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _key_block(k_ptr, v_ptr, bh, n0, N, E, EV, DOT_DTYPE: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Positions ``n0 ..`` of a block, which of them exist, and their key and value rows."""
+    cols = n0 + tl.arange(0, BLOCK_N)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_v = tl.arange(0, BLOCK_V)
+    in_n = cols < N
+    keys = tl.load(k_ptr + (bh * N + cols[:, None]) * E + offs_e[None, :],
+                   mask=in_n[:, None] & (offs_e[None, :] < E), other=0.0).to(DOT_DTYPE)
+    vals = tl.load(v_ptr + (bh * N + cols[:, None]) * EV + offs_v[None, :],
+                   mask=in_n[:, None] & (offs_v[None, :] < EV), other=0.0).to(DOT_DTYPE)
+    return cols, in_n, keys, vals
+
+
+@triton.jit
+def _centroid_fwd_kernel(
+    c_ptr, k_ptr, v_ptr, len_ptr, logits_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
+    H, C, N, E, EV, SPLITS, scale,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    bh = pid_bh.to(tl.int64)
+    length = tl.load(len_ptr + pid_bh // H)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_v = tl.arange(0, BLOCK_V)
+    c_ok = offs_c < C
+    cent = tl.load(c_ptr + (bh * C + offs_c[:, None]) * E + offs_e[None, :],
+                   mask=c_ok[:, None] & (offs_e[None, :] < E), other=0.0).to(DOT_DTYPE)
+    m = tl.full((BLOCK_C,), float("-inf"), tl.float32)
+    l_sum = tl.zeros((BLOCK_C,), tl.float32)
+    acc = tl.zeros((BLOCK_C, BLOCK_V), tl.float32)
+    start = split * SPAN
+    for n0 in range(start, tl.minimum(start + SPAN, N), BLOCK_N):
+        cols, in_n, keys, vals = _key_block(k_ptr, v_ptr, bh, n0, N, E, EV, DOT_DTYPE,
+                                            BLOCK_N, BLOCK_E, BLOCK_V)
+        s = tl.dot(cent, tl.trans(keys), input_precision=PRECISION) * scale
+        s = tl.where((cols < length)[None, :], s, float("-inf"))
+        tl.store(logits_ptr + (bh * C + offs_c[:, None]) * N + cols[None, :], s,
+                 mask=c_ok[:, None] & in_n[None, :])
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: all weights 0
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), vals, input_precision=PRECISION)
+        m = m_new
+    row = (bh * SPLITS + split) * C + offs_c
+    tl.store(part_m_ptr + row, m, mask=c_ok)
+    tl.store(part_l_ptr + row, l_sum, mask=c_ok)
+    tl.store(part_acc_ptr + row[:, None] * EV + offs_v[None, :], acc,
+             mask=c_ok[:, None] & (offs_v[None, :] < EV))
+
+
+@triton.jit
+def _centroid_combine_kernel(
+    part_m_ptr, part_l_ptr, part_acc_ptr, values_ptr, values32_ptr, lse_ptr,
+    C, EV, SPLITS, BLOCK_C: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    bh = tl.program_id(0).to(tl.int64)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_v = tl.arange(0, BLOCK_V)
+    c_ok = offs_c < C
+    ok = c_ok[:, None] & (offs_v[None, :] < EV)
+    m = tl.full((BLOCK_C,), float("-inf"), tl.float32)
+    for s in range(SPLITS):
+        m = tl.maximum(m, tl.load(part_m_ptr + (bh * SPLITS + s) * C + offs_c, mask=c_ok,
+                                  other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    l_sum = tl.zeros((BLOCK_C,), tl.float32)
+    acc = tl.zeros((BLOCK_C, BLOCK_V), tl.float32)
+    for s in range(SPLITS):
+        row = (bh * SPLITS + s) * C + offs_c
+        w = tl.exp(tl.load(part_m_ptr + row, mask=c_ok, other=float("-inf")) - m_safe)
+        l_sum += tl.load(part_l_ptr + row, mask=c_ok, other=0.0) * w
+        acc += tl.load(part_acc_ptr + row[:, None] * EV + offs_v[None, :], mask=ok, other=0.0) * w[:, None]
+    values = acc / tl.where(l_sum == 0.0, 1.0, l_sum)[:, None]  # no valid key: 0
+    out = (bh * C + offs_c)[:, None] * EV + offs_v[None, :]
+    tl.store(values_ptr + out, values.to(values_ptr.dtype.element_ty), mask=ok)
+    tl.store(values32_ptr + out, values, mask=ok)
+    lse = m + tl.log(tl.where(l_sum > 0.0, l_sum, 1.0))
+    tl.store(lse_ptr + bh * C + offs_c, tl.where(l_sum > 0.0, lse, float("-inf")), mask=c_ok)
+
+
+@triton.jit
+def _centroid_bwd_kernel(
+    c_ptr, k_ptr, v_ptr, len_ptr, lse_ptr, values_ptr, dvalues_ptr, tw_ptr, dtw_ptr, idx_ptr,
+    dc_ptr, dk_ptr, dv_ptr,
+    H, C, N, E, EV, K, scale,
+    HAS_TOP: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
+    BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_bh = tl.program_id(0)
+    bh = pid_bh.to(tl.int64)
+    length = tl.load(len_ptr + pid_bh // H)
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_v = tl.arange(0, BLOCK_V)
+    c_ok = offs_c < C
+    crow = bh * C + offs_c
+    e_mask = c_ok[:, None] & (offs_e[None, :] < E)
+    v_mask = c_ok[:, None] & (offs_v[None, :] < EV)
+    cent = tl.load(c_ptr + crow[:, None] * E + offs_e[None, :], mask=e_mask, other=0.0).to(DOT_DTYPE)
+    lse = tl.load(lse_ptr + crow, mask=c_ok, other=0.0)
+    lse = tl.where(lse == float("-inf"), 0.0, lse)  # a centroid without keys: its weights are 0
+    dvals = tl.load(dvalues_ptr + crow[:, None] * EV + offs_v[None, :], mask=v_mask, other=0.0)
+    vals = tl.load(values_ptr + crow[:, None] * EV + offs_v[None, :], mask=v_mask, other=0.0)
+    row_term = tl.sum(dvals.to(tl.float32) * vals, 1)  # D = Σ_n P dP: dvalues · values ...
+    if HAS_TOP:  # ... + Σ_t top_w dtop_w
+        offs_t = tl.arange(0, BLOCK_K)
+        t_mask = c_ok[:, None] & (offs_t[None, :] < K)
+        tw = tl.load(tw_ptr + crow[:, None] * K + offs_t[None, :], mask=t_mask, other=0.0)
+        dtw = tl.load(dtw_ptr + crow[:, None] * K + offs_t[None, :], mask=t_mask, other=0.0)
+        row_term += tl.sum(tw * dtw, 1)
+    dvals = dvals.to(DOT_DTYPE)
+    dcent = tl.zeros((BLOCK_C, BLOCK_E), tl.float32)
+    start = tl.program_id(1) * SPAN
+    for n0 in range(start, tl.minimum(start + SPAN, N), BLOCK_N):
+        cols, in_n, keys, vals_n = _key_block(k_ptr, v_ptr, bh, n0, N, E, EV, DOT_DTYPE,
+                                              BLOCK_N, BLOCK_E, BLOCK_V)
+        s = tl.dot(cent, tl.trans(keys), input_precision=PRECISION) * scale
+        ok = c_ok[:, None] & (cols < length)[None, :]
+        p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
+        dp = tl.dot(dvals, tl.trans(vals_n), input_precision=PRECISION)
+        if HAS_TOP:  # the top weights' gradients at their keys
+            for t in range(K):
+                key_t = tl.load(idx_ptr + crow * K + t, mask=c_ok, other=-1)
+                dtw_t = tl.load(dtw_ptr + crow * K + t, mask=c_ok, other=0.0)
+                dp += tl.where(key_t[:, None] == cols[None, :], dtw_t[:, None], 0.0)
+        ds = (p * (dp - row_term[:, None]) * scale).to(DOT_DTYPE)
+        dv_n = tl.dot(tl.trans(p.to(DOT_DTYPE)), dvals, input_precision=PRECISION)
+        tl.store(dv_ptr + (bh * N + cols[:, None]) * EV + offs_v[None, :],
+                 dv_n.to(dv_ptr.dtype.element_ty), mask=in_n[:, None] & (offs_v[None, :] < EV))
+        dk_n = tl.dot(tl.trans(ds), cent, input_precision=PRECISION)
+        tl.store(dk_ptr + (bh * N + cols[:, None]) * E + offs_e[None, :],
+                 dk_n.to(dk_ptr.dtype.element_ty), mask=in_n[:, None] & (offs_e[None, :] < E))
+        dcent += tl.dot(ds, keys, input_precision=PRECISION)
+    tl.atomic_add(dc_ptr + crow[:, None] * E + offs_e[None, :], dcent, mask=e_mask)
+
+
+def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool) -> dict:
+    """Block sizes and warps of a launch: every centroid in one tile (at least 64 rows),
+    fewer keys a block and more warps for wider tiles (fp32 operands, the backward's extra
+    tiles, ``C > 128``). Each configuration compiles for sm_90 without spills
+    (``python -m fastasr.kernels.compile_check``); none is timed yet."""
+    block_c = max(64, triton.next_power_of_2(C))  # fewer rows took more registers on sm_90
+    block_e = max(16, triton.next_power_of_2(max(E, EV)))
+    width = block_c * (4 if dot_dtype == tl.float32 else 1) * (2 if backward else 1) * max(1, block_e // 32)
+    block_n = 64 if width <= 128 else (32 if width <= 256 and block_c <= 128 else 16)
+    warps = 8 if width <= 128 or (backward and width <= 256) else 16
+    return {"BLOCK_C": block_c, "BLOCK_N": block_n, "BLOCK_E": max(16, triton.next_power_of_2(E)),
+            "BLOCK_V": max(16, triton.next_power_of_2(EV)), "num_warps": warps}
+
+
+def max_centroids(k: torch.Tensor, v: torch.Tensor) -> int:
+    """The most centroids served for these keys and values (0: none), the largest tiles whose
+    backward compiles for sm_90 without spills: heads up to 32 wide, :data:`MAX_CENTROIDS` in
+    half precision and half that in float32; heads up to 64 wide, 64 in half precision."""
+    width = max(k.shape[-1], v.shape[-1])
+    fp32 = torch.float32 in (k.dtype, v.dtype)
+    if width <= 32:
+        return MAX_CENTROIDS // 2 if fp32 else MAX_CENTROIDS
+    return 64 if width <= 64 and not fp32 else 0
+
+
+def applies(centroids: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`centroid_attention` serves these shapes and dtypes."""
+    C, N = centroids.shape[2], k.shape[2]
+    return (k.dtype in _SUPPORTED and v.dtype in _SUPPORTED and 1 <= C <= max_centroids(k, v)
+            and 1 <= N <= MAX_N and centroids.dtype in (torch.float32, *_SUPPORTED))
+
+
+def _launch_config(centroids, k, v, backward):
+    interpreted = kernels_interpreted(_centroid_fwd_kernel)
+    dot_dtype, precision = dot_config(torch.promote_types(k.dtype, v.dtype), interpreted)
+    tiles = centroid_tiles(centroids.shape[2], k.shape[3], v.shape[3], dot_dtype, backward)
+    return {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": SPLIT_KEYS, **tiles}
+
+
+class _CentroidAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, centroids, k, v, lengths, scale, topk):
+        B, H, C, E = centroids.shape
+        N, EV = k.shape[2], v.shape[3]
+        splits = triton.cdiv(N, SPLIT_KEYS)
+        f32 = dict(dtype=torch.float32, device=k.device)
+        logits = torch.empty((B, H, C, N), **f32)
+        part_m, part_l = torch.empty((B, H, splits, C), **f32), torch.empty((B, H, splits, C), **f32)
+        part_acc = torch.empty((B, H, splits, C, EV), **f32)
+        config = _launch_config(centroids, k, v, backward=False)
+        _centroid_fwd_kernel[(B * H, splits)](
+            centroids, k, v, lengths, logits, part_m, part_l, part_acc,
+            H, C, N, E, EV, splits, scale, **config)
+        values = torch.empty((B, H, C, EV), dtype=v.dtype, device=v.device)
+        values32, lse = torch.empty((B, H, C, EV), **f32), torch.empty((B, H, C), **f32)
+        _centroid_combine_kernel[(B * H,)](
+            part_m, part_l, part_acc, values, values32, lse, C, EV, splits,
+            BLOCK_C=config["BLOCK_C"], BLOCK_V=config["BLOCK_V"], num_warps=config["num_warps"])
+        if topk:
+            top_idx, top_w = topk_softmax(logits, lse, topk)
+        else:
+            top_idx = torch.empty((B, H, C, 0), dtype=torch.int64, device=k.device)
+            top_w = torch.empty((B, H, C, 0), **f32)
+        ctx.save_for_backward(centroids, k, v, lengths, lse, values32, top_w, top_idx)
+        ctx.scale = scale
+        ctx.mark_non_differentiable(top_idx)
+        return values, top_w.to(centroids.dtype), top_idx
+
+    @staticmethod
+    def backward(ctx, dvalues, dtop_w, _):
+        centroids, k, v, lengths, lse, values32, top_w, top_idx = ctx.saved_tensors
+        B, H, C, E = centroids.shape
+        N, EV, K = k.shape[2], v.shape[3], top_idx.shape[3]
+        dcent = torch.zeros((B, H, C, E), dtype=torch.float32, device=k.device)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        dtop_w = dtop_w.float().contiguous() if K else top_w
+        _centroid_bwd_kernel[(B * H, triton.cdiv(N, SPLIT_KEYS))](
+            centroids, k, v, lengths, lse, values32, dvalues.contiguous(), top_w, dtop_w, top_idx,
+            dcent, dk, dv, H, C, N, E, EV, K, ctx.scale,
+            HAS_TOP=K > 0, BLOCK_K=max(16, triton.next_power_of_2(K)),
+            **_launch_config(centroids, k, v, backward=True))
+        return dcent.to(centroids.dtype), dk, dv, None, None, None
+
+
+def centroid_attention(
+    centroids: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor | None,
+    scale: float,
+    topk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``reference.centroid_attention`` in three Triton launches forward and one backward.
+
+    Args:
+        centroids: ``(B, H, C, E)`` (float32; the products take ``k``'s dtype); k: ``(B, H, N, E)``;
+            v: ``(B, H, N, Ev)``, fp32/fp16/bf16; lengths: ``(B,)`` or None; scale: the
+            logits' factor; topk: keys to select per centroid, ``0 <= topk <= N``.
+
+    Returns:
+        ``values`` ``(B, H, C, Ev)`` in ``v``'s dtype, ``top_w`` ``(B, H, C, topk)`` in the
+        centroids' dtype and ``top_idx`` ``(B, H, C, topk)`` int64, as the reference (a
+        centroid of a sequence without valid keys gets zeros where the reference has NaN).
+
+    Raises:
+        ValueError: shapes that disagree, ``topk`` out of range, or what :func:`applies` refuses.
+    """
+    require_triton("centroid_attention", k.device, kernels_interpreted(_centroid_fwd_kernel))
+    if centroids.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("centroid_attention: centroids, k and v must be 4-D (B, H, ·, ·)")
+    B, H, C, E = centroids.shape
+    N = k.shape[2]
+    if k.shape[:2] != (B, H) or k.shape[3] != E or v.shape[:3] != k.shape[:3]:
+        raise ValueError(f"centroid_attention: centroids {tuple(centroids.shape)}, k {tuple(k.shape)} "
+                         f"and v {tuple(v.shape)} must be (B, H, C, E), (B, H, N, E), (B, H, N, Ev)")
+    if not 0 <= topk <= N:
+        raise ValueError(f"centroid_attention: topk={topk} must be in [0, N={N}]")
+    if not applies(centroids, k, v):
+        raise ValueError(f"centroid_attention: needs fp32/fp16/bf16 k and v, 1 <= C <= "
+                         f"{max_centroids(k, v)} (for heads of {k.shape[-1]}/{v.shape[-1]} in these "
+                         f"dtypes) and 1 <= N <= {MAX_N}; got C={C}, N={N}, k {k.dtype}, v {v.dtype}")
+    if lengths is None:
+        lengths = torch.full((B,), N, dtype=torch.int64, device=k.device)
+    lengths = lengths.to(device=k.device, dtype=torch.int64)
+    return _CentroidAttention.apply(centroids.contiguous(), k.contiguous(), v.contiguous(), lengths,
+                                    scale, topk)
