@@ -439,7 +439,7 @@ CENTROID_CASES = [
 @pytest.mark.parametrize("B,H,C,N,E,EV,K,padded", CENTROID_CASES)
 def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded):
     """Three launches forward, one backward: values, top keys, top weights and the gradients
-    of the centroids, keys and values equal the reference's (float32)."""
+    of the centroids, keys and values equal the reference's (float32, the 1e-4 contract)."""
     g = _gen(B + C + N + E + EV + K)
     centroids, k, v, lengths = _centroid_inputs(B, H, C, N, E, EV, g, padded=padded)
     want = _centroid_and_grads(reference.centroid_attention,
@@ -449,7 +449,7 @@ def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded)
     assert torch.equal(got[2].cpu(), want[2])
     for name, a, b in zip(("values", "top_w", "top_idx", "dcentroids", "dk", "dv"), got, want):
         assert a.dtype == b.dtype, name
-        torch.testing.assert_close(a.detach().cpu(), b.detach(), atol=1e-5, rtol=1e-5,
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), atol=1e-4, rtol=1e-4,
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
@@ -663,6 +663,9 @@ def test_i_clustered_attention_through_triton_equals_reference(fused_centroids, 
         results[backend] = (out.detach().cpu(), *(t.cpu() for t in torch.autograd.grad(out, leaves, grad.to(DEVICE))))
     assert ops.kernel_backend(q.to(DEVICE), "clustered_dot") == "triton"
     ref, got = results["reference"], results["triton"]
+    with torch.inference_mode():  # decoding's mode (evaluate.py, Lightning's test step)
+        decoded = attn(*(t.to(DEVICE) for t in (q, k, v)), lengths.to(DEVICE)).cpu()
+    torch.testing.assert_close(decoded, got[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[0], ref[0], atol=1e-4, rtol=1e-4)
     for name, a, b in zip("qkv", got[1:], ref[1:]):
         torch.testing.assert_close(a, b, atol=1e-3, rtol=1e-3, msg=lambda m, n=name: f"d{n}: {m}")
