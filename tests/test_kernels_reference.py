@@ -164,6 +164,26 @@ def test_kmeans_rejects_bad_arguments():
         reference.hamming_kmeans(codes, None, 2, -1)
 
 
+def test_fixed_point_iteration_is_where_kmeans_stops_changing():
+    """The iteration ``t`` that moves no centroid: ``t - 1`` iterations already give what 30
+    give (the fixed point the C++ and Triton kernels stop at), sequence by sequence; codes
+    near a few centres reach it early, random codes over 2 iterations mostly do not (-1)."""
+    g = torch.Generator().manual_seed(11)
+    base = torch.randint(0, 2**62, (2, 3, 5), generator=g)
+    codes = base.gather(2, torch.randint(0, 5, (2, 3, 60), generator=g))
+    codes = codes ^ ((torch.rand(2, 3, 60, 62, generator=g) < 0.05).long() << torch.arange(62)).sum(-1)
+    lengths = torch.tensor([60, 41])
+    first = reference.fixed_point_iteration(codes, lengths, 5, 30)
+    assert first.shape == (2, 3) and bool(((first >= 1) & (first < 30)).all()), first
+    final = reference.hamming_kmeans(codes, lengths, 5, 30)
+    for b in range(2):
+        for h in range(3):
+            early = reference.hamming_kmeans(codes, lengths, 5, int(first[b, h]) - 1)
+            assert all(torch.equal(e[b, h], f[b, h]) for e, f in zip(early, final)), (b, h)
+    random = torch.randint(0, 2**62, (4, 2, 200), generator=g)
+    assert int((reference.fixed_point_iteration(random, None, 20, 2) == -1).sum()) >= 6
+
+
 # ------------------------------------------------------------------ gathers
 def _dense_per_query(topk_idx, assignments):
     return topk_idx.gather(

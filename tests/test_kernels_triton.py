@@ -917,3 +917,39 @@ def test_kmeans_is_one_launch_when_the_sequences_fill_the_gpu():
         with _LaunchProbe() as probe:
             tk.hamming_kmeans(codes, None, 4, 4, spans=spans)
         assert probe.triton == want and probe.syncs == []
+
+
+def _clustered_codes(B: int, H: int, N: int, centres: int, flip: float, g: torch.Generator) -> torch.Tensor:
+    """Codes near ``centres`` random 62-bit centres, each bit flipped with probability ``flip``."""
+    base = torch.randint(0, 2**62, (B, H, centres), generator=g)
+    near = base.gather(2, torch.randint(0, centres, (B, H, N), generator=g))
+    flips = (torch.rand(B, H, N, 62, generator=g) < flip).long()
+    return near ^ (flips * (2 ** torch.arange(62))).sum(-1)
+
+
+@_INTERPRETER_ONLY
+def test_kmeans_stops_at_a_fixed_point(monkeypatch):
+    """A sequence whose vote moves no centroid stops sweeping (every later iteration would
+    repeat that sweep exactly): clustered codes reach that point within a few of 50 iterations,
+    with the reference's assignments and counts; random codes over 3 iterations take all
+    4 sweeps (3 and the final assignment)."""
+    votes = []
+    vote = tk._vote
+
+    def counted(*args, **kwargs):
+        votes.append(1)
+        return vote.fn(*args, **kwargs)
+
+    monkeypatch.setattr(tk, "_vote", counted)  # the interpreter calls the module's global
+    g = _gen(42)
+    codes = _clustered_codes(1, 2, 60, 5, 0.05, g)
+    lengths = torch.tensor([60])
+    got = tk.hamming_kmeans(codes.to(DEVICE), lengths.to(DEVICE), 5, 50, spans=1)
+    want = reference.hamming_kmeans(codes, lengths, 5, 50)
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
+    assert 2 <= len(votes) <= 2 * 6, len(votes)  # 2 programs (heads), each a handful of sweeps
+    votes.clear()
+    codes = torch.randint(0, 2**62, (1, 1, 200), generator=g)
+    got = tk.hamming_kmeans(codes.to(DEVICE), None, 20, 3, spans=1)
+    assert len(votes) == 4
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, reference.hamming_kmeans(codes, None, 20, 3)))

@@ -41,6 +41,7 @@ __all__ = [
     "pack_bits",
     "hash_codes",
     "hamming_kmeans",
+    "fixed_point_iteration",
     "clustered_dot",
     "clustered_weighted_sum",
     "gather_clusters",
@@ -186,40 +187,79 @@ def hamming_kmeans(
         if lengths is None
         else lengths.to(device=device, dtype=torch.int64)
     )
-    valid = valid_positions(lens, B, N, device)[:, None, :]  # (B,1,N)
-    centroid_codes, c_eff = initial_centroids(codes, lens, C)  # (B,H,C), (B,)
-    used = torch.arange(C, device=device)[None, :] < c_eff[:, None]  # (B,C)
-
-    bits01 = unpack_bits(codes, bits)  # (B,H,N,bits)
-    feats = torch.cat([bits01 * 2 - 1, torch.ones_like(bits01[..., :1])], dim=-1)
-    centroids = torch.cat(
-        [
-            unpack_bits(centroid_codes, bits) * 2 - 1,
-            torch.where(used, 0.0, -4.0 * bits)[:, None, :, None].expand(B, H, C, 1),
-        ],
-        dim=-1,
-    )  # (B,H,C,bits+1): +-1 bits, then the bias
-
-    def assign() -> torch.Tensor:
-        return torch.matmul(feats, centroids.transpose(-1, -2)).argmax(dim=-1)  # (B,H,N)
-
+    lloyd = _Lloyd(codes, lens, C, bits)
     for _ in range(iterations):
-        slot = torch.where(valid, assign(), C)  # padded positions -> dropped row C
-        ones = bits01.new_zeros(B, H, C + 1, bits).scatter_add_(
-            2, slot[..., None].expand(B, H, N, bits), bits01
-        )[:, :, :C]
-        counts = bits01.new_zeros(B, H, C + 1).scatter_add_(
-            2, slot, torch.ones_like(bits01[..., 0])
-        )[..., :C]
-        majority = (2 * ones > counts[..., None]).to(bits01.dtype) * 2 - 1
-        centroids[..., :bits] = torch.where(counts[..., None] > 0, majority, centroids[..., :bits])
-
-    assignments = torch.where(valid, assign(), -1)
+        lloyd.iterate()
+    assignments = torch.where(lloyd.valid, lloyd.assign(), -1)
     counts = torch.zeros(B, H, C + 1, dtype=torch.int64, device=device)
     counts.scatter_add_(
         2, torch.where(assignments < 0, C, assignments), torch.ones_like(assignments)
     )
     return assignments, counts[..., :C]
+
+
+class _Lloyd:
+    """Lloyd's iterations in Hamming space, the state of :func:`hamming_kmeans`: ``centroids``
+    ``(B, H, C, bits + 1)`` (+-1 bits, then a bias column: 0 for used centroids, a large negative
+    value for unused ones) against ``feats`` ``(B, H, N, bits + 1)`` (+-1 bits, then 1)."""
+
+    def __init__(self, codes: torch.Tensor, lens: torch.Tensor, clusters: int, bits: int) -> None:
+        B, H, N = codes.shape
+        C = self.clusters = clusters
+        self.bits = bits
+        self.valid = valid_positions(lens, B, N, codes.device)[:, None, :]  # (B,1,N)
+        centroid_codes, c_eff = initial_centroids(codes, lens, C)  # (B,H,C), (B,)
+        used = torch.arange(C, device=codes.device)[None, :] < c_eff[:, None]  # (B,C)
+        self.bits01 = unpack_bits(codes, bits)  # (B,H,N,bits)
+        self.feats = torch.cat([self.bits01 * 2 - 1, torch.ones_like(self.bits01[..., :1])], dim=-1)
+        self.centroids = torch.cat(
+            [
+                unpack_bits(centroid_codes, bits) * 2 - 1,
+                torch.where(used, 0.0, -4.0 * bits)[:, None, :, None].expand(B, H, C, 1),
+            ],
+            dim=-1,
+        )
+
+    def assign(self) -> torch.Tensor:
+        """``(B, H, N)`` nearest used centroid of every position (ties: the lowest index)."""
+        return torch.matmul(self.feats, self.centroids.transpose(-1, -2)).argmax(dim=-1)
+
+    def iterate(self) -> torch.Tensor:
+        """One iteration: assign, then the strict per-bit majority of each non-empty cluster.
+        Returns ``(B, H)`` bool, whether any centroid of the sequence moved."""
+        bits01, C, bits = self.bits01, self.clusters, self.bits
+        B, H, N, _ = bits01.shape
+        slot = torch.where(self.valid, self.assign(), C)  # padded positions -> dropped row C
+        ones = bits01.new_zeros(B, H, C + 1, bits).scatter_add_(
+            2, slot[..., None].expand(B, H, N, bits), bits01
+        )[:, :, :C]
+        counts = bits01.new_zeros(B, H, C + 1).scatter_add_(2, slot, torch.ones_like(bits01[..., 0]))[..., :C]
+        majority = (2 * ones > counts[..., None]).to(bits01.dtype) * 2 - 1
+        moved = torch.where(counts[..., None] > 0, majority, self.centroids[..., :bits])
+        changed = (moved != self.centroids[..., :bits]).any(-1).any(-1)
+        self.centroids[..., :bits] = moved
+        return changed
+
+
+@torch.no_grad()
+def fixed_point_iteration(
+    codes: torch.Tensor, lengths: torch.Tensor | None, clusters: int, iterations: int, *, bits: int = MAX_BITS
+) -> torch.Tensor:
+    """``(B, H)`` int64: the first of :func:`hamming_kmeans`' Lloyd iterations that moved no
+    centroid of the sequence (1-based), or -1 if every one moved some.
+
+    From there every later iteration repeats it exactly, so the kernels stop (the C++ kernel
+    after that iteration, the Triton one-launch kernel after that sweep) and return what all
+    ``iterations`` would. The benchmark ``kmeans_convergence.py`` counts it on a model's queries.
+    """
+    B, H, N = codes.shape
+    lens = torch.full((B,), N, dtype=torch.int64) if lengths is None else lengths.to(torch.int64)
+    lloyd = _Lloyd(codes, lens.to(codes.device), clusters, bits)
+    first = torch.full((B, H), -1, dtype=torch.int64, device=codes.device)
+    for it in range(1, iterations + 1):
+        still = ~lloyd.iterate()
+        first = torch.where((first < 0) & still, it, first)
+    return first
 
 
 def _per_query_index(topk_idx: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
