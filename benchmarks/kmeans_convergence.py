@@ -35,7 +35,8 @@ from fastasr.recognition.recogniser import load_recogniser
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def first_still_iterations(model, features, lengths, clusters: int, iterations: int) -> list[torch.Tensor]:
+def first_still_iterations(model, features, lengths, clusters: int,
+                           iterations: int) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Per layer, ``(B, H)`` :func:`reference.fixed_point_iteration` of its queries' codes, and
     the lengths the layers saw (after subsampling)."""
     hasher = build_attention(f"clustered-{clusters}", seed=0)

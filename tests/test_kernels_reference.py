@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_fixtures import clustered_codes
 
 from fastasr.kernels import gathers, ops, reference
 
@@ -169,9 +170,7 @@ def test_fixed_point_iteration_is_where_kmeans_stops_changing():
     give (the fixed point the C++ and Triton kernels stop at), sequence by sequence; codes
     near a few centres reach it early, random codes over 2 iterations mostly do not (-1)."""
     g = torch.Generator().manual_seed(11)
-    base = torch.randint(0, 2**62, (2, 3, 5), generator=g)
-    codes = base.gather(2, torch.randint(0, 5, (2, 3, 60), generator=g))
-    codes = codes ^ ((torch.rand(2, 3, 60, 62, generator=g) < 0.05).long() << torch.arange(62)).sum(-1)
+    codes = clustered_codes(2, 3, 60, 5, 0.05, g)
     lengths = torch.tensor([60, 41])
     first = reference.fixed_point_iteration(codes, lengths, 5, 30)
     assert first.shape == (2, 3) and bool(((first >= 1) & (first < 30)).all()), first
@@ -182,6 +181,10 @@ def test_fixed_point_iteration_is_where_kmeans_stops_changing():
             assert all(torch.equal(e[b, h], f[b, h]) for e, f in zip(early, final)), (b, h)
     random = torch.randint(0, 2**62, (4, 2, 200), generator=g)
     assert int((reference.fixed_point_iteration(random, None, 20, 2) == -1).sum()) >= 6
+    with pytest.raises(ValueError, match="clusters=0"):
+        reference.fixed_point_iteration(codes, lengths, 0, 3)
+    with pytest.raises(ValueError, match="no positions"):
+        reference.fixed_point_iteration(codes[..., :0], None, 5, 3)
 
 
 # ------------------------------------------------------------------ gathers

@@ -33,6 +33,8 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+from kernel_fixtures import clustered_codes  # noqa: E402
+
 from fastasr.kernels import availability, reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -919,14 +921,6 @@ def test_kmeans_is_one_launch_when_the_sequences_fill_the_gpu():
         assert probe.triton == want and probe.syncs == []
 
 
-def _clustered_codes(B: int, H: int, N: int, centres: int, flip: float, g: torch.Generator) -> torch.Tensor:
-    """Codes near ``centres`` random 62-bit centres, each bit flipped with probability ``flip``."""
-    base = torch.randint(0, 2**62, (B, H, centres), generator=g)
-    near = base.gather(2, torch.randint(0, centres, (B, H, N), generator=g))
-    flips = (torch.rand(B, H, N, 62, generator=g) < flip).long()
-    return near ^ (flips * (2 ** torch.arange(62))).sum(-1)
-
-
 @_INTERPRETER_ONLY
 def test_kmeans_stops_at_a_fixed_point(monkeypatch):
     """A sequence whose vote moves no centroid stops sweeping (every later iteration would
@@ -942,7 +936,7 @@ def test_kmeans_stops_at_a_fixed_point(monkeypatch):
 
     monkeypatch.setattr(tk, "_vote", counted)  # the interpreter calls the module's global
     g = _gen(42)
-    codes = _clustered_codes(1, 2, 60, 5, 0.05, g)
+    codes = clustered_codes(1, 2, 60, 5, 0.05, g)
     lengths = torch.tensor([60])
     got = tk.hamming_kmeans(codes.to(DEVICE), lengths.to(DEVICE), 5, 50, spans=1)
     want = reference.hamming_kmeans(codes, lengths, 5, 50)

@@ -170,10 +170,7 @@ def hamming_kmeans(
     centroid index.
     """
     del generator
-    if clusters < 1:
-        raise ValueError(f"hamming_kmeans: clusters={clusters}; expected >= 1")
-    if iterations < 0:
-        raise ValueError(f"hamming_kmeans: iterations={iterations}; expected >= 0")
+    _check_kmeans("hamming_kmeans", clusters, iterations)
     B, H, N = codes.shape
     device = codes.device
     C = clusters
@@ -182,12 +179,7 @@ def hamming_kmeans(
             torch.full((B, H, 0), -1, dtype=torch.int64, device=device),
             torch.zeros(B, H, C, dtype=torch.int64, device=device),
         )
-    lens = (
-        torch.full((B,), N, dtype=torch.int64, device=device)
-        if lengths is None
-        else lengths.to(device=device, dtype=torch.int64)
-    )
-    lloyd = _Lloyd(codes, lens, C, bits)
+    lloyd = _Lloyd(codes, lengths, C, bits)
     for _ in range(iterations):
         lloyd.iterate()
     assignments = torch.where(lloyd.valid, lloyd.assign(), -1)
@@ -198,15 +190,25 @@ def hamming_kmeans(
     return assignments, counts[..., :C]
 
 
+def _check_kmeans(op: str, clusters: int, iterations: int) -> None:
+    if clusters < 1:
+        raise ValueError(f"{op}: clusters={clusters}; expected >= 1")
+    if iterations < 0:
+        raise ValueError(f"{op}: iterations={iterations}; expected >= 0")
+
+
 class _Lloyd:
     """Lloyd's iterations in Hamming space, the state of :func:`hamming_kmeans`: ``centroids``
     ``(B, H, C, bits + 1)`` (+-1 bits, then a bias column: 0 for used centroids, a large negative
-    value for unused ones) against ``feats`` ``(B, H, N, bits + 1)`` (+-1 bits, then 1)."""
+    value for unused ones) against ``feats`` ``(B, H, N, bits + 1)`` (+-1 bits, then 1).
+    ``codes`` ``(B, H, N)``, ``N >= 1``; ``lengths`` ``(B,)`` or None (all valid)."""
 
-    def __init__(self, codes: torch.Tensor, lens: torch.Tensor, clusters: int, bits: int) -> None:
+    def __init__(self, codes: torch.Tensor, lengths: torch.Tensor | None, clusters: int, bits: int) -> None:
         B, H, N = codes.shape
         C = self.clusters = clusters
         self.bits = bits
+        lens = (torch.full((B,), N, dtype=torch.int64, device=codes.device) if lengths is None
+                else lengths.to(device=codes.device, dtype=torch.int64))
         self.valid = valid_positions(lens, B, N, codes.device)[:, None, :]  # (B,1,N)
         centroid_codes, c_eff = initial_centroids(codes, lens, C)  # (B,H,C), (B,)
         used = torch.arange(C, device=codes.device)[None, :] < c_eff[:, None]  # (B,C)
@@ -224,9 +226,8 @@ class _Lloyd:
         """``(B, H, N)`` nearest used centroid of every position (ties: the lowest index)."""
         return torch.matmul(self.feats, self.centroids.transpose(-1, -2)).argmax(dim=-1)
 
-    def iterate(self) -> torch.Tensor:
-        """One iteration: assign, then the strict per-bit majority of each non-empty cluster.
-        Returns ``(B, H)`` bool, whether any centroid of the sequence moved."""
+    def iterate(self) -> None:
+        """One iteration: assign, then the strict per-bit majority of each non-empty cluster."""
         bits01, C, bits = self.bits01, self.clusters, self.bits
         B, H, N, _ = bits01.shape
         slot = torch.where(self.valid, self.assign(), C)  # padded positions -> dropped row C
@@ -235,10 +236,7 @@ class _Lloyd:
         )[:, :, :C]
         counts = bits01.new_zeros(B, H, C + 1).scatter_add_(2, slot, torch.ones_like(bits01[..., 0]))[..., :C]
         majority = (2 * ones > counts[..., None]).to(bits01.dtype) * 2 - 1
-        moved = torch.where(counts[..., None] > 0, majority, self.centroids[..., :bits])
-        changed = (moved != self.centroids[..., :bits]).any(-1).any(-1)
-        self.centroids[..., :bits] = moved
-        return changed
+        self.centroids[..., :bits] = torch.where(counts[..., None] > 0, majority, self.centroids[..., :bits])
 
 
 @torch.no_grad()
@@ -252,12 +250,16 @@ def fixed_point_iteration(
     after that iteration, the Triton one-launch kernel after that sweep) and return what all
     ``iterations`` would. The benchmark ``kmeans_convergence.py`` counts it on a model's queries.
     """
+    _check_kmeans("fixed_point_iteration", clusters, iterations)
     B, H, N = codes.shape
-    lens = torch.full((B,), N, dtype=torch.int64) if lengths is None else lengths.to(torch.int64)
-    lloyd = _Lloyd(codes, lens.to(codes.device), clusters, bits)
+    if N == 0:
+        raise ValueError("fixed_point_iteration: codes have no positions; expected (B, H, N >= 1)")
+    lloyd = _Lloyd(codes, lengths, clusters, bits)
     first = torch.full((B, H), -1, dtype=torch.int64, device=codes.device)
     for it in range(1, iterations + 1):
-        still = ~lloyd.iterate()
+        before = lloyd.centroids[..., :bits].clone()
+        lloyd.iterate()
+        still = (lloyd.centroids[..., :bits] == before).all(-1).all(-1)
         first = torch.where((first < 0) & still, it, first)
     return first
 

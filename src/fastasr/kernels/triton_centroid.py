@@ -71,6 +71,19 @@ def _key_block(k_ptr, v_ptr, bh, n0, N, E, EV, DOT_DTYPE: tl.constexpr,
 
 
 @triton.jit
+def _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr):
+    """Every centroid of sequence ``bh`` as one (BLOCK_C, BLOCK_E) tile in the dot dtype, its
+    rows' indices ``bh * C + c`` and which of them exist."""
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_e = tl.arange(0, BLOCK_E)
+    c_ok = offs_c < C
+    crow = bh * C + offs_c
+    cent = tl.load(c_ptr + crow[:, None] * E + offs_e[None, :],
+                   mask=c_ok[:, None] & (offs_e[None, :] < E), other=0.0).to(DOT_DTYPE)
+    return cent, crow, c_ok
+
+
+@triton.jit
 def _centroid_fwd_kernel(
     c_ptr, k_ptr, v_ptr, len_ptr, logits_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
     H, C, N, E, EV, SPLITS, scale,
@@ -82,11 +95,8 @@ def _centroid_fwd_kernel(
     bh = pid_bh.to(tl.int64)
     length = tl.load(len_ptr + pid_bh // H)
     offs_c = tl.arange(0, BLOCK_C)
-    offs_e = tl.arange(0, BLOCK_E)
     offs_v = tl.arange(0, BLOCK_V)
-    c_ok = offs_c < C
-    cent = tl.load(c_ptr + (bh * C + offs_c[:, None]) * E + offs_e[None, :],
-                   mask=c_ok[:, None] & (offs_e[None, :] < E), other=0.0).to(DOT_DTYPE)
+    cent, crow, c_ok = _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE, BLOCK_C, BLOCK_E)
     m = tl.full((BLOCK_C,), float("-inf"), tl.float32)
     l_sum = tl.zeros((BLOCK_C,), tl.float32)
     acc = tl.zeros((BLOCK_C, BLOCK_V), tl.float32)
@@ -96,7 +106,7 @@ def _centroid_fwd_kernel(
                                             BLOCK_N, BLOCK_E, BLOCK_V)
         s = tl.dot(cent, tl.trans(keys), input_precision=PRECISION) * scale
         s = tl.where((cols < length)[None, :], s, float("-inf"))
-        tl.store(logits_ptr + (bh * C + offs_c[:, None]) * N + cols[None, :], s,
+        tl.store(logits_ptr + crow[:, None] * N + cols[None, :], s,
                  mask=c_ok[:, None] & in_n[None, :])
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: all weights 0
@@ -154,14 +164,11 @@ def _centroid_bwd_kernel(
     pid_bh = tl.program_id(0)
     bh = pid_bh.to(tl.int64)
     length = tl.load(len_ptr + pid_bh // H)
-    offs_c = tl.arange(0, BLOCK_C)
     offs_e = tl.arange(0, BLOCK_E)
     offs_v = tl.arange(0, BLOCK_V)
-    c_ok = offs_c < C
-    crow = bh * C + offs_c
+    cent, crow, c_ok = _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE, BLOCK_C, BLOCK_E)
     e_mask = c_ok[:, None] & (offs_e[None, :] < E)
     v_mask = c_ok[:, None] & (offs_v[None, :] < EV)
-    cent = tl.load(c_ptr + crow[:, None] * E + offs_e[None, :], mask=e_mask, other=0.0).to(DOT_DTYPE)
     lse = tl.load(lse_ptr + crow, mask=c_ok, other=0.0)
     lse = tl.where(lse == float("-inf"), 0.0, lse)  # a centroid without keys: its weights are 0
     dvals = tl.load(dvalues_ptr + crow[:, None] * EV + offs_v[None, :], mask=v_mask, other=0.0)
@@ -228,7 +235,7 @@ def applies(centroids: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether :func:`centroid_attention` serves these shapes and dtypes."""
     C, N = centroids.shape[2], k.shape[2]
     return (k.dtype in _SUPPORTED and v.dtype in _SUPPORTED and 1 <= C <= max_centroids(k, v)
-            and 1 <= N <= MAX_N and centroids.dtype in (torch.float32, *_SUPPORTED))
+            and 1 <= N <= MAX_N and centroids.dtype in _SUPPORTED)
 
 
 def _launch_config(centroids, k, v, backward):
