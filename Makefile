@@ -23,7 +23,14 @@ ARGS ?=
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
 
+# torch 2.11's CUDA build and its NVIDIA libraries take ~5.2 GB in .venv, plus their wheels while
+# pip installs them: say so before pip fails half-way with 'No space left on device'.
+INSTALL_NEEDS_GB := 8
+
 $(STAMP): pyproject.toml
+	@free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	if [ "$$free" -lt $(INSTALL_NEEDS_GB) ]; then \
+	  echo "error: 'make install' needs about $(INSTALL_NEEDS_GB) GB free on the disk of $$(pwd) (torch's CUDA build: ~5.2 GB in .venv, plus its wheels while pip installs them); $$free GB is free." >&2; exit 1; fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install -e '.[dev]'
