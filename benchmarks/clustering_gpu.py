@@ -21,7 +21,9 @@
    the fused Triton kernels (``fastasr.kernels.triton_centroid``, off by default until this
    column says it is faster), and last the same calls replayed
    as one CUDA graph each (the GPU's time without the host's launches); i-clustered's fused sparse part and Triton top-k each against
-   what it replaces (the Triton products with torch around them; ``torch.topk``), in the same run; and
+   what it replaces (the Triton products with torch around them; ``torch.topk``), in the same run,
+   the sparse part also with its key-major backward (``triton_clustered.KEY_MAJOR_BACKWARD``, off by
+   default until this column says it is faster; its dk and dv checked against the atomics'); and
    torch.profiler's largest CUDA kernels of one clustered-100 and one i-clustered-100 call at
    N = 4,096 (i-clustered's by default and with the fused centroid attention): where the rest of
    the time goes.
@@ -308,9 +310,10 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
     ``triton_topk`` against ``torch.topk``. Each is checked against the other first."""
     lines += ["", f"## i-clustered's parts, each against what it replaces ({HEADS} × {DIM}, C = {CLUSTERS}, "
               f"K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
-              "| N × B | sparse part: products + torch | sparse part: fused | top-k: torch.topk | top-k: Triton |"
+              "| N × B | sparse part: products + torch | sparse part: fused | sparse part: fused, key-major backward "
+              "| top-k: torch.topk | top-k: Triton |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles),
-              "|---|---:|---:|---:|---:|" + "---:|" * len(topk_tiles)]
+              "|---|---:|---:|---:|---:|---:|" + "---:|" * len(topk_tiles)]
     for n in ns:
         lines.append(parts_row(n, repeats, topk_tiles))
         print(lines[-1], flush=True)
@@ -348,10 +351,21 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
         out.backward(torch.ones_like(out))
         return out.detach().float()
 
+    def key_grads(key_major: bool):
+        """dk and dv of the fused part, added at the keys by atomics or key-major."""
+        k.grad = v.grad = None
+        with mock.patch.object(tc, "KEY_MAJOR_BACKWARD", key_major):
+            forward_backward(tc.improved_sparse)
+        return torch.cat([k.grad.float().flatten(), v.grad.float().flatten()])
+
     want, got = forward_backward(products), forward_backward(tc.improved_sparse)
     err = float((got - want).norm() / want.norm())
+    atomic = key_grads(False)
+    key_err = float((key_grads(True) - atomic).norm() / atomic.norm())
     cells = [cuda_ms(lambda: forward_backward(products), repeats),
              cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats)]
+    with mock.patch.object(tc, "KEY_MAJOR_BACKWARD", True):
+        cells.append(cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats))
     want_top = torch.topk(logits, K, -1).indices.sort(-1).values
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
     cells += [cuda_ms(lambda: reference.topk_indices(logits, K), repeats),
@@ -360,7 +374,8 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)
         cells.append(cuda_ms(lambda run=run: run(logits, K), repeats))
-    note = ("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
+    note = (("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
+            + ("" if key_err < 1e-2 else f" key-major dk, dv differ: {key_err:.1e}"))
     return f"| {n} × {b} | " + " | ".join(f"{c:.3f}" for c in cells) + f" |{note}"
 
 

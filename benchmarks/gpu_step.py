@@ -9,8 +9,9 @@ targets of ``N // 8`` units). A step: forward under bf16 autocast (Lightning's `
 CTC in fp32, backward, clipping at 10, RAdam. Variants: ``full`` (the path
 ``fastasr.attention.full`` chooses for the batch), ``full, key mask`` and ``full, packed`` (that
 path forced, ``forced_padded_path``), the clustered variants, and the *floor* (the inner attention
-replaced by the identity). Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each
-variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
+replaced by the identity), and last i-clustered with the kernels' switches still off by default
+(:data:`SWITCHES`) turned on. Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups,
+each variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
 
 Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
 """
@@ -37,27 +38,46 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
-from fastasr.kernels import ops  # noqa: E402
 
-#: column -> (attention spec, forced padded path of full attention or None, whether i-clustered's
-#: centroid attention runs the fused Triton kernels, ``fastasr.kernels.ops.TRITON_CENTROID_TOPK``)
+#: The kernels' switches still off until a GPU times them: (module, attribute) of each.
+SWITCHES = {
+    "fused centroids": ("fastasr.kernels.ops", "TRITON_CENTROID_TOPK"),
+    "key-major backward": ("fastasr.kernels.triton_clustered", "KEY_MAJOR_BACKWARD"),
+}
+
+#: column -> (attention spec, forced padded path of full attention or None, the switches of
+#: :data:`SWITCHES` turned on)
 VARIANTS = {
-    "full": ("full", None, False),
-    "full, key mask": ("full", "mask", False),
-    "full, packed": ("full", "packed", False),
-    "clustered-100": ("clustered-100", None, False),
-    "i-clustered-100": ("i-clustered-100", None, False),
-    FLOOR: (FLOOR, None, False),
-    "i-clustered-100, fused centroids": ("i-clustered-100", None, True),  # last: untried on a GPU
+    "full": ("full", None, ()),
+    "full, key mask": ("full", "mask", ()),
+    "full, packed": ("full", "packed", ()),
+    "clustered-100": ("clustered-100", None, ()),
+    "i-clustered-100": ("i-clustered-100", None, ()),
+    FLOOR: (FLOOR, None, ()),
+    # last: untried on a GPU
+    "i-clustered-100, fused centroids": ("i-clustered-100", None, ("fused centroids",)),
+    "i-clustered-100, key-major backward": ("i-clustered-100", None, ("key-major backward",)),
+    "i-clustered-100, both": ("i-clustered-100", None, ("fused centroids", "key-major backward")),
 }
 
 
+def switched_on(switches) -> contextlib.ExitStack:
+    """A context with each of ``switches`` (names in :data:`SWITCHES`) set True."""
+    import importlib
+
+    stack = contextlib.ExitStack()
+    for name in switches:
+        module, attribute = SWITCHES[name]
+        stack.enter_context(mock.patch.object(importlib.import_module(module), attribute, True))
+    return stack
+
+
 class GpuStepper:
-    def __init__(self, spec: str, path: str | None, fused: bool, layers: int):
+    def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
         self.model = build_model(spec, layers).cuda()
         self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01)
         self.path = path
-        self.fused = fused
+        self.switches = switches
 
     def step(self, batch) -> float:
         feats, lengths, targets, target_lengths = batch
@@ -65,8 +85,7 @@ class GpuStepper:
         t0 = time.perf_counter()
         self.optim.zero_grad(set_to_none=True)
         forced = forced_padded_path(self.path) if self.path else contextlib.nullcontext()
-        fused = mock.patch.object(ops, "TRITON_CENTROID_TOPK", self.fused)
-        with forced, fused, torch.autocast("cuda", dtype=torch.bfloat16):
+        with forced, switched_on(self.switches), torch.autocast("cuda", dtype=torch.bfloat16):
             log_probs, out_lengths = self.model(feats, lengths)
         loss = nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths, target_lengths,
                                       blank=0, reduction="mean", zero_infinity=True)
@@ -153,7 +172,7 @@ def write_profile(args, info) -> None:
     parts = []
     for n in args.lengths:
         batch = tuple(t.cuda() for t in make_batch(n, args.frames))
-        stepper = GpuStepper(args.profile, None, False, args.layers)
+        stepper = GpuStepper(args.profile, None, (), args.layers)
         for _ in range(2):
             stepper.step(batch)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

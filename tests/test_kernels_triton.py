@@ -517,10 +517,15 @@ SPARSE_CASES = [
 ]
 
 
+@pytest.mark.parametrize("key_major", [False, True], ids=["atomic", "key-major"])
 @pytest.mark.parametrize("B,H,N,E,EV,C,K,noncontiguous", SPARSE_CASES)
-def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous):
+def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous, key_major, monkeypatch):
     """One launch forward, one backward: the output and the gradients of q, k, v, the
-    centroid values and the top weights equal the reference's, padded rows 0."""
+    centroid values and the top weights equal the reference's, padded rows 0; ``dk`` and
+    ``dv`` added at the top keys by atomics or key-major (``KEY_MAJOR_BACKWARD``; here in
+    chunks of 16 sorted rows, so that many keys' rows span several chunks)."""
+    monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", key_major)
+    monkeypatch.setattr(tc, "key_sum_tile", lambda *_: {"CHUNK": 16, "num_warps": 8})
     g = _gen(B * N + E + EV + C + K)
     inputs, topk_idx, assign, lengths = _sparse_inputs(B, H, N, E, EV, C, K, g, noncontiguous=noncontiguous)
     grad = torch.randn(B, H, N, EV, generator=g)
@@ -535,10 +540,12 @@ def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous)
     assert bool((got[0].detach().cpu().transpose(1, 2)[padded] == 0).all())
 
 
+@pytest.mark.parametrize("key_major", [False, True], ids=["atomic", "key-major"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])
-def test_fused_sparse_part_half_precision(dtype, tol):
+def test_fused_sparse_part_half_precision(dtype, tol, key_major, monkeypatch):
     """fp16/bf16 inputs (fp32 scores, softmax and accumulation): relative L2 error to
     float64 within ``tol``, results and gradients in the input dtype."""
+    monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", key_major)
     g = _gen(98)
     inputs, topk_idx, assign, lengths = _sparse_inputs(2, 2, 70, 32, 32, 4, 16, g, dtype=dtype)
     grad = torch.randn(2, 2, 70, 32, generator=g)
@@ -757,9 +764,9 @@ def test_half_precision_reaches_the_triton_dots(monkeypatch):
     seen = []
     launch = tc._launch_sparse
 
-    def recording(kernel, q, k, v, *args):
+    def recording(kernel, q, k, v, *args, **kwargs):
         seen.append((kernel.__name__, q.dtype, k.dtype, v.dtype))
-        return launch(kernel, q, k, v, *args)
+        return launch(kernel, q, k, v, *args, **kwargs)
 
     monkeypatch.setattr(tc, "_launch_sparse", recording)
     g = _gen(33)
@@ -861,6 +868,9 @@ _LAUNCHES = {
                               "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
                               "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_centroid_bwd_kernel": 1},
                              35),
+    # with triton_clustered.KEY_MAJOR_BACKWARD: dk and dv summed by key after one sort
+    "i-clustered-10 key-major": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
+                                  "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_key_sum_kernel": 1}, 53),
 }
 
 
@@ -883,6 +893,7 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", spec.endswith(" fused"))
+    monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", spec.endswith(" key-major"))
     overrides = {"topk": 8} if spec.startswith("i-") else {}
     attn = build_attention(spec.split()[0], seed=0, iterations=3, **overrides)
     g = _gen(40)

@@ -126,16 +126,24 @@ def _configs():
                         {**idx, "a_ptr": f"*{t}", "x_ptr": f"*{t}", "dm_ptr": "*fp32"}, consts, {}))
             qkv = {**idx, "q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}", "len_ptr": "*i64",
                    "tw_ptr": "*fp32", "scale": "fp32"}  # top_w: fp32 from the centroid softmax
-            for kernel, ptrs in (
-                (tc._sparse_fwd_kernel, {"values_ptr": f"*{t}", "out_ptr": f"*{t}"}),
-                (tc._sparse_bwd_kernel, {"dout_ptr": f"*{t}", "dq_ptr": f"*{t}", "dk_ptr": "*fp32",
-                                         "dv_ptr": "*fp32", "dtw_ptr": "*fp32", "dvalues_ptr": "*fp32"}),
+            bwd_ptrs = {"dout_ptr": f"*{t}", "dq_ptr": f"*{t}", "dk_ptr": "*fp32", "dv_ptr": "*fp32",
+                        "dtw_ptr": "*fp32", "dvalues_ptr": "*fp32", "part_k_ptr": "*fp32",
+                        "part_v_ptr": "*fp32", "sel_ptr": "*i32"}
+            for name, kernel, ptrs, extra in (
+                ("sparse_fwd", tc._sparse_fwd_kernel, {"values_ptr": f"*{t}", "out_ptr": f"*{t}"}, {}),
+                ("sparse_bwd", tc._sparse_bwd_kernel, bwd_ptrs, {"KEY_MAJOR": False}),
+                ("sparse_bwd key-major", tc._sparse_bwd_kernel, bwd_ptrs, {"KEY_MAJOR": True}),
             ):
                 blocks = tc._sparse_blocks(32, E, E, dot_dtype, kernel is tc._sparse_bwd_kernel)
-                sparse = {"DOT_DTYPE": dot_dtype, "PRECISION": precision,
+                sparse = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, **extra,
                           **dict(zip(("BLOCK_N", "BLOCK_K", "BLOCK_E", "BLOCK_V"), blocks))}
-                name = "sparse_bwd" if kernel is tc._sparse_bwd_kernel else "sparse_fwd"
                 out.append((f"{name} {tag}", kernel, {**qkv, **ptrs}, sparse, {}))
+    for E in (32, 64):
+        tile = tc.key_sum_tile(E, E)
+        out.append((f"key_sum E={E}", tc._key_sum_kernel,
+                    {"keys_ptr": "*i32", "src_ptr": "*i64", "part_k_ptr": "*fp32", "part_v_ptr": "*fp32",
+                     "dk_ptr": "*fp32", "dv_ptr": "*fp32"},
+                    {"CHUNK": tile["CHUNK"], "BLOCK_E": E, "BLOCK_V": E}, {"num_warps": tile["num_warps"]}))
     return out
 
 
