@@ -958,3 +958,27 @@ def test_kmeans_stops_at_a_fixed_point(monkeypatch):
     got = tk.hamming_kmeans(codes.to(DEVICE), None, 20, 3, spans=1)
     assert len(votes) == 4
     assert all(torch.equal(a.cpu(), b) for a, b in zip(got, reference.hamming_kmeans(codes, None, 20, 3)))
+
+def test_split_kmeans_stops_at_a_fixed_point(monkeypatch):
+    """Split over spans (two launches an iteration), a sequence's sweeps and votes exit at once
+    after the vote that moved none of its centroids: exactly the reference's first still
+    iteration's count of votes a sequence (every iteration where none is still), with the
+    reference's assignments and counts."""
+    votes = []
+    vote = tk._vote
+
+    def counted(*args, **kwargs):
+        votes.append(1)
+        return vote.fn(*args, **kwargs)
+
+    monkeypatch.setattr(tk, "_vote", counted)
+    g = _gen(43)
+    codes = torch.cat([clustered_codes(1, 2, 60, 5, 0.05, g), torch.randint(0, 2**62, (1, 1, 60), generator=g)], 1)
+    lengths = torch.tensor([57])
+    first = reference.fixed_point_iteration(codes, lengths, 5, 4)
+    assert (first[0, :2] > 0).all() and first[0, 2] == -1, first  # two reach a fixed point, one does not
+    got = tk.hamming_kmeans(codes.to(DEVICE), lengths.to(DEVICE), 5, 4, spans=3)
+    want = reference.hamming_kmeans(codes, lengths, 5, 4)
+    assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
+    assert len(votes) == int(first[0, :2].sum()) + 4
+

@@ -63,12 +63,17 @@ def _configs():
             label = (f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate} "
                      f"tile {tile['BLOCK_N']}x{options['num_warps']}")
             if all(label != row[0] for row in out):  # C = 256 has one tile whatever the length
-                counts = {"ones_ptr": "*i64", "counts_ptr": "*i64"} if in_kernel else {}  # as launched
+                # as launched: the one launch passes its int64 counts for the unused pointers
+                counts = ({"ones_ptr": "*i64", "counts_ptr": "*i64", "moved_ptr": "*i64"} if in_kernel
+                          else {"moved_ptr": "*i32"})
                 out.append((label, tk._lloyd_kernel, {**km_ptrs, **counts},
-                            {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, **tile}, options))
-    out.append(("kmeans update", tk._update_kernel,
-                {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32"},
-                {"BLOCK_C": tk.UPDATE_BLOCK_C}, {}))
+                            {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, "AFTER_VOTE": accumulate,
+                             **tile}, options))
+    for after_vote in (False, True):
+        out.append((f"kmeans update after_vote={after_vote}", tk._update_kernel,
+                    {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32",
+                     "moved_before_ptr": "*i32", "moved_ptr": "*i32"},
+                    {"AFTER_VOTE": after_vote, "BLOCK_C": tk.UPDATE_BLOCK_C}, {}))
     for block_n, rows in ((1024, 4), (4096, 1), (tt.MAX_N, 1)):  # N = 800, 3,200 and the longest held
         for weights in (False, True):
             out.append((f"topk N<={block_n} rows={rows} weights={weights}", tt._topk_kernel,

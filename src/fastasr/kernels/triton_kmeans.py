@@ -35,7 +35,9 @@ enough sequences (``ONE_LAUNCH_FROM``). When it has not (a few long sequences), 
 sequence is split over ``P`` programs and every iteration is two launches: the sweep,
 whose programs add their accumulators with int32 atomics (order-independent, so the
 result is deterministic), and ``_update_kernel``, the majority vote that packs the
-new centroids and zeroes the accumulators.
+new centroids, zeroes the accumulators and counts the centroids it moved. After a vote
+that moved none, the sequence's later sweeps and votes exit at once (the launches stay:
+the grid depends only on shapes), so a fixed point ends its work there too.
 
 Nothing reads a value back to the host: the launch grid depends only on shapes.
 ``C`` above ``MAX_CLUSTERS`` (the register budget of the accumulator) has no Triton
@@ -116,9 +118,9 @@ def _vote(ones, cnt, old, offs_bits, BITS):
 
 @triton.jit
 def _lloyd_kernel(
-    codes_ptr, cent_ptr, len_ptr, assign_ptr, ones_ptr, counts_ptr,
+    codes_ptr, cent_ptr, len_ptr, assign_ptr, ones_ptr, counts_ptr, moved_ptr,
     H, N, C, SPAN, BITMASK, BITS, PASSES,
-    IN_KERNEL: tl.constexpr, ACCUMULATE: tl.constexpr,
+    IN_KERNEL: tl.constexpr, ACCUMULATE: tl.constexpr, AFTER_VOTE: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Lloyd sweeps over the span ``[pid_s * SPAN, +SPAN)`` of sequence ``pid_bh``.
@@ -131,10 +133,15 @@ def _lloyd_kernel(
     writes the assignments and the counts (``counts_ptr``'s integer type). Otherwise one sweep
     from the centroids at ``cent_ptr``: ``ACCUMULATE`` adds members and set bits into
     ``counts``/``ones`` (int32 atomics) for ``_update_kernel``; without it, the final
-    assignment (and the counts).
+    assignment (and the counts). ``AFTER_VOTE``: an accumulating sweep after a vote, which
+    exits at once when that vote moved none of the sequence's centroids (``moved_ptr``, the
+    vote's count): the sweep would repeat the last one, and the final assignment follows.
     """
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
+    if AFTER_VOTE:
+        if tl.load(moved_ptr + pid_bh) == 0:
+            return
     b = pid_bh // H
     length = tl.load(len_ptr + b)
     c_eff = tl.minimum(length, C)  # centroids in use
@@ -204,13 +211,19 @@ def _lloyd_kernel(
 
 @triton.jit
 def _update_kernel(
-    cent_ptr, ones_ptr, counts_ptr,
+    cent_ptr, ones_ptr, counts_ptr, moved_before_ptr, moved_ptr,
     C, BITS,
-    BLOCK_C: tl.constexpr,
+    AFTER_VOTE: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    """Strict per-bit majority of the accumulated sweep; zeroes the accumulators."""
+    """Strict per-bit majority of the accumulated sweep; zeroes the accumulators; adds the
+    centroids it changed into ``moved`` (int32 atomics; 0 for the whole sequence: a fixed
+    point). ``AFTER_VOTE``: nothing to do when the previous vote (``moved_before``) moved none
+    (its sweep exited, the accumulators are zero; ``moved`` stays 0)."""
     pid_bh = tl.program_id(0)
     pid_c = tl.program_id(1)
+    if AFTER_VOTE:
+        if tl.load(moved_before_ptr + pid_bh) == 0:
+            return
     crow = pid_bh.to(tl.int64) * C
     offs_c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     offs_bits = tl.arange(0, 64)
@@ -220,7 +233,9 @@ def _update_kernel(
     cnt = tl.load(counts_ptr + crow + offs_c, mask=mask_c, other=0)
     old = tl.load(cent_ptr + crow + offs_c, mask=mask_c, other=0)
 
-    tl.store(cent_ptr + crow + offs_c, _vote(ones, cnt, old, offs_bits, BITS), mask=mask_c)
+    voted = _vote(ones, cnt, old, offs_bits, BITS)
+    tl.store(cent_ptr + crow + offs_c, voted, mask=mask_c)
+    tl.atomic_add(moved_ptr + pid_bh, tl.sum(((voted != old) & mask_c).to(tl.int32), axis=0))
     tl.store(ones_ptrs, tl.zeros((BLOCK_C, 64), dtype=tl.int32), mask=mask_c[:, None])
     tl.store(counts_ptr + crow + offs_c, tl.zeros((BLOCK_C,), dtype=tl.int32), mask=mask_c)
 
@@ -318,25 +333,28 @@ def hamming_kmeans(
         counts = torch.empty((B, H, C), dtype=torch.int64, device=device)
         # it reads no centroids (cent_ptr: the codes) and accumulates nothing (ones_ptr: counts)
         _lloyd_kernel[(B * H, 1)](
-            codes, codes, lens, assign, counts, counts, H, N, C, span, bitmask, bits, iterations + 1,
-            IN_KERNEL=True, ACCUMULATE=False, **tile,
+            codes, codes, lens, assign, counts, counts, counts, H, N, C, span, bitmask, bits, iterations + 1,
+            IN_KERNEL=True, ACCUMULATE=False, AFTER_VOTE=False, **tile,
         )
         return assign, counts
     centroids, _ = initial_centroids(codes, lens, C)
     args = (codes, centroids, lens, assign)
     counts = torch.zeros((B, H, C), dtype=torch.int32, device=device)
     ones = torch.zeros((B, H, C, 64), dtype=torch.int32, device=device)
+    # moved[i]: the centroids vote i changed, per sequence; 0 ends the sequence's sweeps
+    moved = torch.zeros((max(iterations, 1), B * H), dtype=torch.int32, device=device)
     grid = (B * H, programs)
-    for _ in range(iterations):
+    for i in range(iterations):
+        before = moved[i - 1] if i else moved[0]  # read only after a vote
         _lloyd_kernel[grid](
-            *args, ones, counts, H, N, C, span, bitmask, bits, 1,
-            IN_KERNEL=False, ACCUMULATE=True, **tile,
+            *args, ones, counts, before, H, N, C, span, bitmask, bits, 1,
+            IN_KERNEL=False, ACCUMULATE=True, AFTER_VOTE=i > 0, **tile,
         )
         _update_kernel[(B * H, triton.cdiv(C, UPDATE_BLOCK_C))](
-            centroids, ones, counts, C, bits, BLOCK_C=UPDATE_BLOCK_C,
+            centroids, ones, counts, before, moved[i], C, bits, AFTER_VOTE=i > 0, BLOCK_C=UPDATE_BLOCK_C,
         )
     _lloyd_kernel[grid](
-        *args, ones, counts, H, N, C, span, bitmask, bits, 1,
-        IN_KERNEL=False, ACCUMULATE=False, **tile,
+        *args, ones, counts, moved[0], H, N, C, span, bitmask, bits, 1,
+        IN_KERNEL=False, ACCUMULATE=False, AFTER_VOTE=False, **tile,
     )
     return assign, counts.to(torch.int64)
