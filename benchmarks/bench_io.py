@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import importlib
 import os
 import platform
 import re
@@ -11,6 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from unittest import mock
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -102,3 +105,24 @@ def measure_and_write(measure: Callable, write_table: Callable, args) -> None:
     before = load_average()
     rows = measure(args)
     print(f"wrote {write_table(rows, args, info, before, load_average())}")
+
+
+#: The kernels' switches that stay off until a GPU times them: name -> (module, attribute).
+KERNEL_SWITCHES = {
+    "fused centroids": ("fastasr.kernels.ops", "TRITON_CENTROID_TOPK"),
+    "key-major backward": ("fastasr.kernels.triton_clustered", "KEY_MAJOR_BACKWARD"),
+}
+
+
+def switched_on(switches) -> contextlib.ExitStack:
+    """A context with each of ``switches`` (names in :data:`KERNEL_SWITCHES`) set True."""
+    stack = contextlib.ExitStack()
+    for name in switches:
+        module, attribute = KERNEL_SWITCHES[name]
+        stack.enter_context(mock.patch.object(importlib.import_module(module), attribute, True))
+    return stack
+
+
+def switched_label(spec: str, switches) -> str:
+    """``spec`` and the switches it runs with: ``i-clustered-100, fused centroids``."""
+    return ", ".join((spec, *switches))

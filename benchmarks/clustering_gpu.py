@@ -3,10 +3,11 @@
     python benchmarks/clustering_gpu.py                                   # CUDA, about a minute
     python benchmarks/clustering_gpu.py --baseline other/triton_kmeans.py # A/B against another K-means
 
-1. **No synchronisation.** Forward and backward of ``clustered-100`` and ``i-clustered-100``
-   (bf16, padded batch, lengths on the GPU) under ``torch.cuda.set_sync_debug_mode("error")``,
-   after one warm-up call (Triton compiles there): any ``.item()``, ``nonzero()`` or
-   device-to-host copy in the path raises, and the row says where.
+1. **No synchronisation.** Forward and backward of each call of :data:`CALLS` (``clustered-100``,
+   ``i-clustered-100``, and i-clustered with each of the kernels' switches that are off by
+   default, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
+   ``torch.cuda.set_sync_debug_mode("error")``, after one warm-up call (Triton compiles there):
+   any ``.item()``, ``nonzero()`` or device-to-host copy in the path raises, and the row says where.
 2. **Hamming K-means** (``fastasr.kernels.triton_kmeans``) at 65,536 tokens a call (``B = 65536
    // N``, N = 800 has 81 sequences), 6 heads, C = 100, 10 iterations, random 63-bit codes, the
    last sequence at 3/4 N: the launcher's own choice of programs per sequence, and every iteration
@@ -18,16 +19,15 @@
    ``--repeats`` CUDA-event timings.
 3. **The whole attention call** (forward + backward, bf16, 6 × 32, 65,536 tokens) of both
    variants per N, i-clustered's again with the cluster order's block table built by its
-   PyTorch twin (what its one Triton launch saves the host) and with its centroid attention in
-   the fused Triton kernels (``fastasr.kernels.triton_centroid``, off by default until this
-   column says it is faster), and last the same calls replayed
-   as one CUDA graph each (the GPU's time without the host's launches); i-clustered's fused sparse part and Triton top-k each against
-   what it replaces (the Triton products with torch around them; ``torch.topk``), in the same run,
-   the sparse part also with its key-major backward (``triton_clustered.KEY_MAJOR_BACKWARD``, off by
-   default until this column says it is faster; its dk and dv checked against the atomics'); and
-   torch.profiler's largest CUDA kernels of one clustered-100 and one i-clustered-100 call at
-   N = 4,096 (i-clustered's by default and with the fused centroid attention): where the rest of
-   the time goes.
+   PyTorch twin (what its one Triton launch saves the host) and with each switch on (the fused
+   centroid attention, ``ops.TRITON_CENTROID_TOPK``; the sparse part's key-major backward,
+   ``triton_clustered.KEY_MAJOR_BACKWARD``): a switch becomes the default where its column is
+   faster. i-clustered's fused sparse part (also with its key-major backward, its dk and dv
+   checked against the atomics') and Triton top-k each against what it replaces (the Triton
+   products with torch around them; ``torch.topk``), in the same run; torch.profiler's largest
+   CUDA kernels of one clustered-100 and one i-clustered-100 call at N = 4,096 (i-clustered's by
+   default and with both switches on): where the rest of the time goes; and last each call of
+   :data:`CALLS` replayed as one CUDA graph (the GPU's time without the host's launches).
 
 Writes ``benchmarks/results/clustering_<gpu>.md``.
 """
@@ -54,6 +54,10 @@ from fastasr.kernels import reference, triton_kmeans  # noqa: E402
 
 TOKENS = 65536
 HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10
+#: The attention calls checked and timed: (spec, the kernels' switches turned on,
+#: ``bench_io.KERNEL_SWITCHES``); those with switches are what a GPU decides them by.
+CALLS = (("clustered-100", ()), ("i-clustered-100", ()), ("i-clustered-100", ("fused centroids",)),
+         ("i-clustered-100", ("key-major backward",)))
 
 
 def cuda_ms(fn, repeats: int) -> float:
@@ -95,10 +99,10 @@ def sync_check(lines: list[str]) -> bool:
     lines += ["## No host synchronisation in forward + backward", "",
               "| attention | N × B | result |", "|---|---|---|"]
     ok = True
-    for spec, fused in (("clustered-100", False), ("i-clustered-100", False), ("i-clustered-100", True)):
+    for spec, switches in CALLS:
         attn = build_attention(spec, seed=0).cuda()
         q, k, v, lengths = attention_inputs(4096)
-        with with_fused_centroids(fused):
+        with bench_io.switched_on(switches):
             try:
                 attention_call(attn, q, k, v, lengths)  # warm-up: Triton compiles
                 torch.cuda.synchronize()
@@ -114,7 +118,7 @@ def sync_check(lines: list[str]) -> bool:
                     result = f"**synchronises**: {str(exc).splitlines()[0][:160]}"
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
-        label = spec + (", fused centroid attention" if fused else "")
+        label = bench_io.switched_label(spec, switches)
         lines.append(f"| {label} | 4096 × {q.shape[0]} | {result} |")
         print(label, result, flush=True)
     return ok
@@ -217,23 +221,15 @@ def with_torch_block_table():
     return mock.patch.object(co, "block_table", co.block_table_reference)
 
 
-def with_fused_centroids(on: bool = True):
-    """i-clustered's centroid attention in the fused Triton kernels
-    (``fastasr.kernels.ops.TRITON_CENTROID_TOPK``) or, ``on=False``, as by default."""
-    from fastasr.kernels import ops
-
-    return mock.patch.object(ops, "TRITON_CENTROID_TOPK", on)
-
-
-def fused_cell(attn, call, want, q, k, v, lengths, repeats: int) -> str:
-    """The call's milliseconds with the fused centroid attention, its output's relative
-    distance to ``want`` where it exceeds bf16's rounding, or why it failed (the kernels'
-    first run on a GPU must not cost the rest of the tables)."""
+def switched_cell(attn, call, want, q, k, v, lengths, repeats: int, switches) -> str:
+    """The call's milliseconds with ``switches`` on, its output's relative distance to
+    ``want`` where it exceeds bf16's rounding, or why it failed (the kernels' first run on a
+    GPU must not cost the rest of the tables)."""
     try:
-        with torch.no_grad(), with_fused_centroids():
+        with torch.no_grad(), bench_io.switched_on(switches):
             got = attn(q, k, v, lengths).float()
         rel = float((got - want.float()).norm() / want.float().norm())
-        with with_fused_centroids():
+        with bench_io.switched_on(switches):
             return f"{cuda_ms(call, repeats):.2f}" + ("" if rel <= 1e-2 else f" (output {rel:.1e} apart)")
     except Exception as exc:  # noqa: BLE001 - the cell says why
         return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
@@ -242,14 +238,15 @@ def fused_cell(attn, call, want, q, k, v, lengths, repeats: int) -> str:
 def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
     """Both calls per N, and i-clustered's again with the torch block table
     (:func:`with_torch_block_table`), checked equal to the Triton one's output first, and
-    with the fused centroid attention (:func:`with_fused_centroids`), its output's relative
-    distance to the default path's given when it exceeds bf16's rounding (1e-2)."""
+    with each of the kernels' switches (:data:`CALLS`), its output's relative distance to the
+    default path's given when it exceeds bf16's rounding (1e-2)."""
     specs = ("clustered-100", "i-clustered-100")
+    switched = [switches for spec, switches in CALLS if switches]
     lines += ["", f"## Attention call, forward + backward, bf16, {HEADS} × {DIM}, {TOKENS:,} tokens "
               f"(ms, median of {repeats})", "",
-              "| N × B | " + " | ".join(specs) + " | i-clustered-100, torch block table "
-              "| i-clustered-100, fused centroid attention |",
-              "|---|" + "---:|" * (len(specs) + 2)]
+              "| N × B | " + " | ".join(specs) + " | i-clustered-100, torch block table |"
+              + "".join(f" {bench_io.switched_label('i-clustered-100', sw)} |" for sw in switched),
+              "|---|" + "---:|" * (len(specs) + 1 + len(switched))]
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
         cells = []
@@ -265,7 +262,7 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
                 same = torch.equal(attn(q, k, v, lengths), want)
         with with_torch_block_table():
             cells.append(f"{cuda_ms(call, repeats):.2f}" + ("" if same else " (output differs)"))
-        cells.append(fused_cell(attn, call, want, q, k, v, lengths, repeats))
+        cells += [switched_cell(attn, call, want, q, k, v, lengths, repeats, sw) for sw in switched]
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
 
@@ -273,17 +270,16 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
 def graph_table(lines: list[str], ns: list[int], repeats: int) -> None:
     """The same calls replayed as one CUDA graph each (:func:`graphed_call_ms`). Run last: a
     capture that fails can leave the device unusable for what would follow it."""
-    specs = (("clustered-100", False), ("i-clustered-100", False), ("i-clustered-100", True))
-    labels = [spec + (", fused centroid attention" if fused else "") for spec, fused in specs]
+    labels = [bench_io.switched_label(spec, switches) for spec, switches in CALLS]
     lines += ["", f"## Attention call as one CUDA graph, forward + backward, bf16, {HEADS} × {DIM}, "
               f"{TOKENS:,} tokens (ms, median of {repeats}; the GPU's time for the call without "
               "the host issuing it kernel by kernel)", "", "| N × B | " + " | ".join(labels) + " |",
-              "|---|" + "---:|" * len(specs)]
+              "|---|" + "---:|" * len(CALLS)]
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
         cells = []
-        for spec, fused in specs:
-            with with_fused_centroids(fused):
+        for spec, switches in CALLS:
+            with bench_io.switched_on(switches):
                 cells.append(graphed_call_ms(spec, q, k, v, lengths, repeats))
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
@@ -353,40 +349,46 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
         out.backward(torch.ones_like(out))
         return out.detach().float()
 
-    def key_grads(key_major: bool):
-        """dk and dv of the fused part, added at the keys by atomics or key-major."""
+    def key_grads():
+        """dk and dv of the fused part."""
         k.grad = v.grad = None
-        with mock.patch.object(tc, "KEY_MAJOR_BACKWARD", key_major):
-            forward_backward(tc.improved_sparse)
+        forward_backward(tc.improved_sparse)
         return torch.cat([k.grad.float().flatten(), v.grad.float().flatten()])
+
+    def key_major_cell(atomic: torch.Tensor) -> str:
+        """The fused part with its key-major backward: ms, and its dk, dv against the
+        atomics' where they differ by more than rounding; or why it failed."""
+        try:
+            with bench_io.switched_on(("key-major backward",)):
+                rel = float((key_grads() - atomic).norm() / atomic.norm())
+                ms = cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats)
+            return f"{ms:.3f}" + ("" if rel < 1e-2 else f" (dk, dv {rel:.1e} apart)")
+        except Exception as exc:  # noqa: BLE001 - the cell says why
+            return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
 
     want, got = forward_backward(products), forward_backward(tc.improved_sparse)
     err = float((got - want).norm() / want.norm())
-    atomic = key_grads(False)
-    key_err = float((key_grads(True) - atomic).norm() / atomic.norm())
-    cells = [cuda_ms(lambda: forward_backward(products), repeats),
-             cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats)]
-    with mock.patch.object(tc, "KEY_MAJOR_BACKWARD", True):
-        cells.append(cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats))
+    cells = [f"{cuda_ms(lambda: forward_backward(products), repeats):.3f}",
+             f"{cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats):.3f}",
+             key_major_cell(key_grads())]
     want_top = torch.topk(logits, K, -1).indices.sort(-1).values
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
-    cells += [cuda_ms(lambda: reference.topk_indices(logits, K), repeats),
-              cuda_ms(lambda: triton_topk.topk_indices(logits, K), repeats)]
+    cells += [f"{cuda_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
+              f"{cuda_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}"]
     for tile in topk_tiles:
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)
-        cells.append(cuda_ms(lambda run=run: run(logits, K), repeats))
-    note = (("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
-            + ("" if key_err < 1e-2 else f" key-major dk, dv differ: {key_err:.1e}"))
-    return f"| {n} × {b} | " + " | ".join(f"{c:.3f}" for c in cells) + f" |{note}"
+        cells.append(f"{cuda_ms(lambda run=run: run(logits, K), repeats):.3f}")
+    note = ("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
+    return f"| {n} × {b} | " + " | ".join(cells) + f" |{note}"
 
 
-def profile(lines: list[str], spec: str, n: int, fused: bool = False) -> None:
+def profile(lines: list[str], spec: str, n: int, switches=()) -> None:
     attn = build_attention(spec, seed=0).cuda()
     q, k, v, lengths = attention_inputs(n)
-    label = spec + (", fused centroid attention" if fused else "")
+    label = bench_io.switched_label(spec, switches)
     try:
-        with with_fused_centroids(fused):
+        with bench_io.switched_on(switches):
             for _ in range(2):
                 attention_call(attn, q, k, v, lengths)
             torch.cuda.synchronize()
@@ -430,7 +432,7 @@ def main(argv=None) -> int:
         parts_table(lines, [n for n in args.ns if n <= 16384], max(5, args.repeats // 2), args.topk_tiles)
         profile(lines, "clustered-100", 4096)
         profile(lines, "i-clustered-100", 4096)
-        profile(lines, "i-clustered-100", 4096, fused=True)
+        profile(lines, "i-clustered-100", 4096, ("fused centroids", "key-major backward"))
     slug = bench_io.slugify(gpu)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"clustering_{slug}.md"

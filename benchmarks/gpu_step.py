@@ -10,7 +10,7 @@ CTC in fp32, backward, clipping at 10, RAdam. Variants: ``full`` (the path
 ``fastasr.attention.full`` chooses for the batch), ``full, key mask`` and ``full, packed`` (that
 path forced, ``forced_padded_path``), the clustered variants, and the *floor* (the inner attention
 replaced by the identity), and last i-clustered with the kernels' switches still off by default
-(:data:`SWITCHES`) turned on. Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups,
+(``bench_io.KERNEL_SWITCHES``) turned on. Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups,
 each variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
 
 Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
@@ -26,7 +26,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from step_time import FLOOR, build_model, make_batch  # noqa: E402
@@ -39,14 +38,8 @@ from torch import nn  # noqa: E402
 
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
 
-#: The kernels' switches still off until a GPU times them: (module, attribute) of each.
-SWITCHES = {
-    "fused centroids": ("fastasr.kernels.ops", "TRITON_CENTROID_TOPK"),
-    "key-major backward": ("fastasr.kernels.triton_clustered", "KEY_MAJOR_BACKWARD"),
-}
-
-#: column -> (attention spec, forced padded path of full attention or None, the switches of
-#: :data:`SWITCHES` turned on)
+#: column -> (attention spec, forced padded path of full attention or None, the kernels'
+#: switches turned on, ``bench_io.KERNEL_SWITCHES``)
 VARIANTS = {
     "full": ("full", None, ()),
     "full, key mask": ("full", "mask", ()),
@@ -59,17 +52,6 @@ VARIANTS = {
     "i-clustered-100, key-major backward": ("i-clustered-100", None, ("key-major backward",)),
     "i-clustered-100, both": ("i-clustered-100", None, ("fused centroids", "key-major backward")),
 }
-
-
-def switched_on(switches) -> contextlib.ExitStack:
-    """A context with each of ``switches`` (names in :data:`SWITCHES`) set True."""
-    import importlib
-
-    stack = contextlib.ExitStack()
-    for name in switches:
-        module, attribute = SWITCHES[name]
-        stack.enter_context(mock.patch.object(importlib.import_module(module), attribute, True))
-    return stack
 
 
 class GpuStepper:
@@ -85,7 +67,7 @@ class GpuStepper:
         t0 = time.perf_counter()
         self.optim.zero_grad(set_to_none=True)
         forced = forced_padded_path(self.path) if self.path else contextlib.nullcontext()
-        with forced, switched_on(self.switches), torch.autocast("cuda", dtype=torch.bfloat16):
+        with forced, bench_io.switched_on(self.switches), torch.autocast("cuda", dtype=torch.bfloat16):
             log_probs, out_lengths = self.model(feats, lengths)
         loss = nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths, target_lengths,
                                       blank=0, reduction="mean", zero_infinity=True)

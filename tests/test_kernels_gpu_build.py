@@ -68,3 +68,30 @@ def test_gpu_bench_quick_cpu_full(tmp_path):
     rows = _run_gpu_bench_quick(tmp_path)
     assert {r["dtype"] for r in rows} == {"float32", "bfloat16"}
     assert {int(r["n"]) for r in rows} == {32, 64}
+
+
+def test_kernel_switches_name_settings_that_are_off():
+    """Every switch the GPU benchmarks turn on (``bench_io.KERNEL_SWITCHES``) names a setting
+    that exists and is off by default, and ``switched_on`` sets each for its context only:
+    a renamed setting fails here, not after a GPU has started."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_io
+        import clustering_gpu
+        import gpu_step
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    used = {s for _, switches in clustering_gpu.CALLS for s in switches}
+    used |= {s for *_, switches in gpu_step.VARIANTS.values() for s in switches}
+    assert used == set(bench_io.KERNEL_SWITCHES)
+    names = list(bench_io.KERNEL_SWITCHES)
+    assert names == ["fused centroids", "key-major backward"]
+    modules = [(importlib.import_module(m), a) for m, a in bench_io.KERNEL_SWITCHES.values()]
+    assert [getattr(m, a) for m, a in modules] == [False, False]
+    with bench_io.switched_on(names):
+        assert [getattr(m, a) for m, a in modules] == [True, True]
+    assert [getattr(m, a) for m, a in modules] == [False, False]
+    assert bench_io.switched_label("i-clustered-100", names) == \
+        "i-clustered-100, fused centroids, key-major backward"
