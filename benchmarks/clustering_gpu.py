@@ -2,6 +2,8 @@
 
     python benchmarks/clustering_gpu.py                                   # CUDA, about a minute
     python benchmarks/clustering_gpu.py --baseline other/triton_kmeans.py # A/B against another K-means
+    TRITON_INTERPRET=1 python benchmarks/clustering_gpu.py --device cpu --ns 64 --tokens 128 \
+        --repeats 1 --check-n 64 --clusters 4                            # the plumbing on the CPU
 
 1. **No synchronisation.** Forward and backward of each call of :data:`CALLS` (``clustered-100``,
    ``i-clustered-100``, and i-clustered with each of the kernels' switches that are off by
@@ -40,6 +42,7 @@ import importlib.util
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -52,20 +55,39 @@ import torch  # noqa: E402
 from fastasr.attention import build_attention  # noqa: E402
 from fastasr.kernels import reference, triton_kmeans  # noqa: E402
 
-TOKENS = 65536
+TOKENS = 65536  # a call's tokens (--tokens)
 HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10
-#: The attention calls checked and timed: (spec, the kernels' switches turned on,
+#: Where it runs: the GPU, or (--device cpu, under TRITON_INTERPRET=1) the CPU with the Triton
+#: kernels interpreted, a plumbing check of this script whose times mean nothing.
+DEVICE = torch.device("cuda")
+#: The attention calls checked and timed: (kind, the kernels' switches turned on,
 #: ``bench_io.KERNEL_SWITCHES``); those with switches are what a GPU decides them by.
-CALLS = (("clustered-100", ()), ("i-clustered-100", ()), ("i-clustered-100", ("fused centroids",)),
-         ("i-clustered-100", ("key-major backward",)))
+CALLS = (("clustered", ()), ("i-clustered", ()), ("i-clustered", ("fused centroids",)),
+         ("i-clustered", ("key-major backward",)))
 
 
-def cuda_ms(fn, repeats: int) -> float:
-    """Median milliseconds of ``fn()`` over ``repeats`` CUDA-event timings after two warm-ups."""
+def spec_of(kind: str) -> str:
+    """The attention spec of ``kind`` (clustered, i-clustered) with ``CLUSTERS`` clusters."""
+    return f"{kind}-{CLUSTERS}"
+
+
+def synchronize() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def device_ms(fn, repeats: int) -> float:
+    """Median milliseconds of ``fn()`` over ``repeats`` CUDA-event timings after two warm-ups
+    (on the CPU, wall-clock timings)."""
     for _ in range(2):
         fn()
     times = []
     for _ in range(repeats):
+        if DEVICE.type != "cuda":
+            t0 = time.perf_counter()
+            fn()
+            times.append(1000 * (time.perf_counter() - t0))
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -79,13 +101,13 @@ def batch_shape(n: int) -> tuple[int, torch.Tensor]:
     b = max(1, round(TOKENS / n))
     lengths = torch.full((b,), n, dtype=torch.int64)
     lengths[-1] = max(1, 3 * n // 4)
-    return b, lengths.cuda()
+    return b, lengths.to(DEVICE)
 
 
 def attention_inputs(n: int, requires_grad: bool = True):
     b, lengths = batch_shape(n)
-    g = torch.Generator(device="cuda").manual_seed(n)
-    make = lambda: torch.randn(b, HEADS, n, DIM, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+    g = torch.Generator(device=DEVICE).manual_seed(n)
+    make = lambda: torch.randn(b, HEADS, n, DIM, device=DEVICE, dtype=torch.bfloat16, generator=g)  # noqa: E731
     q, k, v = (make().requires_grad_(requires_grad) for _ in range(3))
     return q, k, v, lengths
 
@@ -95,31 +117,35 @@ def attention_call(attn, q, k, v, lengths):
     out.backward(torch.ones_like(out))
 
 
-def sync_check(lines: list[str]) -> bool:
+def sync_check(lines: list[str], n: int) -> bool:
     lines += ["## No host synchronisation in forward + backward", "",
               "| attention | N × B | result |", "|---|---|---|"]
     ok = True
-    for spec, switches in CALLS:
-        attn = build_attention(spec, seed=0).cuda()
-        q, k, v, lengths = attention_inputs(4096)
+    for kind, switches in CALLS:
+        spec = spec_of(kind)
+        attn = build_attention(spec, seed=0).to(DEVICE)
+        q, k, v, lengths = attention_inputs(n)
         with bench_io.switched_on(switches):
             try:
                 attention_call(attn, q, k, v, lengths)  # warm-up: Triton compiles
-                torch.cuda.synchronize()
-            except Exception as exc:  # noqa: BLE001 - a kernel's first GPU run: say why, go on
-                ok, result = False, f"**fails**: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-            else:
-                try:
+                synchronize()
+                result = "ran (the CPU has no synchronisation check)"
+                if DEVICE.type == "cuda":
                     torch.cuda.set_sync_debug_mode("error")
                     attention_call(attn, q, k, v, lengths)
                     result = "no synchronisation"
-                except RuntimeError as exc:
-                    ok = False
-                    result = f"**synchronises**: {str(exc).splitlines()[0][:160]}"
-                finally:
+            except RuntimeError as exc:
+                ok = False
+                synchronises = DEVICE.type == "cuda" and torch.cuda.get_sync_debug_mode() != 0
+                result = (f"**{'synchronises' if synchronises else 'fails'}**: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+            except Exception as exc:  # noqa: BLE001 - a kernel's first GPU run: say why, go on
+                ok, result = False, f"**fails**: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+            finally:
+                if DEVICE.type == "cuda":
                     torch.cuda.set_sync_debug_mode("default")
         label = bench_io.switched_label(spec, switches)
-        lines.append(f"| {label} | 4096 × {q.shape[0]} | {result} |")
+        lines.append(f"| {label} | {n} × {q.shape[0]} | {result} |")
         print(label, result, flush=True)
     return ok
 
@@ -149,10 +175,10 @@ def clustered_codes(b: int, n: int, g: torch.Generator) -> torch.Tensor:
     reference on the CPU), as on a trained model's queries (3 to 7, most 4 to 6, on the Mini
     LibriSpeech model), where random codes mostly take all 10: the one-launch K-means stops
     at that fixed point."""
-    base = torch.randint(0, 2**62, (b, HEADS, 30), device="cuda", generator=g)
-    near = base.gather(2, torch.randint(0, 30, (b, HEADS, n), device="cuda", generator=g))
-    flips = torch.rand(b, HEADS, n, 62, device="cuda", generator=g) < 0.2
-    return near ^ (flips.long() << torch.arange(62, device="cuda")).sum(-1)
+    base = torch.randint(0, 2**62, (b, HEADS, 30), device=DEVICE, generator=g)
+    near = base.gather(2, torch.randint(0, 30, (b, HEADS, n), device=DEVICE, generator=g))
+    flips = torch.rand(b, HEADS, n, 62, device=DEVICE, generator=g) < 0.2
+    return near ^ (flips.long() << torch.arange(62, device=DEVICE)).sum(-1)
 
 
 def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path | None,
@@ -175,8 +201,8 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
               "|---|---:|" + "---:|" * (len(impls) + 2)]
     for n in ns:
         b, lengths = batch_shape(n)
-        g = torch.Generator(device="cuda").manual_seed(n)
-        codes = torch.randint(0, 2**63 - 1, (b, HEADS, n), device="cuda", generator=g)
+        g = torch.Generator(device=DEVICE).manual_seed(n)
+        codes = torch.randint(0, 2**63 - 1, (b, HEADS, n), device=DEVICE, generator=g)
         cells = []
         near = clustered_codes(b, n, g)
         for fn, c in [*((fn, codes) for fn in impls.values()), (impls["auto"], near), (impls["one launch"], near)]:
@@ -185,7 +211,7 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
             if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
                 cells.append("**differs from the reference**")
                 continue
-            cells.append(f"{cuda_ms(lambda fn=fn, c=c, n=lengths: fn(c, n), repeats):.3f}")
+            cells.append(f"{device_ms(lambda fn=fn, c=c, n=lengths: fn(c, n), repeats):.3f}")
         spans = triton_kmeans.spans_per_sequence(b * HEADS, n)
         lines.append(f"| {n} × {b} | {spans} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
@@ -196,7 +222,9 @@ def graphed_call_ms(spec: str, q, k, v, lengths, repeats: int) -> str:
     call costs the GPU once the host no longer issues it kernel by kernel. Hash planes from the
     global RNG (a seeded module re-seeds a private generator, which capture does not take).
     A call that cannot be captured reads as the error's first line."""
-    attn = build_attention(spec, seed=None).cuda()
+    if DEVICE.type != "cuda":
+        return "CUDA only"
+    attn = build_attention(spec, seed=None).to(DEVICE)
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -207,7 +235,7 @@ def graphed_call_ms(spec: str, q, k, v, lengths, repeats: int) -> str:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             attention_call(attn, q, k, v, lengths)
-        return f"{cuda_ms(graph.replay, repeats):.2f}"
+        return f"{device_ms(graph.replay, repeats):.2f}"
     except Exception as exc:  # noqa: BLE001 - the table says why capture failed
         torch.cuda.synchronize()
         return f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
@@ -230,7 +258,7 @@ def switched_cell(attn, call, want, q, k, v, lengths, repeats: int, switches) ->
             got = attn(q, k, v, lengths).float()
         rel = float((got - want.float()).norm() / want.float().norm())
         with bench_io.switched_on(switches):
-            return f"{cuda_ms(call, repeats):.2f}" + ("" if rel <= 1e-2 else f" (output {rel:.1e} apart)")
+            return f"{device_ms(call, repeats):.2f}" + ("" if rel <= 1e-2 else f" (output {rel:.1e} apart)")
     except Exception as exc:  # noqa: BLE001 - the cell says why
         return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
 
@@ -240,28 +268,28 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
     (:func:`with_torch_block_table`), checked equal to the Triton one's output first, and
     with each of the kernels' switches (:data:`CALLS`), its output's relative distance to the
     default path's given when it exceeds bf16's rounding (1e-2)."""
-    specs = ("clustered-100", "i-clustered-100")
-    switched = [switches for spec, switches in CALLS if switches]
+    specs = (spec_of("clustered"), spec_of("i-clustered"))
+    switched = [switches for _, switches in CALLS if switches]
     lines += ["", f"## Attention call, forward + backward, bf16, {HEADS} × {DIM}, {TOKENS:,} tokens "
               f"(ms, median of {repeats})", "",
-              "| N × B | " + " | ".join(specs) + " | i-clustered-100, torch block table |"
-              + "".join(f" {bench_io.switched_label('i-clustered-100', sw)} |" for sw in switched),
+              "| N × B | " + " | ".join(specs) + f" | {specs[1]}, torch block table |"
+              + "".join(f" {bench_io.switched_label(specs[1], sw)} |" for sw in switched),
               "|---|" + "---:|" * (len(specs) + 1 + len(switched))]
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
         cells = []
         for spec in specs:
-            attn = build_attention(spec, seed=0).cuda()
+            attn = build_attention(spec, seed=0).to(DEVICE)
             call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
-            cells.append(f"{cuda_ms(call, repeats):.2f}")
-        attn = build_attention("i-clustered-100", seed=0).cuda()
+            cells.append(f"{device_ms(call, repeats):.2f}")
+        attn = build_attention(specs[1], seed=0).to(DEVICE)
         call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
         with torch.no_grad():
             want = attn(q, k, v, lengths)
             with with_torch_block_table():
                 same = torch.equal(attn(q, k, v, lengths), want)
         with with_torch_block_table():
-            cells.append(f"{cuda_ms(call, repeats):.2f}" + ("" if same else " (output differs)"))
+            cells.append(f"{device_ms(call, repeats):.2f}" + ("" if same else " (output differs)"))
         cells += [switched_cell(attn, call, want, q, k, v, lengths, repeats, sw) for sw in switched]
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
@@ -270,7 +298,7 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
 def graph_table(lines: list[str], ns: list[int], repeats: int) -> None:
     """The same calls replayed as one CUDA graph each (:func:`graphed_call_ms`). Run last: a
     capture that fails can leave the device unusable for what would follow it."""
-    labels = [bench_io.switched_label(spec, switches) for spec, switches in CALLS]
+    labels = [bench_io.switched_label(spec_of(kind), switches) for kind, switches in CALLS]
     lines += ["", f"## Attention call as one CUDA graph, forward + backward, bf16, {HEADS} × {DIM}, "
               f"{TOKENS:,} tokens (ms, median of {repeats}; the GPU's time for the call without "
               "the host issuing it kernel by kernel)", "", "| N × B | " + " | ".join(labels) + " |",
@@ -278,9 +306,9 @@ def graph_table(lines: list[str], ns: list[int], repeats: int) -> None:
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
         cells = []
-        for spec, switches in CALLS:
+        for kind, switches in CALLS:
             with bench_io.switched_on(switches):
-                cells.append(graphed_call_ms(spec, q, k, v, lengths, repeats))
+                cells.append(graphed_call_ms(spec_of(kind), q, k, v, lengths, repeats))
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
         if any(c.startswith("capture failed") for c in cells):
@@ -327,15 +355,15 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
     K = PARTS_TOPK
     q, k, v, lengths = attention_inputs(n)
     b = q.shape[0]
-    g = torch.Generator(device="cuda").manual_seed(n + 1)
-    valid = torch.arange(n, device="cuda")[None, :] < lengths[:, None]
-    logits = torch.randn(b, HEADS, CLUSTERS, n, device="cuda", generator=g)
+    g = torch.Generator(device=DEVICE).manual_seed(n + 1)
+    valid = torch.arange(n, device=DEVICE)[None, :] < lengths[:, None]
+    logits = torch.randn(b, HEADS, CLUSTERS, n, device=DEVICE, generator=g)
     logits = logits.masked_fill(~valid[:, None, None, :], float("-inf"))
     top_idx = logits.topk(K, -1).indices
     top_w = torch.softmax(logits, -1).gather(-1, top_idx).requires_grad_()
-    values = torch.randn(b, HEADS, CLUSTERS, DIM, device="cuda", dtype=torch.bfloat16, generator=g)
+    values = torch.randn(b, HEADS, CLUSTERS, DIM, device=DEVICE, dtype=torch.bfloat16, generator=g)
     values.requires_grad_()
-    assign = torch.randint(0, CLUSTERS, (b, HEADS, n), device="cuda", generator=g)
+    assign = torch.randint(0, CLUSTERS, (b, HEADS, n), device=DEVICE, generator=g)
     assign = assign.masked_fill(~valid[:, None, :], -1)
     args = (q, k, v, values, top_w, top_idx, assign, lengths, DIM ** -0.5)
 
@@ -361,49 +389,53 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
         try:
             with bench_io.switched_on(("key-major backward",)):
                 rel = float((key_grads() - atomic).norm() / atomic.norm())
-                ms = cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats)
+                ms = device_ms(lambda: forward_backward(tc.improved_sparse), repeats)
             return f"{ms:.3f}" + ("" if rel < 1e-2 else f" (dk, dv {rel:.1e} apart)")
         except Exception as exc:  # noqa: BLE001 - the cell says why
             return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
 
     want, got = forward_backward(products), forward_backward(tc.improved_sparse)
     err = float((got - want).norm() / want.norm())
-    cells = [f"{cuda_ms(lambda: forward_backward(products), repeats):.3f}",
-             f"{cuda_ms(lambda: forward_backward(tc.improved_sparse), repeats):.3f}",
+    cells = [f"{device_ms(lambda: forward_backward(products), repeats):.3f}",
+             f"{device_ms(lambda: forward_backward(tc.improved_sparse), repeats):.3f}",
              key_major_cell(key_grads())]
     want_top = torch.topk(logits, K, -1).indices.sort(-1).values
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
-    cells += [f"{cuda_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
-              f"{cuda_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}"]
+    cells += [f"{device_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
+              f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}"]
     for tile in topk_tiles:
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)
-        cells.append(f"{cuda_ms(lambda run=run: run(logits, K), repeats):.3f}")
+        cells.append(f"{device_ms(lambda run=run: run(logits, K), repeats):.3f}")
     note = ("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
     return f"| {n} × {b} | " + " | ".join(cells) + f" |{note}"
 
 
 def profile(lines: list[str], spec: str, n: int, switches=()) -> None:
-    attn = build_attention(spec, seed=0).cuda()
+    attn = build_attention(spec, seed=0).to(DEVICE)
     q, k, v, lengths = attention_inputs(n)
     label = bench_io.switched_label(spec, switches)
     try:
         with bench_io.switched_on(switches):
             for _ in range(2):
                 attention_call(attn, q, k, v, lengths)
-            torch.cuda.synchronize()
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            synchronize()
+            cuda = DEVICE.type == "cuda"
+            activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
+            with torch.profiler.profile(activities=[activity]) as prof:
                 attention_call(attn, q, k, v, lengths)
-                torch.cuda.synchronize()
+                synchronize()
     except Exception as exc:  # noqa: BLE001 - the section says why
         lines += ["", f"## {label}: profile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"]
         return
-    table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18, max_name_column_width=60)
-    lines += ["", f"## Largest CUDA kernels of one {label} call (forward + backward), N = {n}", "",
-              "```", table, "```"]
+    table = prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                      row_limit=18, max_name_column_width=60)
+    lines += ["", f"## Largest {'CUDA kernels' if cuda else 'CPU ops'} of one {label} call (forward + backward), "
+              f"N = {n}", "", "```", table, "```"]
 
 
 def main(argv=None) -> int:
+    global DEVICE, TOKENS, CLUSTERS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ns", type=int, nargs="+", default=[800, 1024, 3200, 4096, 16384, 65536])
     p.add_argument("--repeats", type=int, default=20)
@@ -413,32 +445,50 @@ def main(argv=None) -> int:
     p.add_argument("--topk-tiles", nargs="*", default=[],
                    help="other Triton top-k tiles to time, ROWS:WARPS (e.g. 1:1, one warp a row)")
     p.add_argument("--skip-attention", action="store_true", help="K-means only")
+    p.add_argument("--tokens", type=int, default=TOKENS, help="tokens a call (B = tokens // N)")
+    p.add_argument("--clusters", type=int, default=CLUSTERS, help="C of K-means and both attentions")
+    p.add_argument("--check-n", type=int, default=4096, help="N of the synchronisation check and the profiles")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: this script's plumbing under TRITON_INTERPRET=1 (tiny --ns and --tokens)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("clustering_gpu.py: no CUDA GPU", file=sys.stderr)
-        return 2
-    gpu = torch.cuda.get_device_name(0)
+    DEVICE, TOKENS, CLUSTERS = torch.device(args.device), args.tokens, args.clusters
     import triton
 
+    if args.device == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            print("clustering_gpu.py: --device cpu runs the Triton kernels in the interpreter: "
+                  "set TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        from fastasr.kernels import ops
+
+        os.environ[ops.KERNELS_ENV] = "triton"
+        gpu, machine = "cpu-interpreter", "the CPU, Triton interpreted (plumbing only: times mean nothing)"
+    elif not torch.cuda.is_available():
+        print("clustering_gpu.py: no CUDA GPU", file=sys.stderr)
+        return 2
+    else:
+        gpu = torch.cuda.get_device_name(0)
+        machine = f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs"
     lines = [f"# The clustering step on {gpu}", "",
              f"`python benchmarks/clustering_gpu.py`: {datetime.date.today()}, commit "
              f"{os.environ.get('FASTASR_COMMIT') or bench_io.git_commit(ROOT)}, torch {torch.__version__}, "
-             f"triton {triton.__version__}, {torch.cuda.get_device_properties(0).multi_processor_count} SMs.", ""]
-    ok = sync_check(lines)
+             f"triton {triton.__version__}, {machine}.", ""]
+    call_repeats = max(5, args.repeats // 2) if args.device == "cuda" else args.repeats
+    ok = sync_check(lines, args.check_n)
     kmeans_table(lines, args.ns, args.repeats, args.baseline, args.tiles)
     if not args.skip_attention:
-        attention_table(lines, [n for n in args.ns if n != 800], max(5, args.repeats // 2))
-        parts_table(lines, [n for n in args.ns if n <= 16384], max(5, args.repeats // 2), args.topk_tiles)
-        profile(lines, "clustered-100", 4096)
-        profile(lines, "i-clustered-100", 4096)
-        profile(lines, "i-clustered-100", 4096, ("fused centroids", "key-major backward"))
+        attention_table(lines, [n for n in args.ns if n != 800], call_repeats)
+        parts_table(lines, [n for n in args.ns if n <= 16384], call_repeats, args.topk_tiles)
+        profile(lines, spec_of("clustered"), args.check_n)
+        profile(lines, spec_of("i-clustered"), args.check_n)
+        profile(lines, spec_of("i-clustered"), args.check_n, ("fused centroids", "key-major backward"))
     slug = bench_io.slugify(gpu)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"clustering_{slug}.md"
     out.write_text("\n".join(lines) + "\n")
     if not args.skip_attention:
-        graph_table(lines, [n for n in args.ns if n != 800], max(5, args.repeats // 2))
+        graph_table(lines, [n for n in args.ns if n != 800], call_repeats)
         out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
     return 0 if ok else 1

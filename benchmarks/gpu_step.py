@@ -2,6 +2,8 @@
 
     python benchmarks/gpu_step.py                          # N = 800 and 3200, 64,000 frames a batch
     python benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
+    TRITON_INTERPRET=1 python benchmarks/gpu_step.py --device cpu --lengths 64 --frames 128 \
+        --layers 1 --rounds 1                                # the plumbing on the CPU
 
 The model and batch are ``step_time.py``'s (9 layers of 6 heads × 32, ff 768, no subsampling,
 absolute positions, dropout 0.1; ``B = frames // N`` utterances, the last ``N // 2`` long, random
@@ -54,27 +56,37 @@ VARIANTS = {
 }
 
 
+#: Where the steps run: the GPU, or (--device cpu, under TRITON_INTERPRET=1) the CPU with the
+#: Triton kernels interpreted, a plumbing check of this script whose times mean nothing.
+DEVICE = torch.device("cuda")
+
+
+def synchronize() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 class GpuStepper:
     def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
-        self.model = build_model(spec, layers).cuda()
+        self.model = build_model(spec, layers).to(DEVICE)
         self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01)
         self.path = path
         self.switches = switches
 
     def step(self, batch) -> float:
         feats, lengths, targets, target_lengths = batch
-        torch.cuda.synchronize()
+        synchronize()
         t0 = time.perf_counter()
         self.optim.zero_grad(set_to_none=True)
         forced = forced_padded_path(self.path) if self.path else contextlib.nullcontext()
-        with forced, bench_io.switched_on(self.switches), torch.autocast("cuda", dtype=torch.bfloat16):
+        with forced, bench_io.switched_on(self.switches), torch.autocast(DEVICE.type, dtype=torch.bfloat16):
             log_probs, out_lengths = self.model(feats, lengths)
         loss = nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths, target_lengths,
                                       blank=0, reduction="mean", zero_infinity=True)
         loss.backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
         self.optim.step()
-        torch.cuda.synchronize()
+        synchronize()
         return time.perf_counter() - t0
 
 
@@ -86,11 +98,23 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--profile", default=None, help="a spec: the largest CUDA kernels of one step of it")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: this script's plumbing under TRITON_INTERPRET=1 (tiny --lengths, --frames, --layers)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
+    global DEVICE
+    DEVICE = torch.device(args.device)
+    if args.device == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            sys.exit("gpu_step.py: --device cpu runs the Triton kernels in the interpreter: set TRITON_INTERPRET=1")
+        from fastasr.kernels import ops
+
+        os.environ[ops.KERNELS_ENV] = "triton"
+        info = {**bench_io.machine_info(DEVICE), "gpu": "cpu-interpreter", "slug": "cpu-interpreter"}
+    elif not torch.cuda.is_available():
         sys.exit("gpu_step.py times a GPU step: no GPU visible")
-    info = bench_io.machine_info(torch.device("cuda"))
+    else:
+        info = bench_io.machine_info(DEVICE)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     if args.profile:
         write_profile(args, info)
@@ -98,8 +122,8 @@ def main(argv=None) -> None:
     table: dict[int, dict[str, float | str]] = {}
     taken: dict[int, str] = {}
     for n in args.lengths:
-        batch = tuple(t.cuda() for t in make_batch(n, args.frames))
-        probe = torch.empty(1, 1, n, 32, device="cuda", dtype=torch.bfloat16)
+        batch = tuple(t.to(DEVICE) for t in make_batch(n, args.frames))
+        probe = torch.empty(1, 1, n, 32, device=DEVICE, dtype=torch.bfloat16)
         taken[n] = padded_path(probe, probe)
         table[n] = {}
         for name in args.variants:
@@ -111,7 +135,8 @@ def main(argv=None) -> None:
                 del stepper
             except Exception as exc:  # noqa: BLE001 - the table says which variant failed and why
                 table[n][name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
-            torch.cuda.empty_cache()
+            if DEVICE.type == "cuda":
+                torch.cuda.empty_cache()
         print(f"N={n}: " + ", ".join(f"{k} {_cell(v)}" for k, v in table[n].items()), flush=True)
     floor = FLOOR in args.variants
     lines = [
@@ -153,14 +178,16 @@ def write_profile(args, info) -> None:
 
     parts = []
     for n in args.lengths:
-        batch = tuple(t.cuda() for t in make_batch(n, args.frames))
+        batch = tuple(t.to(DEVICE) for t in make_batch(n, args.frames))
         stepper = GpuStepper(args.profile, None, (), args.layers)
         for _ in range(2):
             stepper.step(batch)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        cuda = DEVICE.type == "cuda"
+        with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
             ms = 1000 * stepper.step(batch)
         parts.append(f"### {args.profile}, N = {n}: one step {ms:.1f} ms\n")
-        parts.append(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=18))
+        parts.append(prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                               row_limit=18))
     out = args.out_dir / f"gpu_step_profile_{info['slug']}.txt"
     out.write_text(f"{datetime.date.today()}, {info['gpu']}, torch {info['torch']}\n\n" + "\n".join(parts))
     print("\n".join(parts)[-6000:])

@@ -95,3 +95,49 @@ def test_kernel_switches_name_settings_that_are_off():
     assert [getattr(m, a) for m, a in modules] == [False, False]
     assert bench_io.switched_label("i-clustered-100", names) == \
         "i-clustered-100, fused centroids, key-major backward"
+
+
+def _run_cpu_plumbing(script: str, tmp_path, *args) -> str:
+    """``benchmarks/<script> --device cpu ...`` under the Triton interpreter; its stdout."""
+    env = {k: v for k, v in os.environ.items() if k != "FASTASR_KERNELS"}
+    env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--device", "cpu",
+                           "--out-dir", str(tmp_path), *args],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(660)
+def test_clustering_gpu_cpu_plumbing(tmp_path):
+    """benchmarks/clustering_gpu.py end to end on the CPU (tiny sizes, 4 clusters): every
+    section written, every call with every kernel switch run, nothing failed or differing, so
+    that a GPU's few minutes are not lost to the script."""
+    _run_cpu_plumbing("clustering_gpu.py", tmp_path, "--ns", "64", "--tokens", "128", "--repeats", "1",
+                      "--check-n", "64", "--clusters", "4", "--topk-tiles", "1:1")
+    md = (tmp_path / "clustering_cpu-interpreter.md").read_text()
+    for section in ("No host synchronisation", "Hamming K-means", "Attention call, forward + backward",
+                    "i-clustered's parts", "CPU ops of one clustered-4 call",
+                    "CPU ops of one i-clustered-4, fused centroids, key-major backward call",
+                    "Attention call as one CUDA graph"):
+        assert section in md, section
+    assert md.count("ran (the CPU has no synchronisation check)") == 4
+    assert "| i-clustered-4, key-major backward |" in md and "top-k: Triton, 1 rows × 1 warps" in md
+    for bad in ("fail", "differ", "synchronises"):
+        assert bad not in md.lower(), md
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(660)
+def test_gpu_step_cpu_plumbing(tmp_path):
+    """benchmarks/gpu_step.py on the CPU: a step of each kind of variant (with both kernel
+    switches on) and the floor ratios in the table, and the profile of one step."""
+    _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
+                      "--rounds", "1", "--variants", "full", "clustered-100", "floor", "i-clustered-100, both")
+    md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
+    assert row.count("× floor") == 3 and "failed" not in row, row
+    _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
+                      "--profile", "clustered-100")
+    assert "clustered-100, N = 64: one step" in (tmp_path / "gpu_step_profile_cpu-interpreter.txt").read_text()

@@ -525,7 +525,8 @@ def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous,
     ``dv`` added at the top keys by atomics or key-major (``KEY_MAJOR_BACKWARD``; here in
     chunks of 16 sorted rows, so that many keys' rows span several chunks)."""
     monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", key_major)
-    monkeypatch.setattr(tc, "key_sum_tile", lambda *_: {"CHUNK": 16, "num_warps": 8})
+    key_sum_tile = tc.key_sum_tile
+    monkeypatch.setattr(tc, "key_sum_tile", lambda *a: {**key_sum_tile(*a), "CHUNK": 16})
     g = _gen(B * N + E + EV + C + K)
     inputs, topk_idx, assign, lengths = _sparse_inputs(B, H, N, E, EV, C, K, g, noncontiguous=noncontiguous)
     grad = torch.randn(B, H, N, EV, generator=g)

@@ -148,7 +148,8 @@ def _configs():
         out.append((f"key_sum E={E}", tc._key_sum_kernel,
                     {"keys_ptr": "*i32", "src_ptr": "*i64", "part_k_ptr": "*fp32", "part_v_ptr": "*fp32",
                      "dk_ptr": "*fp32", "dv_ptr": "*fp32"},
-                    {"CHUNK": tile["CHUNK"], "BLOCK_E": E, "BLOCK_V": E}, {"num_warps": tile["num_warps"]}))
+                    {"CHUNK": tile["CHUNK"], "BLOCK_E": E, "BLOCK_V": E, "PRECISION": tile["PRECISION"]},
+                    {"num_warps": tile["num_warps"]}))
     return out
 
 

@@ -332,31 +332,27 @@ def _sparse_bwd_kernel(
 
 
 @triton.jit
-def _same_key_sum(a, a_key, b, b_key):
-    """Segmented sum over rows sorted by key: ``b`` plus ``a`` when both rows have one key."""
-    return b + tl.where(a_key == b_key, a, 0.0), b_key
-
-
-@triton.jit
 def _key_rows_sum(part_ptr, out_ptr, src, key, end, pid_bh, S, D,
-                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Each key's rows of ``part`` (gathered in key order by ``src``) summed within the
-    chunk, and each sum added once into ``out`` at its key."""
+                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    """Each key's rows of ``part`` (gathered in key order by ``src``) summed within the chunk,
+    and each sum added once into ``out`` at its key (by the key's last row in the chunk). The
+    sums are one product with the chunk's key-equality matrix."""
     offs_d = tl.arange(0, BLOCK_D)
     rows = tl.load(part_ptr + src[:, None] * BLOCK_D + offs_d[None, :], mask=(key < S)[:, None], other=0.0)
-    sums, _ = tl.associative_scan((rows, tl.broadcast_to(key[:, None], (CHUNK, BLOCK_D))), 0, _same_key_sum)
+    same = (key[:, None] == key[None, :]).to(tl.float32)  # (CHUNK, CHUNK) of 0 and 1
+    sums = tl.dot(same, rows, input_precision=PRECISION)
     tl.atomic_add(out_ptr + (pid_bh.to(tl.int64) * S + key[:, None]) * D + offs_d[None, :], sums,
                   mask=end[:, None] & (offs_d[None, :] < D))
 
 
 @triton.jit
 def _key_sum_kernel(keys_ptr, src_ptr, part_k_ptr, part_v_ptr, dk_ptr, dv_ptr, S, L, E, EV,
-                    CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr):
+                    CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr):
     """``dk[key] += sum of its rows of part_k`` (and ``dv`` of ``part_v``) for one chunk of a
     (batch, head)'s ``L`` block rows sorted by key (``keys``; ``src``: each one's row in the
-    partials, ``S``: none). A key's rows are consecutive, so a segmented scan sums them and
-    the last row of each key in the chunk adds the sum: one atomic per (key, chunk, feature)
-    instead of one per (block, key, feature) in the backward."""
+    partials, ``S``: none). A key's rows are consecutive, so the last row of each key in the
+    chunk adds the sum of its rows: one atomic per (key, chunk, feature) instead of one per
+    (block, key, feature) in the backward."""
     pid_bh = tl.program_id(0)
     offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     row = pid_bh.to(tl.int64) * L + offs
@@ -366,8 +362,8 @@ def _key_sum_kernel(keys_ptr, src_ptr, part_k_ptr, part_v_ptr, dk_ptr, dv_ptr, S
     following = tl.load(keys_ptr + row + 1, mask=~last, other=-1)
     end = (key != following) & (key < S)
     src = pid_bh.to(tl.int64) * L + tl.load(src_ptr + row, mask=inside, other=0)
-    _key_rows_sum(part_k_ptr, dk_ptr, src, key, end, pid_bh, S, E, CHUNK, BLOCK_E)
-    _key_rows_sum(part_v_ptr, dv_ptr, src, key, end, pid_bh, S, EV, CHUNK, BLOCK_V)
+    _key_rows_sum(part_k_ptr, dk_ptr, src, key, end, pid_bh, S, E, CHUNK, BLOCK_E, PRECISION)
+    _key_rows_sum(part_v_ptr, dv_ptr, src, key, end, pid_bh, S, EV, CHUNK, BLOCK_V, PRECISION)
 
 
 # --- host side -------------------------------------------------------------------------
@@ -620,12 +616,13 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
 KEY_MAJOR_BACKWARD = False
 
 def key_sum_tile(block_e: int, block_v: int) -> dict:
-    """Launch parameters of :func:`_key_sum_kernel`: ``CHUNK`` sorted rows a program, 8 warps.
+    """Launch parameters of :func:`_key_sum_kernel`: ``CHUNK`` sorted rows a program, 8 warps,
+    and the precision of its sums: ``tf32x3`` (three tf32 tensor-core products; the 0/1 key
+    matrix is exact in tf32, so the sums keep ~22 bits of each row, near fp32's 24).
 
-    The segmented scan holds a ``(CHUNK, BLOCK)`` tile of values and one of keys: 2,048
-    values a program (64 rows of 32 features, 32 of 64) keeps it at 115-122 registers a
-    thread on sm_90; twice that spills (``python -m fastasr.kernels.compile_check``)."""
-    return {"CHUNK": max(16, 2048 // max(block_e, block_v)), "num_warps": 8}
+    The key matrix is ``(CHUNK, CHUNK)``: 32 rows keep the kernel at 100-176 registers a thread
+    on sm_90 for rows of 32 and 64 features; 64 spill (``python -m fastasr.kernels.compile_check``)."""
+    return {"CHUNK": 32, "num_warps": 8, "PRECISION": "tf32x3"}
 
 
 def _add_by_key(sel, part_k, part_v, dk, dv) -> None:
