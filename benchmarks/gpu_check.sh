@@ -17,7 +17,8 @@
 #   5. full_paths.py: each exact path of padded full attention, and the one fastasr takes;
 #   6. gpu_step.py: the paper model's training step, each attention against the floor and full's
 #      forced paths; clustering_gpu.py: no host synchronisation in the clustered variants, K-means
-#      and each call timed; then the largest kernels of an i-clustered-100 step.
+#      and each call timed; then the largest kernels of an i-clustered-100 step. i-clustered also
+#      runs with each kernel switch that is off until timed (benchmarks/bench_io.py KERNEL_SWITCHES).
 # Each step has a time cap and its exit status goes into the summary; a failed step does not stop
 # the others. Every table is written under benchmarks/results/ with the GPU's name; the summary is
 # benchmarks/results/gpu_check_<gpu>.md. Where $OUT is set (the device tool), the results are also
@@ -84,8 +85,8 @@ step "tests compiled on CUDA" 150 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p n
 step "gpu_bench.py (check, then a 40 s bf16 sweep)" 120 "$PY" benchmarks/gpu_bench.py --budget-s 40 \
   --dtypes bfloat16 --ns 1024 4096 16384 65536
 step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
-step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
-step "clustering_gpu.py (no host sync, K-means, each call)" 90 "$PY" benchmarks/clustering_gpu.py --topk-tiles 1:1 1:2
+step "gpu_step.py (the paper model's step)" 120 "$PY" benchmarks/gpu_step.py
+step "clustering_gpu.py (no host sync, K-means, each call)" 180 "$PY" benchmarks/clustering_gpu.py --topk-tiles 1:1 1:2
 step "gpu_step.py --profile i-clustered-100" 45 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
 
 {
