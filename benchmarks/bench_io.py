@@ -111,6 +111,7 @@ def measure_and_write(measure: Callable, write_table: Callable, args) -> None:
 KERNEL_SWITCHES = {
     "fused centroids": ("fastasr.kernels.ops", "TRITON_CENTROID_TOPK"),
     "key-major backward": ("fastasr.kernels.triton_clustered", "KEY_MAJOR_BACKWARD"),
+    "radix top-k": ("fastasr.kernels.triton_topk", "RADIX_SELECT"),
 }
 
 

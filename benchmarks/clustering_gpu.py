@@ -25,7 +25,7 @@
    centroid attention, ``ops.TRITON_CENTROID_TOPK``; the sparse part's key-major backward,
    ``triton_clustered.KEY_MAJOR_BACKWARD``): a switch becomes the default where its column is
    faster. i-clustered's fused sparse part (also with its key-major backward, its dk and dv
-   checked against the atomics') and Triton top-k each against what it replaces (the Triton
+   checked against the atomics') and Triton top-k (also by radix select) each against what it replaces (the Triton
    products with torch around them; ``torch.topk``), in the same run; torch.profiler's largest
    CUDA kernels of one clustered-100 and one i-clustered-100 call at N = 4,096 (i-clustered's by
    default and with both switches on): where the rest of the time goes; and last each call of
@@ -63,7 +63,7 @@ DEVICE = torch.device("cuda")
 #: The attention calls checked and timed: (kind, the kernels' switches turned on,
 #: ``bench_io.KERNEL_SWITCHES``); those with switches are what a GPU decides them by.
 CALLS = (("clustered", ()), ("i-clustered", ()), ("i-clustered", ("fused centroids",)),
-         ("i-clustered", ("key-major backward",)))
+         ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)))
 
 
 def spec_of(kind: str) -> str:
@@ -337,9 +337,9 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
     lines += ["", f"## i-clustered's parts, each against what it replaces ({HEADS} × {DIM}, C = {CLUSTERS}, "
               f"K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
               "| N × B | sparse part: products + torch | sparse part: fused | sparse part: fused, key-major backward "
-              "| top-k: torch.topk | top-k: Triton |"
+              "| top-k: torch.topk | top-k: Triton | top-k: Triton, radix select |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles),
-              "|---|---:|---:|---:|---:|---:|" + "---:|" * len(topk_tiles)]
+              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(topk_tiles)]
     for n in ns:
         lines.append(parts_row(n, repeats, topk_tiles))
         print(lines[-1], flush=True)
@@ -403,6 +403,12 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
     cells += [f"{device_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
               f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}"]
+    try:
+        with bench_io.switched_on(("radix top-k",)):
+            same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
+            cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
+    except Exception as exc:  # noqa: BLE001 - the cell says why
+        cells.append(f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
     for tile in topk_tiles:
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)
@@ -482,7 +488,7 @@ def main(argv=None) -> int:
         parts_table(lines, [n for n in args.ns if n <= 16384], call_repeats, args.topk_tiles)
         profile(lines, spec_of("clustered"), args.check_n)
         profile(lines, spec_of("i-clustered"), args.check_n)
-        profile(lines, spec_of("i-clustered"), args.check_n, ("fused centroids", "key-major backward"))
+        profile(lines, spec_of("i-clustered"), args.check_n, tuple(bench_io.KERNEL_SWITCHES))
     slug = bench_io.slugify(gpu)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"clustering_{slug}.md"

@@ -52,7 +52,8 @@ VARIANTS = {
     # last: untried on a GPU
     "i-clustered-100, fused centroids": ("i-clustered-100", None, ("fused centroids",)),
     "i-clustered-100, key-major backward": ("i-clustered-100", None, ("key-major backward",)),
-    "i-clustered-100, both": ("i-clustered-100", None, ("fused centroids", "key-major backward")),
+    "i-clustered-100, radix top-k": ("i-clustered-100", None, ("radix top-k",)),
+    "i-clustered-100, all three": ("i-clustered-100", None, ("fused centroids", "key-major backward", "radix top-k")),
 }
 
 

@@ -87,13 +87,13 @@ def test_kernel_switches_name_settings_that_are_off():
     used |= {s for *_, switches in gpu_step.VARIANTS.values() for s in switches}
     assert used == set(bench_io.KERNEL_SWITCHES)
     names = list(bench_io.KERNEL_SWITCHES)
-    assert names == ["fused centroids", "key-major backward"]
+    assert names == ["fused centroids", "key-major backward", "radix top-k"]
     modules = [(importlib.import_module(m), a) for m, a in bench_io.KERNEL_SWITCHES.values()]
-    assert [getattr(m, a) for m, a in modules] == [False, False]
-    with bench_io.switched_on(names):
-        assert [getattr(m, a) for m, a in modules] == [True, True]
-    assert [getattr(m, a) for m, a in modules] == [False, False]
-    assert bench_io.switched_label("i-clustered-100", names) == \
+    assert [getattr(m, a) for m, a in modules] == [False] * 3
+    with bench_io.switched_on(names[1:]):
+        assert [getattr(m, a) for m, a in modules] == [False, True, True]
+    assert [getattr(m, a) for m, a in modules] == [False] * 3
+    assert bench_io.switched_label("i-clustered-100", names[:2]) == \
         "i-clustered-100, fused centroids, key-major backward"
 
 
@@ -119,11 +119,12 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     md = (tmp_path / "clustering_cpu-interpreter.md").read_text()
     for section in ("No host synchronisation", "Hamming K-means", "Attention call, forward + backward",
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
-                    "CPU ops of one i-clustered-4, fused centroids, key-major backward call",
+                    "CPU ops of one i-clustered-4, fused centroids, key-major backward, radix top-k call",
                     "Attention call as one CUDA graph"):
         assert section in md, section
-    assert md.count("ran (the CPU has no synchronisation check)") == 4
-    assert "| i-clustered-4, key-major backward |" in md and "top-k: Triton, 1 rows × 1 warps" in md
+    assert md.count("ran (the CPU has no synchronisation check)") == 5
+    assert "| i-clustered-4, radix top-k |" in md and "top-k: Triton, 1 rows × 1 warps" in md
+    assert "top-k: Triton, radix select" in md
     for bad in ("fail", "differ", "synchronises"):
         assert bad not in md.lower(), md
 
@@ -134,7 +135,7 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     """benchmarks/gpu_step.py on the CPU: a step of each kind of variant (with both kernel
     switches on) and the floor ratios in the table, and the profile of one step."""
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
-                      "--rounds", "1", "--variants", "full", "clustered-100", "floor", "i-clustered-100, both")
+                      "--rounds", "1", "--variants", "full", "clustered-100", "floor", "i-clustered-100, all three")
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
     assert row.count("× floor") == 3 and "failed" not in row, row

@@ -345,8 +345,11 @@ def test_clustered_products_reject_bad_inputs():
 # ------------------------------------------------------------------ top-k selection
 @pytest.mark.parametrize("shape,k", [((3, 5, 50), 7), ((2, 100), 32), ((4, 3, 33), 33), ((1, 7), 1),
                                      ((37, 1000), 32), ((2, 5000), 20)])
-def test_topk_indices_equal_torch_topk_as_sets(shape, k):
-    """Distinct scores: the same set of indices as ``torch.topk``, each row's ``k`` distinct."""
+@pytest.mark.parametrize("radix", [False, True], ids=["bisection", "radix"])
+def test_topk_indices_equal_torch_topk_as_sets(shape, k, radix, monkeypatch):
+    """Distinct scores: the same set of indices as ``torch.topk``, each row's ``k`` distinct,
+    with the k-th largest found by bisection or by radix select (``RADIX_SELECT``)."""
+    monkeypatch.setattr(tt, "RADIX_SELECT", radix)
     g = _gen(sum(shape) + k)
     x = torch.randn(*shape, generator=g)
     got = tt.topk_indices(x.to(DEVICE), k).cpu()
@@ -365,9 +368,11 @@ def test_topk_indices_equal_for_every_tile(tile, monkeypatch):
     assert torch.equal(tt.topk_indices(x.to(DEVICE), 9).cpu().sort(-1).values, want)
 
 
-def test_topk_indices_masked_keys_ties_and_signed_zeros():
+@pytest.mark.parametrize("radix", [False, True], ids=["bisection", "radix"])
+def test_topk_indices_masked_keys_ties_and_signed_zeros(radix, monkeypatch):
     """``-inf`` (masked keys) rank below every score and fill the slots only when the valid
     ones run out; equal scores at the boundary take the lowest positions; -0.0 equals 0.0."""
+    monkeypatch.setattr(tt, "RADIX_SELECT", radix)
     x = torch.randn(3, 40, generator=_gen(5))
     x[:, 10:] = float("-inf")
     got = tt.topk_indices(x.to(DEVICE), 16).cpu().sort(-1).values
@@ -381,6 +386,30 @@ def test_topk_indices_masked_keys_ties_and_signed_zeros():
     assert got.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
 
 
+def test_radix_select_takes_the_keys_bisection_takes():
+    """Rows where the radix select's digits matter: scores that share their high bytes (nearly
+    equal floats), both signs, ±inf, many ties at the k-th score, k = 1 and k = N: the same
+    indices as the bisection, and the same sets as ``torch.topk`` where no tie straddles k."""
+    g = _gen(11)
+    base = 1.0 + torch.arange(64, dtype=torch.float32) * 2.0 ** -20  # one exponent, low bits differ
+    rows = torch.stack([
+        base[torch.randperm(64, generator=g)],
+        -base[torch.randperm(64, generator=g)],
+        torch.cat([base[:32], -base[:32]])[torch.randperm(64, generator=g)],
+        torch.randn(64, generator=g).masked_fill(torch.rand(64, generator=g) < 0.5, float("-inf")),
+        torch.randn(64, generator=g).round(),  # many ties
+        torch.cat([torch.tensor([float("inf"), float("-inf")]), torch.randn(62, generator=g)]),
+    ])
+    for k in (1, 7, 32, 64):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tt, "RADIX_SELECT", True)
+            radix = tt.topk_indices(rows.to(DEVICE), k).cpu().sort(-1).values
+        bisection = tt.topk_indices(rows.to(DEVICE), k).cpu().sort(-1).values
+        assert torch.equal(radix, bisection), k
+        for r in (0, 1, 2, 5):
+            assert torch.equal(radix[r], rows[r].topk(k).indices.sort().values), (r, k)
+
+
 def test_topk_indices_other_rows_go_to_torch_and_k_is_checked():
     """float64 rows and rows longer than MAX_N take torch.topk; k outside [0, N] is refused."""
     x = torch.randn(2, 30, dtype=torch.float64, generator=_gen(6))
@@ -390,9 +419,11 @@ def test_topk_indices_other_rows_go_to_torch_and_k_is_checked():
         tt.topk_indices(x.float().to(DEVICE), 31)
 
 
-def test_topk_softmax_takes_the_top_keys_and_their_softmax_weights():
+@pytest.mark.parametrize("radix", [False, True], ids=["bisection", "radix"])
+def test_topk_softmax_takes_the_top_keys_and_their_softmax_weights(radix, monkeypatch):
     """One launch: the indices ``topk_indices`` takes and ``exp(logit - lse)`` at them, masked
     keys included when a row has fewer valid ones than ``k``; a row without keys weighs 0."""
+    monkeypatch.setattr(tt, "RADIX_SELECT", radix)
     x = torch.randn(2, 3, 37, generator=_gen(8))
     x[1, :, 5:] = float("-inf")
     x[0, 2, :] = float("-inf")
@@ -872,6 +903,9 @@ _LAUNCHES = {
     # with triton_clustered.KEY_MAJOR_BACKWARD: dk and dv summed by key after one sort
     "i-clustered-10 key-major": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
                                   "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_key_sum_kernel": 1}, 53),
+    # with triton_topk.RADIX_SELECT: the same launches, the top-k by radix select
+    "i-clustered-10 radix": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
+                              "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1}, 52),
 }
 
 
@@ -895,6 +929,7 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", spec.endswith(" fused"))
     monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", spec.endswith(" key-major"))
+    monkeypatch.setattr(tt, "RADIX_SELECT", spec.endswith(" radix"))
     overrides = {"topk": 8} if spec.startswith("i-") else {}
     attn = build_attention(spec.split()[0], seed=0, iterations=3, **overrides)
     g = _gen(40)

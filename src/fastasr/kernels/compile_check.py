@@ -78,7 +78,14 @@ def _configs():
         for weights in (False, True):
             out.append((f"topk N<={block_n} rows={rows} weights={weights}", tt._topk_kernel,
                         {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
-                        {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights}, {"num_warps": 8}))
+                        {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights, "RADIX": False},
+                        {"num_warps": 8}))
+            one_row, warps = tt.radix_tile(block_n)
+            if block_n <= tt.RADIX_MAX_N:
+                out.append((f"topk radix N<={block_n} weights={weights}", tt._topk_kernel,
+                            {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
+                            {"BLOCK_N": block_n, "ROWS": one_row, "WEIGHTS": weights, "RADIX": True},
+                            {"num_warps": warps}))
     for t in ("fp32", "bf16", "fp16"):
         dot_dtype, precision = tc.dot_config(
             {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)

@@ -11,7 +11,8 @@ Design. One program holds ``ROWS`` whole rows in registers. Each score becomes a
 key with the order of the floats (the bits, with the lower 31 flipped for negatives;
 ``-inf``, the masked keys, orders below every finite score). The ``k``-th largest key ``T`` is
 found by bisection over the int32 range, 32 steps of a compare and a count per row, all on
-chip; then the entries above ``T`` are taken, and of those equal to ``T`` the lowest
+chip (or, with :data:`RADIX_SELECT`, by radix select: four 256-bin histograms of one 8-bit
+digit of the row's remaining candidates, one row a program); then the entries above ``T`` are taken, and of those equal to ``T`` the lowest
 positions until ``k`` are taken; a running sum over the row gives each taken entry its
 slot. The row is read once and ``k`` indices written: no sort, no host synchronisation.
 Rows longer than :data:`MAX_N` (not held in registers) and other dtypes go to
@@ -35,16 +36,46 @@ from fastasr.kernels.availability import (
 
 ensure_interpreter_compat()
 
-__all__ = ["topk_indices", "topk_softmax", "topk_tile", "MAX_N"]
+__all__ = ["topk_indices", "topk_softmax", "topk_tile", "radix_tile", "MAX_N", "RADIX_SELECT"]
 
 #: Longest row held in registers (one program, 8 warps, 32 scores a thread); longer rows: torch.topk.
 MAX_N = 8192
 _ELEMENTS = 4096  # scores a program holds at most when several rows share it
+#: The k-th largest key of a row by radix select (four 256-bin histograms of an 8-bit digit, one
+#: row a program) instead of bisection (32 counts, several rows a program). Equal under the
+#: interpreter and compiled for sm_90; untimed on a GPU, so off: ``make gpu-check`` times both
+#: (``benchmarks/clustering_gpu.py``'s top-k columns and calls, ``benchmarks/gpu_step.py``).
+RADIX_SELECT = False
+#: Longest row the radix select takes (with the top weights, 8,192 scores spill on sm_90 at any
+#: warp count); longer rows keep the bisection.
+RADIX_MAX_N = 4096
+
+
+@triton.jit
+def _radix_kth(key, inside, K, BLOCK_N: tl.constexpr):
+    """The ``K``-th largest of one row's int32 ``key`` ``(1, BLOCK_N)`` (lanes outside ``inside``
+    excluded), as ``(1,)`` int32, by radix select: four passes of one 256-bin histogram of an
+    8-bit digit over the row's candidates, most significant first, each keeping the bin that
+    holds the ``K``-th largest."""
+    u = tl.reshape(key, (BLOCK_N,)).to(tl.uint32, bitcast=True) ^ 0x80000000  # unsigned, same order
+    candidate = tl.reshape(inside, (BLOCK_N,))
+    bins = tl.arange(0, 256)
+    rank = K  # the wanted entry's rank from the top among the candidates
+    prefix = tl.zeros((1,), tl.uint32)
+    for shift in tl.static_range(24, -1, -8):
+        digit = ((u >> shift) & 0xFF).to(tl.int32)
+        hist = tl.histogram(digit, 256, mask=candidate)
+        above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # candidates with a larger digit than each bin's
+        chosen = 256 - tl.sum((above < rank).to(tl.int32), 0)  # the bin holding the rank-th largest
+        rank -= tl.sum(tl.where(bins == chosen, above, 0), 0)
+        candidate = candidate & (digit == chosen)
+        prefix = prefix | (chosen.to(tl.uint32) << shift)
+    return (prefix ^ 0x80000000).to(tl.int32, bitcast=True)
 
 
 @triton.jit
 def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
-                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr):
+                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, RADIX: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     inside = (rows[:, None] < R) & (cols[None, :] < N)
@@ -53,15 +84,18 @@ def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
     bits = x.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 keys in the order of the floats
     key = tl.where(inside, key, -2147483648)  # lanes past N: below every score
-    lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
-    hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K
-    for _ in range(32):
-        mid = lo + (hi - lo) // 2  # in [lo, hi): an int32 value
-        count = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), 1)
-        enough = count >= K
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid)
-    kth = lo.to(tl.int32)[:, None]  # the k-th largest key of each row
+    if RADIX:  # one row a program (ROWS = 1)
+        kth = _radix_kth(key, inside, K, BLOCK_N)[:, None]
+    else:
+        lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
+        hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K
+        for _ in range(32):
+            mid = lo + (hi - lo) // 2  # in [lo, hi): an int32 value
+            count = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), 1)
+            enough = count >= K
+            lo = tl.where(enough, mid, lo)
+            hi = tl.where(enough, hi, mid)
+        kth = lo.to(tl.int32)[:, None]  # the k-th largest key of each row
     above = key > kth
     tied = (key == kth) & inside
     room = K - tl.sum(above.to(tl.int32), 1)  # slots left for the ties, lowest positions first
@@ -123,14 +157,16 @@ def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
     N = scores.shape[-1]
     rows = scores.detach().reshape(-1, N).contiguous()
     R = rows.shape[0]
-    per_program, warps = topk_tile(N, R)
+    radix = RADIX_SELECT and N <= RADIX_MAX_N
+    per_program, warps = radix_tile(N) if radix else topk_tile(N, R)
     idx = torch.empty((R, k), dtype=torch.int64, device=scores.device)
     weights = None if lse is None else torch.empty((R, k), dtype=torch.float32, device=scores.device)
     if R:
         _topk_kernel[(triton.cdiv(R, per_program),)](  # without weights the scores stand in for both
             rows, idx, rows if lse is None else lse.detach().reshape(-1).contiguous(),
             rows if weights is None else weights, R, N, k,
-            BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None, num_warps=warps,
+            BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None, RADIX=radix,
+            num_warps=warps,
         )
     shape = (*scores.shape[:-1], k)
     return idx.view(shape), None if weights is None else weights.view(shape)
@@ -147,3 +183,10 @@ def topk_tile(n: int, rows: int) -> tuple[int, int]:
     block_n = triton.next_power_of_2(n)
     per_program = max(1, min(_ELEMENTS // block_n, triton.next_power_of_2(rows)))
     return per_program, 8 if block_n * per_program >= 4096 else 4
+
+
+def radix_tile(n: int) -> tuple[int, int]:
+    """``(1, warps)`` for the radix select of rows of ``n`` scores: one row a program (a
+    histogram is of one row), a warp for every 256 scores, 1 to 16: 103-139 registers a thread
+    on sm_90 without spills for rows of up to :data:`RADIX_MAX_N`."""
+    return 1, max(1, min(16, triton.next_power_of_2(n) // 256))
