@@ -28,7 +28,7 @@
    checked against the atomics') and Triton top-k (also by radix select) each against what it replaces (the Triton
    products with torch around them; ``torch.topk``), in the same run; torch.profiler's largest
    CUDA kernels of one clustered-100 and one i-clustered-100 call at N = 4,096 (i-clustered's by
-   default and with both switches on): where the rest of the time goes; and last each call of
+   default and with every switch on): where the rest of the time goes; and last each call of
    :data:`CALLS` replayed as one CUDA graph (the GPU's time without the host's launches).
 
 Writes ``benchmarks/results/clustering_<gpu>.md``.
