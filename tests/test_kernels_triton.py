@@ -557,7 +557,7 @@ def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous,
     chunks of 16 sorted rows, so that many keys' rows span several chunks)."""
     monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", key_major)
     key_sum_tile = tc.key_sum_tile
-    monkeypatch.setattr(tc, "key_sum_tile", lambda *a: {**key_sum_tile(*a), "CHUNK": 16})
+    monkeypatch.setattr(tc, "key_sum_tile", lambda: {**key_sum_tile(), "CHUNK": 16})
     g = _gen(B * N + E + EV + C + K)
     inputs, topk_idx, assign, lengths = _sparse_inputs(B, H, N, E, EV, C, K, g, noncontiguous=noncontiguous)
     grad = torch.randn(B, H, N, EV, generator=g)

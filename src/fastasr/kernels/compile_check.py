@@ -151,7 +151,7 @@ def _configs():
                           **dict(zip(("BLOCK_N", "BLOCK_K", "BLOCK_E", "BLOCK_V"), blocks))}
                 out.append((f"{name} {tag}", kernel, {**qkv, **ptrs}, sparse, {}))
     for E in (32, 64):
-        tile = tc.key_sum_tile(E, E)
+        tile = tc.key_sum_tile()
         out.append((f"key_sum E={E}", tc._key_sum_kernel,
                     {"keys_ptr": "*i32", "src_ptr": "*i64", "part_k_ptr": "*fp32", "part_v_ptr": "*fp32",
                      "dk_ptr": "*fp32", "dv_ptr": "*fp32"},

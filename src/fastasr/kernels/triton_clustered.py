@@ -39,8 +39,9 @@ valid top keys, takes the softmax, weighs the values and adds the cluster's mass
 recomputes the softmax and produces every gradient. One launch each way, nothing of size
 ``N × K`` or ``C × K × E`` in memory (with :data:`KEY_MAJOR_BACKWARD`, the backward instead
 stores each block's ``(K, E)`` tiles of ``dk``/``dv`` and :func:`_key_sum_kernel` adds them up
-by key after one ``torch.sort``: fewer atomics for two passes over the tiles). The three products above stay for
-:func:`clustered_dot` and :func:`clustered_weighted_sum`, the reference's building blocks.
+by key after one ``torch.sort``: fewer atomics for two passes over the tiles). The three
+products above stay for :func:`clustered_dot` and :func:`clustered_weighted_sum`, the
+reference's building blocks.
 
 The scatter sums over a block first (a ``(K, BLOCK_N) @ (BLOCK_N, E)`` product) and
 only then adds the ``(K, E)`` partial into an fp32 buffer with ``atomic_add``: one
@@ -615,7 +616,8 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
 #: (``benchmarks/clustering_gpu.py``, ``benchmarks/gpu_step.py``).
 KEY_MAJOR_BACKWARD = False
 
-def key_sum_tile(block_e: int, block_v: int) -> dict:
+
+def key_sum_tile() -> dict:
     """Launch parameters of :func:`_key_sum_kernel`: ``CHUNK`` sorted rows a program, 8 warps,
     and the precision of its sums: ``tf32x3`` (three tf32 tensor-core products; the 0/1 key
     matrix is exact in tf32, so the sums keep ~22 bits of each row, near fp32's 24).
@@ -631,7 +633,7 @@ def _add_by_key(sel, part_k, part_v, dk, dv) -> None:
     BH, L = sel.shape
     S, E, EV = dk.shape[2], dk.shape[3], dv.shape[3]
     block_e, block_v = part_k.shape[-1], part_v.shape[-1]
-    tile = key_sum_tile(block_e, block_v)
+    tile = key_sum_tile()
     keys, src = torch.sort(sel, dim=1)
     _key_sum_kernel[(BH, triton.cdiv(L, tile["CHUNK"]))](
         keys, src, part_k, part_v, dk, dv, S, L, E, EV, BLOCK_E=block_e, BLOCK_V=block_v, **tile,
@@ -664,10 +666,10 @@ class _ImprovedSparse(torch.autograd.Function):
         if grad.numel():
             launch = _SparseLaunch.of(_sparse_bwd_kernel, q, v, top_idx, ctx.order)
             key_major = KEY_MAJOR_BACKWARD
-            rows = B * H * launch.P * launch.block_k if key_major else 1  # 1: unused
-            part_k = torch.empty((rows, launch.block_e), **f32)
-            part_v = torch.empty((rows, launch.block_v), **f32)
-            sel = torch.empty((B * H, rows // (B * H) if key_major else 1), dtype=torch.int32, device=q.device)
+            rows = launch.P * launch.block_k if key_major else 1  # a (batch, head)'s; 1: unused
+            part_k = torch.empty((B * H * rows, launch.block_e), **f32)
+            part_v = torch.empty((B * H * rows, launch.block_v), **f32)
+            sel = torch.empty((B * H, rows), dtype=torch.int32, device=q.device)
             _launch_sparse(_sparse_bwd_kernel, q, k, v, top_idx, lengths, ctx.order, ctx.scale,
                            (top_w, grad, dq, dk, dv, dtop_w, dvalues, part_k, part_v, sel), grad.stride(),
                            launch, KEY_MAJOR=key_major)

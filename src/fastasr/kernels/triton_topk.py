@@ -12,9 +12,9 @@ key with the order of the floats (the bits, with the lower 31 flipped for negati
 ``-inf``, the masked keys, orders below every finite score). The ``k``-th largest key ``T`` is
 found by bisection over the int32 range, 32 steps of a compare and a count per row, all on
 chip (or, with :data:`RADIX_SELECT`, by radix select: four 256-bin histograms of one 8-bit
-digit of the row's remaining candidates, one row a program); then the entries above ``T`` are taken, and of those equal to ``T`` the lowest
-positions until ``k`` are taken; a running sum over the row gives each taken entry its
-slot. The row is read once and ``k`` indices written: no sort, no host synchronisation.
+digit of the row's remaining candidates, one row a program); then the entries above ``T``
+are taken, and of those equal to ``T`` the lowest positions until ``k`` are taken; a
+running sum over the row gives each taken entry its slot. The row is read once and ``k`` indices written: no sort, no host synchronisation.
 Rows longer than :data:`MAX_N` (not held in registers) and other dtypes go to
 ``torch.topk``. ``topk_softmax(logits, lse, k)`` is the same launch that also writes the
 taken entries' softmax weights ``exp(score - lse)`` (i-clustered's top weights, given each
