@@ -127,3 +127,31 @@ def switched_on(switches) -> contextlib.ExitStack:
 def switched_label(spec: str, switches) -> str:
     """``spec`` and the switches it runs with: ``i-clustered-100, fused centroids``."""
     return ", ".join((spec, *switches))
+
+
+def synchronize(device) -> None:
+    """Wait for the work queued on ``device`` (nothing to wait for off CUDA)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def use_interpreted_kernels(script: str) -> bool:
+    """For a GPU script's ``--device cpu`` plumbing run: route fastasr's ops to the Triton
+    kernels on CPU tensors, which needs them interpreted (``TRITON_INTERPRET=1``, set before
+    they are defined). False, having said so on stderr, where it is not set."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        print(f"{script}: --device cpu runs the Triton kernels in the interpreter: set TRITON_INTERPRET=1",
+              file=sys.stderr)
+        return False
+    from fastasr.kernels import ops
+
+    os.environ[ops.KERNELS_ENV] = "triton"
+    return True
+
+
+def failure(exc: BaseException, width: int = 80) -> str:
+    """``exc`` for a table cell: its type and the first ``width`` characters of its first line."""
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first[:width]}"

@@ -71,11 +71,6 @@ def spec_of(kind: str) -> str:
     return f"{kind}-{CLUSTERS}"
 
 
-def synchronize() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def device_ms(fn, repeats: int) -> float:
     """Median milliseconds of ``fn()`` over ``repeats`` CUDA-event timings after two warm-ups
     (on the CPU, wall-clock timings)."""
@@ -128,7 +123,7 @@ def sync_check(lines: list[str], n: int) -> bool:
         with bench_io.switched_on(switches):
             try:
                 attention_call(attn, q, k, v, lengths)  # warm-up: Triton compiles
-                synchronize()
+                bench_io.synchronize(DEVICE)
                 result = "ran (the CPU has no synchronisation check)"
                 if DEVICE.type == "cuda":
                     torch.cuda.set_sync_debug_mode("error")
@@ -138,9 +133,9 @@ def sync_check(lines: list[str], n: int) -> bool:
                 ok = False
                 synchronises = DEVICE.type == "cuda" and torch.cuda.get_sync_debug_mode() != 0
                 result = (f"**{'synchronises' if synchronises else 'fails'}**: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+                          f"{bench_io.failure(exc, 160)}")
             except Exception as exc:  # noqa: BLE001 - a kernel's first GPU run: say why, go on
-                ok, result = False, f"**fails**: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+                ok, result = False, f"**fails**: {bench_io.failure(exc, 160)}"
             finally:
                 if DEVICE.type == "cuda":
                     torch.cuda.set_sync_debug_mode("default")
@@ -238,7 +233,7 @@ def graphed_call_ms(spec: str, q, k, v, lengths, repeats: int) -> str:
         return f"{device_ms(graph.replay, repeats):.2f}"
     except Exception as exc:  # noqa: BLE001 - the table says why capture failed
         torch.cuda.synchronize()
-        return f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        return f"capture failed: {bench_io.failure(exc)}"
 
 
 def with_torch_block_table():
@@ -260,7 +255,7 @@ def switched_cell(attn, call, want, q, k, v, lengths, repeats: int, switches) ->
         with bench_io.switched_on(switches):
             return f"{device_ms(call, repeats):.2f}" + ("" if rel <= 1e-2 else f" (output {rel:.1e} apart)")
     except Exception as exc:  # noqa: BLE001 - the cell says why
-        return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        return f"failed: {bench_io.failure(exc)}"
 
 
 def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
@@ -392,7 +387,7 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
                 ms = device_ms(lambda: forward_backward(tc.improved_sparse), repeats)
             return f"{ms:.3f}" + ("" if rel < 1e-2 else f" (dk, dv {rel:.1e} apart)")
         except Exception as exc:  # noqa: BLE001 - the cell says why
-            return f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            return f"failed: {bench_io.failure(exc)}"
 
     want, got = forward_backward(products), forward_backward(tc.improved_sparse)
     err = float((got - want).norm() / want.norm())
@@ -408,7 +403,7 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
             same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
             cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
     except Exception as exc:  # noqa: BLE001 - the cell says why
-        cells.append(f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+        cells.append(f"failed: {bench_io.failure(exc)}")
     for tile in topk_tiles:
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)
@@ -425,14 +420,14 @@ def profile(lines: list[str], spec: str, n: int, switches=()) -> None:
         with bench_io.switched_on(switches):
             for _ in range(2):
                 attention_call(attn, q, k, v, lengths)
-            synchronize()
+            bench_io.synchronize(DEVICE)
             cuda = DEVICE.type == "cuda"
             activity = torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU
             with torch.profiler.profile(activities=[activity]) as prof:
                 attention_call(attn, q, k, v, lengths)
-                synchronize()
+                bench_io.synchronize(DEVICE)
     except Exception as exc:  # noqa: BLE001 - the section says why
-        lines += ["", f"## {label}: profile failed: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"]
+        lines += ["", f"## {label}: profile failed: {bench_io.failure(exc, 160)}"]
         return
     table = prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
                                       row_limit=18, max_name_column_width=60)
@@ -462,13 +457,8 @@ def main(argv=None) -> int:
     import triton
 
     if args.device == "cpu":
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            print("clustering_gpu.py: --device cpu runs the Triton kernels in the interpreter: "
-                  "set TRITON_INTERPRET=1", file=sys.stderr)
+        if not bench_io.use_interpreted_kernels("clustering_gpu.py"):
             return 2
-        from fastasr.kernels import ops
-
-        os.environ[ops.KERNELS_ENV] = "triton"
         gpu, machine = "cpu-interpreter", "the CPU, Triton interpreted (plumbing only: times mean nothing)"
     elif not torch.cuda.is_available():
         print("clustering_gpu.py: no CUDA GPU", file=sys.stderr)

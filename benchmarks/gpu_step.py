@@ -62,11 +62,6 @@ VARIANTS = {
 DEVICE = torch.device("cuda")
 
 
-def synchronize() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
-
-
 class GpuStepper:
     def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
         self.model = build_model(spec, layers).to(DEVICE)
@@ -76,7 +71,7 @@ class GpuStepper:
 
     def step(self, batch) -> float:
         feats, lengths, targets, target_lengths = batch
-        synchronize()
+        bench_io.synchronize(DEVICE)
         t0 = time.perf_counter()
         self.optim.zero_grad(set_to_none=True)
         forced = forced_padded_path(self.path) if self.path else contextlib.nullcontext()
@@ -87,7 +82,7 @@ class GpuStepper:
         loss.backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
         self.optim.step()
-        synchronize()
+        bench_io.synchronize(DEVICE)
         return time.perf_counter() - t0
 
 
@@ -106,11 +101,8 @@ def main(argv=None) -> None:
     global DEVICE
     DEVICE = torch.device(args.device)
     if args.device == "cpu":
-        if os.environ.get("TRITON_INTERPRET") != "1":
-            sys.exit("gpu_step.py: --device cpu runs the Triton kernels in the interpreter: set TRITON_INTERPRET=1")
-        from fastasr.kernels import ops
-
-        os.environ[ops.KERNELS_ENV] = "triton"
+        if not bench_io.use_interpreted_kernels("gpu_step.py"):
+            sys.exit(1)
         info = {**bench_io.machine_info(DEVICE), "gpu": "cpu-interpreter", "slug": "cpu-interpreter"}
     elif not torch.cuda.is_available():
         sys.exit("gpu_step.py times a GPU step: no GPU visible")
@@ -135,7 +127,7 @@ def main(argv=None) -> None:
                 table[n][name] = 1000 * statistics.median(stepper.step(batch) for _ in range(args.rounds))
                 del stepper
             except Exception as exc:  # noqa: BLE001 - the table says which variant failed and why
-                table[n][name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+                table[n][name] = f"failed: {bench_io.failure(exc)}"
             if DEVICE.type == "cuda":
                 torch.cuda.empty_cache()
         print(f"N={n}: " + ", ".join(f"{k} {_cell(v)}" for k, v in table[n].items()), flush=True)

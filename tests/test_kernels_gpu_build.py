@@ -142,3 +142,15 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--profile", "clustered-100")
     assert "clustered-100, N = 64: one step" in (tmp_path / "gpu_step_profile_cpu-interpreter.txt").read_text()
+
+
+def test_benchmark_failure_cells_name_the_error_in_one_line():
+    """A failed cell of the GPU tables: the error's type and its first line cut to the width,
+    and an error without a message still makes a cell (rather than ending the run)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_io
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert bench_io.failure(ValueError("bad tile\nsecond line"), 5) == "ValueError: bad t"
+    assert bench_io.failure(RuntimeError()) == "RuntimeError: "
