@@ -999,15 +999,17 @@ def test_split_kmeans_stops_at_a_fixed_point(monkeypatch):
     """Split over spans (two launches an iteration), a sequence's sweeps and votes exit at once
     after the vote that moved none of its centroids: exactly the reference's first still
     iteration's count of votes a sequence (every iteration where none is still), with the
-    reference's assignments and counts."""
+    reference's assignments and counts. The votes are counted in the interpreter (a compiled
+    kernel's calls cannot be wrapped); compiled, the results are checked alone."""
     votes = []
-    vote = tk._vote
+    if INTERPRETED:
+        vote = tk._vote
 
-    def counted(*args, **kwargs):
-        votes.append(1)
-        return vote.fn(*args, **kwargs)
+        def counted(*args, **kwargs):
+            votes.append(1)
+            return vote.fn(*args, **kwargs)
 
-    monkeypatch.setattr(tk, "_vote", counted)
+        monkeypatch.setattr(tk, "_vote", counted)
     g = _gen(43)
     codes = torch.cat([clustered_codes(1, 2, 60, 5, 0.05, g), torch.randint(0, 2**62, (1, 1, 60), generator=g)], 1)
     lengths = torch.tensor([57])
@@ -1016,5 +1018,6 @@ def test_split_kmeans_stops_at_a_fixed_point(monkeypatch):
     got = tk.hamming_kmeans(codes.to(DEVICE), lengths.to(DEVICE), 5, 4, spans=3)
     want = reference.hamming_kmeans(codes, lengths, 5, 4)
     assert all(torch.equal(a.cpu(), b) for a, b in zip(got, want))
-    assert len(votes) == int(first[0, :2].sum()) + 4
+    if INTERPRETED:
+        assert len(votes) == int(first[0, :2].sum()) + 4
 
