@@ -107,25 +107,26 @@ def measure_and_write(measure: Callable, write_table: Callable, args) -> None:
     print(f"wrote {write_table(rows, args, info, before, load_average())}")
 
 
-#: The kernels' switches that stay off until a GPU times them: name -> (module, attribute).
+#: The kernels' alternatives that a GPU times against their defaults: name -> (module,
+#: attribute, the value the switch sets, which is not the default).
 KERNEL_SWITCHES = {
-    "fused centroids": ("fastasr.kernels.ops", "TRITON_CENTROID_TOPK"),
-    "key-major backward": ("fastasr.kernels.triton_clustered", "KEY_MAJOR_BACKWARD"),
-    "radix top-k": ("fastasr.kernels.triton_topk", "RADIX_SELECT"),
+    "torch centroids": ("fastasr.kernels.ops", "TRITON_CENTROID_TOPK", False),
+    "key-major backward": ("fastasr.kernels.triton_clustered", "KEY_MAJOR_BACKWARD", True),
+    "radix top-k": ("fastasr.kernels.triton_topk", "RADIX_SELECT", True),
 }
 
 
 def switched_on(switches) -> contextlib.ExitStack:
-    """A context with each of ``switches`` (names in :data:`KERNEL_SWITCHES`) set True."""
+    """A context with each of ``switches`` (names in :data:`KERNEL_SWITCHES`) set to its value."""
     stack = contextlib.ExitStack()
     for name in switches:
-        module, attribute = KERNEL_SWITCHES[name]
-        stack.enter_context(mock.patch.object(importlib.import_module(module), attribute, True))
+        module, attribute, value = KERNEL_SWITCHES[name]
+        stack.enter_context(mock.patch.object(importlib.import_module(module), attribute, value))
     return stack
 
 
 def switched_label(spec: str, switches) -> str:
-    """``spec`` and the switches it runs with: ``i-clustered-100, fused centroids``."""
+    """``spec`` and the switches it runs with: ``i-clustered-100, torch centroids``."""
     return ", ".join((spec, *switches))
 
 

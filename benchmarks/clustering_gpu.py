@@ -6,14 +6,15 @@
         --repeats 1 --check-n 64 --clusters 4                            # the plumbing on the CPU
 
 1. **No synchronisation.** Forward and backward of each call of :data:`CALLS` (``clustered-100``,
-   ``i-clustered-100``, and i-clustered with each of the kernels' switches that are off by
-   default, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
+   ``i-clustered-100``, and i-clustered with each of the kernels' alternatives to its
+   defaults, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
    ``torch.cuda.set_sync_debug_mode("error")``, after one warm-up call (Triton compiles there):
    any ``.item()``, ``nonzero()`` or device-to-host copy in the path raises, and the row says where.
 2. **Hamming K-means** (``fastasr.kernels.triton_kmeans``) at 65,536 tokens a call (``B = 65536
    // N``, N = 800 has 81 sequences), 6 heads, C = 100, 10 iterations, random 63-bit codes, the
    last sequence at 3/4 N: the launcher's own choice of programs per sequence, and every iteration
-   in one launch (``spans=1``) forced; ``--baseline FILE`` adds another implementation of the same
+   in one launch (``spans=1``) forced, both again with the sweeps' products in int8
+   (``triton_kmeans.INT8_DOTS``); ``--baseline FILE`` adds another implementation of the same
    signature, loaded from a file; and the launcher's choice and the one launch again on clustered
    codes, whose centroids stop moving within the 10 iterations as a trained model's queries do
    (:func:`clustered_codes`), where the one launch stops early and the split path's later
@@ -21,14 +22,15 @@
    ``--repeats`` CUDA-event timings.
 3. **The whole attention call** (forward + backward, bf16, 6 × 32, 65,536 tokens) of both
    variants per N, i-clustered's again with the cluster order's block table built by its
-   PyTorch twin (what its one Triton launch saves the host) and with each switch on (the fused
-   centroid attention, ``ops.TRITON_CENTROID_TOPK``; the sparse part's key-major backward,
-   ``triton_clustered.KEY_MAJOR_BACKWARD``): a switch becomes the default where its column is
+   PyTorch twin (what its one Triton launch saves the host) and with each switch (the
+   centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; the sparse
+   part's key-major backward, ``triton_clustered.KEY_MAJOR_BACKWARD``; the top-k by radix
+   select, ``triton_topk.RADIX_SELECT``): a switch becomes the default where its column is
    faster. i-clustered's fused sparse part (also with its key-major backward, its dk and dv
    checked against the atomics') and Triton top-k (also by radix select) each against what it replaces (the Triton
    products with torch around them; ``torch.topk``), in the same run; torch.profiler's largest
-   CUDA kernels of one clustered-100 and one i-clustered-100 call at N = 4,096 (i-clustered's by
-   default and with every switch on): where the rest of the time goes; and last each call of
+   CUDA kernels of one clustered-100 and one i-clustered-100 call at N = 4,096: where the rest
+   of the time goes; and last each call of
    :data:`CALLS` replayed as one CUDA graph (the GPU's time without the host's launches).
 
 Writes ``benchmarks/results/clustering_<gpu>.md``.
@@ -60,9 +62,9 @@ HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10
 #: Where it runs: the GPU, or (--device cpu, under TRITON_INTERPRET=1) the CPU with the Triton
 #: kernels interpreted, a plumbing check of this script whose times mean nothing.
 DEVICE = torch.device("cuda")
-#: The attention calls checked and timed: (kind, the kernels' switches turned on,
-#: ``bench_io.KERNEL_SWITCHES``); those with switches are what a GPU decides them by.
-CALLS = (("clustered", ()), ("i-clustered", ()), ("i-clustered", ("fused centroids",)),
+#: The attention calls checked and timed: (kind, the kernels' switches set,
+#: ``bench_io.KERNEL_SWITCHES``); those with switches time the alternatives to the defaults.
+CALLS = (("clustered", ()), ("i-clustered", ()), ("i-clustered", ("torch centroids",)),
          ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)))
 
 
@@ -164,6 +166,15 @@ def with_tile(block_n: int, warps: int, **kwargs):
     return run
 
 
+def with_int8_dots(**kwargs):
+    """K-means with the sweeps' products in int8 (``triton_kmeans.INT8_DOTS``), the launcher's
+    tiles otherwise."""
+    def run(codes, lengths):
+        with mock.patch.object(triton_kmeans, "INT8_DOTS", True):
+            return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, **kwargs)
+    return run
+
+
 def clustered_codes(b: int, n: int, g: torch.Generator) -> torch.Tensor:
     """``(b, HEADS, n)`` codes near 30 random centres a sequence, each of 62 bits flipped with
     probability 0.2: Lloyd's centroids stop moving after 5 to 8 of 10 iterations (the
@@ -179,7 +190,8 @@ def clustered_codes(b: int, n: int, g: torch.Generator) -> torch.Tensor:
 def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path | None,
                  tiles: list[str]) -> None:
     impls = {"auto": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS),
-             "one launch": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS, spans=1)}
+             "one launch": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS, spans=1),
+             "auto, int8 dots": with_int8_dots(), "one launch, int8 dots": with_int8_dots(spans=1)}
     for tile in tiles:
         block_n, warps = map(int, tile.split(":"))
         impls[f"auto, tile {block_n} × {warps} warps"] = with_tile(block_n, warps)
@@ -478,7 +490,6 @@ def main(argv=None) -> int:
         parts_table(lines, [n for n in args.ns if n <= 16384], call_repeats, args.topk_tiles)
         profile(lines, spec_of("clustered"), args.check_n)
         profile(lines, spec_of("i-clustered"), args.check_n)
-        profile(lines, spec_of("i-clustered"), args.check_n, tuple(bench_io.KERNEL_SWITCHES))
     slug = bench_io.slugify(gpu)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / f"clustering_{slug}.md"

@@ -11,8 +11,8 @@ targets of ``N // 8`` units). A step: forward under bf16 autocast (Lightning's `
 CTC in fp32, backward, clipping at 10, RAdam. Variants: ``full`` (the path
 ``fastasr.attention.full`` chooses for the batch), ``full, key mask`` and ``full, packed`` (that
 path forced, ``forced_padded_path``), the clustered variants, and the *floor* (the inner attention
-replaced by the identity), and last i-clustered with the kernels' switches still off by default
-(``bench_io.KERNEL_SWITCHES``) turned on. Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups,
+replaced by the identity), and last i-clustered with each of the kernels' alternatives to its
+defaults (``bench_io.KERNEL_SWITCHES``). Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups,
 each variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
 
 Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
@@ -41,7 +41,7 @@ from torch import nn  # noqa: E402
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
 
 #: column -> (attention spec, forced padded path of full attention or None, the kernels'
-#: switches turned on, ``bench_io.KERNEL_SWITCHES``)
+#: switches set, ``bench_io.KERNEL_SWITCHES``)
 VARIANTS = {
     "full": ("full", None, ()),
     "full, key mask": ("full", "mask", ()),
@@ -49,11 +49,10 @@ VARIANTS = {
     "clustered-100": ("clustered-100", None, ()),
     "i-clustered-100": ("i-clustered-100", None, ()),
     FLOOR: (FLOOR, None, ()),
-    # last: untried on a GPU
-    "i-clustered-100, fused centroids": ("i-clustered-100", None, ("fused centroids",)),
+    # last: the kernels' alternatives to i-clustered's defaults
+    "i-clustered-100, torch centroids": ("i-clustered-100", None, ("torch centroids",)),
     "i-clustered-100, key-major backward": ("i-clustered-100", None, ("key-major backward",)),
     "i-clustered-100, radix top-k": ("i-clustered-100", None, ("radix top-k",)),
-    "i-clustered-100, all three": ("i-clustered-100", None, ("fused centroids", "key-major backward", "radix top-k")),
 }
 
 

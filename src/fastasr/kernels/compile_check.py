@@ -55,37 +55,38 @@ def _configs():
                      "BLOCK_BITS": 64}, {}))
     km_ptrs = {"codes_ptr": "*i64", "cent_ptr": "*i64", "len_ptr": "*i64", "assign_ptr": "*i64",
                "ones_ptr": "*i32", "counts_ptr": "*i32", "BITMASK": "i64"}
-    for clusters in (100, tk.MAX_CLUSTERS):
+    for clusters, int8 in ((100, False), (tk.MAX_CLUSTERS, False), (100, True), (tk.MAX_CLUSTERS, True)):
         for in_kernel, accumulate, length in ((True, False, 800), (True, False, tk.WIDE_TILE_FROM),
                                               (False, True, 16384), (False, False, 16384)):
             tile = tk.lloyd_tile(clusters, in_kernel, length)
             options = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
-            label = (f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate} "
-                     f"tile {tile['BLOCK_N']}x{options['num_warps']}")
+            label = (f"kmeans lloyd{' int8' if int8 else ''} C={clusters} in_kernel={in_kernel} "
+                     f"accumulate={accumulate} tile {tile['BLOCK_N']}x{options['num_warps']}")
             if all(label != row[0] for row in out):  # C = 256 has one tile whatever the length
                 # as launched: the one launch passes its int64 counts for the unused pointers
                 counts = ({"ones_ptr": "*i64", "counts_ptr": "*i64", "moved_ptr": "*i64"} if in_kernel
                           else {"moved_ptr": "*i32"})
                 out.append((label, tk._lloyd_kernel, {**km_ptrs, **counts},
                             {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, "AFTER_VOTE": accumulate,
-                             **tile}, options))
+                             "INT8": int8, **tile}, options))
     for after_vote in (False, True):
         out.append((f"kmeans update after_vote={after_vote}", tk._update_kernel,
                     {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32",
                      "moved_before_ptr": "*i32", "moved_ptr": "*i32"},
                     {"AFTER_VOTE": after_vote, "BLOCK_C": tk.UPDATE_BLOCK_C}, {}))
-    for block_n, rows in ((1024, 4), (4096, 1), (tt.MAX_N, 1)):  # N = 800, 3,200 and the longest held
+    for block_n in (1024, 4096, tt.MAX_N):  # N = 800, 3,200 and the longest held
+        rows, warps = tt.topk_tile(block_n, 1 << 20)  # as launched on a batch's many rows
         for weights in (False, True):
-            out.append((f"topk N<={block_n} rows={rows} weights={weights}", tt._topk_kernel,
+            out.append((f"topk N<={block_n} rows={rows} warps={warps} weights={weights}", tt._topk_kernel,
                         {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
                         {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights, "RADIX": False},
-                        {"num_warps": 8}))
-            one_row, warps = tt.radix_tile(block_n)
+                        {"num_warps": warps}))
+            radix_rows, radix_warps = tt.radix_tile(block_n)
             if block_n <= tt.RADIX_MAX_N:
                 out.append((f"topk radix N<={block_n} weights={weights}", tt._topk_kernel,
                             {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
-                            {"BLOCK_N": block_n, "ROWS": one_row, "WEIGHTS": weights, "RADIX": True},
-                            {"num_warps": warps}))
+                            {"BLOCK_N": block_n, "ROWS": radix_rows, "WEIGHTS": weights, "RADIX": True},
+                            {"num_warps": radix_warps}))
     for t in ("fp32", "bf16", "fp16"):
         dot_dtype, precision = tc.dot_config(
             {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
