@@ -13,9 +13,9 @@
 2. **Hamming K-means** (``fastasr.kernels.triton_kmeans``) at 65,536 tokens a call (``B = 65536
    // N``, N = 800 has 81 sequences), 6 heads, C = 100, 10 iterations, random 63-bit codes, the
    last sequence at 3/4 N: the launcher's own choice of programs per sequence, and every iteration
-   in one launch (``spans=1``) forced, both again with the sweeps' products in int8
-   (``triton_kmeans.INT8_DOTS``); ``--baseline FILE`` adds another implementation of the same
-   signature, loaded from a file; and the launcher's choice and the one launch again on clustered
+   in one launch (``spans=1``) forced, and split over spans forced (:func:`split_kmeans`, at
+   least 2 a sequence); ``--baseline FILE`` adds another implementation of the same
+   signature, loaded from a file; and the launcher's choice, the one launch and the split again on clustered
    codes, whose centroids stop moving within the 10 iterations as a trained model's queries do
    (:func:`clustered_codes`), where the one launch stops early and the split path's later
    launches exit at once. Each is first checked equal to the PyTorch reference. Median of
@@ -166,13 +166,14 @@ def with_tile(block_n: int, warps: int, **kwargs):
     return run
 
 
-def with_int8_dots(**kwargs):
-    """K-means with the sweeps' products in int8 (``triton_kmeans.INT8_DOTS``), the launcher's
-    tiles otherwise."""
-    def run(codes, lengths):
-        with mock.patch.object(triton_kmeans, "INT8_DOTS", True):
-            return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, **kwargs)
-    return run
+def split_kmeans(codes, lengths):
+    """K-means split over spans however many sequences there are: about
+    ``triton_kmeans.FILL_PROGRAMS`` programs, at least 2 spans a sequence, each at least
+    ``MIN_SPAN`` positions where the sequence allows (what the launcher does below
+    ``ONE_LAUNCH_FROM`` sequences), for the one launch's threshold."""
+    B, H, N = codes.shape
+    spans = max(2, min(-(-N // triton_kmeans.MIN_SPAN), -(-triton_kmeans.FILL_PROGRAMS // (B * H))))
+    return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, spans=spans)
 
 
 def clustered_codes(b: int, n: int, g: torch.Generator) -> torch.Tensor:
@@ -191,7 +192,7 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
                  tiles: list[str]) -> None:
     impls = {"auto": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS),
              "one launch": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS, spans=1),
-             "auto, int8 dots": with_int8_dots(), "one launch, int8 dots": with_int8_dots(spans=1)}
+             "split": split_kmeans}
     for tile in tiles:
         block_n, warps = map(int, tile.split(":"))
         impls[f"auto, tile {block_n} × {warps} warps"] = with_tile(block_n, warps)
@@ -204,15 +205,16 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
                           ((f"one launch, N < {triton_kmeans.WIDE_TILE_FROM}", triton_kmeans.lloyd_tile(CLUSTERS, True, 1)),
                            ("one launch, longer", triton_kmeans.lloyd_tile(CLUSTERS, True, triton_kmeans.WIDE_TILE_FROM)),
                            ("split", triton_kmeans.lloyd_tile(CLUSTERS, False, 1)))) + ")", "",
-              "| N × B | spans (auto) | " + " | ".join(impls) + " | auto, clustered codes | one launch, clustered codes |",
-              "|---|---:|" + "---:|" * (len(impls) + 2)]
+              "| N × B | spans (auto) | " + " | ".join(impls) + " | auto, clustered codes | one launch, clustered codes | split, clustered codes |",
+              "|---|---:|" + "---:|" * (len(impls) + 3)]
     for n in ns:
         b, lengths = batch_shape(n)
         g = torch.Generator(device=DEVICE).manual_seed(n)
         codes = torch.randint(0, 2**63 - 1, (b, HEADS, n), device=DEVICE, generator=g)
         cells = []
         near = clustered_codes(b, n, g)
-        for fn, c in [*((fn, codes) for fn in impls.values()), (impls["auto"], near), (impls["one launch"], near)]:
+        for fn, c in [*((fn, codes) for fn in impls.values()), (impls["auto"], near), (impls["one launch"], near),
+                      (impls["split"], near)]:
             want = reference.hamming_kmeans(c, lengths, CLUSTERS, ITERATIONS)
             got = fn(c, lengths)
             if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):

@@ -126,7 +126,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
         assert section in md, section
     assert md.count("ran (the CPU has no synchronisation check)") == 5
     assert "| i-clustered-4, radix top-k |" in md and "top-k: Triton, 1 rows × 1 warps" in md
-    assert "top-k: Triton, radix select" in md and "| one launch, int8 dots |" in md
+    assert "top-k: Triton, radix select" in md and "| split, clustered codes |" in md
     for bad in ("fail", "differ", "synchronises"):
         assert bad not in md.lower(), md
 

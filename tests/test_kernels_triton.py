@@ -172,11 +172,7 @@ def _codes(B, H, N, bits, g, lengths):
         (1, 1, 400, 300, 2, 63, False),  # C over MAX_CLUSTERS: the reference on the device
     ],
 )
-@pytest.mark.parametrize("int8", [False, True], ids=["fp16 dots", "int8 dots"])
-def test_kmeans_equals_reference(B, H, N, C, iterations, bits, padded, int8, monkeypatch):
-    """Bit for bit the reference's assignments and counts, with the sweeps' products in fp16
-    or in int8 (``INT8_DOTS``)."""
-    monkeypatch.setattr(tk, "INT8_DOTS", int8)
+def test_kmeans_equals_reference(B, H, N, C, iterations, bits, padded):
     g = _gen(N + C + iterations + bits)
     lengths = _lengths(B, N, g) if padded else None
     codes = _codes(B, H, N, bits, g, lengths)
@@ -191,11 +187,9 @@ def test_kmeans_equals_reference(B, H, N, C, iterations, bits, padded, int8, mon
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spans", [1, 4])
-@pytest.mark.parametrize("int8", [False, True], ids=["fp16 dots", "int8 dots"])
-def test_kmeans_several_programs_per_sequence_and_empty_sequence(spans, int8, monkeypatch):
+def test_kmeans_several_programs_per_sequence_and_empty_sequence(spans):
     """All iterations in one launch (1 span) and spans shorter than the sequence (several
     programs add into one centroid, one launch pair per iteration); a length-0 sequence."""
-    monkeypatch.setattr(tk, "INT8_DOTS", int8)
     g = _gen(11)
     lengths = torch.tensor([200, 0, 77])
     codes = _codes(3, 2, 200, 63, g, lengths)

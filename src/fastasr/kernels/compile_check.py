@@ -55,20 +55,20 @@ def _configs():
                      "BLOCK_BITS": 64}, {}))
     km_ptrs = {"codes_ptr": "*i64", "cent_ptr": "*i64", "len_ptr": "*i64", "assign_ptr": "*i64",
                "ones_ptr": "*i32", "counts_ptr": "*i32", "BITMASK": "i64"}
-    for clusters, int8 in ((100, False), (tk.MAX_CLUSTERS, False), (100, True), (tk.MAX_CLUSTERS, True)):
+    for clusters in (100, tk.MAX_CLUSTERS):
         for in_kernel, accumulate, length in ((True, False, 800), (True, False, tk.WIDE_TILE_FROM),
                                               (False, True, 16384), (False, False, 16384)):
             tile = tk.lloyd_tile(clusters, in_kernel, length)
             options = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
-            label = (f"kmeans lloyd{' int8' if int8 else ''} C={clusters} in_kernel={in_kernel} "
-                     f"accumulate={accumulate} tile {tile['BLOCK_N']}x{options['num_warps']}")
+            label = (f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate} "
+                     f"tile {tile['BLOCK_N']}x{options['num_warps']}")
             if all(label != row[0] for row in out):  # C = 256 has one tile whatever the length
                 # as launched: the one launch passes its int64 counts for the unused pointers
                 counts = ({"ones_ptr": "*i64", "counts_ptr": "*i64", "moved_ptr": "*i64"} if in_kernel
                           else {"moved_ptr": "*i32"})
                 out.append((label, tk._lloyd_kernel, {**km_ptrs, **counts},
                             {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, "AFTER_VOTE": accumulate,
-                             "INT8": int8, **tile}, options))
+                             **tile}, options))
     for after_vote in (False, True):
         out.append((f"kmeans update after_vote={after_vote}", tk._update_kernel,
                     {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32",

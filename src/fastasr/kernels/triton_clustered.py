@@ -611,9 +611,10 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
 #: of each row; the rows are sorted by key (one ``torch.sort`` a call) and
 #: :func:`_key_sum_kernel` adds each key's rows, one atomic per (key, chunk, feature). The
 #: top keys of a sequence's clusters are mostly the same few hundred keys (benchmarks/gpu_notes.md),
-#: so that is ~10x fewer atomics for two passes over the partials. Equal under the
-#: interpreter and compiled for sm_90; untimed on a GPU, so off: ``make gpu-check`` times both
-#: (``benchmarks/clustering_gpu.py``, ``benchmarks/gpu_step.py``).
+#: so that is ~10x fewer atomics for two passes over the partials. Equal, but off: slower on
+#: an H100 at N <= 4,096 (benchmarks/results/clustering_nvidia-h100-80gb-hbm3.md: the sparse
+#: part 3.10 against 2.40 ms at N = 800, 1.73 against 1.41 at 3,200; faster at 16,384 in one
+#: run of two); ``make gpu-check`` times both again.
 KEY_MAJOR_BACKWARD = False
 
 

@@ -61,7 +61,7 @@ from fastasr.kernels.reference import MAX_BITS, initial_centroids
 
 ensure_interpreter_compat()
 
-__all__ = ["hamming_kmeans", "spans_per_sequence", "MAX_CLUSTERS", "INT8_DOTS"]
+__all__ = ["hamming_kmeans", "spans_per_sequence", "MAX_CLUSTERS"]
 
 
 #: Largest ``C`` with a Triton kernel: the ``(next_pow2(C), 64)`` accumulator and the
@@ -88,11 +88,6 @@ LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
 ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 1}), (128, {"num_warps": 8, "num_stages": 1}))
 WIDE_TILE_FROM = 1024
 UPDATE_BLOCK_C = 32
-#: The sweeps' two products in int8 with int32 accumulation (exact: +-1 and 0/1 values) instead
-#: of fp16 with fp32 (also exact): twice the tensor cores' rate on sm_80/sm_90 and half the
-#: shared memory for the members' layout change. Off until a GPU times it
-#: (``benchmarks/clustering_gpu.py``'s K-means table, column "auto, int8 dots").
-INT8_DOTS = False
 
 
 @triton.jit
@@ -126,7 +121,7 @@ def _lloyd_kernel(
     codes_ptr, cent_ptr, len_ptr, assign_ptr, ones_ptr, counts_ptr, moved_ptr,
     H, N, C, SPAN, BITMASK, BITS, PASSES,
     IN_KERNEL: tl.constexpr, ACCUMULATE: tl.constexpr, AFTER_VOTE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, INT8: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Lloyd sweeps over the span ``[pid_s * SPAN, +SPAN)`` of sequence ``pid_bh``.
 
@@ -141,9 +136,6 @@ def _lloyd_kernel(
     assignment (and the counts). ``AFTER_VOTE``: an accumulating sweep after a vote, which
     exits at once when that vote moved none of the sequence's centroids (``moved_ptr``, the
     vote's count): the sweep would repeat the last one, and the final assignment follows.
-    ``INT8``: both products in int8 with int32 accumulation (:data:`INT8_DOTS`) rather than
-    fp16 with fp32; the nearest used centroid is then a row maximum of the integer products
-    and a row minimum of the indices reaching it (two reductions, no bias column).
     """
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -169,7 +161,6 @@ def _lloyd_kernel(
     # fraction names it. In the accumulated bit matrix the column carries 1: the member counts.
     bias_column = offs_bits[None, :] == 63
     bias = tl.where(offs_c < c_eff, -offs_c.to(tl.float32) / 256.0, -4096.0)
-    used = offs_c < c_eff
 
     # Padded positions of the span: -1, once.
     for n0 in range(tl.maximum(start, valid_stop), stop, BLOCK_N):
@@ -187,34 +178,19 @@ def _lloyd_kernel(
     moved = 1  # centroids the last vote changed (in kernel); a fixed point ends the sweeps
     while (sweeps < PASSES) & (moved > 0):
         cent_pm = 2 * _bits01(cent, offs_bits) - 1
-        if INT8:
-            cent_t = tl.trans(tl.where(bias_column, 0, cent_pm).to(tl.int8))
-            acc = tl.zeros((BLOCK_C, 64), dtype=tl.int32)
-        else:
-            cent_t = tl.trans(tl.where(bias_column, bias[:, None], cent_pm.to(tl.float32)).to(tl.float16))
-            acc = tl.zeros((BLOCK_C, 64), dtype=tl.float32)
+        cent_t = tl.trans(tl.where(bias_column, bias[:, None], cent_pm.to(tl.float32)).to(tl.float16))
+        acc = tl.zeros((BLOCK_C, 64), dtype=tl.float32)
         for n0 in range(start, valid_stop, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < valid_stop
             code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
             bits = _bits01(code, offs_bits)  # (BLOCK_N, 64), column 63 clear
-            if INT8:  # the largest <a, c> of a used centroid, then the lowest such c
-                score = tl.dot(tl.where(bias_column, 0, 2 * bits - 1).to(tl.int8), cent_t, out_dtype=tl.int32)
-                score = tl.where(used[None, :], score, -128)
-                top = tl.max(score, axis=1)
-                best = tl.min(tl.where(score == top[:, None], offs_c[None, :], BLOCK_C), axis=1)
-                member = (offs_c[None, :] == best[:, None]) & mask_n[:, None]
-            else:
-                score = tl.dot(tl.where(bias_column, 1, 2 * bits - 1).to(tl.float16), cent_t)
-                top = tl.max(score, axis=1)  # integer score - best / 256: exact
-                best = (-top * 256.0).to(tl.int32) & 255
-                member = (score == top[:, None]) & mask_n[:, None]
+            score = tl.dot(tl.where(bias_column, 1, 2 * bits - 1).to(tl.float16), cent_t)
+            top = tl.max(score, axis=1)  # integer score - best / 256: exact
+            best = (-top * 256.0).to(tl.int32) & 255
             tl.store(assign_ptr + row + offs_n, best.to(tl.int64), mask=mask_n)
-            if INT8:
-                acc = tl.dot(tl.trans(member.to(tl.int8)), tl.where(bias_column, 1, bits).to(tl.int8), acc,
-                             out_dtype=tl.int32)
-            else:
-                acc = tl.dot(tl.trans(member.to(tl.float16)), tl.where(bias_column, 1, bits).to(tl.float16), acc)
+            onehot = ((score == top[:, None]) & mask_n[:, None]).to(tl.float16)
+            acc = tl.dot(tl.trans(onehot), tl.where(bias_column, 1, bits).to(tl.float16), acc)
         ones = acc.to(tl.int32)
         cnt = tl.sum(tl.where(bias_column, ones, 0), axis=1)
         if IN_KERNEL:
@@ -358,7 +334,7 @@ def hamming_kmeans(
         # it reads no centroids (cent_ptr: the codes) and accumulates nothing (ones_ptr: counts)
         _lloyd_kernel[(B * H, 1)](
             codes, codes, lens, assign, counts, counts, counts, H, N, C, span, bitmask, bits, iterations + 1,
-            IN_KERNEL=True, ACCUMULATE=False, AFTER_VOTE=False, INT8=INT8_DOTS, **tile,
+            IN_KERNEL=True, ACCUMULATE=False, AFTER_VOTE=False, **tile,
         )
         return assign, counts
     centroids, _ = initial_centroids(codes, lens, C)
@@ -372,13 +348,13 @@ def hamming_kmeans(
         before = moved[i - 1] if i else moved[0]  # read only after a vote
         _lloyd_kernel[grid](
             *args, ones, counts, before, H, N, C, span, bitmask, bits, 1,
-            IN_KERNEL=False, ACCUMULATE=True, AFTER_VOTE=i > 0, INT8=INT8_DOTS, **tile,
+            IN_KERNEL=False, ACCUMULATE=True, AFTER_VOTE=i > 0, **tile,
         )
         _update_kernel[(B * H, triton.cdiv(C, UPDATE_BLOCK_C))](
             centroids, ones, counts, before, moved[i], C, bits, AFTER_VOTE=i > 0, BLOCK_C=UPDATE_BLOCK_C,
         )
     _lloyd_kernel[grid](
         *args, ones, counts, moved[0], H, N, C, span, bitmask, bits, 1,
-        IN_KERNEL=False, ACCUMULATE=False, AFTER_VOTE=False, INT8=INT8_DOTS, **tile,
+        IN_KERNEL=False, ACCUMULATE=False, AFTER_VOTE=False, **tile,
     )
     return assign, counts.to(torch.int64)

@@ -42,9 +42,9 @@ __all__ = ["topk_indices", "topk_softmax", "topk_tile", "radix_tile", "MAX_N", "
 MAX_N = 8192
 _ELEMENTS = 4096  # scores a program holds at most when several rows share it
 #: The k-th largest key of a row by radix select (four 256-bin histograms of an 8-bit digit, one
-#: row a program) instead of bisection (32 counts, several rows a program). Equal under the
-#: interpreter and compiled for sm_90; untimed on a GPU, so off: ``make gpu-check`` times both
-#: (``benchmarks/clustering_gpu.py``'s top-k columns and calls, ``benchmarks/gpu_step.py``).
+#: row a program) instead of bisection (32 counts). Equal to it, but off: slower on an H100
+#: (benchmarks/results/clustering_nvidia-h100-80gb-hbm3.md: 1.20 against 0.54 ms at N = 800,
+#: 1.52 against 0.72 at 3,200); ``make gpu-check`` times both again.
 RADIX_SELECT = False
 #: Longest row the radix select takes (with the top weights, 8,192 scores spill on sm_90 at any
 #: warp count); longer rows keep the bisection.
