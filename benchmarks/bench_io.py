@@ -77,12 +77,18 @@ def load_average() -> str:
 
 
 def git_commit(root: Path) -> str:
-    """The short commit hash of the repository at ``root`` (``unknown`` outside a git checkout)."""
+    """``FASTASR_COMMIT`` where it is set, else the short commit hash of the repository at
+    ``root`` with ``+changes`` where tracked files differ from it (a copy whose ``.git`` is older
+    than its files, say); ``unknown`` outside a git checkout."""
+    if os.environ.get("FASTASR_COMMIT"):
+        return os.environ["FASTASR_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=root)
+        changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], capture_output=True, cwd=root)
     except OSError:
         return "unknown"
-    return out.stdout.strip() or "unknown"
+    commit = out.stdout.strip()
+    return f"{commit}+changes" if commit and changed.returncode == 1 else commit or "unknown"
 
 
 def result_stem(out_dir: str | Path, name: str, info: dict) -> Path:

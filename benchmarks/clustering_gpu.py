@@ -21,7 +21,9 @@
    launches exit at once. Each is first checked equal to the PyTorch reference. Median of
    ``--repeats`` CUDA-event timings.
 3. **The whole attention call** (forward + backward, bf16, 6 × 32, 65,536 tokens) of both
-   variants per N, i-clustered's again with the cluster order's block table built by its
+   variants per N, clustered's again broadcasting its centroids' values by one ``index_select``
+   of rows instead of a gather (:func:`broadcast_by_rows`; the profile's largest kernel after
+   K-means), i-clustered's with the cluster order's block table built by its
    PyTorch twin (what its one Triton launch saves the host) and with each switch (the
    centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; the sparse
    part's key-major backward, ``triton_clustered.KEY_MAJOR_BACKWARD``; the top-k by radix
@@ -41,7 +43,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import os
 import statistics
 import sys
 import time
@@ -250,6 +251,24 @@ def graphed_call_ms(spec: str, q, k, v, lengths, repeats: int) -> str:
         return f"capture failed: {bench_io.failure(exc)}"
 
 
+def broadcast_by_rows(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
+    """``clustered.gather_padded``'s alternative, the same values: the per-cluster rows with a
+    zero row a sequence flattened to ``(B·H·(C+1), D)`` and one ``index_select`` of whole rows
+    (its backward one ``index_add``), instead of a gather by an index expanded over ``D`` (its
+    backward a scatter-add)."""
+    B, H, C, D = x.shape
+    padded = torch.cat([x, x.new_zeros(B, H, 1, D)], dim=2).reshape(B * H * (C + 1), D)
+    rows = torch.arange(B * H, device=x.device).view(B, H, 1) * (C + 1) + assignments.remainder(C + 1)
+    return padded.index_select(0, rows.reshape(-1)).view(B, H, -1, D)
+
+
+def with_rows_broadcast():
+    """Clustered attention broadcasting its centroids' values by :func:`broadcast_by_rows`."""
+    from fastasr.attention import clustered
+
+    return mock.patch.object(clustered, "gather_padded", broadcast_by_rows)
+
+
 def with_torch_block_table():
     """The cluster order's block table built by its PyTorch twin (about 20 torch kernels)
     instead of its one Triton launch: what the launch saves the host, in the same run."""
@@ -272,18 +291,31 @@ def switched_cell(attn, call, want, q, k, v, lengths, repeats: int, switches) ->
         return f"failed: {bench_io.failure(exc)}"
 
 
+def replaced_cell(attn, replacement, q, k, v, lengths, repeats: int) -> str:
+    """The call's milliseconds with ``replacement()`` in force, after checking its output equal
+    to the call's without (a replacement changes how, not what)."""
+    call = lambda: attention_call(attn, q, k, v, lengths)  # noqa: E731
+    with torch.no_grad():
+        want = attn(q, k, v, lengths)
+        with replacement():
+            same = torch.equal(attn(q, k, v, lengths), want)
+    with replacement():
+        return f"{device_ms(call, repeats):.2f}" + ("" if same else " (output differs)")
+
+
 def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
-    """Both calls per N, and i-clustered's again with the torch block table
-    (:func:`with_torch_block_table`), checked equal to the Triton one's output first, and
+    """Both calls per N, clustered's again broadcasting by rows (:func:`with_rows_broadcast`)
+    and i-clustered's with the torch block table (:func:`with_torch_block_table`), each checked
+    equal to the default's output first, and
     with each of the kernels' switches (:data:`CALLS`), its output's relative distance to the
     default path's given when it exceeds bf16's rounding (1e-2)."""
     specs = (spec_of("clustered"), spec_of("i-clustered"))
     switched = [switches for _, switches in CALLS if switches]
     lines += ["", f"## Attention call, forward + backward, bf16, {HEADS} × {DIM}, {TOKENS:,} tokens "
               f"(ms, median of {repeats})", "",
-              "| N × B | " + " | ".join(specs) + f" | {specs[1]}, torch block table |"
+              "| N × B | " + " | ".join(specs) + f" | {specs[0]}, rows broadcast | {specs[1]}, torch block table |"
               + "".join(f" {bench_io.switched_label(specs[1], sw)} |" for sw in switched),
-              "|---|" + "---:|" * (len(specs) + 1 + len(switched))]
+              "|---|" + "---:|" * (len(specs) + 2 + len(switched))]
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
         cells = []
@@ -291,14 +323,13 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
             attn = build_attention(spec, seed=0).to(DEVICE)
             call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
             cells.append(f"{device_ms(call, repeats):.2f}")
+        cells.append(replaced_cell(build_attention(specs[0], seed=0).to(DEVICE), with_rows_broadcast,
+                                   q, k, v, lengths, repeats))
         attn = build_attention(specs[1], seed=0).to(DEVICE)
         call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
         with torch.no_grad():
             want = attn(q, k, v, lengths)
-            with with_torch_block_table():
-                same = torch.equal(attn(q, k, v, lengths), want)
-        with with_torch_block_table():
-            cells.append(f"{device_ms(call, repeats):.2f}" + ("" if same else " (output differs)"))
+        cells.append(replaced_cell(attn, with_torch_block_table, q, k, v, lengths, repeats))
         cells += [switched_cell(attn, call, want, q, k, v, lengths, repeats, sw) for sw in switched]
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
@@ -482,7 +513,7 @@ def main(argv=None) -> int:
         machine = f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs"
     lines = [f"# The clustering step on {gpu}", "",
              f"`python benchmarks/clustering_gpu.py`: {datetime.date.today()}, commit "
-             f"{os.environ.get('FASTASR_COMMIT') or bench_io.git_commit(ROOT)}, torch {torch.__version__}, "
+             f"{bench_io.git_commit(ROOT)}, torch {torch.__version__}, "
              f"triton {triton.__version__}, {machine}.", ""]
     call_repeats = max(5, args.repeats // 2) if args.device == "cuda" else args.repeats
     ok = sync_check(lines, args.check_n)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import statistics
 import sys
 from dataclasses import dataclass
@@ -144,7 +143,7 @@ def write(rows: list[Row], chosen: dict, args, info: dict) -> None:
         "",
         f"`python benchmarks/full_paths.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
         "",
-        f"{datetime.date.today()}, torch {info['torch']}, commit {os.environ.get('FASTASR_COMMIT') or bench_io.git_commit(ROOT)}. "
+        f"{datetime.date.today()}, torch {info['torch']}, commit {bench_io.git_commit(ROOT)}. "
         f"Forward + backward, {args.tokens} tokens a call (B = tokens / N, the last sequence 3/4 N), "
         f"{args.heads} heads × {args.dim}; median ms (CUDA events). 'unpadded flash': the same shape without lengths "
         "(the floor of every padded path). 'fastasr': the path `fastasr.attention.full.padded_path` takes; "

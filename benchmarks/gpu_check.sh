@@ -42,6 +42,10 @@ if [ -z "$GPU" ]; then
   echo "make gpu-check: no CUDA GPU visible to $PY (torch.cuda.is_available() is False)" >&2
   exit 2
 fi
+# the commit every table names (+changes where tracked files differ from it; FASTASR_COMMIT wins)
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- 2>/dev/null || [ "$COMMIT" = unknown ] || COMMIT="$COMMIT+changes"
+export FASTASR_COMMIT=${FASTASR_COMMIT:-$COMMIT}
 SLUG=$(echo "$GPU" | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-|-$//g')
 TRAIN=${GPU_CHECK_TRAIN:-1}
 SUMMARY=$RESULTS/gpu_check_$SLUG$([ "$TRAIN" = 0 ] && echo _kernels).md
@@ -92,7 +96,7 @@ step "gpu_step.py --profile i-clustered-100" 45 "$PY" benchmarks/gpu_step.py --l
 {
   echo "# make gpu-check: $GPU"
   echo
-  echo "$(date -u +%F), commit ${FASTASR_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, $("$PY" -c 'import torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}")'), $(nproc) CPU cores; $((SECONDS - START)) s in all."
+  echo "$(date -u +%F), commit $FASTASR_COMMIT, $("$PY" -c 'import torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}")'), $(nproc) CPU cores; $((SECONDS - START)) s in all."
   echo
   echo "| step | status | seconds |"
   echo "|---|---|---:|"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import os
 import statistics
 import sys
 import time
@@ -136,7 +135,7 @@ def main(argv=None) -> None:
         "",
         f"`python benchmarks/gpu_step.py {' '.join(sys.argv[1:])}`".replace(" `", "`"),
         "",
-        f"{datetime.date.today()}, torch {info['torch']}, commit {os.environ.get('FASTASR_COMMIT') or bench_io.git_commit(ROOT)}. "
+        f"{datetime.date.today()}, torch {info['torch']}, commit {bench_io.git_commit(ROOT)}. "
         f"{args.layers} layers of 6 heads × 32, ff 768, no subsampling, dropout 0.1; {args.frames} frames a batch "
         "(B = frames // N, the last utterance N / 2); bf16 autocast, CTC in fp32, clip 10, RAdam. Median of "
         f"{args.rounds} CUDA-synchronised steps after 2 warm-ups, ms. 'full' takes the path "

@@ -125,6 +125,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
                     "Attention call as one CUDA graph"):
         assert section in md, section
     assert md.count("ran (the CPU has no synchronisation check)") == 5
+    assert "| clustered-4, rows broadcast |" in md
     assert "| i-clustered-4, radix top-k |" in md and "top-k: Triton, 1 rows × 1 warps" in md
     assert "top-k: Triton, radix select" in md and "| split, clustered codes |" in md
     for bad in ("fail", "differ", "synchronises"):
@@ -137,7 +138,7 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     """benchmarks/gpu_step.py on the CPU: a step of each kind of variant (one with a kernel
     switch set) and the floor ratios in the table, and the profile of one step."""
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
-                      "--rounds", "1", "--variants", "full", "clustered-100", "floor", "i-clustered-100, key-major backward")
+                      "--rounds", "1", "--variants", "full", "clustered-100", "floor", "i-clustered-100, torch centroids")
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
     assert row.count("× floor") == 3 and "failed" not in row, row
@@ -156,3 +157,33 @@ def test_benchmark_failure_cells_name_the_error_in_one_line():
         sys.path.remove(str(ROOT / "benchmarks"))
     assert bench_io.failure(ValueError("bad tile\nsecond line"), 5) == "ValueError: bad t"
     assert bench_io.failure(RuntimeError()) == "RuntimeError: "
+
+
+def test_benchmark_tables_name_the_commit_and_changes(tmp_path, monkeypatch):
+    """The commit a table names: the short hash, ``+changes`` once a tracked file differs from it
+    (a GPU machine's copy can carry an older ``.git`` than its files), ``FASTASR_COMMIT`` where
+    set, ``unknown`` outside a checkout."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_io
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.delenv("FASTASR_COMMIT", raising=False)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t", "-C", str(repo)]
+    (repo / "f.txt").write_text("a\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert bench_io.git_commit(repo) == head
+    (repo / "f.txt").write_text("b\n")
+    assert bench_io.git_commit(repo) == f"{head}+changes"
+    monkeypatch.setenv("FASTASR_COMMIT", "abc1234")
+    assert bench_io.git_commit(repo) == "abc1234"
+    monkeypatch.delenv("FASTASR_COMMIT")
+    outside = tmp_path / "plain"
+    outside.mkdir()
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    assert bench_io.git_commit(outside) == "unknown"
