@@ -30,7 +30,8 @@
    select, ``triton_topk.RADIX_SELECT``): a switch becomes the default where its column is
    faster. i-clustered's fused sparse part (also with its key-major backward, its dk and dv
    checked against the atomics') and Triton top-k (also by radix select) each against what it replaces (the Triton
-   products with torch around them; ``torch.topk``), in the same run; torch.profiler's largest
+   products with torch around them; ``torch.topk``), and its centroid attention in torch and
+   fused (also with 256 keys a program), in the same run; torch.profiler's largest
    CUDA kernels of one clustered-100 and one i-clustered-100 call at N = 4,096: where the rest
    of the time goes; and last each call of
    :data:`CALLS` replayed as one CUDA graph (the GPU's time without the host's launches).
@@ -41,6 +42,7 @@ Writes ``benchmarks/results/clustering_<gpu>.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import statistics
@@ -368,18 +370,55 @@ def with_topk_tile(rows: int, warps: int):
     return run
 
 
+#: The fused centroid attention's other span of keys a program, timed against ``SPLIT_KEYS``.
+CENTROID_SPAN_ALTERNATIVE = 256
+
+
+def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]:
+    """i-clustered's centroid attention alone (``ops.centroid_attention``, C = ``CLUSTERS``,
+    top ``PARTS_TOPK`` keys), forward + backward of its values and top weights: in torch
+    (``TRITON_CENTROID_TOPK`` off), fused, and fused with ``CENTROID_SPAN_ALTERNATIVE`` keys a
+    program instead of ``triton_centroid.SPLIT_KEYS``; ms, or why a cell failed."""
+    from fastasr.kernels import ops
+
+    b = k.shape[0]
+    centroids = torch.randn(b, HEADS, CLUSTERS, DIM, device=DEVICE, generator=g).requires_grad_()
+
+    def call():
+        values, top_w, _ = ops.centroid_attention(centroids, k, v, lengths, DIM ** -0.5, PARTS_TOPK)
+        (values.float().sum() + top_w.sum()).backward()
+
+    settings = ((("fastasr.kernels.ops", "TRITON_CENTROID_TOPK", False),),
+                (("fastasr.kernels.ops", "TRITON_CENTROID_TOPK", True),),
+                (("fastasr.kernels.ops", "TRITON_CENTROID_TOPK", True),
+                 ("fastasr.kernels.triton_centroid", "SPLIT_KEYS", CENTROID_SPAN_ALTERNATIVE)))
+    cells = []
+    for patches in settings:
+        try:
+            with contextlib.ExitStack() as stack:
+                for module, attribute, value in patches:
+                    stack.enter_context(mock.patch.object(importlib.import_module(module), attribute, value))
+                cells.append(f"{device_ms(call, repeats):.3f}")
+        except Exception as exc:  # noqa: BLE001 - the cell says why
+            cells.append(f"failed: {bench_io.failure(exc)}")
+    return cells
+
+
 def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[str] = ()) -> None:
     """i-clustered's two Triton parts against what they replace, in one run: the per-query
     sparse part fused (``triton_clustered.improved_sparse``) against the reference composed
     of the Triton products (``clustered_dot``/``clustered_weighted_sum`` and torch around
-    them), forward + backward, bf16; and the top-k of the ``(B, H, C, N)`` centroid logits,
-    ``triton_topk`` against ``torch.topk``. Each is checked against the other first."""
+    them), forward + backward, bf16; the top-k of the ``(B, H, C, N)`` centroid logits,
+    ``triton_topk`` against ``torch.topk``, each checked against the other first; and the
+    centroid attention in torch and fused (:func:`centroid_cells`)."""
     lines += ["", f"## i-clustered's parts, each against what it replaces ({HEADS} × {DIM}, C = {CLUSTERS}, "
               f"K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
               "| N × B | sparse part: products + torch | sparse part: fused | sparse part: fused, key-major backward "
               "| top-k: torch.topk | top-k: Triton | top-k: Triton, radix select |"
-              + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles),
-              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(topk_tiles)]
+              + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
+              + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
+              f"{CENTROID_SPAN_ALTERNATIVE}-key spans |",
+              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(topk_tiles) + 3)]
     for n in ns:
         lines.append(parts_row(n, repeats, topk_tiles))
         print(lines[-1], flush=True)
@@ -453,6 +492,7 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)
         cells.append(f"{device_ms(lambda run=run: run(logits, K), repeats):.3f}")
+    cells += centroid_cells(k, v, lengths, g, repeats)
     note = ("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
     return f"| {n} × {b} | " + " | ".join(cells) + f" |{note}"
 

@@ -125,7 +125,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
                     "Attention call as one CUDA graph"):
         assert section in md, section
     assert md.count("ran (the CPU has no synchronisation check)") == 5
-    assert "| clustered-4, rows broadcast |" in md
+    assert "| clustered-4, rows broadcast |" in md and "centroid attention: fused, 256-key spans |" in md
     assert "| i-clustered-4, radix top-k |" in md and "top-k: Triton, 1 rows × 1 warps" in md
     assert "top-k: Triton, radix select" in md and "| split, clustered codes |" in md
     for bad in ("fail", "differ", "synchronises"):
