@@ -170,12 +170,12 @@ def with_tile(block_n: int, warps: int, **kwargs):
 
 
 def split_kmeans(codes, lengths):
-    """K-means split over spans however many sequences there are: about
-    ``triton_kmeans.FILL_PROGRAMS`` programs, at least 2 spans a sequence, each at least
-    ``MIN_SPAN`` positions where the sequence allows (what the launcher does below
-    ``ONE_LAUNCH_FROM`` sequences), for the one launch's threshold."""
+    """K-means split over spans however many sequences there are: the launcher's split
+    (``triton_kmeans.spans_per_sequence`` as below ``ONE_LAUNCH_FROM`` sequences), at least 2
+    spans a sequence, for the one launch's threshold."""
     B, H, N = codes.shape
-    spans = max(2, min(-(-N // triton_kmeans.MIN_SPAN), -(-triton_kmeans.FILL_PROGRAMS // (B * H))))
+    with mock.patch.object(triton_kmeans, "ONE_LAUNCH_FROM", float("inf")):
+        spans = max(2, triton_kmeans.spans_per_sequence(B * H, N))
     return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, spans=spans)
 
 
@@ -293,14 +293,12 @@ def switched_cell(attn, call, want, q, k, v, lengths, repeats: int, switches) ->
         return f"failed: {bench_io.failure(exc)}"
 
 
-def replaced_cell(attn, replacement, q, k, v, lengths, repeats: int) -> str:
+def replaced_cell(attn, replacement, want, q, k, v, lengths, repeats: int) -> str:
     """The call's milliseconds with ``replacement()`` in force, after checking its output equal
-    to the call's without (a replacement changes how, not what)."""
+    to ``want``, the call's without (a replacement changes how, not what)."""
     call = lambda: attention_call(attn, q, k, v, lengths)  # noqa: E731
-    with torch.no_grad():
-        want = attn(q, k, v, lengths)
-        with replacement():
-            same = torch.equal(attn(q, k, v, lengths), want)
+    with torch.no_grad(), replacement():
+        same = torch.equal(attn(q, k, v, lengths), want)
     with replacement():
         return f"{device_ms(call, repeats):.2f}" + ("" if same else " (output differs)")
 
@@ -321,17 +319,18 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
         cells = []
+        calls, wants = [], []
         for spec in specs:
             attn = build_attention(spec, seed=0).to(DEVICE)
             call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
             cells.append(f"{device_ms(call, repeats):.2f}")
-        cells.append(replaced_cell(build_attention(specs[0], seed=0).to(DEVICE), with_rows_broadcast,
-                                   q, k, v, lengths, repeats))
-        attn = build_attention(specs[1], seed=0).to(DEVICE)
-        call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
-        with torch.no_grad():
-            want = attn(q, k, v, lengths)
-        cells.append(replaced_cell(attn, with_torch_block_table, q, k, v, lengths, repeats))
+            with torch.no_grad():
+                wants.append(attn(q, k, v, lengths))
+            calls.append((attn, call))
+        (clustered, _), (attn, call) = calls
+        cells.append(replaced_cell(clustered, with_rows_broadcast, wants[0], q, k, v, lengths, repeats))
+        want = wants[1]
+        cells.append(replaced_cell(attn, with_torch_block_table, want, q, k, v, lengths, repeats))
         cells += [switched_cell(attn, call, want, q, k, v, lengths, repeats, sw) for sw in switched]
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
@@ -379,7 +378,7 @@ def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]
     top ``PARTS_TOPK`` keys), forward + backward of its values and top weights: in torch
     (``TRITON_CENTROID_TOPK`` off), fused, and fused with ``CENTROID_SPAN_ALTERNATIVE`` keys a
     program instead of ``triton_centroid.SPLIT_KEYS``; ms, or why a cell failed."""
-    from fastasr.kernels import ops
+    from fastasr.kernels import ops, triton_centroid
 
     b = k.shape[0]
     centroids = torch.randn(b, HEADS, CLUSTERS, DIM, device=DEVICE, generator=g).requires_grad_()
@@ -388,16 +387,12 @@ def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]
         values, top_w, _ = ops.centroid_attention(centroids, k, v, lengths, DIM ** -0.5, PARTS_TOPK)
         (values.float().sum() + top_w.sum()).backward()
 
-    settings = ((("fastasr.kernels.ops", "TRITON_CENTROID_TOPK", False),),
-                (("fastasr.kernels.ops", "TRITON_CENTROID_TOPK", True),),
-                (("fastasr.kernels.ops", "TRITON_CENTROID_TOPK", True),
-                 ("fastasr.kernels.triton_centroid", "SPLIT_KEYS", CENTROID_SPAN_ALTERNATIVE)))
+    settings = (bench_io.switched_on(("torch centroids",)), contextlib.nullcontext(),
+                mock.patch.object(triton_centroid, "SPLIT_KEYS", CENTROID_SPAN_ALTERNATIVE))
     cells = []
-    for patches in settings:
+    for setting in settings:
         try:
-            with contextlib.ExitStack() as stack:
-                for module, attribute, value in patches:
-                    stack.enter_context(mock.patch.object(importlib.import_module(module), attribute, value))
+            with setting:
                 cells.append(f"{device_ms(call, repeats):.3f}")
         except Exception as exc:  # noqa: BLE001 - the cell says why
             cells.append(f"failed: {bench_io.failure(exc)}")

@@ -42,10 +42,9 @@ if [ -z "$GPU" ]; then
   echo "make gpu-check: no CUDA GPU visible to $PY (torch.cuda.is_available() is False)" >&2
   exit 2
 fi
-# the commit every table names (+changes where tracked files differ from it; FASTASR_COMMIT wins)
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-git diff --quiet HEAD -- 2>/dev/null || [ "$COMMIT" = unknown ] || COMMIT="$COMMIT+changes"
-export FASTASR_COMMIT=${FASTASR_COMMIT:-$COMMIT}
+# the commit every table names (bench_io.git_commit: +changes where tracked files differ from it)
+FASTASR_COMMIT=$("$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); import bench_io; print(bench_io.git_commit("."))')
+export FASTASR_COMMIT
 SLUG=$(echo "$GPU" | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-|-$//g')
 TRAIN=${GPU_CHECK_TRAIN:-1}
 SUMMARY=$RESULTS/gpu_check_$SLUG$([ "$TRAIN" = 0 ] && echo _kernels).md
