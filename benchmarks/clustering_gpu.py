@@ -14,8 +14,9 @@
    // N``, N = 800 has 81 sequences), 6 heads, C = 100, 10 iterations, random 63-bit codes, the
    last sequence at 3/4 N: the launcher's own choice of programs per sequence, and every iteration
    in one launch (``spans=1``) forced, and split over spans forced (:func:`split_kmeans`, at
-   least 2 a sequence); ``--baseline FILE`` adds another implementation of the same
-   signature, loaded from a file; and the launcher's choice, the one launch and the split again on clustered
+   least 2 a sequence); ``--tiles`` other tiles, ``--kmeans-stages`` the launcher's tiles with
+   software pipelining (the next tile's codes prefetched); ``--baseline FILE`` adds another
+   implementation of the same signature, loaded from a file; and the launcher's choice, the one launch and the split again on clustered
    codes, whose centroids stop moving within the 10 iterations as a trained model's queries do
    (:func:`clustered_codes`), where the one launch stops early and the split path's later
    launches exit at once. Each is first checked equal to the PyTorch reference. Median of
@@ -27,11 +28,13 @@
    PyTorch twin (what its one Triton launch saves the host) and with each switch (the
    centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; the sparse
    part's key-major backward, ``triton_clustered.KEY_MAJOR_BACKWARD``; the top-k by radix
-   select, ``triton_topk.RADIX_SELECT``): a switch becomes the default where its column is
+   select, ``triton_topk.RADIX_SELECT``), and clustered's with its centroid values by the
+   split-key kernels (``ops.TRITON_CENTROID_VALUES_FROM``): a switch becomes the default where its column is
    faster. i-clustered's fused sparse part (also with its key-major backward, its dk and dv
    checked against the atomics') and Triton top-k (also by radix select) each against what it replaces (the Triton
    products with torch around them; ``torch.topk``), and its centroid attention in torch and
-   fused (also with 256 keys a program), in the same run; torch.profiler's largest
+   fused (also with 256 keys a program), and clustered's centroid values by SDPA and by the
+   split-key kernels, in the same run; torch.profiler's largest
    CUDA kernels of one clustered-100 and one i-clustered-100 call at N = 4,096: where the rest
    of the time goes; and last each call of
    :data:`CALLS` replayed as one CUDA graph (the GPU's time without the host's launches).
@@ -58,7 +61,7 @@ import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch  # noqa: E402
 
 from fastasr.attention import build_attention  # noqa: E402
-from fastasr.kernels import reference, triton_kmeans  # noqa: E402
+from fastasr.kernels import ops, reference, triton_kmeans  # noqa: E402
 
 TOKENS = 65536  # a call's tokens (--tokens)
 HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10
@@ -67,8 +70,9 @@ HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10
 DEVICE = torch.device("cuda")
 #: The attention calls checked and timed: (kind, the kernels' switches set,
 #: ``bench_io.KERNEL_SWITCHES``); those with switches time the alternatives to the defaults.
-CALLS = (("clustered", ()), ("i-clustered", ()), ("i-clustered", ("torch centroids",)),
-         ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)))
+CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centroid values",)),
+         ("i-clustered", ("torch centroids",)), ("i-clustered", ("key-major backward",)),
+         ("i-clustered", ("radix top-k",)))
 
 
 def spec_of(kind: str) -> str:
@@ -157,13 +161,16 @@ def load_baseline(path: Path):
     return module.hamming_kmeans
 
 
-def with_tile(block_n: int, warps: int, **kwargs):
-    """K-means with another tile (``BLOCK_N`` positions, ``warps`` warps) than the launcher's,
-    in one-launch and split sweeps alike."""
+def with_tile(block_n: int | None = None, warps: int | None = None, stages: int | None = None, **kwargs):
+    """K-means with another tile than the launcher's, in one-launch and split sweeps alike:
+    ``BLOCK_N`` positions, ``warps`` warps, ``stages`` software-pipeline stages (from 2 Triton
+    prefetches the next tile's codes with ``cp.async``); None keeps the launcher's."""
     launcher = triton_kmeans.lloyd_tile
+    given = {key: value for key, value in (("BLOCK_N", block_n), ("num_warps", warps), ("num_stages", stages))
+             if value is not None}
 
     def run(codes, lengths):
-        tile = lambda *a: {**launcher(*a), "BLOCK_N": block_n, "num_warps": warps}  # noqa: E731
+        tile = lambda *a: {**launcher(*a), **given}  # noqa: E731
         with mock.patch.object(triton_kmeans, "lloyd_tile", tile):
             return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, **kwargs)
     return run
@@ -192,13 +199,15 @@ def clustered_codes(b: int, n: int, g: torch.Generator) -> torch.Tensor:
 
 
 def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path | None,
-                 tiles: list[str]) -> None:
+                 tiles: list[str], stages: list[int] = ()) -> None:
     impls = {"auto": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS),
              "one launch": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS, spans=1),
              "split": split_kmeans}
     for tile in tiles:
         block_n, warps = map(int, tile.split(":"))
         impls[f"auto, tile {block_n} × {warps} warps"] = with_tile(block_n, warps)
+    for count in stages:
+        impls[f"auto, {count} stages"] = with_tile(stages=count)
     if baseline is not None:
         base = load_baseline(baseline)
         impls[f"baseline ({baseline.name})"] = lambda c, n: base(c, n, CLUSTERS, ITERATIONS)
@@ -216,9 +225,10 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
         codes = torch.randint(0, 2**63 - 1, (b, HEADS, n), device=DEVICE, generator=g)
         cells = []
         near = clustered_codes(b, n, g)
+        wants = {id(c): reference.hamming_kmeans(c, lengths, CLUSTERS, ITERATIONS) for c in (codes, near)}
         for fn, c in [*((fn, codes) for fn in impls.values()), (impls["auto"], near), (impls["one launch"], near),
                       (impls["split"], near)]:
-            want = reference.hamming_kmeans(c, lengths, CLUSTERS, ITERATIONS)
+            want = wants[id(c)]
             got = fn(c, lengths)
             if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):
                 cells.append("**differs from the reference**")
@@ -310,28 +320,27 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
     with each of the kernels' switches (:data:`CALLS`), its output's relative distance to the
     default path's given when it exceeds bf16's rounding (1e-2)."""
     specs = (spec_of("clustered"), spec_of("i-clustered"))
-    switched = [switches for _, switches in CALLS if switches]
+    switched = [(spec_of(kind), switches) for kind, switches in CALLS if switches]
     lines += ["", f"## Attention call, forward + backward, bf16, {HEADS} × {DIM}, {TOKENS:,} tokens "
               f"(ms, median of {repeats})", "",
               "| N × B | " + " | ".join(specs) + f" | {specs[0]}, rows broadcast | {specs[1]}, torch block table |"
-              + "".join(f" {bench_io.switched_label(specs[1], sw)} |" for sw in switched),
+              + "".join(f" {bench_io.switched_label(spec, sw)} |" for spec, sw in switched),
               "|---|" + "---:|" * (len(specs) + 2 + len(switched))]
     for n in ns:
         q, k, v, lengths = attention_inputs(n)
         cells = []
-        calls, wants = [], []
+        runs = {}  # spec -> (module, call, default output)
         for spec in specs:
             attn = build_attention(spec, seed=0).to(DEVICE)
             call = lambda attn=attn, q=q, k=k, v=v, n=lengths: attention_call(attn, q, k, v, n)  # noqa: E731
             cells.append(f"{device_ms(call, repeats):.2f}")
             with torch.no_grad():
-                wants.append(attn(q, k, v, lengths))
-            calls.append((attn, call))
-        (clustered, _), (attn, call) = calls
-        cells.append(replaced_cell(clustered, with_rows_broadcast, wants[0], q, k, v, lengths, repeats))
-        want = wants[1]
+                runs[spec] = (attn, call, attn(q, k, v, lengths))
+        clustered, _, want = runs[specs[0]]
+        cells.append(replaced_cell(clustered, with_rows_broadcast, want, q, k, v, lengths, repeats))
+        attn, _, want = runs[specs[1]]
         cells.append(replaced_cell(attn, with_torch_block_table, want, q, k, v, lengths, repeats))
-        cells += [switched_cell(attn, call, want, q, k, v, lengths, repeats, sw) for sw in switched]
+        cells += [switched_cell(*runs[spec], q, k, v, lengths, repeats, sw) for spec, sw in switched]
         lines.append(f"| {n} × {q.shape[0]} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
 
@@ -374,26 +383,29 @@ CENTROID_SPAN_ALTERNATIVE = 256
 
 
 def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]:
-    """i-clustered's centroid attention alone (``ops.centroid_attention``, C = ``CLUSTERS``,
-    top ``PARTS_TOPK`` keys), forward + backward of its values and top weights: in torch
+    """The centroid attention alone (``ops.centroid_attention``, C = ``CLUSTERS``), forward +
+    backward: i-clustered's (top ``PARTS_TOPK`` keys; its values and top weights) in torch
     (``TRITON_CENTROID_TOPK`` off), fused, and fused with ``CENTROID_SPAN_ALTERNATIVE`` keys a
-    program instead of ``triton_centroid.SPLIT_KEYS``; ms, or why a cell failed."""
-    from fastasr.kernels import ops, triton_centroid
+    program instead of ``triton_centroid.SPLIT_KEYS``; clustered's (values alone) by one SDPA
+    call and by the split-key kernels (``TRITON_CENTROID_VALUES_FROM`` reached); ms, or why a
+    cell failed."""
+    from fastasr.kernels import triton_centroid
 
     b = k.shape[0]
     centroids = torch.randn(b, HEADS, CLUSTERS, DIM, device=DEVICE, generator=g).requires_grad_()
 
-    def call():
-        values, top_w, _ = ops.centroid_attention(centroids, k, v, lengths, DIM ** -0.5, PARTS_TOPK)
+    def call(topk):
+        values, top_w, _ = ops.centroid_attention(centroids, k, v, lengths, DIM ** -0.5, topk)
         (values.float().sum() + top_w.sum()).backward()
 
-    settings = (bench_io.switched_on(("torch centroids",)), contextlib.nullcontext(),
-                mock.patch.object(triton_centroid, "SPLIT_KEYS", CENTROID_SPAN_ALTERNATIVE))
+    settings = ((PARTS_TOPK, bench_io.switched_on(("torch centroids",))), (PARTS_TOPK, contextlib.nullcontext()),
+                (PARTS_TOPK, mock.patch.object(triton_centroid, "SPLIT_KEYS", CENTROID_SPAN_ALTERNATIVE)),
+                (0, contextlib.nullcontext()), (0, bench_io.switched_on(("split-key centroid values",))))
     cells = []
-    for setting in settings:
+    for topk, setting in settings:
         try:
             with setting:
-                cells.append(f"{device_ms(call, repeats):.3f}")
+                cells.append(f"{device_ms(lambda topk=topk: call(topk), repeats):.3f}")
         except Exception as exc:  # noqa: BLE001 - the cell says why
             cells.append(f"failed: {bench_io.failure(exc)}")
     return cells
@@ -405,15 +417,17 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
     of the Triton products (``clustered_dot``/``clustered_weighted_sum`` and torch around
     them), forward + backward, bf16; the top-k of the ``(B, H, C, N)`` centroid logits,
     ``triton_topk`` against ``torch.topk``, each checked against the other first; and the
-    centroid attention in torch and fused (:func:`centroid_cells`)."""
-    lines += ["", f"## i-clustered's parts, each against what it replaces ({HEADS} × {DIM}, C = {CLUSTERS}, "
-              f"K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
+    centroid attention, i-clustered's in torch and fused and clustered's by SDPA and split-key
+    (:func:`centroid_cells`)."""
+    lines += ["", f"## i-clustered's parts and clustered's centroid values, each against what it replaces "
+              f"({HEADS} × {DIM}, C = {CLUSTERS}, K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
               "| N × B | sparse part: products + torch | sparse part: fused | sparse part: fused, key-major backward "
               "| top-k: torch.topk | top-k: Triton | top-k: Triton, radix select |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
               + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
-              f"{CENTROID_SPAN_ALTERNATIVE}-key spans |",
-              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(topk_tiles) + 3)]
+              f"{CENTROID_SPAN_ALTERNATIVE}-key spans | clustered's centroid values: SDPA "
+              "| clustered's centroid values: split-key |",
+              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(topk_tiles) + 5)]
     for n in ns:
         lines.append(parts_row(n, repeats, topk_tiles))
         print(lines[-1], flush=True)
@@ -523,6 +537,8 @@ def main(argv=None) -> int:
     p.add_argument("--baseline", type=Path, default=None, help="a file defining hamming_kmeans, timed beside")
     p.add_argument("--tiles", nargs="*", default=[],
                    help="other K-means tiles to time, BLOCK_N:WARPS (e.g. 64:8)")
+    p.add_argument("--kmeans-stages", type=int, nargs="*", default=[],
+                   help="K-means with the launcher's tiles and this many pipeline stages (e.g. 2), timed beside")
     p.add_argument("--topk-tiles", nargs="*", default=[],
                    help="other Triton top-k tiles to time, ROWS:WARPS (e.g. 1:1, one warp a row)")
     p.add_argument("--skip-attention", action="store_true", help="K-means only")
@@ -552,7 +568,7 @@ def main(argv=None) -> int:
              f"triton {triton.__version__}, {machine}.", ""]
     call_repeats = max(5, args.repeats // 2) if args.device == "cuda" else args.repeats
     ok = sync_check(lines, args.check_n)
-    kmeans_table(lines, args.ns, args.repeats, args.baseline, args.tiles)
+    kmeans_table(lines, args.ns, args.repeats, args.baseline, args.tiles, args.kmeans_stages)
     if not args.skip_attention:
         attention_table(lines, [n for n in args.ns if n != 800], call_repeats)
         parts_table(lines, [n for n in args.ns if n <= 16384], call_repeats, args.topk_tiles)

@@ -11,8 +11,8 @@ targets of ``N // 8`` units). A step: forward under bf16 autocast (Lightning's `
 CTC in fp32, backward, clipping at 10, RAdam. Variants: ``full`` (the path
 ``fastasr.attention.full`` chooses for the batch), ``full, key mask`` and ``full, packed`` (that
 path forced, ``forced_padded_path``), the clustered variants, and the *floor* (the inner attention
-replaced by the identity), and last i-clustered with each of the kernels' alternatives to its
-defaults (``bench_io.KERNEL_SWITCHES``). Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups,
+replaced by the identity), and last the clustered variants with each of the kernels' alternatives
+to their defaults (``bench_io.KERNEL_SWITCHES``). Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups,
 each variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
 
 Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
@@ -48,7 +48,8 @@ VARIANTS = {
     "clustered-100": ("clustered-100", None, ()),
     "i-clustered-100": ("i-clustered-100", None, ()),
     FLOOR: (FLOOR, None, ()),
-    # last: the kernels' alternatives to i-clustered's defaults
+    # last: the kernels' alternatives to the defaults
+    "clustered-100, split-key centroid values": ("clustered-100", None, ("split-key centroid values",)),
     "i-clustered-100, torch centroids": ("i-clustered-100", None, ("torch centroids",)),
     "i-clustered-100, key-major backward": ("i-clustered-100", None, ("key-major backward",)),
     "i-clustered-100, radix top-k": ("i-clustered-100", None, ("radix top-k",)),

@@ -465,6 +465,7 @@ CENTROID_CASES = [
     (2, 2, 20, 600, 32, 24, 8, True),  # two key spans a sequence (SPLIT_KEYS = 512); Ev != E
     (2, 1, 120, 70, 20, 16, 3, False),  # more centroids than keys, no lengths
     (1, 2, 9, 40, 16, 16, 0, True),  # no top keys (clustered attention's call)
+    (2, 1, 10, 530, 16, 16, 0, True),  # no top keys, two key spans, the second past the shorter sequence
     (2, 1, 6, 30, 16, 16, 30, True),  # every key a top key, masked ones in the shorter sequence
 ]
 
@@ -513,14 +514,18 @@ def test_fused_centroid_attention_refuses_what_it_does_not_serve():
         tcen.centroid_attention(c, k, k, None, 1.0, 6)
     with pytest.raises(ValueError, match=f"C <= {tcen.MAX_CENTROIDS // 2}"):  # float32: half the rows
         tcen.centroid_attention(torch.zeros(1, 1, tcen.MAX_CENTROIDS // 2 + 1, 8, device=DEVICE), k, k, None, 1.0, 2)
-    assert tcen.applies(torch.zeros(1, 1, tcen.MAX_CENTROIDS, 8), k.half(), k.half())
+    assert tcen.applies(torch.zeros(1, 1, tcen.MAX_CENTROIDS, 8), k.half(), k.half(), 2)
     wide = torch.zeros(1, 1, 5, 64, dtype=torch.bfloat16)  # heads of 64: 64 centroids in half precision
-    assert tcen.applies(torch.zeros(1, 1, 64, 64), wide, wide)
-    assert not tcen.applies(torch.zeros(1, 1, 65, 64), wide, wide)
-    assert not tcen.applies(torch.zeros(1, 1, 8, 64), wide.float(), wide.float())
+    assert tcen.applies(torch.zeros(1, 1, 64, 64), wide, wide, 2)
+    assert not tcen.applies(torch.zeros(1, 1, 65, 64), wide, wide, 2)
+    assert not tcen.applies(torch.zeros(1, 1, 8, 64), wide.float(), wide.float(), 2)
     with pytest.raises(ValueError, match="must be"):
         tcen.centroid_attention(c, torch.zeros(1, 1, 5, 6, device=DEVICE), k, None, 1.0, 2)
-    assert not tcen.applies(c, k.double(), k.double())
+    assert not tcen.applies(c, k.double(), k.double(), 2)
+    long_keys = torch.zeros(1, 1, tcen.MAX_N + 1, 8)  # top keys only of rows the top-k holds
+    assert tcen.applies(c, long_keys, long_keys, 0) and not tcen.applies(c, long_keys, long_keys, 1)
+    with pytest.raises(ValueError, match=f"N <= {tcen.MAX_N} with top keys"):
+        tcen.centroid_attention(c, long_keys.to(DEVICE), long_keys.to(DEVICE), None, 1.0, 1)
 
 
 # ------------------------------------------------------------------ the fused sparse part
@@ -682,14 +687,18 @@ def test_ops_dispatch_rules(monkeypatch):
         ops.hash_codes(torch.zeros(1, 1, 2, 3), torch.zeros(4, 8))
 
 
-@pytest.mark.parametrize("fused_centroids", [False, True])
-def test_i_clustered_attention_through_triton_equals_reference(fused_centroids, monkeypatch):
-    """End to end: i-clustered attention with every op on Triton vs on the reference, its
-    centroid attention in torch with the Triton top-k or fused (``ops.TRITON_CENTROID_TOPK``)."""
+@pytest.mark.parametrize("spec,switch,value", [
+    ("i-clustered-6", "TRITON_CENTROID_TOPK", False),  # torch's products and softmax, the Triton top-k
+    ("i-clustered-6", "TRITON_CENTROID_TOPK", True),  # fused
+    ("clustered-6", "TRITON_CENTROID_VALUES_FROM", 0),  # the split-key kernels without top keys
+])
+def test_clustered_attention_through_triton_equals_reference(spec, switch, value, monkeypatch):
+    """End to end: (i-)clustered attention with every op on Triton vs on the reference, the
+    centroid attention taken as the switch of ``fastasr.kernels.ops`` says."""
     from fastasr.attention import build_attention
     from fastasr.kernels import ops
 
-    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", fused_centroids)
+    monkeypatch.setattr(ops, switch, value)
     g = _gen(21)
     B, H, N, E = 2, 2, 45, 16
     q, k, v = (torch.randn(B, H, N, E, generator=g) for _ in range(3))
@@ -698,7 +707,7 @@ def test_i_clustered_attention_through_triton_equals_reference(fused_centroids, 
     results = {}
     for backend in ("reference", "triton"):
         monkeypatch.setenv(ops.KERNELS_ENV, backend)
-        attn = build_attention("i-clustered-6", topk=12, bits=31, iterations=4, seed=3)
+        attn = build_attention(spec, bits=31, iterations=4, seed=3, **({"topk": 12} if spec.startswith("i-") else {}))
         leaves = [t.clone().to(DEVICE).requires_grad_() for t in (q, k, v)]
         out = attn(*leaves, lengths.to(DEVICE))
         results[backend] = (out.detach().cpu(), *(t.cpu() for t in torch.autograd.grad(out, leaves, grad.to(DEVICE))))
@@ -891,6 +900,9 @@ class _LaunchProbe:
 # counts today (benchmarks/gpu_notes.md, "Launches"), so a change that adds one fails here.
 _LAUNCHES = {
     "clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1}, 44),
+    # with ops.TRITON_CENTROID_VALUES_FROM reached: the centroid values in two launches forward, one backward
+    "clustered-10 split-key values": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
+                                       "_centroid_combine_kernel": 1, "_centroid_bwd_kernel": 1}, 31),
     # two block tables: in float32 the sparse backward takes half the forward's rows a block
     # (_sparse_blocks); half precision shares one table
     "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
@@ -928,6 +940,7 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", spec.endswith(" fused"))
+    monkeypatch.setattr(ops, "TRITON_CENTROID_VALUES_FROM", 0 if spec.endswith(" split-key values") else None)
     monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", spec.endswith(" key-major"))
     monkeypatch.setattr(tt, "RADIX_SELECT", spec.endswith(" radix"))
     overrides = {"topk": 8} if spec.startswith("i-") else {}
@@ -942,6 +955,28 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     assert probe.syncs == []
     assert probe.triton == want_triton
     assert sum(probe.torch_kernels.values()) <= torch_ceiling, sorted(probe.torch_kernels.items())
+
+
+def test_clustered_centroid_values_take_the_split_key_kernels_from_a_length(monkeypatch):
+    """Without top keys the Triton centroid kernels serve sequences of at least
+    ``ops.TRITON_CENTROID_VALUES_FROM`` keys, none while it is None, and rows longer than the
+    top-k holds; with top keys ``ops.TRITON_CENTROID_TOPK`` alone decides."""
+    from fastasr.kernels import ops
+
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    c = torch.zeros(1, 1, 3, 8, device=DEVICE)
+    k, long_keys = torch.zeros(1, 1, 20, 8, device=DEVICE), torch.zeros(1, 1, tcen.MAX_N + 1, 8, device=DEVICE)
+    for threshold, taken in ((None, False), (21, False), (20, True), (0, True)):
+        monkeypatch.setattr(ops, "TRITON_CENTROID_VALUES_FROM", threshold)
+        assert (ops._triton_centroid_kernels(c, k, k, 0) is tcen) == taken, threshold
+    assert ops._triton_centroid_kernels(c, long_keys, long_keys, 0) is tcen
+    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", False)
+    assert ops._triton_centroid_kernels(c, k, k, 2) is None
+    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", True)
+    assert ops._triton_centroid_kernels(c, k, k, 2) is tcen
+    assert ops._triton_centroid_kernels(c, long_keys, long_keys, 2) is None  # the reference's products and topk
+    monkeypatch.setenv(ops.KERNELS_ENV, "reference")
+    assert ops._triton_centroid_kernels(c, k, k, 0) is None
 
 
 @_INTERPRETER_ONLY

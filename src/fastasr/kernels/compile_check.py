@@ -105,11 +105,14 @@ def _configs():
                 tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward)
                 options = {"num_warps": tiles.pop("num_warps")}
                 consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": tcen.SPLIT_KEYS, **tiles}
-                if backward:
-                    consts.update(HAS_TOP=True, BLOCK_K=32)
                 name = "centroid_bwd" if backward else "centroid_fwd"
-                out.append((f"{name} {t} C={clusters} E={E} tile {tiles['BLOCK_C']}x{tiles['BLOCK_N']}",
-                            kernel, {**data, **ptrs}, consts, options))
+                # with top keys (i-clustered); without (clustered's split-key values: a subset of
+                # the code, compiled once, at the paper's shape)
+                for top in (True, False) if (t, clusters, E) == ("bf16", 100, 32) else (True,):
+                    flags = {"HAS_TOP": top, "BLOCK_K": 32} if backward else {"LOGITS": top}
+                    out.append((f"{name} {t} C={clusters} E={E} tile {tiles['BLOCK_C']}x{tiles['BLOCK_N']}"
+                                + ("" if top else " no top keys"), kernel, {**data, **ptrs}, {**consts, **flags},
+                                options))
             if t == "fp32":  # the combine kernel reads fp32 partials whatever the inputs
                 continue
             tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, False)

@@ -51,6 +51,7 @@ __all__ = [
     "clustered_weighted_sum",
     "centroid_attention",
     "TRITON_CENTROID_TOPK",
+    "TRITON_CENTROID_VALUES_FROM",
     "fused_centroid_attention_applies",
     "fused_centroid_values",
     "improved_sparse",
@@ -72,6 +73,16 @@ KERNELS_ENV = "FASTASR_KERNELS"
 #: precision: its logits stay float32 where PyTorch's product rounds them to bf16 (on bf16
 #: inputs, 5.5e-3 against 6.2e-2 relative distance to the float64 computation).
 TRITON_CENTROID_TOPK = True
+#: Clustered attention's centroid values (no top keys) where the Triton kernels run: for sequences
+#: of at least this many keys (padded length), the split-key kernels of
+#: :mod:`fastasr.kernels.triton_centroid` (``cdiv(N, SPLIT_KEYS)`` programs a (batch, head), their
+#: partial outputs merged by a second launch; one launch backward); shorter ones, and all while
+#: None, one fused SDPA call (:func:`fused_centroid_values`), whose forward has one program a
+#: (batch, head) and 128 centroids: 6 programs for one 65,536-key sequence of 6 heads. None until
+#: measured: ``make gpu-check``'s call table times clustered-100 both ways at every N (the H100's
+#: CUDA-graph times of clustered-100 grow from 1.97 ms at N = 3,200 to 3.85 at 65,536 while its
+#: K-means takes 1.05 and 0.70, benchmarks/results/clustering_nvidia-h100-80gb-hbm3.md).
+TRITON_CENTROID_VALUES_FROM: int | None = None
 _CHOICES = ("auto", "reference", "native", "triton")
 
 # The ops each implementation has (the Triton ones: the module holding each kernel).
@@ -180,25 +191,40 @@ def centroid_attention(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(B,H,C,E)`` centroids -> centroid outputs ``(B,H,C,Ev)``, top weights and top keys ``(B,H,C,topk)``.
 
-    On CUDA without top keys (clustered attention), in half precision or float32 and unless
+    Where the Triton kernels run, :func:`fastasr.kernels.triton_centroid.centroid_attention`
+    for the shapes it serves: with top keys when :data:`TRITON_CENTROID_TOPK` is set, without
+    (clustered attention) for sequences of at least :data:`TRITON_CENTROID_VALUES_FROM` keys.
+    Otherwise, on CUDA without top keys, in half precision or float32 and unless
     ``FASTASR_KERNELS=reference``: one fused attention call, :func:`fused_centroid_values`.
-    With top keys where the Triton kernels run and :data:`TRITON_CENTROID_TOPK` is set:
-    :func:`fastasr.kernels.triton_centroid.centroid_attention` (for the shapes it serves).
     Where the reference runs (CUDA with top keys, or no C++ kernels), its top keys are chosen
     by :func:`topk_indices`, so on CUDA by the Triton top-k.
     """
+    kernels = _triton_centroid_kernels(centroids, k, v, topk)
+    if kernels is not None:
+        return kernels.centroid_attention(centroids, k, v, lengths, scale, topk)
     if topk == 0 and fused_centroid_attention_applies(k):
         values = fused_centroid_values(centroids, k, v, lengths, scale)
         return values, values.new_empty(*values.shape[:3], 0), torch.empty(
             *values.shape[:3], 0, dtype=torch.int64, device=values.device)
-    if topk and TRITON_CENTROID_TOPK and kernel_backend(k, "improved_sparse") == "triton":
-        kernels = import_kernel_module("triton_centroid")
-        if kernels.applies(centroids, k, v):
-            return kernels.centroid_attention(centroids, k, v, lengths, scale, topk)
     backend = _backend(centroids, "centroid_attention")
     if backend is reference:  # the reference's products, its top keys chosen by this module's topk_indices
         return reference.centroid_attention(centroids, k, v, lengths, scale, topk, select=topk_indices)
     return backend.centroid_attention(centroids, k, v, lengths, scale, topk)
+
+
+def _triton_centroid_kernels(centroids, k, v, topk: int) -> ModuleType | None:
+    """:mod:`~fastasr.kernels.triton_centroid` where :func:`centroid_attention` takes it for
+    this call (see there), else None."""
+    if kernel_backend(k, "improved_sparse") != "triton":
+        return None
+    if topk:
+        chosen = TRITON_CENTROID_TOPK
+    else:
+        chosen = TRITON_CENTROID_VALUES_FROM is not None and k.shape[2] >= TRITON_CENTROID_VALUES_FROM
+    if not chosen:
+        return None
+    kernels = import_kernel_module("triton_centroid")
+    return kernels if kernels.applies(centroids, k, v, topk) else None
 
 
 def fused_centroid_attention_applies(k: torch.Tensor) -> bool:

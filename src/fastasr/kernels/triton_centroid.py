@@ -5,18 +5,21 @@
 in ``centroids``, ``k`` and ``v``) for fp32/fp16/bf16 keys and values. Every centroid attends to
 every valid key of its sequence; what is returned is its output ``values = softmax(l) v``, and
 its ``topk`` largest logits ``l`` as key positions ``top_idx`` with their weights ``top_w``.
+With ``topk = 0`` (clustered attention's call) it is split-key attention of the centroids alone:
+no logits are written, and a sequence's keys are spread over ``cdiv(N, SPLIT_KEYS)`` programs
+where a fused attention call has one program a (batch, head) and 128 centroids.
 
 Design, the way flash attention computes a softmax without holding it: one program takes one
 (batch, head) and :data:`SPLIT_KEYS` of its keys, holds every centroid of the sequence in one
 tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
 
 * forward, ``_centroid_fwd_kernel``: a block's logits are one tensor-core product, written once
-  to a ``(B, H, C, N)`` float32 buffer for the top-k; a running maximum and sum (online softmax)
+  to a ``(B, H, C, N)`` float32 buffer for the top-k (when ``topk > 0``); a running maximum and sum (online softmax)
   weigh the block's values into the program's partial output. ``_centroid_combine_kernel``
   merges the partial outputs of a sequence's key spans into ``values`` and each centroid's
   log-sum-exp; ``triton_topk.topk_softmax`` reads the logits once and writes the top keys and
-  their weights ``exp(l - lse)``. Three launches; no softmax, weight or gathered tensor of size
-  ``C × N`` besides the logits.
+  their weights ``exp(l - lse)``. Three launches (two without top keys); no softmax, weight or
+  gathered tensor of size ``C × N`` besides the logits.
 * backward, ``_centroid_bwd_kernel``: recomputes each block's logits and weights from the
   log-sum-exp, forms ``dP = dvalues v^T`` plus the top weights' gradients at their keys and
   ``ds = P (dP - D)`` with ``D = dvalues · values + Σ top_w dtop_w`` (the softmax's row term),
@@ -26,8 +29,8 @@ tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
 Products take the keys' dtype (fp16/bf16 on the tensor cores, fp32 in full precision) with
 fp32 accumulation; logits, softmax and its statistics are fp32, as in the reference. ``dcentroids``
 is summed with atomics over key spans, so it is reproducible to rounding, not bit for bit.
-Rows longer than ``triton_topk.MAX_N`` and more centroids than :func:`max_centroids` are not served here
-(:func:`applies`); ``fastasr.kernels.ops`` sends them to the reference.
+Top keys of rows longer than ``triton_topk.MAX_N`` and more centroids than :func:`max_centroids` are
+not served here (:func:`applies`); ``fastasr.kernels.ops`` sends them to the reference.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ def _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE: tl.constexpr, BLOCK_C: tl.constex
 def _centroid_fwd_kernel(
     c_ptr, k_ptr, v_ptr, len_ptr, logits_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
     H, C, N, E, EV, SPLITS, scale,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
+    LOGITS: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
@@ -106,8 +109,9 @@ def _centroid_fwd_kernel(
                                             BLOCK_N, BLOCK_E, BLOCK_V)
         s = tl.dot(cent, tl.trans(keys), input_precision=PRECISION) * scale
         s = tl.where((cols < length)[None, :], s, float("-inf"))
-        tl.store(logits_ptr + crow[:, None] * N + cols[None, :], s,
-                 mask=c_ok[:, None] & in_n[None, :])
+        if LOGITS:  # the top-k's input
+            tl.store(logits_ptr + crow[:, None] * N + cols[None, :], s,
+                     mask=c_ok[:, None] & in_n[None, :])
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: all weights 0
         alpha = tl.exp(m - m_safe)
@@ -231,11 +235,12 @@ def max_centroids(k: torch.Tensor, v: torch.Tensor) -> int:
     return 64 if width <= 64 and not fp32 else 0
 
 
-def applies(centroids: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether :func:`centroid_attention` serves these shapes and dtypes."""
+def applies(centroids: torch.Tensor, k: torch.Tensor, v: torch.Tensor, topk: int) -> bool:
+    """Whether :func:`centroid_attention` serves these shapes and dtypes (rows of at most
+    ``triton_topk.MAX_N`` keys where ``topk > 0``: the top-k holds a row in registers)."""
     C, N = centroids.shape[2], k.shape[2]
     return (k.dtype in _SUPPORTED and v.dtype in _SUPPORTED and 1 <= C <= max_centroids(k, v)
-            and 1 <= N <= MAX_N and centroids.dtype in _SUPPORTED)
+            and 1 <= N and (topk == 0 or N <= MAX_N) and centroids.dtype in _SUPPORTED)
 
 
 def _launch_config(centroids, k, v, backward):
@@ -252,13 +257,13 @@ class _CentroidAttention(torch.autograd.Function):
         N, EV = k.shape[2], v.shape[3]
         splits = triton.cdiv(N, SPLIT_KEYS)
         f32 = dict(dtype=torch.float32, device=k.device)
-        logits = torch.empty((B, H, C, N), **f32)
         part_m, part_l = torch.empty((B, H, splits, C), **f32), torch.empty((B, H, splits, C), **f32)
         part_acc = torch.empty((B, H, splits, C, EV), **f32)
+        logits = torch.empty((B, H, C, N), **f32) if topk else part_m  # without top keys: not written
         config = _launch_config(centroids, k, v, backward=False)
         _centroid_fwd_kernel[(B * H, splits)](
             centroids, k, v, lengths, logits, part_m, part_l, part_acc,
-            H, C, N, E, EV, splits, scale, **config)
+            H, C, N, E, EV, splits, scale, LOGITS=topk > 0, **config)
         values = torch.empty((B, H, C, EV), dtype=v.dtype, device=v.device)
         values32, lse = torch.empty((B, H, C, EV), **f32), torch.empty((B, H, C), **f32)
         _centroid_combine_kernel[(B * H,)](
@@ -298,7 +303,8 @@ def centroid_attention(
     scale: float,
     topk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``reference.centroid_attention`` in three Triton launches forward and one backward.
+    """``reference.centroid_attention`` in three Triton launches forward (two when ``topk = 0``)
+    and one backward.
 
     Args:
         centroids: ``(B, H, C, E)`` (float32; the products take ``k``'s dtype); k: ``(B, H, N, E)``;
@@ -323,10 +329,11 @@ def centroid_attention(
                          f"and v {tuple(v.shape)} must be (B, H, C, E), (B, H, N, E), (B, H, N, Ev)")
     if not 0 <= topk <= N:
         raise ValueError(f"centroid_attention: topk={topk} must be in [0, N={N}]")
-    if not applies(centroids, k, v):
+    if not applies(centroids, k, v, topk):
         raise ValueError(f"centroid_attention: needs fp32/fp16/bf16 k and v, 1 <= C <= "
                          f"{max_centroids(k, v)} (for heads of {k.shape[-1]}/{v.shape[-1]} in these "
-                         f"dtypes) and 1 <= N <= {MAX_N}; got C={C}, N={N}, k {k.dtype}, v {v.dtype}")
+                         f"dtypes) and 1 <= N, N <= {MAX_N} with top keys; got C={C}, N={N}, "
+                         f"topk={topk}, k {k.dtype}, v {v.dtype}")
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=k.device)
     lengths = lengths.to(device=k.device, dtype=torch.int64)
