@@ -120,6 +120,7 @@ KERNEL_SWITCHES = {
     "key-major backward": ("fastasr.kernels.triton_clustered", "KEY_MAJOR_BACKWARD", True),
     "radix top-k": ("fastasr.kernels.triton_topk", "RADIX_SELECT", True),
     "split-key centroid values": ("fastasr.kernels.ops", "TRITON_CENTROID_VALUES_FROM", 0),
+    "Triton cluster rows": ("fastasr.kernels.ops", "TRITON_CLUSTER_ROWS", True),
 }
 
 

@@ -29,7 +29,8 @@
    centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; the sparse
    part's key-major backward, ``triton_clustered.KEY_MAJOR_BACKWARD``; the top-k by radix
    select, ``triton_topk.RADIX_SELECT``), and clustered's with its centroid values by the
-   split-key kernels (``ops.TRITON_CENTROID_VALUES_FROM``): a switch becomes the default where its column is
+   split-key kernels (``ops.TRITON_CENTROID_VALUES_FROM``) and with its broadcast by the Triton
+   kernels (``ops.TRITON_CLUSTER_ROWS``): a switch becomes the default where its column is
    faster. i-clustered's fused sparse part (also with its key-major backward, its dk and dv
    checked against the atomics') and Triton top-k (also by radix select) each against what it replaces (the Triton
    products with torch around them; ``torch.topk``), and its centroid attention in torch and
@@ -71,6 +72,7 @@ DEVICE = torch.device("cuda")
 #: The attention calls checked and timed: (kind, the kernels' switches set,
 #: ``bench_io.KERNEL_SWITCHES``); those with switches time the alternatives to the defaults.
 CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centroid values",)),
+         ("clustered", ("Triton cluster rows",)),
          ("i-clustered", ("torch centroids",)), ("i-clustered", ("key-major backward",)),
          ("i-clustered", ("radix top-k",)))
 
@@ -264,7 +266,7 @@ def graphed_call_ms(spec: str, q, k, v, lengths, repeats: int) -> str:
 
 
 def broadcast_by_rows(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
-    """``clustered.gather_padded``'s alternative, the same values: the per-cluster rows with a
+    """``reference.broadcast_clusters``' alternative, the same values: the per-cluster rows with a
     zero row a sequence flattened to ``(B·H·(C+1), D)`` and one ``index_select`` of whole rows
     (its backward one ``index_add``), instead of a gather by an index expanded over ``D`` (its
     backward a scatter-add)."""
@@ -276,9 +278,7 @@ def broadcast_by_rows(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tenso
 
 def with_rows_broadcast():
     """Clustered attention broadcasting its centroids' values by :func:`broadcast_by_rows`."""
-    from fastasr.attention import clustered
-
-    return mock.patch.object(clustered, "gather_padded", broadcast_by_rows)
+    return mock.patch.object(reference, "broadcast_clusters", broadcast_by_rows)
 
 
 def with_torch_block_table():

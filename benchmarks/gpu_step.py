@@ -50,6 +50,7 @@ VARIANTS = {
     FLOOR: (FLOOR, None, ()),
     # last: the kernels' alternatives to the defaults
     "clustered-100, split-key centroid values": ("clustered-100", None, ("split-key centroid values",)),
+    "clustered-100, Triton cluster rows": ("clustered-100", None, ("Triton cluster rows",)),
     "i-clustered-100, torch centroids": ("i-clustered-100", None, ("torch centroids",)),
     "i-clustered-100, key-major backward": ("i-clustered-100", None, ("key-major backward",)),
     "i-clustered-100, radix top-k": ("i-clustered-100", None, ("radix top-k",)),

@@ -54,6 +54,7 @@ tk = _load("triton_kmeans")
 tc = _load("triton_clustered")
 tt = _load("triton_topk")
 tcen = _load("triton_centroid")
+tb = _load("triton_broadcast")
 
 INTERPRETED = availability.kernels_interpreted(th._hash_kernel)
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -528,6 +529,71 @@ def test_fused_centroid_attention_refuses_what_it_does_not_serve():
         tcen.centroid_attention(c, long_keys.to(DEVICE), long_keys.to(DEVICE), None, 1.0, 1)
 
 
+# ------------------------------------------------------------------ clustered's broadcast
+def _assignments(B, H, N, C, lengths):
+    """Random clusters in ``[0, C)``, -1 past each sequence's length."""
+    a = torch.randint(0, C, (B, H, N), generator=_gen(N + C))
+    return a.masked_fill(torch.arange(N)[None, None, :] >= lengths[:, None, None], -1)
+
+
+@pytest.mark.parametrize("B,H,C,N,D,dtype,split", [
+    (2, 3, 7, 45, 16, torch.float32, False),
+    (1, 2, 100, 300, 32, torch.float32, True),  # spans summed with atomics
+    (2, 1, 5, 70, 24, torch.bfloat16, False),  # D not a power of two
+    (1, 1, 130, 200, 32, torch.float16, True),  # a 256-cluster tile
+    (1, 2, 60, 90, 64, torch.float32, False),  # rows of 64
+])
+def test_broadcast_clusters_equals_reference(B, H, C, N, D, dtype, split, monkeypatch):
+    """Forward bit for bit the reference's rows (zeros where padded); the backward's sums by
+    cluster against the reference's in float64 (float32: the 1e-4 contract; half precision:
+    one rounding of the float32 sum), one span a sequence or split over several."""
+    if split:
+        monkeypatch.setattr(tb, "MIN_SPAN", 64)
+    g = _gen(B + C + N + D)
+    lengths = _lengths(B, N, g)
+    assign = _assignments(B, H, N, C, lengths)
+    x = torch.randn(B, H, C, D, generator=g).to(dtype)
+    grad = torch.randn(B, H, N, D, generator=g).to(dtype)
+    assert (tb.cluster_sum_spans(B * H, N) > 1) == split
+    xd = x.to(DEVICE).requires_grad_()
+    got = tb.broadcast_clusters(xd, assign.to(DEVICE))
+    (dx,) = torch.autograd.grad(got, xd, grad.to(DEVICE))
+    want = reference.broadcast_clusters(x, assign)
+    x64 = x.double().requires_grad_()
+    (dx64,) = torch.autograd.grad(reference.broadcast_clusters(x64, assign), x64, grad.double())
+    assert got.dtype == dtype and dx.dtype == dtype
+    assert torch.equal(got.cpu(), want)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(dx.cpu().double(), dx64, atol=tol, rtol=tol)
+    # cluster_sums: the same two kernels the other way round (sums float32, whatever the rows)
+    rows = grad.to(DEVICE).requires_grad_()
+    sums = tb.cluster_sums(rows, assign.to(DEVICE), C)
+    dsums = torch.randn(B, H, C, D, generator=g)
+    (drows,) = torch.autograd.grad(sums, rows, dsums.to(DEVICE))
+    assert sums.dtype == torch.float32 and drows.dtype == dtype
+    torch.testing.assert_close(sums.cpu().double(), reference.cluster_sums(grad.double(), assign, C),
+                               atol=1e-5, rtol=1e-5)
+    want_rows = reference.broadcast_clusters(dsums, assign)  # float32, rounded once to the rows' dtype
+    torch.testing.assert_close(drows.cpu().float(), want_rows, atol=0, rtol=0 if dtype == torch.float32 else 2**-7)
+
+
+def test_broadcast_clusters_refuses_what_it_does_not_serve():
+    a = torch.zeros(1, 1, 4, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match=f"C <= {tb.MAX_CLUSTERS}"):
+        tb.broadcast_clusters(torch.zeros(1, 1, tb.MAX_CLUSTERS + 1, 8, device=DEVICE), a)
+    with pytest.raises(ValueError, match="must be"):
+        tb.broadcast_clusters(torch.zeros(1, 2, 3, 8, device=DEVICE), a)
+    assert not tb.applies(torch.zeros(1, 1, 3, tb.MAX_WIDTH + 1))
+    assert not tb.applies(torch.zeros(1, 1, 3, 8, dtype=torch.float64))
+    assert tb.applies(torch.zeros(1, 1, 100, 64)) and tb.applies(torch.zeros(1, 1, 256, 32))
+    assert not tb.applies(torch.zeros(1, 1, 130, 64))  # a 256 x 64 sum: past MAX_TILE
+    assert tb.applies(torch.zeros(1, 1, 500, 32), clusters=100) and not tb.applies(torch.zeros(1, 1, 5, 32), 300)
+    with pytest.raises(ValueError, match="C <= 256"):
+        tb.cluster_sums(torch.zeros(1, 1, 4, 8, device=DEVICE), a, 300)
+    with pytest.raises(ValueError, match="must be"):
+        tb.cluster_sums(torch.zeros(1, 1, 5, 8, device=DEVICE), a, 3)
+
+
 # ------------------------------------------------------------------ the fused sparse part
 def _sparse_inputs(B, H, N, E, EV, C, K, g, dtype=torch.float32, noncontiguous=False):
     """Inputs of ``improved_sparse``: q, k (E), v (Ev), centroid values and top weights."""
@@ -691,6 +757,8 @@ def test_ops_dispatch_rules(monkeypatch):
     ("i-clustered-6", "TRITON_CENTROID_TOPK", False),  # torch's products and softmax, the Triton top-k
     ("i-clustered-6", "TRITON_CENTROID_TOPK", True),  # fused
     ("clustered-6", "TRITON_CENTROID_VALUES_FROM", 0),  # the split-key kernels without top keys
+    ("clustered-6", "TRITON_CLUSTER_ROWS", True),  # centroid sums and the broadcast by the Triton kernels
+    ("i-clustered-6", "TRITON_CLUSTER_ROWS", True),  # its centroid sums so
 ])
 def test_clustered_attention_through_triton_equals_reference(spec, switch, value, monkeypatch):
     """End to end: (i-)clustered attention with every op on Triton vs on the reference, the
@@ -903,6 +971,10 @@ _LAUNCHES = {
     # with ops.TRITON_CENTROID_VALUES_FROM reached: the centroid values in two launches forward, one backward
     "clustered-10 split-key values": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
                                        "_centroid_combine_kernel": 1, "_centroid_bwd_kernel": 1}, 31),
+    # with ops.TRITON_CLUSTER_ROWS: the centroids' sums of their queries and the broadcast of their
+    # values, each one launch forward and one backward (the other's kernel)
+    "clustered-10 Triton cluster rows": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_broadcast_kernel": 2,
+                                          "_cluster_sum_kernel": 2}, 30),
     # two block tables: in float32 the sparse backward takes half the forward's rows a block
     # (_sparse_blocks); half precision shares one table
     "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
@@ -941,6 +1013,7 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", spec.endswith(" fused"))
     monkeypatch.setattr(ops, "TRITON_CENTROID_VALUES_FROM", 0 if spec.endswith(" split-key values") else None)
+    monkeypatch.setattr(ops, "TRITON_CLUSTER_ROWS", spec.endswith(" Triton cluster rows"))
     monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", spec.endswith(" key-major"))
     monkeypatch.setattr(tt, "RADIX_SELECT", spec.endswith(" radix"))
     overrides = {"topk": 8} if spec.startswith("i-") else {}

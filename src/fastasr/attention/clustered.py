@@ -28,7 +28,7 @@ from fastasr.attention.spec import Param
 from fastasr.kernels import ops, reference
 from fastasr.kernels.reference import MAX_BITS
 
-__all__ = ["ClusteredAttention", "CentroidAttention", "cluster_means", "gather_padded"]
+__all__ = ["ClusteredAttention", "CentroidAttention", "cluster_means"]
 
 CLUSTERING_PARAMS = (
     Param("clusters", low=1, doc="number of query clusters C"),
@@ -63,28 +63,12 @@ def cluster_means(
 ) -> torch.Tensor:
     """Mean query of each cluster: ``(B, H, N, E)`` -> ``(B, H, C, E)``, float32 (float64 stays).
 
-    One ``index_add`` over the flattened rows; padded queries go to a dropped extra row.
-    Differentiable in ``q`` (the gradient is each cluster's gradient over its count).
+    Each cluster's sum of its queries (:func:`fastasr.kernels.ops.cluster_sums`) over its count;
+    padded queries belong to none. Differentiable in ``q`` (the gradient is each cluster's
+    gradient over its count).
     """
-    B, H, N, E = q.shape
-    C = clusters
-    dt = compute_dtype(q.dtype)
-    slot = assignments.remainder(C + 1)  # padded (-1): C, the extra row
-    rows = (torch.arange(B * H, device=q.device).view(B, H, 1) * (C + 1) + slot).reshape(-1)
-    sums = torch.zeros(B * H * (C + 1), E, dtype=dt, device=q.device)
-    sums = sums.index_add(0, rows, q.reshape(B * H * N, E).to(dt)).view(B, H, C + 1, E)
-    return sums[:, :, :C] / counts.clamp(min=1)[..., None].to(dt)
-
-
-def gather_padded(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
-    """Per-cluster rows ``x (B, H, C, D)`` -> per-query rows ``(B, H, N, D)``, 0 for padded queries.
-
-    One gather from ``x`` with an appended zero row that the padded queries (-1) index.
-    """
-    B, H, C, D = x.shape
-    padded = torch.cat([x, x.new_zeros(B, H, 1, D)], dim=2)
-    slot = assignments.remainder(C + 1)  # padded (-1): C, the zero row
-    return padded.gather(2, slot[..., None].expand(*slot.shape, D))
+    sums = ops.cluster_sums(q, assignments, clusters)
+    return sums / counts.clamp(min=1)[..., None].to(sums.dtype)
 
 
 @register
@@ -172,9 +156,9 @@ class ClusteredAttention(InnerAttention):
                 centroids, k, vv, lengths, self.scale(q.shape[-1]), 0
             )
         with record_function("attention.broadcast"):
-            return gather_padded(values, assignments).to(v.dtype)
+            return ops.broadcast_clusters(values, assignments).to(v.dtype)
 
     def _dense_weights(self, q, k, lengths):
         dt = compute_dtype(q.dtype)
         ca = self.centroid_attention(q.to(dt), k.to(dt), lengths)
-        return gather_padded(ca.weights, ca.assignments)
+        return reference.broadcast_clusters(ca.weights, ca.assignments)

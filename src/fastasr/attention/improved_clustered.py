@@ -27,7 +27,7 @@ from __future__ import annotations
 from torch.profiler import record_function
 
 from fastasr.attention.base import compute_dtype
-from fastasr.attention.clustered import CLUSTERING_PARAMS, ClusteredAttention, gather_padded
+from fastasr.attention.clustered import CLUSTERING_PARAMS, ClusteredAttention
 from fastasr.attention.masking import zero_padded_queries
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
@@ -92,6 +92,6 @@ class ImprovedClusteredAttention(ClusteredAttention):
         scores = reference.clustered_dot(q, k, top_idx, ca.assignments) * self.scale(E)
         scores = scores.masked_fill(~reference.gather_clusters(top_ok, ca.assignments), float("-inf"))
         p = scores.softmax(-1) * reference.gather_clusters(mass, ca.assignments)[..., None]
-        dense = gather_padded(rest, ca.assignments)
+        dense = reference.broadcast_clusters(rest, ca.assignments)
         dense = dense.scatter_add(-1, reference.gather_clusters(top_idx, ca.assignments), p)
         return zero_padded_queries(dense, lengths)

@@ -1,7 +1,7 @@
 """Can the Triton kernels run here, and if not, why not.
 
 The Triton kernels (``triton_hashing``, ``triton_kmeans``, ``triton_clustered``, ``triton_topk``,
-``triton_centroid``) run
+``triton_centroid``, ``triton_broadcast``) run
 in one of two ways:
 
 * compiled, on a CUDA device (tensors on ``cuda``, ``torch.cuda.is_available()``);

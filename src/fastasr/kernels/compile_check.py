@@ -40,6 +40,7 @@ def _configs():
     import triton.language as tl
 
     from fastasr.kernels import cluster_order as co  # needs Triton
+    from fastasr.kernels import triton_broadcast as tb  # needs Triton
     from fastasr.kernels import triton_centroid as tcen  # needs Triton
     from fastasr.kernels import triton_clustered as tc  # needs Triton
     from fastasr.kernels import triton_hashing as th  # needs Triton
@@ -121,6 +122,19 @@ def _configs():
                          "values_ptr": f"*{t}", "values32_ptr": "*fp32", "lse_ptr": "*fp32"},
                         {"BLOCK_C": tiles["BLOCK_C"], "BLOCK_V": tiles["BLOCK_V"]},
                         {"num_warps": tiles["num_warps"]}))
+    for t in ("fp32", "bf16", "fp16"):
+        dot_dtype, precision = tc.dot_config(
+            {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
+        for clusters, width in ((100, 32), (100, tb.MAX_WIDTH), (tb.MAX_CLUSTERS, tb.MAX_TILE // tb.MAX_CLUSTERS)):
+            for source in sorted({t, "fp32"}):  # the values' dtype; float32 sums' gradients (cluster_sums)
+                out.append((f"broadcast {source} to {t} D={width}", tb._broadcast_kernel,
+                            {"x_ptr": f"*{source}", "assign_ptr": "*i64", "out_ptr": f"*{t}"},
+                            tb.broadcast_tile(width), {}))
+            tile = tb.cluster_sum_tile(clusters, width)
+            options = {"num_warps": tile.pop("num_warps")}
+            out.append((f"cluster_sum {t} C={clusters} D={width} {options['num_warps']} warps",
+                        tb._cluster_sum_kernel, {"dout_ptr": f"*{t}", "assign_ptr": "*i64", "dx_ptr": "*fp32"},
+                        {"ATOMIC": True, "DOT_DTYPE": dot_dtype, "PRECISION": precision, **tile}, options))
     for clusters in (100, tk.MAX_CLUSTERS):
         block_c, block_p = co.table_tile(clusters)
         out.append((f"block table C={clusters}", co._block_table_kernel, {"counts_ptr": "*i64", "table_ptr": "*i64"},

@@ -9,8 +9,8 @@ K-means rules). Three implementations:
   ``make install``): hashing, K-means, top-k selection and the fused per-query part
   of improved clustered attention;
 * ``triton``: the Triton kernels (``triton_hashing``, ``triton_kmeans``,
-  ``triton_clustered``, ``triton_topk``; ``triton_centroid`` with
-  :data:`TRITON_CENTROID_TOPK`) for CUDA tensors.
+  ``triton_clustered``, ``triton_topk``; ``triton_centroid`` and ``triton_broadcast`` as
+  their switches say) for CUDA tensors.
 
 An op an implementation lacks runs the reference (the clustered products on CPU are
 fused into ``improved_sparse``; ``topk_indices`` on CUDA takes ``torch.topk`` for rows
@@ -52,6 +52,9 @@ __all__ = [
     "centroid_attention",
     "TRITON_CENTROID_TOPK",
     "TRITON_CENTROID_VALUES_FROM",
+    "TRITON_CLUSTER_ROWS",
+    "broadcast_clusters",
+    "cluster_sums",
     "fused_centroid_attention_applies",
     "fused_centroid_values",
     "improved_sparse",
@@ -73,6 +76,15 @@ KERNELS_ENV = "FASTASR_KERNELS"
 #: precision: its logits stay float32 where PyTorch's product rounds them to bf16 (on bf16
 #: inputs, 5.5e-3 against 6.2e-2 relative distance to the float64 computation).
 TRITON_CENTROID_TOPK = True
+#: Rows moved between clusters and their members where the Triton kernels run: True,
+#: :mod:`fastasr.kernels.triton_broadcast` for :func:`cluster_sums` (the centroids' sums of their
+#: queries) and :func:`broadcast_clusters` (clustered attention's output), each the other's
+#: backward (whole rows copied; sums by one ``onehot^T @ rows`` product a tile, on chip); False,
+#: the reference's ``index_add`` and ``gather`` with indices expanded over the row (on an H100
+#: at N = 4,096 x 16 the gather took 238 us, the largest kernel of a clustered-100 call after
+#: K-means, the ``index_add`` 102 us). False until measured: ``make gpu-check``'s call table
+#: times clustered-100 both ways.
+TRITON_CLUSTER_ROWS = False
 #: Clustered attention's centroid values (no top keys) where the Triton kernels run: for sequences
 #: of at least this many keys (padded length), the split-key kernels of
 #: :mod:`fastasr.kernels.triton_centroid` (``cdiv(N, SPLIT_KEYS)`` programs a (batch, head), their
@@ -93,6 +105,8 @@ _TRITON_MODULES = {
     "clustered_weighted_sum": "triton_clustered",
     "improved_sparse": "triton_clustered",
     "topk_indices": "triton_topk",
+    "broadcast_clusters": "triton_broadcast",
+    "cluster_sums": "triton_broadcast",
 }
 _NATIVE_OPS = {
     "hash_codes",
@@ -102,7 +116,8 @@ _NATIVE_OPS = {
     "improved_sparse",
     "dropout",  # fastasr.kernels.dropout (not a clustering op; dispatched by the same rules)
 }
-_NO_FLOAT64 = {"clustered_dot", "clustered_weighted_sum", "improved_sparse"}  # Triton: no float64 dots
+_NO_FLOAT64 = {"clustered_dot", "clustered_weighted_sum", "improved_sparse",  # Triton: no float64 dots
+               "broadcast_clusters", "cluster_sums"}
 
 
 def kernel_choice() -> str:
@@ -179,6 +194,33 @@ def clustered_weighted_sum(
 ) -> torch.Tensor:
     """``(B,H,N,K)`` weights, ``(B,H,N,E)`` values -> ``(B,H,N,E)`` per-query weighted sums."""
     return _backend(w, "clustered_weighted_sum").clustered_weighted_sum(w, v, topk_idx, assignments)
+
+
+def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
+    """``(B,H,C,D)`` per-cluster rows -> ``(B,H,N,D)`` per-position rows, zeros where padded (-1).
+
+    The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`) where they run, with
+    :data:`TRITON_CLUSTER_ROWS`, for the shapes they serve; otherwise the reference's gather.
+    """
+    if TRITON_CLUSTER_ROWS and kernel_backend(x, "broadcast_clusters") == "triton":
+        kernels = import_kernel_module("triton_broadcast")
+        if kernels.applies(x):
+            return kernels.broadcast_clusters(x, assignments)
+    return reference.broadcast_clusters(x, assignments)
+
+
+def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -> torch.Tensor:
+    """``(B,H,N,D)`` rows -> ``(B,H,C,D)`` each cluster's sum of its members' rows (padded: none).
+
+    The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`, float32 sums) where they run,
+    with :data:`TRITON_CLUSTER_ROWS`, for the shapes they serve; otherwise the reference's
+    ``index_add`` (float32, float64 for float64 rows).
+    """
+    if TRITON_CLUSTER_ROWS and kernel_backend(rows, "cluster_sums") == "triton":
+        kernels = import_kernel_module("triton_broadcast")
+        if kernels.applies(rows, clusters):
+            return kernels.cluster_sums(rows, assignments, clusters)
+    return reference.cluster_sums(rows, assignments, clusters)
 
 
 def centroid_attention(

@@ -45,6 +45,8 @@ __all__ = [
     "clustered_dot",
     "clustered_weighted_sum",
     "gather_clusters",
+    "broadcast_clusters",
+    "cluster_sums",
     "topk_indices",
     "centroid_logits",
     "centroid_attention",
@@ -315,6 +317,36 @@ def gather_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
     a = assignments.clamp(min=0)
     index = a.view(*a.shape, *([1] * (x.dim() - 3))).expand(*a.shape, *x.shape[3:])
     return x.gather(2, index)
+
+
+def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
+    """Per-cluster rows ``x (B, H, C, D)`` -> per-position rows ``(B, H, N, D)``, zeros where
+    ``assignments`` is -1 (padded); differentiable in ``x`` (each cluster's gradient: the sum
+    of its members').
+
+    One gather from ``x`` with an appended zero row that the padded positions index.
+    """
+    B, H, C, D = x.shape
+    padded = torch.cat([x, x.new_zeros(B, H, 1, D)], dim=2)
+    slot = assignments.remainder(C + 1)  # padded (-1): C, the zero row
+    return padded.gather(2, slot[..., None].expand(*slot.shape, D))
+
+
+def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -> torch.Tensor:
+    """Per-position rows ``(B, H, N, D)`` -> each cluster's sum of its members' rows ``(B, H, C, D)``,
+    float32 (float64 stays); positions whose assignment is -1 (padded) belong to none.
+
+    One ``index_add`` over the flattened rows; padded positions go to a dropped extra row.
+    Differentiable in ``rows`` (each position's gradient: its cluster's).
+    """
+    B, H, N, D = rows.shape
+    C = clusters
+    dt = torch.float64 if rows.dtype == torch.float64 else torch.float32
+    slot = assignments.remainder(C + 1)  # padded (-1): C, the extra row
+    index = (torch.arange(B * H, device=rows.device).view(B, H, 1) * (C + 1) + slot).reshape(-1)
+    sums = torch.zeros(B * H * (C + 1), D, dtype=dt, device=rows.device)
+    sums = sums.index_add(0, index, rows.reshape(B * H * N, D).to(dt)).view(B, H, C + 1, D)
+    return sums[:, :, :C]
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -1,0 +1,239 @@
+"""Triton kernels: rows moved between clusters and their members, both ways.
+
+Two ops, each the other's backward, on ``assignments (B, H, N)`` (each position's cluster in
+``[0, C)``, -1 for padded positions, which belong to none):
+
+* ``broadcast_clusters(x, assignments)``: ``x (B, H, C, D)`` per-cluster rows -> ``(B, H, N, D)``,
+  row ``n`` the row of its cluster, zeros where padded (the twin of
+  ``reference.broadcast_clusters``; clustered attention's output: its centroids' values);
+* ``cluster_sums(rows, assignments, C)``: ``(B, H, N, D)`` -> ``(B, H, C, D)`` float32, each
+  cluster's sum of its members' rows (the twin of ``reference.cluster_sums``; the centroids are
+  these sums over the counts).
+
+Design:
+
+* ``_broadcast_kernel``: one program a (batch, head) and a block of positions loads their
+  clusters and copies whole rows (``D`` contiguous values): one read of the assignments, one
+  write of the output, the per-cluster rows from cache;
+* ``_cluster_sum_kernel``: one program a (batch, head) and span of positions walks it in tiles;
+  a tile's sum by cluster is one tensor-core product ``onehot(clusters)^T @ rows`` (0/1 against
+  the rows' values, float32 accumulation: exact products), held in registers over the span; the
+  program writes its ``(C, D)`` sum once, or adds it with atomics when a sequence is split over
+  several spans (few long sequences, :func:`cluster_sum_spans`). No per-position atomics and no
+  ``(N, D)`` temporary.
+
+Against the reference's ``torch.gather`` with an index expanded over ``D`` (int64 offsets per
+element) and ``index_add`` / ``scatter_add`` (atomics per element), they move whole rows and sum
+on chip. Half precision stays half precision in and out of a broadcast; sums are float32.
+Rows wider than :data:`MAX_WIDTH`, more clusters than :data:`MAX_CLUSTERS` and sums larger than
+:data:`MAX_TILE` are not served (:func:`applies`); ``fastasr.kernels.ops`` sends them to the
+reference. Nothing reads a value back to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastasr.kernels.availability import (
+    ensure_interpreter_compat,
+    kernels_interpreted,
+    require_triton,
+)
+from fastasr.kernels.triton_clustered import dot_config
+
+ensure_interpreter_compat()
+
+__all__ = ["broadcast_clusters", "cluster_sums", "applies", "cluster_sum_spans", "broadcast_tile", "cluster_sum_tile",
+           "MAX_CLUSTERS", "MAX_WIDTH"]
+
+#: Most clusters served: the backward's (C, D) sum is one register tile ...
+MAX_CLUSTERS = 256
+#: ... rows of at most this many values (one head's) ...
+MAX_WIDTH = 64
+#: ... and at most this many values in all (both padded to powers of two): 128 clusters of 64
+#: values, 256 of 32 (larger sums spill on sm_90 at any warp count).
+MAX_TILE = 8192
+#: Fewer sequences than this are split over spans in the backward, until about this many programs run.
+FILL_PROGRAMS = 256
+#: Shortest span of a split backward.
+MIN_SPAN = 512
+_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _broadcast_kernel(x_ptr, assign_ptr, out_ptr, C, N, D,
+                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_n = offs_n < N
+    cluster = tl.load(assign_ptr + bh * N + offs_n, mask=in_n, other=-1)
+    member = (cluster >= 0)[:, None] & (offs_d[None, :] < D)
+    rows = tl.load(x_ptr + (bh * C + cluster)[:, None] * D + offs_d[None, :], mask=member, other=0.0)
+    tl.store(out_ptr + (bh * N + offs_n)[:, None] * D + offs_d[None, :], rows,
+             mask=in_n[:, None] & (offs_d[None, :] < D))
+
+
+@triton.jit
+def _cluster_sum_kernel(dout_ptr, assign_ptr, dx_ptr, C, N, D, SPAN,
+                        ATOMIC: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
+    bh = tl.program_id(0).to(tl.int64)
+    start = tl.program_id(1) * SPAN
+    offs_c = tl.arange(0, BLOCK_C)
+    offs_d = tl.arange(0, BLOCK_D)
+    acc = tl.zeros((BLOCK_C, BLOCK_D), tl.float32)
+    for n0 in range(start, tl.minimum(start + SPAN, N), BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        in_n = offs_n < N
+        cluster = tl.load(assign_ptr + bh * N + offs_n, mask=in_n, other=-1)
+        onehot = (cluster[:, None] == offs_c[None, :]).to(DOT_DTYPE)  # padded (-1): no cluster
+        grad = tl.load(dout_ptr + (bh * N + offs_n)[:, None] * D + offs_d[None, :],
+                       mask=in_n[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_DTYPE)
+        acc = tl.dot(tl.trans(onehot), grad, acc, input_precision=PRECISION)
+    ptrs = dx_ptr + (bh * C + offs_c)[:, None] * D + offs_d[None, :]
+    mask = (offs_c[:, None] < C) & (offs_d[None, :] < D)
+    if ATOMIC:  # the sequence is split over spans: their sums meet in float32
+        tl.atomic_add(ptrs, acc, mask=mask)
+    else:
+        tl.store(ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def broadcast_tile(D: int) -> dict:
+    """The forward's tile for rows of ``D`` values: 2,048 values a program (4 warps)."""
+    block_d = max(16, triton.next_power_of_2(D))
+    return {"BLOCK_N": max(8, 2048 // block_d), "BLOCK_D": block_d}
+
+
+def _sum_blocks(C: int, D: int) -> tuple[int, int]:
+    return max(16, triton.next_power_of_2(C)), max(16, triton.next_power_of_2(D))
+
+
+def cluster_sum_tile(C: int, D: int) -> dict:
+    """The backward's tile: every cluster and the whole row in one accumulator, 64 positions a
+    tile, a warp for each 1,024 values of the accumulator (at least 4): 162-191 registers on
+    sm_90 without spills at every served shape (``python -m fastasr.kernels.compile_check``)."""
+    block_c, block_d = _sum_blocks(C, D)
+    return {"BLOCK_N": 64, "BLOCK_C": block_c, "BLOCK_D": block_d, "num_warps": max(4, block_c * block_d // 1024)}
+
+
+def _serves(C: int, D: int, dtype: torch.dtype) -> bool:
+    block_c, block_d = _sum_blocks(C, D)
+    return dtype in _SUPPORTED and 1 <= C <= MAX_CLUSTERS and 1 <= D <= MAX_WIDTH and block_c * block_d <= MAX_TILE
+
+
+def applies(x: torch.Tensor, clusters: int | None = None) -> bool:
+    """Whether :func:`broadcast_clusters` serves per-cluster rows like ``x (B, H, C, D)``, or,
+    given ``clusters``, :func:`cluster_sums` rows like ``x (B, H, N, D)``."""
+    return _serves(x.shape[2] if clusters is None else clusters, x.shape[3], x.dtype)
+
+
+def cluster_sum_spans(sequences: int, length: int) -> int:
+    """Backward programs a sequence: 1 from ``FILL_PROGRAMS`` sequences, else about that many
+    programs in all, each span at least ``MIN_SPAN`` positions."""
+    return max(1, min(triton.cdiv(length, MIN_SPAN), triton.cdiv(FILL_PROGRAMS, sequences)))
+
+
+def _broadcast(x: torch.Tensor, assignments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``_broadcast_kernel``: ``(B, H, C, D)`` rows -> ``(B, H, N, D)`` in ``dtype``."""
+    B, H, C, D = x.shape
+    N = assignments.shape[2]
+    out = torch.empty((B, H, N, D), dtype=dtype, device=x.device)
+    tile = broadcast_tile(D)
+    _broadcast_kernel[(B * H, triton.cdiv(N, tile["BLOCK_N"]))](x.contiguous(), assignments, out, C, N, D, **tile)
+    return out
+
+
+def _cluster_sum(rows: torch.Tensor, assignments: torch.Tensor, C: int) -> torch.Tensor:
+    """``_cluster_sum_kernel``: ``(B, H, N, D)`` rows -> ``(B, H, C, D)`` float32 sums by cluster."""
+    B, H, N, D = rows.shape
+    tile = cluster_sum_tile(C, D)
+    spans = cluster_sum_spans(B * H, N)
+    span = triton.cdiv(triton.cdiv(N, spans), tile["BLOCK_N"]) * tile["BLOCK_N"]
+    spans = triton.cdiv(N, span)
+    atomic = spans > 1
+    sums = (torch.zeros if atomic else torch.empty)((B, H, C, D), dtype=torch.float32, device=rows.device)
+    dot_dtype, precision = dot_config(rows.dtype, kernels_interpreted(_cluster_sum_kernel))
+    _cluster_sum_kernel[(B * H, spans)](rows.contiguous(), assignments, sums, C, N, D, span, ATOMIC=atomic,
+                                        DOT_DTYPE=dot_dtype, PRECISION=precision, **tile)
+    return sums
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, assignments):
+        ctx.save_for_backward(assignments)
+        ctx.clusters, ctx.dtype = x.shape[2], x.dtype
+        return _broadcast(x, assignments, x.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        (assignments,) = ctx.saved_tensors
+        return _cluster_sum(dout, assignments, ctx.clusters).to(ctx.dtype), None
+
+
+class _ClusterSums(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, assignments, clusters):
+        ctx.save_for_backward(assignments)
+        ctx.dtype = rows.dtype
+        return _cluster_sum(rows, assignments, clusters)
+
+    @staticmethod
+    def backward(ctx, dsums):
+        (assignments,) = ctx.saved_tensors
+        return _broadcast(dsums, assignments, ctx.dtype), None, None
+
+
+def _checked(op: str, C: int, D: int, dtype: torch.dtype, assignments: torch.Tensor, device) -> torch.Tensor:
+    """``assignments`` as int64 contiguous, after checking that ``op`` serves these rows."""
+    require_triton(op, device, kernels_interpreted(_broadcast_kernel))
+    if not _serves(C, D, dtype):
+        raise ValueError(f"{op}: needs fp32/fp16/bf16 rows, 1 <= C <= {MAX_CLUSTERS}, "
+                         f"1 <= D <= {MAX_WIDTH} and C x D <= {MAX_TILE} (each a power of two); "
+                         f"got C={C}, D={D}, {dtype}")
+    return assignments.to(torch.int64).contiguous()
+
+
+def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
+    """``reference.broadcast_clusters`` in one Triton launch forward and one backward.
+
+    Args:
+        x: ``(B, H, C, D)`` per-cluster rows, fp32/fp16/bf16, as :func:`applies` serves.
+        assignments: ``(B, H, N)`` int64 cluster of each position in ``[0, C)``, -1 padded.
+
+    Returns:
+        ``(B, H, N, D)`` in ``x``'s dtype: each position's cluster's row, zeros where padded.
+
+    Raises:
+        ValueError: shapes that disagree, or what :func:`applies` refuses.
+    """
+    if x.dim() != 4 or assignments.dim() != 3 or assignments.shape[:2] != x.shape[:2]:
+        raise ValueError(f"broadcast_clusters: x {tuple(x.shape)} and assignments {tuple(assignments.shape)} "
+                         "must be (B, H, C, D) and (B, H, N)")
+    assignments = _checked("broadcast_clusters", x.shape[2], x.shape[3], x.dtype, assignments, x.device)
+    return _Broadcast.apply(x, assignments)
+
+
+def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -> torch.Tensor:
+    """``reference.cluster_sums`` in one Triton launch forward and one backward.
+
+    Args:
+        rows: ``(B, H, N, D)`` per-position rows, fp32/fp16/bf16.
+        assignments: ``(B, H, N)`` int64 cluster of each position in ``[0, clusters)``, -1 padded.
+        clusters: ``C``, as :func:`applies` serves.
+
+    Returns:
+        ``(B, H, C, D)`` float32: each cluster's sum of its members' rows (padded positions
+        belong to none).
+
+    Raises:
+        ValueError: shapes that disagree, or what :func:`applies` refuses.
+    """
+    if rows.dim() != 4 or assignments.shape != rows.shape[:3]:
+        raise ValueError(f"cluster_sums: rows {tuple(rows.shape)} and assignments {tuple(assignments.shape)} "
+                         "must be (B, H, N, D) and (B, H, N)")
+    assignments = _checked("cluster_sums", clusters, rows.shape[3], rows.dtype, assignments, rows.device)
+    return _ClusterSums.apply(rows, assignments, clusters)
