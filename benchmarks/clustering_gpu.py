@@ -29,16 +29,18 @@
    centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; the sparse
    part's key-major backward, ``triton_clustered.KEY_MAJOR_BACKWARD``; the top-k by radix
    select, ``triton_topk.RADIX_SELECT``), and clustered's with its centroid values by the
-   split-key kernels (``ops.TRITON_CENTROID_VALUES_FROM``) and with its broadcast by the Triton
-   kernels (``ops.TRITON_CLUSTER_ROWS``): a switch becomes the default where its column is
-   faster. i-clustered's fused sparse part (also with its key-major backward, its dk and dv
-   checked against the atomics') and Triton top-k (also by radix select) each against what it replaces (the Triton
-   products with torch around them; ``torch.topk``), and its centroid attention in torch and
-   fused (also with 256 keys a program), and clustered's centroid values by SDPA and by the
-   split-key kernels, in the same run; torch.profiler's largest
-   CUDA kernels of one clustered-100 and one i-clustered-100 call at N = 4,096: where the rest
-   of the time goes; and last each call of
-   :data:`CALLS` replayed as one CUDA graph (the GPU's time without the host's launches).
+   split-key kernels (``ops.TRITON_CENTROID_VALUES_FROM``) and with its centroid sums and
+   broadcast by the Triton kernels (``ops.TRITON_CLUSTER_ROWS``): a switch becomes the default
+   where its column is faster.
+4. **The parts**, each against what it replaces, in the same run: i-clustered's fused sparse
+   part (also with its key-major backward, its dk and dv checked against the atomics', and
+   with ``--sparse-tiles``' other tiles) against the Triton products with torch around them;
+   the Triton top-k (also by radix select, and with ``--topk-tiles``) against ``torch.topk``;
+   i-clustered's centroid attention in torch and fused (also with 256 keys a program), and
+   clustered's centroid values by SDPA and by the split-key kernels.
+5. torch.profiler's largest CUDA kernels of one clustered-100 and one i-clustered-100 call at
+   N = 4,096 (where the rest of the time goes); and last each call of :data:`CALLS` replayed
+   as one CUDA graph (the GPU's time without the host's launches).
 
 Writes ``benchmarks/results/clustering_<gpu>.md``.
 """
@@ -378,6 +380,19 @@ def with_topk_tile(rows: int, warps: int):
     return run
 
 
+def with_sparse_tile(rows: int, warps: int):
+    """The fused sparse part with another tile (``rows`` query rows a block, ``warps`` warps)
+    than the launcher's (``triton_clustered._sparse_blocks``, ``SPARSE_WARPS``), forward and
+    backward: a block holds one cluster's rows, so small clusters leave most of a large block idle."""
+    from fastasr.kernels import triton_clustered as tc
+
+    launcher = tc._sparse_blocks
+    stack = contextlib.ExitStack()
+    stack.enter_context(mock.patch.object(tc, "_sparse_blocks", lambda *a, **k: (rows, *launcher(*a, **k)[1:])))
+    stack.enter_context(mock.patch.object(tc, "SPARSE_WARPS", warps))
+    return stack
+
+
 #: The fused centroid attention's other span of keys a program, timed against ``SPLIT_KEYS``.
 CENTROID_SPAN_ALTERNATIVE = 256
 
@@ -411,7 +426,8 @@ def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]
     return cells
 
 
-def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[str] = ()) -> None:
+def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[str] = (),
+                sparse_tiles: list[str] = ()) -> None:
     """i-clustered's two Triton parts against what they replace, in one run: the per-query
     sparse part fused (``triton_clustered.improved_sparse``) against the reference composed
     of the Triton products (``clustered_dot``/``clustered_weighted_sum`` and torch around
@@ -421,19 +437,20 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
     (:func:`centroid_cells`)."""
     lines += ["", f"## i-clustered's parts and clustered's centroid values, each against what it replaces "
               f"({HEADS} × {DIM}, C = {CLUSTERS}, K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
-              "| N × B | sparse part: products + torch | sparse part: fused | sparse part: fused, key-major backward "
-              "| top-k: torch.topk | top-k: Triton | top-k: Triton, radix select |"
+              "| N × B | sparse part: products + torch | sparse part: fused | sparse part: fused, key-major backward |"
+              + "".join(f" sparse part: fused, {t.replace(':', ' rows × ')} warps |" for t in sparse_tiles)
+              + " top-k: torch.topk | top-k: Triton | top-k: Triton, radix select |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
               + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
               f"{CENTROID_SPAN_ALTERNATIVE}-key spans | clustered's centroid values: SDPA "
               "| clustered's centroid values: split-key |",
-              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(topk_tiles) + 5)]
+              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 5)]
     for n in ns:
-        lines.append(parts_row(n, repeats, topk_tiles))
+        lines.append(parts_row(n, repeats, topk_tiles, sparse_tiles))
         print(lines[-1], flush=True)
 
 
-def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
+def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: list[str] = ()) -> str:
     """One row of :func:`parts_table`."""
     import functools
 
@@ -482,11 +499,23 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = ()) -> str:
         except Exception as exc:  # noqa: BLE001 - the cell says why
             return f"failed: {bench_io.failure(exc)}"
 
+    def tile_cell(tile: str, fused: torch.Tensor) -> str:
+        """The fused part with another tile: ms, and whether its output differs from the
+        launcher's tile's by more than rounding; or why it failed."""
+        try:
+            with with_sparse_tile(*map(int, tile.split(":"))):
+                rel = float((forward_backward(tc.improved_sparse) - fused).norm() / fused.norm())
+                ms = device_ms(lambda: forward_backward(tc.improved_sparse), repeats)
+            return f"{ms:.3f}" + ("" if rel < 1e-2 else f" (output differs by {rel:.1e})")
+        except Exception as exc:  # noqa: BLE001 - the cell says why
+            return f"failed: {bench_io.failure(exc)}"
+
     want, got = forward_backward(products), forward_backward(tc.improved_sparse)
     err = float((got - want).norm() / want.norm())
     cells = [f"{device_ms(lambda: forward_backward(products), repeats):.3f}",
              f"{device_ms(lambda: forward_backward(tc.improved_sparse), repeats):.3f}",
              key_major_cell(key_grads())]
+    cells += [tile_cell(tile, got) for tile in sparse_tiles]
     want_top = torch.topk(logits, K, -1).indices.sort(-1).values
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
     cells += [f"{device_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
@@ -539,6 +568,8 @@ def main(argv=None) -> int:
                    help="other K-means tiles to time, BLOCK_N:WARPS (e.g. 64:8)")
     p.add_argument("--kmeans-stages", type=int, nargs="*", default=[],
                    help="K-means with the launcher's tiles and this many pipeline stages (e.g. 2), timed beside")
+    p.add_argument("--sparse-tiles", nargs="*", default=[],
+                   help="other tiles of i-clustered's fused sparse part to time, ROWS:WARPS (e.g. 16:4)")
     p.add_argument("--topk-tiles", nargs="*", default=[],
                    help="other Triton top-k tiles to time, ROWS:WARPS (e.g. 1:1, one warp a row)")
     p.add_argument("--skip-attention", action="store_true", help="K-means only")
@@ -571,7 +602,7 @@ def main(argv=None) -> int:
     kmeans_table(lines, args.ns, args.repeats, args.baseline, args.tiles, args.kmeans_stages)
     if not args.skip_attention:
         attention_table(lines, [n for n in args.ns if n != 800], call_repeats)
-        parts_table(lines, [n for n in args.ns if n <= 16384], call_repeats, args.topk_tiles)
+        parts_table(lines, [n for n in args.ns if n <= 16384], call_repeats, args.topk_tiles, args.sparse_tiles)
         profile(lines, spec_of("clustered"), args.check_n)
         profile(lines, spec_of("i-clustered"), args.check_n)
     slug = bench_io.slugify(gpu)

@@ -89,7 +89,7 @@ step "gpu_bench.py (check, then a 40 s bf16 sweep)" 120 "$PY" benchmarks/gpu_ben
   --dtypes bfloat16 --ns 1024 4096 16384 65536
 step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
 step "gpu_step.py (the paper model's step)" 120 "$PY" benchmarks/gpu_step.py
-step "clustering_gpu.py (no host sync, K-means, each call)" 180 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2
+step "clustering_gpu.py (no host sync, K-means, each call)" 180 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --sparse-tiles 16:4 16:2 32:4 64:8
 step "gpu_step.py --profile i-clustered-100" 45 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
 
 {

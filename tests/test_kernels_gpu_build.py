@@ -119,7 +119,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     section written, every call with each kernel switch run, nothing failed or differing, so
     that a GPU's few minutes are not lost to the script."""
     _run_cpu_plumbing("clustering_gpu.py", tmp_path, "--ns", "64", "--tokens", "128", "--repeats", "1",
-                      "--check-n", "64", "--clusters", "4", "--topk-tiles", "1:1", "--kmeans-stages", "2")
+                      "--check-n", "64", "--clusters", "4", "--topk-tiles", "1:1", "--kmeans-stages", "2", "--sparse-tiles", "16:2")
     md = (tmp_path / "clustering_cpu-interpreter.md").read_text()
     for section in ("No host synchronisation", "Hamming K-means", "Attention call, forward + backward",
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
@@ -130,7 +130,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     assert "| clustered-4, Triton cluster rows |" in md and "| clustered-4, split-key centroid values |" in md and "clustered's centroid values: split-key |" in md
     assert "| i-clustered-4, radix top-k |" in md and "top-k: Triton, 1 rows × 1 warps" in md
     assert "top-k: Triton, radix select" in md and "| split, clustered codes |" in md
-    assert "| auto, 2 stages |" in md
+    assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md
     for bad in ("fail", "differ", "synchronises"):
         assert bad not in md.lower(), md
 

@@ -619,16 +619,25 @@ SPARSE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("key_major", [False, True], ids=["atomic", "key-major"])
-@pytest.mark.parametrize("B,H,N,E,EV,C,K,noncontiguous", SPARSE_CASES)
-def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous, key_major, monkeypatch):
+# each case with atomics and key-major; one also with the other query rows a block that
+# ``make gpu-check`` times (``clustering_gpu.py --sparse-tiles``: more blocks a cluster)
+SPARSE_RUNS = ([(*case, key_major, None) for case in SPARSE_CASES for key_major in (False, True)]
+               + [(*SPARSE_CASES[1], False, rows) for rows in (16, 32)])
+
+
+@pytest.mark.parametrize("B,H,N,E,EV,C,K,noncontiguous,key_major,rows", SPARSE_RUNS)
+def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous, key_major, rows, monkeypatch):
     """One launch forward, one backward: the output and the gradients of q, k, v, the
     centroid values and the top weights equal the reference's, padded rows 0; ``dk`` and
     ``dv`` added at the top keys by atomics or key-major (``KEY_MAJOR_BACKWARD``; here in
-    chunks of 16 sorted rows, so that many keys' rows span several chunks)."""
+    chunks of 16 sorted rows, so that many keys' rows span several chunks); ``rows`` query rows
+    a block instead of the launcher's."""
     monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", key_major)
     key_sum_tile = tc.key_sum_tile
     monkeypatch.setattr(tc, "key_sum_tile", lambda: {**key_sum_tile(), "CHUNK": 16})
+    if rows is not None:
+        blocks = tc._sparse_blocks
+        monkeypatch.setattr(tc, "_sparse_blocks", lambda *a, **k: (rows, *blocks(*a, **k)[1:]))
     g = _gen(B * N + E + EV + C + K)
     inputs, topk_idx, assign, lengths = _sparse_inputs(B, H, N, E, EV, C, K, g, noncontiguous=noncontiguous)
     grad = torch.randn(B, H, N, EV, generator=g)

@@ -554,6 +554,11 @@ def clustered_weighted_sum(
     return _ClusteredWeightedSum.apply(w, v, topk_idx, order)
 
 
+#: Warps of the fused sparse kernels (with :func:`_sparse_blocks`' tiles; untimed: ``make
+#: gpu-check``'s parts table times other rows a block and warps, ``--sparse-tiles``).
+SPARSE_WARPS = 4
+
+
 def _sparse_blocks(K: int, E: int, EV: int, dot_dtype, backward: bool = False) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, BLOCK_E, BLOCK_V) of the fused sparse kernels: as :func:`_blocks`
     with the wider of E and Ev; the backward with fp32 operands takes half the rows (at
@@ -576,12 +581,13 @@ class _SparseLaunch(NamedTuple):
     block_v: int
     table: torch.Tensor
     P: int
+    warps: int
 
     @classmethod
     def of(cls, kernel, q, v, top_idx, order) -> _SparseLaunch:
         dot_dtype, precision = dot_config(torch.promote_types(q.dtype, v.dtype), kernels_interpreted(kernel))
         blocks = _sparse_blocks(top_idx.shape[3], q.shape[3], v.shape[3], dot_dtype, kernel is _sparse_bwd_kernel)
-        return cls(dot_dtype, precision, *blocks, *order.blocks(blocks[0]))
+        return cls(dot_dtype, precision, *blocks, *order.blocks(blocks[0]), SPARSE_WARPS)
 
 
 def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, extra_strides=(),
@@ -601,7 +607,8 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
         H, N, S, K, E, EV, C, launch.P, scale,
         *q.stride(), *k.stride(), *v.stride(), *top_idx.stride(), *extra_strides,
         DOT_DTYPE=launch.dot_dtype, PRECISION=launch.precision, BLOCK_N=launch.block_n,
-        BLOCK_K=launch.block_k, BLOCK_E=launch.block_e, BLOCK_V=launch.block_v, **constexprs,
+        BLOCK_K=launch.block_k, BLOCK_E=launch.block_e, BLOCK_V=launch.block_v, num_warps=launch.warps,
+        **constexprs,
     )
 
 
