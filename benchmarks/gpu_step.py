@@ -8,7 +8,8 @@
 The model and batch are ``step_time.py``'s (9 layers of 6 heads × 32, ff 768, no subsampling,
 absolute positions, dropout 0.1; ``B = frames // N`` utterances, the last ``N // 2`` long, random
 targets of ``N // 8`` units). A step: forward under bf16 autocast (Lightning's ``bf16-mixed``),
-CTC in fp32, backward, clipping at 10, RAdam. Variants: ``full`` (the path
+CTC in fp32, backward, clipping at 10, RAdam (and, in a second table, the GPU's kernels of one step
+alone: the step without the host's share). Variants: ``full`` (the path
 ``fastasr.attention.full`` chooses for the batch), ``full, key mask`` and ``full, packed`` (that
 path forced, ``forced_padded_path``), the clustered variants, and the *floor* (the inner attention
 replaced by the identity), and last the clustered variants with each of the kernels' alternatives
@@ -69,6 +70,18 @@ class GpuStepper:
         self.path = path
         self.switches = switches
 
+    def kernel_ms(self, batch) -> float | str:
+        """Milliseconds the GPU's kernels of one step take in all (torch.profiler's sum of
+        their self times): the step without the host's share, what a step captured as a CUDA
+        graph would come near. "CUDA only" elsewhere."""
+        if DEVICE.type != "cuda":
+            return "CUDA only"
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            self.step(batch)
+        return sum(event.self_device_time_total for event in prof.key_averages()) / 1000
+
     def step(self, batch) -> float:
         feats, lengths, targets, target_lengths = batch
         bench_io.synchronize(DEVICE)
@@ -113,21 +126,23 @@ def main(argv=None) -> None:
         write_profile(args, info)
         return
     table: dict[int, dict[str, float | str]] = {}
+    kernels: dict[int, dict[str, float | str]] = {}  # the kernels' time of a step
     taken: dict[int, str] = {}
     for n in args.lengths:
         batch = tuple(t.to(DEVICE) for t in make_batch(n, args.frames))
         probe = torch.empty(1, 1, n, 32, device=DEVICE, dtype=torch.bfloat16)
         taken[n] = padded_path(probe, probe)
-        table[n] = {}
+        table[n], kernels[n] = {}, {}
         for name in args.variants:
             try:
                 stepper = GpuStepper(*VARIANTS[name], args.layers)
                 for _ in range(2):
                     stepper.step(batch)
                 table[n][name] = 1000 * statistics.median(stepper.step(batch) for _ in range(args.rounds))
+                kernels[n][name] = stepper.kernel_ms(batch)
                 del stepper
             except Exception as exc:  # noqa: BLE001 - the table says which variant failed and why
-                table[n][name] = f"failed: {bench_io.failure(exc)}"
+                table[n][name] = kernels[n][name] = f"failed: {bench_io.failure(exc)}"
             if DEVICE.type == "cuda":
                 torch.cuda.empty_cache()
         print(f"N={n}: " + ", ".join(f"{k} {_cell(v)}" for k, v in table[n].items()), flush=True)
@@ -152,6 +167,14 @@ def main(argv=None) -> None:
         base = cells.get(FLOOR) if floor else None
         lines.append(f"| {n} ({b}) | " + " | ".join(_cell(v, None if k == FLOOR else base)
                                                   for k, v in cells.items()) + f" | {taken[n]} |")
+    lines += ["", "The same steps' GPU kernels alone (ms: torch.profiler's sum of the kernels' times in one "
+              "step, after the timed ones): the step without the host issuing it, what a step captured as "
+              "a CUDA graph would come near; the ratio to the floor's kernels.", "",
+              "| N (batch) | " + " | ".join(args.variants) + " |", "|---|" + "---:|" * len(args.variants)]
+    for n, cells in kernels.items():
+        base = cells.get(FLOOR) if floor else None
+        lines.append(f"| {n} ({max(1, args.frames // n)}) | "
+                     + " | ".join(_cell(v, None if k == FLOOR else base) for k, v in cells.items()) + " |")
     out = args.out_dir / f"gpu_step_{info['slug']}.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
