@@ -9,9 +9,12 @@ values.
 
 Hashing and K-means run as kernels (:mod:`fastasr.kernels.ops`: C++ on a CPU,
 Triton on a GPU); the centroid attention is two batched matrix products and a
-softmax (C++ with BLAS on a CPU; on a GPU one fused SDPA call, and with top keys
-torch's products and the Triton top-k). Half-precision inputs on a GPU stay half precision up to
-the matrix products (float32 accumulation); centroid means and softmaxes are float32.
+softmax (C++ with BLAS on a CPU; on a GPU one fused SDPA call or the split-key Triton
+kernels, and with top keys the fused Triton kernels); the centroids' sums and the broadcast
+of their values to the queries are ``ops.cluster_sums`` and ``ops.broadcast_clusters`` (torch's
+``index_add`` and gather, or Triton kernels: the switches in :mod:`fastasr.kernels.ops`).
+Half-precision inputs on a GPU stay half precision up to the matrix products (float32
+accumulation); centroid means and softmaxes are float32.
 """
 
 from __future__ import annotations
