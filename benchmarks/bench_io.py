@@ -121,6 +121,7 @@ KERNEL_SWITCHES = {
     "radix top-k": ("fastasr.kernels.triton_topk", "RADIX_SELECT", True),
     "split-key centroid values": ("fastasr.kernels.ops", "TRITON_CENTROID_VALUES_FROM", 0),
     "Triton cluster rows": ("fastasr.kernels.ops", "TRITON_CLUSTER_ROWS", True),
+    "fused long rows": ("fastasr.kernels.triton_centroid", "LONG_ROWS", True),
 }
 
 

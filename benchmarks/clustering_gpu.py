@@ -26,7 +26,8 @@
    of rows instead of a gather (:func:`broadcast_by_rows`; the profile's largest kernel after
    K-means), i-clustered's with the cluster order's block table built by its
    PyTorch twin (what its one Triton launch saves the host) and with each switch (the
-   centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; the sparse
+   centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; fused also
+   for rows longer than the Triton top-k holds, ``triton_centroid.LONG_ROWS``; the sparse
    part's key-major backward, ``triton_clustered.KEY_MAJOR_BACKWARD``; the top-k by radix
    select, ``triton_topk.RADIX_SELECT``), and clustered's with its centroid values by the
    split-key kernels (``ops.TRITON_CENTROID_VALUES_FROM``) and with its centroid sums and
@@ -75,8 +76,8 @@ DEVICE = torch.device("cuda")
 #: ``bench_io.KERNEL_SWITCHES``); those with switches time the alternatives to the defaults.
 CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centroid values",)),
          ("clustered", ("Triton cluster rows",)),
-         ("i-clustered", ("torch centroids",)), ("i-clustered", ("key-major backward",)),
-         ("i-clustered", ("radix top-k",)))
+         ("i-clustered", ("torch centroids",)), ("i-clustered", ("fused long rows",)),
+         ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)))
 
 
 def spec_of(kind: str) -> str:

@@ -488,6 +488,26 @@ def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded)
                                    msg=lambda m, n=name: f"{n}: {m}")
 
 
+def test_fused_centroid_attention_long_rows_by_torch_topk(monkeypatch):
+    """With ``LONG_ROWS``, rows longer than the Triton top-k holds (here ``MAX_N`` lowered to 32)
+    take ``torch.topk`` on the kernels' logits: the same values, top keys, weights and
+    gradients as the reference; without it they are refused."""
+    monkeypatch.setattr(tcen, "MAX_N", 32)
+    g = _gen(5)
+    centroids, k, v, lengths = _centroid_inputs(2, 2, 6, 40, 16, 16, g)
+    leaves = [t.to(DEVICE).requires_grad_() for t in (centroids, k, v)]
+    assert not tcen.applies(*leaves, 4)
+    monkeypatch.setattr(tcen, "LONG_ROWS", True)
+    assert tcen.applies(*leaves, 4)
+    want = _centroid_and_grads(reference.centroid_attention,
+                               [t.clone().requires_grad_() for t in (centroids, k, v)], lengths, 4, _gen(1))
+    got = _centroid_and_grads(tcen.centroid_attention, leaves, lengths.to(DEVICE), 4, _gen(1))
+    assert torch.equal(got[2].cpu(), want[2])
+    for name, a, b in zip(("values", "top_w", "top_idx", "dcentroids", "dk", "dv"), got, want):
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), atol=1e-4, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.parametrize("C,E", [(130, 32), (64, 64)])  # a 256-row tile; heads of 64
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])
 def test_fused_centroid_attention_half_precision(dtype, tol, C, E):
@@ -1057,6 +1077,8 @@ def test_clustered_centroid_values_take_the_split_key_kernels_from_a_length(monk
     monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", True)
     assert ops._triton_centroid_kernels(c, k, k, 2) is tcen
     assert ops._triton_centroid_kernels(c, long_keys, long_keys, 2) is None  # the reference's products and topk
+    monkeypatch.setattr(tcen, "LONG_ROWS", True)
+    assert ops._triton_centroid_kernels(c, long_keys, long_keys, 2) is tcen
     monkeypatch.setenv(ops.KERNELS_ENV, "reference")
     assert ops._triton_centroid_kernels(c, k, k, 0) is None
 

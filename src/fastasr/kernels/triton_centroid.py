@@ -29,8 +29,9 @@ tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
 Products take the keys' dtype (fp16/bf16 on the tensor cores, fp32 in full precision) with
 fp32 accumulation; logits, softmax and its statistics are fp32, as in the reference. ``dcentroids``
 is summed with atomics over key spans, so it is reproducible to rounding, not bit for bit.
-Top keys of rows longer than ``triton_topk.MAX_N`` and more centroids than :func:`max_centroids` are
-not served here (:func:`applies`); ``fastasr.kernels.ops`` sends them to the reference.
+Top keys of rows longer than ``triton_topk.MAX_N`` (unless :data:`LONG_ROWS`: ``torch.topk`` on the
+logits) and more centroids than :func:`max_centroids` are not served here (:func:`applies`);
+``fastasr.kernels.ops`` sends them to the reference.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from fastasr.kernels import reference
 from fastasr.kernels.availability import (
     ensure_interpreter_compat,
     kernels_interpreted,
@@ -49,12 +51,19 @@ from fastasr.kernels.triton_topk import MAX_N, topk_softmax
 
 ensure_interpreter_compat()
 
-__all__ = ["centroid_attention", "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS"]
+__all__ = ["centroid_attention", "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS",
+           "LONG_ROWS"]
 
 #: Most centroids a sequence may have: all of them are one tile of a program.
 MAX_CENTROIDS = 256
 #: Keys a program covers, forward and backward (a multiple of every key block).
 SPLIT_KEYS = 512
+#: Top keys of rows longer than ``triton_topk.MAX_N`` (which the Triton top-k cannot hold):
+#: True, these kernels with the top keys chosen by ``torch.topk`` on the logits they write and
+#: their weights gathered; False, not served (``fastasr.kernels.ops`` runs the reference's
+#: products there). False until ``make gpu-check`` times it (the call table's
+#: "i-clustered-100, fused long rows" at N = 16,384 and 65,536).
+LONG_ROWS = False
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -237,10 +246,11 @@ def max_centroids(k: torch.Tensor, v: torch.Tensor) -> int:
 
 def applies(centroids: torch.Tensor, k: torch.Tensor, v: torch.Tensor, topk: int) -> bool:
     """Whether :func:`centroid_attention` serves these shapes and dtypes (rows of at most
-    ``triton_topk.MAX_N`` keys where ``topk > 0``: the top-k holds a row in registers)."""
+    ``triton_topk.MAX_N`` keys where ``topk > 0``, which the top-k holds in registers, unless
+    :data:`LONG_ROWS`)."""
     C, N = centroids.shape[2], k.shape[2]
     return (k.dtype in _SUPPORTED and v.dtype in _SUPPORTED and 1 <= C <= max_centroids(k, v)
-            and 1 <= N and (topk == 0 or N <= MAX_N) and centroids.dtype in _SUPPORTED)
+            and 1 <= N and (topk == 0 or N <= MAX_N or LONG_ROWS) and centroids.dtype in _SUPPORTED)
 
 
 def _launch_config(centroids, k, v, backward):
@@ -269,8 +279,11 @@ class _CentroidAttention(torch.autograd.Function):
         _centroid_combine_kernel[(B * H,)](
             part_m, part_l, part_acc, values, values32, lse, C, EV, splits,
             BLOCK_C=config["BLOCK_C"], BLOCK_V=config["BLOCK_V"], num_warps=config["num_warps"])
-        if topk:
+        if topk and N <= MAX_N:
             top_idx, top_w = topk_softmax(logits, lse, topk)
+        elif topk:  # LONG_ROWS: torch.topk, and the weights exp(l - lse) (0 in a row without keys)
+            top_idx = reference.topk_indices(logits, topk)
+            top_w = torch.exp(logits.gather(-1, top_idx) - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
         else:
             top_idx = torch.empty((B, H, C, 0), dtype=torch.int64, device=k.device)
             top_w = torch.empty((B, H, C, 0), **f32)
@@ -332,7 +345,7 @@ def centroid_attention(
     if not applies(centroids, k, v, topk):
         raise ValueError(f"centroid_attention: needs fp32/fp16/bf16 k and v, 1 <= C <= "
                          f"{max_centroids(k, v)} (for heads of {k.shape[-1]}/{v.shape[-1]} in these "
-                         f"dtypes) and 1 <= N, N <= {MAX_N} with top keys; got C={C}, N={N}, "
+                         f"dtypes) and 1 <= N, N <= {MAX_N} with top keys (or LONG_ROWS); got C={C}, N={N}, "
                          f"topk={topk}, k {k.dtype}, v {v.dtype}")
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=k.device)
