@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# make gpu-check: everything a GPU machine can tell about fastasr, in one call of about 8 minutes.
+# make gpu-check: everything a GPU machine can tell about fastasr, in one call of about 9 minutes (the 600 s a device call may run).
 #
 #   make gpu-check                      # on a machine with a GPU and torch, triton, lightning installed
 #   make gpu-check PYTHON=python3.12    # another interpreter
-#   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-7), about 4 minutes; summary in
+#   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-7), about 6 minutes; summary in
 #                                       # gpu_check_<gpu>_kernels.md
 #
 # Runs with the machine's own Python (no venv: a GPU image brings torch, triton and lightning); the
