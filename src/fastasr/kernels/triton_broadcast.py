@@ -55,9 +55,9 @@ MAX_WIDTH = 64
 #: ... and at most this many values in all (both padded to powers of two): 128 clusters of 64
 #: values, 256 of 32 (larger sums spill on sm_90 at any warp count).
 MAX_TILE = 8192
-#: Fewer sequences than this are split over spans in the backward, until about this many programs run.
+#: Fewer sequences than this have their sums split over spans, until about this many programs run.
 FILL_PROGRAMS = 256
-#: Shortest span of a split backward.
+#: Shortest span of a split sum.
 MIN_SPAN = 512
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -131,7 +131,7 @@ def applies(x: torch.Tensor, clusters: int | None = None) -> bool:
 
 
 def cluster_sum_spans(sequences: int, length: int) -> int:
-    """Backward programs a sequence: 1 from ``FILL_PROGRAMS`` sequences, else about that many
+    """Programs a sequence of the sums (_cluster_sum_kernel): 1 from ``FILL_PROGRAMS`` sequences, else about that many
     programs in all, each span at least ``MIN_SPAN`` positions."""
     return max(1, min(triton.cdiv(length, MIN_SPAN), triton.cdiv(FILL_PROGRAMS, sequences)))
 
