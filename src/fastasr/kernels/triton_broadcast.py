@@ -131,8 +131,8 @@ def applies(x: torch.Tensor, clusters: int | None = None) -> bool:
 
 
 def cluster_sum_spans(sequences: int, length: int) -> int:
-    """Programs a sequence of the sums (_cluster_sum_kernel): 1 from ``FILL_PROGRAMS`` sequences, else about that many
-    programs in all, each span at least ``MIN_SPAN`` positions."""
+    """Programs a sequence of the sums (``_cluster_sum_kernel``): 1 from ``FILL_PROGRAMS``
+    sequences, else about that many programs in all, each span at least ``MIN_SPAN`` positions."""
     return max(1, min(triton.cdiv(length, MIN_SPAN), triton.cdiv(FILL_PROGRAMS, sequences)))
 
 
