@@ -80,6 +80,10 @@ CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centr
          ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)))
 
 
+#: Untimed runs before a GPU timing (the kernels compile in the first).
+WARMUPS = 2
+
+
 def spec_of(kind: str) -> str:
     """The attention spec of ``kind`` (clustered, i-clustered) with ``CLUSTERS`` clusters."""
     return f"{kind}-{CLUSTERS}"
@@ -87,8 +91,8 @@ def spec_of(kind: str) -> str:
 
 def device_ms(fn, repeats: int) -> float:
     """Median milliseconds of ``fn()`` over ``repeats`` CUDA-event timings after two warm-ups
-    (on the CPU, wall-clock timings)."""
-    for _ in range(2):
+    (on the CPU, the plumbing run: wall-clock timings, no warm-ups)."""
+    for _ in range(WARMUPS if DEVICE.type == "cuda" else 0):
         fn()
     times = []
     for _ in range(repeats):
@@ -542,7 +546,7 @@ def profile(lines: list[str], spec: str, n: int, switches=()) -> None:
     label = bench_io.switched_label(spec, switches)
     try:
         with bench_io.switched_on(switches):
-            for _ in range(2):
+            for _ in range(WARMUPS if DEVICE.type == "cuda" else 0):
                 attention_call(attn, q, k, v, lengths)
             bench_io.synchronize(DEVICE)
             cuda = DEVICE.type == "cuda"

@@ -136,7 +136,7 @@ def main(argv=None) -> None:
         for name in args.variants:
             try:
                 stepper = GpuStepper(*VARIANTS[name], args.layers)
-                for _ in range(2):
+                for _ in range(2 if DEVICE.type == "cuda" else 0):  # the CPU's plumbing run: no warm-ups
                     stepper.step(batch)
                 table[n][name] = 1000 * statistics.median(stepper.step(batch) for _ in range(args.rounds))
                 if not VARIANTS[name][2]:  # the defaults' kernels (a switch's cost shows in the steps)
