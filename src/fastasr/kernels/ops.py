@@ -202,11 +202,10 @@ def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tens
     The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`) where they run, with
     :data:`TRITON_CLUSTER_ROWS`, for the shapes they serve; otherwise the reference's gather.
     """
-    if TRITON_CLUSTER_ROWS and kernel_backend(x, "broadcast_clusters") == "triton":
-        kernels = import_kernel_module("triton_broadcast")
-        if kernels.applies(x):
-            return kernels.broadcast_clusters(x, assignments)
-    return reference.broadcast_clusters(x, assignments)
+    backend = _backend(x, "broadcast_clusters") if TRITON_CLUSTER_ROWS else reference
+    if backend is not reference and not backend.applies(x):
+        backend = reference
+    return backend.broadcast_clusters(x, assignments)
 
 
 def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -> torch.Tensor:
@@ -216,11 +215,10 @@ def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -
     with :data:`TRITON_CLUSTER_ROWS`, for the shapes they serve; otherwise the reference's
     ``index_add`` (float32, float64 for float64 rows).
     """
-    if TRITON_CLUSTER_ROWS and kernel_backend(rows, "cluster_sums") == "triton":
-        kernels = import_kernel_module("triton_broadcast")
-        if kernels.applies(rows, clusters):
-            return kernels.cluster_sums(rows, assignments, clusters)
-    return reference.cluster_sums(rows, assignments, clusters)
+    backend = _backend(rows, "cluster_sums") if TRITON_CLUSTER_ROWS else reference
+    if backend is not reference and not backend.applies(rows, clusters):
+        backend = reference
+    return backend.cluster_sums(rows, assignments, clusters)
 
 
 def centroid_attention(
