@@ -125,13 +125,16 @@ KERNEL_SWITCHES = {
 }
 
 
-def switched_on(switches) -> contextlib.ExitStack:
-    """A context with each of ``switches`` (names in :data:`KERNEL_SWITCHES`) set to its value."""
-    stack = contextlib.ExitStack()
-    for name in switches:
-        module, attribute, value = KERNEL_SWITCHES[name]
-        stack.enter_context(mock.patch.object(importlib.import_module(module), attribute, value))
-    return stack
+@contextlib.contextmanager
+def switched_on(switches):
+    """A context with each of ``switches`` (names in :data:`KERNEL_SWITCHES`) set to its value,
+    from its entry to its exit (not from its making: a context made ahead of its ``with``
+    changes nothing before)."""
+    with contextlib.ExitStack() as stack:
+        for name in switches:
+            module, attribute, value = KERNEL_SWITCHES[name]
+            stack.enter_context(mock.patch.object(importlib.import_module(module), attribute, value))
+        yield
 
 
 def switched_label(spec: str, switches) -> str:

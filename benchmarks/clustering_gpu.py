@@ -385,6 +385,7 @@ def with_topk_tile(rows: int, warps: int):
     return run
 
 
+@contextlib.contextmanager
 def with_sparse_tile(rows: int, warps: int):
     """The fused sparse part with another tile (``rows`` query rows a block, ``warps`` warps)
     than the launcher's (``triton_clustered._sparse_blocks``, ``SPARSE_WARPS``), forward and
@@ -392,10 +393,9 @@ def with_sparse_tile(rows: int, warps: int):
     from fastasr.kernels import triton_clustered as tc
 
     launcher = tc._sparse_blocks
-    stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(tc, "_sparse_blocks", lambda *a, **k: (rows, *launcher(*a, **k)[1:])))
-    stack.enter_context(mock.patch.object(tc, "SPARSE_WARPS", warps))
-    return stack
+    with (mock.patch.object(tc, "_sparse_blocks", lambda *a, **k: (rows, *launcher(*a, **k)[1:])),
+          mock.patch.object(tc, "SPARSE_WARPS", warps)):
+        yield
 
 
 #: The fused centroid attention's other span of keys a program, timed against ``SPLIT_KEYS``.
@@ -493,25 +493,15 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
         forward_backward(tc.improved_sparse)
         return torch.cat([k.grad.float().flatten(), v.grad.float().flatten()])
 
-    def key_major_cell(atomic: torch.Tensor) -> str:
-        """The fused part with its key-major backward: ms, and its dk, dv against the
-        atomics' where they differ by more than rounding; or why it failed."""
+    def fused_cell(setting, result, default: torch.Tensor, note: str) -> str:
+        """The fused part's ms within the context ``setting``, and ``note`` (formatted with the
+        relative distance) where ``result()`` is further from ``default``, the default's, than
+        rounding; or why it failed."""
         try:
-            with bench_io.switched_on(("key-major backward",)):
-                rel = float((key_grads() - atomic).norm() / atomic.norm())
+            with setting:
+                rel = float((result() - default).norm() / default.norm())
                 ms = device_ms(lambda: forward_backward(tc.improved_sparse), repeats)
-            return f"{ms:.3f}" + ("" if rel < 1e-2 else f" (dk, dv {rel:.1e} apart)")
-        except Exception as exc:  # noqa: BLE001 - the cell says why
-            return f"failed: {bench_io.failure(exc)}"
-
-    def tile_cell(tile: str, fused: torch.Tensor) -> str:
-        """The fused part with another tile: ms, and whether its output differs from the
-        launcher's tile's by more than rounding; or why it failed."""
-        try:
-            with with_sparse_tile(*map(int, tile.split(":"))):
-                rel = float((forward_backward(tc.improved_sparse) - fused).norm() / fused.norm())
-                ms = device_ms(lambda: forward_backward(tc.improved_sparse), repeats)
-            return f"{ms:.3f}" + ("" if rel < 1e-2 else f" (output differs by {rel:.1e})")
+            return f"{ms:.3f}" + ("" if rel < 1e-2 else f" ({note.format(rel)})")
         except Exception as exc:  # noqa: BLE001 - the cell says why
             return f"failed: {bench_io.failure(exc)}"
 
@@ -519,8 +509,9 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
     err = float((got - want).norm() / want.norm())
     cells = [f"{device_ms(lambda: forward_backward(products), repeats):.3f}",
              f"{device_ms(lambda: forward_backward(tc.improved_sparse), repeats):.3f}",
-             key_major_cell(key_grads())]
-    cells += [tile_cell(tile, got) for tile in sparse_tiles]
+             fused_cell(bench_io.switched_on(("key-major backward",)), key_grads, key_grads(), "dk, dv {:.1e} apart")]
+    cells += [fused_cell(with_sparse_tile(*map(int, tile.split(":"))), lambda: forward_backward(tc.improved_sparse),
+                         got, "output differs by {:.1e}") for tile in sparse_tiles]
     want_top = torch.topk(logits, K, -1).indices.sort(-1).values
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
     cells += [f"{device_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",

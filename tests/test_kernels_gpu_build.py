@@ -92,7 +92,9 @@ def test_kernel_switches_name_settings_they_change():
     settings = [(importlib.import_module(m), a) for m, a, _ in bench_io.KERNEL_SWITCHES.values()]
     defaults = [True, False, False, None, False, False]
     assert [getattr(m, a) for m, a in settings] == defaults
-    with bench_io.switched_on(names[1:]):
+    made = bench_io.switched_on(names[1:])  # made ahead of its `with` (as a table's settings are): nothing set yet
+    assert [getattr(m, a) for m, a in settings] == defaults
+    with made:
         assert [getattr(m, a) for m, a in settings] == [True, True, True, 0, True, True]
     with bench_io.switched_on(names[:1]):
         assert [getattr(m, a) for m, a in settings] == [False, False, False, None, False, False]
