@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import importlib
+import math
 import os
 import platform
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -162,6 +164,38 @@ def use_interpreted_kernels(script: str) -> bool:
 
     os.environ[ops.KERNELS_ENV] = "triton"
     return True
+
+
+#: Unix time by which a benchmark script stops starting new rows (set by ``gpu_check.sh`` for
+#: each step from its time cap, so a step ends with its tables written instead of being killed).
+DEADLINE_ENV = "BENCH_DEADLINE"
+
+
+class Budget:
+    """A script's time left: ``seconds`` from its making, and no later than ``$BENCH_DEADLINE``
+    (:data:`DEADLINE_ENV`); unlimited when neither is given."""
+
+    def __init__(self, seconds: float | None = None):
+        ends = [time.time() + seconds] if seconds is not None else []
+        if os.environ.get(DEADLINE_ENV):
+            try:
+                ends.append(float(os.environ[DEADLINE_ENV]))
+            except ValueError:
+                raise SystemExit(f"${DEADLINE_ENV} must be a Unix time in seconds, got "
+                                 f"{os.environ[DEADLINE_ENV]!r}") from None
+        self.end = min(ends, default=math.inf)
+        self.noted = False
+
+    def spent(self, lines: list[str], what: str) -> bool:
+        """True once the time is up; the first time, notes in ``lines`` that ``what`` (the row or
+        table it stops at) and everything after it went untimed."""
+        if time.time() < self.end:
+            return False
+        if not self.noted:
+            lines += ["", f"Time budget reached: {what} and what follows it not timed."]
+            print(lines[-1], flush=True)
+            self.noted = True
+        return True
 
 
 def failure(exc: BaseException, width: int = 80) -> str:

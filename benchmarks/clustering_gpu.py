@@ -43,7 +43,9 @@
    N = 4,096 (where the rest of the time goes); and last each call of :data:`CALLS` replayed
    as one CUDA graph (the GPU's time without the host's launches).
 
-Writes ``benchmarks/results/clustering_<gpu>.md``.
+Writes ``benchmarks/results/clustering_<gpu>.md`` after each table, so a run cut short keeps
+what it timed; with ``--budget-s`` (or ``$BENCH_DEADLINE``, which ``make gpu-check`` sets from
+the step's time cap) no new row starts once the time is up, and the table says where it stopped.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centr
 
 #: Untimed runs before a GPU timing (the kernels compile in the first).
 WARMUPS = 2
+#: The time this run has (``--budget-s``, ``$BENCH_DEADLINE``): past it, no new row is timed,
+#: and the tables so far are written (they are after each table, also without a budget).
+BUDGET = bench_io.Budget()
 
 
 def spec_of(kind: str) -> str:
@@ -229,6 +234,8 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
               "| N × B | spans (auto) | " + " | ".join(impls) + " | auto, clustered codes | one launch, clustered codes | split, clustered codes |",
               "|---|---:|" + "---:|" * (len(impls) + 3)]
     for n in ns:
+        if BUDGET.spent(lines, f"K-means at N = {n}"):
+            return
         b, lengths = batch_shape(n)
         g = torch.Generator(device=DEVICE).manual_seed(n)
         codes = torch.randint(0, 2**63 - 1, (b, HEADS, n), device=DEVICE, generator=g)
@@ -334,6 +341,8 @@ def attention_table(lines: list[str], ns: list[int], repeats: int) -> None:
               + "".join(f" {bench_io.switched_label(spec, sw)} |" for spec, sw in switched),
               "|---|" + "---:|" * (len(specs) + 2 + len(switched))]
     for n in ns:
+        if BUDGET.spent(lines, f"the attention calls at N = {n}"):
+            return
         q, k, v, lengths = attention_inputs(n)
         cells = []
         runs = {}  # spec -> (module, call, default output)
@@ -361,6 +370,8 @@ def graph_table(lines: list[str], ns: list[int], repeats: int) -> None:
               "the host issuing it kernel by kernel)", "", "| N × B | " + " | ".join(labels) + " |",
               "|---|" + "---:|" * len(CALLS)]
     for n in ns:
+        if BUDGET.spent(lines, f"the CUDA graphs at N = {n}"):
+            return
         q, k, v, lengths = attention_inputs(n)
         cells = []
         for kind, switches in CALLS:
@@ -451,6 +462,8 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
               "| clustered's centroid values: split-key |",
               "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 5)]
     for n in ns:
+        if BUDGET.spent(lines, f"the parts at N = {n}"):
+            return
         lines.append(parts_row(n, repeats, topk_tiles, sparse_tiles))
         print(lines[-1], flush=True)
 
@@ -532,9 +545,11 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
 
 
 def profile(lines: list[str], spec: str, n: int, switches=()) -> None:
+    label = bench_io.switched_label(spec, switches)
+    if BUDGET.spent(lines, f"the profile of {label}"):
+        return
     attn = build_attention(spec, seed=0).to(DEVICE)
     q, k, v, lengths = attention_inputs(n)
-    label = bench_io.switched_label(spec, switches)
     try:
         with bench_io.switched_on(switches):
             for _ in range(WARMUPS if DEVICE.type == "cuda" else 0):
@@ -555,7 +570,7 @@ def profile(lines: list[str], spec: str, n: int, switches=()) -> None:
 
 
 def main(argv=None) -> int:
-    global DEVICE, TOKENS, CLUSTERS
+    global DEVICE, TOKENS, CLUSTERS, BUDGET
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ns", type=int, nargs="+", default=[800, 1024, 3200, 4096, 16384, 65536])
     p.add_argument("--repeats", type=int, default=20)
@@ -575,8 +590,11 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: this script's plumbing under TRITON_INTERPRET=1 (tiny --ns and --tokens)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help=f"start no new row after this many seconds (also ${bench_io.DEADLINE_ENV}, a Unix time)")
     args = p.parse_args(argv)
     DEVICE, TOKENS, CLUSTERS = torch.device(args.device), args.tokens, args.clusters
+    BUDGET = bench_io.Budget(args.budget_s)
     import triton
 
     if args.device == "cpu":
@@ -594,19 +612,21 @@ def main(argv=None) -> int:
              f"{bench_io.git_commit(ROOT)}, torch {torch.__version__}, "
              f"triton {triton.__version__}, {machine}.", ""]
     call_repeats = max(5, args.repeats // 2) if args.device == "cuda" else args.repeats
-    ok = sync_check(lines, args.check_n)
-    kmeans_table(lines, args.ns, args.repeats, args.baseline, args.tiles, args.kmeans_stages)
-    if not args.skip_attention:
-        attention_table(lines, [n for n in args.ns if n != 800], call_repeats)
-        parts_table(lines, [n for n in args.ns if n <= 16384], call_repeats, args.topk_tiles, args.sparse_tiles)
-        profile(lines, spec_of("clustered"), args.check_n)
-        profile(lines, spec_of("i-clustered"), args.check_n)
-    slug = bench_io.slugify(gpu)
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    out = args.out_dir / f"clustering_{slug}.md"
+    out = args.out_dir / f"clustering_{bench_io.slugify(gpu)}.md"
+    ok = sync_check(lines, args.check_n)
     out.write_text("\n".join(lines) + "\n")
+    sections = [lambda: kmeans_table(lines, args.ns, args.repeats, args.baseline, args.tiles, args.kmeans_stages)]
     if not args.skip_attention:
-        graph_table(lines, [n for n in args.ns if n != 800], call_repeats)
+        calls_ns = [n for n in args.ns if n != 800]
+        sections += [lambda: attention_table(lines, calls_ns, call_repeats),
+                     lambda: parts_table(lines, [n for n in args.ns if n <= 16384], call_repeats,
+                                         args.topk_tiles, args.sparse_tiles),
+                     lambda: profile(lines, spec_of("clustered"), args.check_n),
+                     lambda: profile(lines, spec_of("i-clustered"), args.check_n),
+                     lambda: graph_table(lines, calls_ns, call_repeats)]  # last: see graph_table
+    for section in sections:  # the file after each: a run cut short keeps what it timed
+        section()
         out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")
     return 0 if ok else 1

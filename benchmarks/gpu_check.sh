@@ -1,28 +1,37 @@
 #!/usr/bin/env bash
-# make gpu-check: everything a GPU machine can tell about fastasr, in one call of about 9 minutes (the 600 s a device call may run).
+# make gpu-check: everything a GPU machine can tell about fastasr, in one call of at most 8 minutes.
 #
 #   make gpu-check                      # on a machine with a GPU and torch, triton, lightning installed
 #   make gpu-check PYTHON=python3.12    # another interpreter
-#   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-7), about 6 minutes; summary in
+#   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-6), about 5 minutes; summary in
 #                                       # gpu_check_<gpu>_kernels.md
+#   GPU_CHECK_BUDGET_S=570 make gpu-check  # another time budget for the whole check (seconds)
 #
 # Runs with the machine's own Python (no venv: a GPU image brings torch, triton and lightning); the
 # project's other pure-Python dependencies are installed from wheels in .whl/ when that folder
 # exists (docs/BENCHMARKS.md "GPU check" says which, and how to download them), then:
 #   1. a 3-minute `make train` on the built-in corpus: synthesis, LM, training (bf16 mixed precision,
 #      the machine's cores loading data), its greedy test and its final beam + LM decoding;
-#   2. the Triton compile check (every kernel configuration for sm_90, spills reported);
-#   3. the Triton tests, compiled on CUDA, and the attention padding/inference-mode tests;
-#   4. gpu_bench.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
-#   5. full_paths.py: each exact path of padded full attention, and the one fastasr takes;
-#   6. gpu_step.py: the paper model's training step, each attention against the floor and full's
-#      forced paths; clustering_gpu.py: no host synchronisation in the clustered variants, K-means
-#      and each call timed; then the largest kernels of an i-clustered-100 step. i-clustered also
-#      runs with each kernel switch that is off until timed (benchmarks/bench_io.py KERNEL_SWITCHES).
-# Each step has a time cap and its exit status goes into the summary; a failed step does not stop
-# the others. Every table is written under benchmarks/results/ with the GPU's name; the summary is
-# benchmarks/results/gpu_check_<gpu>.md. Where $OUT is set (the device tool), the results are also
-# packed into $OUT/gpu_check_results.tgz.
+#   2. the Triton compile check (every kernel configuration for sm_90, spills reported; one
+#      process a core);
+#   3. the Triton tests, compiled on CUDA, and the attention padding/inference-mode tests (spread
+#      over up to 8 processes where pytest-xdist is installed: the time is the kernels' compiling);
+#   4. gpu_step.py: the paper model's training step, each attention against the floor and full's
+#      forced paths;
+#   5. gpu_bench.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
+#      full_paths.py: each exact path of padded full attention, and the one fastasr takes;
+#   6. clustering_gpu.py: no host synchronisation in the clustered variants, K-means and each call
+#      timed, with each kernel switch that is off until timed (benchmarks/bench_io.py
+#      KERNEL_SWITCHES); then the largest kernels of an i-clustered-100 step.
+# With make train, step 6 has what is left of the budget (about 40 s: its first tables); the
+# kernel steps alone (GPU_CHECK_TRAIN=0) run every table, in about 5 minutes.
+# Each step has a time cap, cut to what is left of the whole check's budget (GPU_CHECK_BUDGET_S,
+# default 480 s: 8 minutes, inside the 600 s a device call may run); a step with under 20 s left is
+# skipped, and the benchmark scripts stop starting new rows 10 s before their cap
+# ($BENCH_DEADLINE), so a step cut short still writes its tables. Each step's status goes into the
+# summary; a failed step does not stop the others. Every table is written under benchmarks/results/
+# with the GPU's name; the summary is benchmarks/results/gpu_check_<gpu>.md. Where $OUT is set (the
+# device tool), the results are also packed into $OUT/gpu_check_results.tgz.
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -32,6 +41,7 @@ mkdir -p "$RESULTS" outputs
 LOG=outputs/gpu_check.log
 : > "$LOG"
 START=$SECONDS
+BUDGET=${GPU_CHECK_BUDGET_S:-480}
 
 if [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/fastasr-site .whl/*.whl \
@@ -54,8 +64,15 @@ RUN=outputs/runs/gpu-check
 step() {  # step NAME CAP_SECONDS COMMAND...: run with a time cap, record status and seconds
   local name=$1 cap=$2; shift 2
   local t0=$SECONDS
+  local left=$((BUDGET - (SECONDS - START) - 15))  # 15 s kept for the summary and the results' tarball
+  [ "$left" -lt "$cap" ] && cap=$left
+  if [ "$cap" -lt 20 ]; then
+    STEPS+=("| $name | skipped: the ${BUDGET} s budget is spent | 0 |")
+    echo "=== $name: skipped, the ${BUDGET} s budget is spent" | tee -a "$LOG"
+    return
+  fi
   echo "=== $name (cap ${cap}s, at $((SECONDS - START))s)" | tee -a "$LOG"
-  timeout --kill-after=10 "$cap" "$@" 2>&1 | tee -a "$LOG" | tail -n 40
+  BENCH_DEADLINE=$(($(date +%s) + cap - 10)) timeout --kill-after=10 "$cap" "$@" 2>&1 | tee -a "$LOG" | tail -n 40
   local rc=${PIPESTATUS[0]}
   local status=ok
   [ "$rc" = 0 ] || status="FAILED (exit $rc$([ "$rc" = 124 ] && echo ': time cap'))"
@@ -81,21 +98,25 @@ train_builtin() {
 export -f train_builtin
 export PY RUN
 
-[ "$TRAIN" = 0 ] || step "make train (3 min of training, test, beam + LM)" 330 bash -c train_builtin
-step "Triton compile check (sm_90)" 90 "$PY" -m fastasr.kernels.compile_check
-step "tests compiled on CUDA" 150 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider \
+CORES=$(nproc)
+XDIST=()  # the compiled tests spread over processes where pytest-xdist is installed (the GPU image has it)
+"$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$((CORES < 8 ? CORES : 8))")
+
+[ "$TRAIN" = 0 ] || step "make train (3 min of training, test, beam + LM)" 300 bash -c train_builtin
+step "Triton compile check (sm_90)" 60 "$PY" -m fastasr.kernels.compile_check --jobs "$CORES"
+step "tests compiled on CUDA" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
   tests/test_kernels_triton.py tests/test_attention_padding.py
-step "gpu_bench.py (check, then a 40 s bf16 sweep)" 120 "$PY" benchmarks/gpu_bench.py --budget-s 40 \
+step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
+step "gpu_bench.py (check, then a 30 s bf16 sweep)" 80 "$PY" benchmarks/gpu_bench.py --budget-s 30 \
   --dtypes bfloat16 --ns 1024 4096 16384 65536
-step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
-step "gpu_step.py (the paper model's step)" 120 "$PY" benchmarks/gpu_step.py
-step "clustering_gpu.py (no host sync, K-means, each call)" 180 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --sparse-tiles 16:4 16:2 32:4 64:8
-step "gpu_step.py --profile i-clustered-100" 45 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
+step "full_paths.py (full attention's exact paths)" 60 "$PY" benchmarks/full_paths.py
+step "clustering_gpu.py (no host sync, K-means, each call)" 150 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --sparse-tiles 16:4 16:2 32:4 64:8
+step "gpu_step.py --profile i-clustered-100" 30 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
 
 {
   echo "# make gpu-check: $GPU"
   echo
-  echo "$(date -u +%F), commit $FASTASR_COMMIT, $("$PY" -c 'import torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}")'), $(nproc) CPU cores; $((SECONDS - START)) s in all."
+  echo "$(date -u +%F), commit $FASTASR_COMMIT, $("$PY" -c 'import torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}")'), $(nproc) CPU cores; $((SECONDS - START)) s in all (budget ${BUDGET} s)."
   echo
   echo "| step | status | seconds |"
   echo "|---|---|---:|"

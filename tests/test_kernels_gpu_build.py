@@ -165,6 +165,92 @@ def test_benchmark_failure_cells_name_the_error_in_one_line():
     assert bench_io.failure(RuntimeError()) == "RuntimeError: "
 
 
+def test_benchmark_budget_stops_new_rows_and_says_where(monkeypatch):
+    """``bench_io.Budget``: unlimited without seconds or ``$BENCH_DEADLINE``; once spent it
+    notes once where the tables stop, and clustering_gpu's tables start no row past it (the
+    header stays, so the file says what was cut); a malformed deadline is an error naming it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_io
+        import clustering_gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.delenv(bench_io.DEADLINE_ENV, raising=False)
+    lines: list[str] = []
+    assert not bench_io.Budget().spent(lines, "x") and not bench_io.Budget(3600).spent(lines, "x")
+    assert lines == []
+    spent = bench_io.Budget(0)
+    assert spent.spent(lines, "row A") and spent.spent(lines, "row B")
+    assert lines == ["", "Time budget reached: row A and what follows it not timed."]
+    monkeypatch.setenv(bench_io.DEADLINE_ENV, "1.5")  # long past
+    assert bench_io.Budget(3600).spent([], "x")
+    monkeypatch.setenv(bench_io.DEADLINE_ENV, "soon")
+    with pytest.raises(SystemExit, match="BENCH_DEADLINE.*'soon'"):
+        bench_io.Budget()
+    monkeypatch.delenv(bench_io.DEADLINE_ENV)
+    monkeypatch.setattr(clustering_gpu, "BUDGET", bench_io.Budget(0))
+    lines = []
+    clustering_gpu.kmeans_table(lines, [64, 128], 1, None, [])
+    assert any(line.startswith("## Hamming K-means") for line in lines)
+    assert lines[-1] == "Time budget reached: K-means at N = 64 and what follows it not timed."
+    assert not any(line.startswith("| 64 ") for line in lines)
+    clustering_gpu.attention_table(lines, [64], 1)
+    assert not any(line.startswith("| 64 ") for line in lines)
+
+
+_FAKE_GPU_PYTHON = """#!/usr/bin/env bash
+# python on a GPU machine, for gpu_check.sh's own logic: names a GPU, logs each call
+echo "$*" >> "$FAKE_LOG"
+case "$*" in
+  *get_device_name*) echo "Fake GPU 80GB" ;;
+  *git_commit*) echo abc1234 ;;
+  *compile_check*) echo "$BENCH_DEADLINE $(date +%s)" > "$FAKE_LOG.deadline"; sleep "$FAKE_COMPILE_S" ;;
+esac
+exit 0
+"""
+
+
+def test_gpu_check_keeps_to_its_budget(tmp_path):
+    """``make gpu-check``'s script, with a stand-in Python that names a GPU: each step's cap is
+    cut to what the budget has left (the compile check's 60 s to 41 - 15 = 26), the step is
+    told its deadline 10 s before its cap (``$BENCH_DEADLINE``), the steps after the budget is
+    spent are skipped and say so in the summary, and the compiled tests spread over processes
+    where pytest-xdist is importable; skipped is not failed (exit 0)."""
+    import shutil
+
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(ROOT / "benchmarks" / "gpu_check.sh", tmp_path / "benchmarks" / "gpu_check.sh")
+    fake = tmp_path / "fakepy"
+    fake.write_text(_FAKE_GPU_PYTHON)
+    fake.chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PYTHON": str(fake), "FAKE_LOG": str(log), "GPU_CHECK_TRAIN": "0",
+           "GPU_CHECK_BUDGET_S": "41", "FAKE_COMPILE_S": "7"}
+    env.pop("OUT", None)
+    proc = subprocess.run(["bash", str(tmp_path / "benchmarks" / "gpu_check.sh")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    deadline, started = map(int, (tmp_path / "calls.log.deadline").read_text().split())
+    assert 15 <= deadline - started <= 16  # cap 26 s, less 10
+    summary = (tmp_path / "benchmarks" / "results" / "gpu_check_fake-gpu-80gb_kernels.md").read_text()
+    assert "| Triton compile check (sm_90) | ok |" in summary
+    assert "| tests compiled on CUDA | skipped: the 41 s budget is spent | 0 |" in summary
+    assert summary.count("skipped: the 41 s budget is spent") == 6 and "budget 41 s" in summary
+    calls = log.read_text()
+    assert "compile_check --jobs" in calls and "pytest" not in calls and "clustering_gpu" not in calls
+    env.update(GPU_CHECK_BUDGET_S="480", FAKE_COMPILE_S="0")
+    log.unlink()
+    proc = subprocess.run(["bash", str(tmp_path / "benchmarks" / "gpu_check.sh")], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = log.read_text().splitlines()
+    pytest_call = next(c for c in calls if c.startswith("-m pytest"))
+    assert " -n " in pytest_call and "tests/test_kernels_triton.py" in pytest_call
+    assert [c.split()[0] for c in calls if c.startswith("benchmarks/")] == [
+        "benchmarks/gpu_step.py", "benchmarks/gpu_bench.py", "benchmarks/full_paths.py",
+        "benchmarks/clustering_gpu.py", "benchmarks/gpu_step.py"]
+
+
 def test_benchmark_tables_name_the_commit_and_changes(tmp_path, monkeypatch):
     """The commit a table names: the short hash, ``+changes`` once a tracked file differs from it
     (a GPU machine's copy can carry an older ``.git`` than its files), ``FASTASR_COMMIT`` where
