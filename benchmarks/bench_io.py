@@ -124,6 +124,7 @@ KERNEL_SWITCHES = {
     "split-key centroid values": ("fastasr.kernels.ops", "TRITON_CENTROID_VALUES_FROM", 0),
     "Triton cluster rows": ("fastasr.kernels.ops", "TRITON_CLUSTER_ROWS", True),
     "fused long rows": ("fastasr.kernels.triton_centroid", "LONG_ROWS", True),
+    "scattered top gradients": ("fastasr.kernels.triton_centroid", "SCATTERED_TOP_GRADIENTS", True),
 }
 
 

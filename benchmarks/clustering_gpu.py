@@ -29,16 +29,18 @@
    centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; fused also
    for rows longer than the Triton top-k holds, ``triton_centroid.LONG_ROWS``; the sparse
    part's key-major backward, ``triton_clustered.KEY_MAJOR_BACKWARD``; the top-k by radix
-   select, ``triton_topk.RADIX_SELECT``), and clustered's with its centroid values by the
-   split-key kernels (``ops.TRITON_CENTROID_VALUES_FROM``) and with its centroid sums and
-   broadcast by the Triton kernels (``ops.TRITON_CLUSTER_ROWS``): a switch becomes the default
-   where its column is faster.
+   select, ``triton_topk.RADIX_SELECT``; the centroid attention's backward reading its top
+   weights' gradients scattered by torch, ``triton_centroid.SCATTERED_TOP_GRADIENTS``), and
+   clustered's with its centroid values by the split-key kernels
+   (``ops.TRITON_CENTROID_VALUES_FROM``) and with its centroid sums and broadcast by the Triton
+   kernels (``ops.TRITON_CLUSTER_ROWS``): a switch becomes the default where its column is faster.
 4. **The parts**, each against what it replaces, in the same run: i-clustered's fused sparse
    part (also with its key-major backward, its dk and dv checked against the atomics', and
    with ``--sparse-tiles``' other tiles) against the Triton products with torch around them;
    the Triton top-k (also by radix select, and with ``--topk-tiles``) against ``torch.topk``;
-   i-clustered's centroid attention in torch and fused (also with 256 keys a program), and
-   clustered's centroid values by SDPA and by the split-key kernels.
+   i-clustered's centroid attention in torch and fused (also with 256 keys a program, and with
+   its top weights' gradients scattered), and clustered's centroid values by SDPA and by the
+   split-key kernels.
 5. torch.profiler's largest CUDA kernels of one clustered-100 and one i-clustered-100 call at
    N = 4,096 (where the rest of the time goes); and last each call of :data:`CALLS` replayed
    as one CUDA graph (the GPU's time without the host's launches).
@@ -79,7 +81,8 @@ DEVICE = torch.device("cuda")
 CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centroid values",)),
          ("clustered", ("Triton cluster rows",)),
          ("i-clustered", ("torch centroids",)), ("i-clustered", ("fused long rows",)),
-         ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)))
+         ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)),
+         ("i-clustered", ("scattered top gradients",)))
 
 
 #: Untimed runs before a GPU timing (the kernels compile in the first).
@@ -416,8 +419,9 @@ CENTROID_SPAN_ALTERNATIVE = 256
 def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]:
     """The centroid attention alone (``ops.centroid_attention``, C = ``CLUSTERS``), forward +
     backward: i-clustered's (top ``PARTS_TOPK`` keys; its values and top weights) in torch
-    (``TRITON_CENTROID_TOPK`` off), fused, and fused with ``CENTROID_SPAN_ALTERNATIVE`` keys a
-    program instead of ``triton_centroid.SPLIT_KEYS``; clustered's (values alone) by one SDPA
+    (``TRITON_CENTROID_TOPK`` off), fused, fused with ``CENTROID_SPAN_ALTERNATIVE`` keys a
+    program instead of ``triton_centroid.SPLIT_KEYS``, and fused with the top weights'
+    gradients scattered (``SCATTERED_TOP_GRADIENTS``); clustered's (values alone) by one SDPA
     call and by the split-key kernels (``TRITON_CENTROID_VALUES_FROM`` reached); ms, or why a
     cell failed."""
     from fastasr.kernels import triton_centroid
@@ -431,6 +435,7 @@ def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]
 
     settings = ((PARTS_TOPK, bench_io.switched_on(("torch centroids",))), (PARTS_TOPK, contextlib.nullcontext()),
                 (PARTS_TOPK, mock.patch.object(triton_centroid, "SPLIT_KEYS", CENTROID_SPAN_ALTERNATIVE)),
+                (PARTS_TOPK, bench_io.switched_on(("scattered top gradients",))),
                 (0, contextlib.nullcontext()), (0, bench_io.switched_on(("split-key centroid values",))))
     cells = []
     for topk, setting in settings:
@@ -458,9 +463,10 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
               + " top-k: torch.topk | top-k: Triton | top-k: Triton, radix select |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
               + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
-              f"{CENTROID_SPAN_ALTERNATIVE}-key spans | clustered's centroid values: SDPA "
+              f"{CENTROID_SPAN_ALTERNATIVE}-key spans | centroid attention: fused, scattered top gradients "
+              "| clustered's centroid values: SDPA "
               "| clustered's centroid values: split-key |",
-              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 5)]
+              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 6)]
     for n in ns:
         if BUDGET.spent(lines, f"the parts at N = {n}"):
             return

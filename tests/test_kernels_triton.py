@@ -471,10 +471,15 @@ CENTROID_CASES = [
 ]
 
 
-@pytest.mark.parametrize("B,H,C,N,E,EV,K,padded", CENTROID_CASES)
-def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded):
+@pytest.mark.parametrize("B,H,C,N,E,EV,K,padded,scattered",
+                         [(*c, False) for c in CENTROID_CASES] + [(*c, True) for c in CENTROID_CASES if c[6]])
+def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded, scattered, monkeypatch):
     """Three launches forward, one backward: values, top keys, top weights and the gradients
-    of the centroids, keys and values equal the reference's (float32, the 1e-4 contract)."""
+    of the centroids, keys and values equal the reference's (float32, the 1e-4 contract); also
+    with the top weights' gradients scattered (``SCATTERED_TOP_GRADIENTS``: read from the
+    ``(B, H, C, N)`` tile torch scatters them into instead of K compares a block), repeated and
+    masked top keys (every key a top key, the shorter sequence's padding among them) included."""
+    monkeypatch.setattr(tcen, "SCATTERED_TOP_GRADIENTS", scattered)
     g = _gen(B + C + N + E + EV + K)
     centroids, k, v, lengths = _centroid_inputs(B, H, C, N, E, EV, g, padded=padded)
     want = _centroid_and_grads(reference.centroid_attention,
@@ -1013,6 +1018,12 @@ _LAUNCHES = {
                               "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
                               "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_centroid_bwd_kernel": 1},
                              35),
+    # and with triton_centroid.SCATTERED_TOP_GRADIENTS: the same launches, the top weights'
+    # gradients scattered by torch (its zeros and scatter_add_)
+    "i-clustered-10 fused scattered": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
+                                        "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
+                                        "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1,
+                                        "_centroid_bwd_kernel": 1}, 37),
     # with triton_clustered.KEY_MAJOR_BACKWARD: dk and dv summed by key after one sort
     "i-clustered-10 key-major": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
                                   "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_key_sum_kernel": 1}, 53),
@@ -1040,7 +1051,8 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     from fastasr.kernels import ops
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
-    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", spec.endswith(" fused"))
+    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", spec.endswith((" fused", " fused scattered")))
+    monkeypatch.setattr(tcen, "SCATTERED_TOP_GRADIENTS", spec.endswith(" scattered"))
     monkeypatch.setattr(ops, "TRITON_CENTROID_VALUES_FROM", 0 if spec.endswith(" split-key values") else None)
     monkeypatch.setattr(ops, "TRITON_CLUSTER_ROWS", spec.endswith(" Triton cluster rows"))
     monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", spec.endswith(" key-major"))

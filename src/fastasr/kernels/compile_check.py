@@ -106,20 +106,25 @@ def _configs():
                                                     "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32"}),
                 (tcen._centroid_bwd_kernel, True, {"lse_ptr": "*fp32", "values_ptr": "*fp32",
                                                    "dvalues_ptr": f"*{t}", "tw_ptr": "*fp32", "dtw_ptr": "*fp32",
-                                                   "idx_ptr": "*i64", "dc_ptr": "*fp32", "dk_ptr": f"*{t}",
-                                                   "dv_ptr": f"*{t}"}),
+                                                   "idx_ptr": "*i64", "dtop_ptr": "*fp32", "dc_ptr": "*fp32",
+                                                   "dk_ptr": f"*{t}", "dv_ptr": f"*{t}"}),
             ):
-                tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward)
-                options = {"num_warps": tiles.pop("num_warps")}
-                consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": tcen.SPLIT_KEYS, **tiles}
                 name = "centroid_bwd" if backward else "centroid_fwd"
-                # with top keys (i-clustered); without (clustered's split-key values: a subset of
-                # the code, compiled once, at the paper's shape)
-                for top in (True, False) if (t, clusters, E) == ("bf16", 100, 32) else (True,):
-                    flags = {"HAS_TOP": top, "BLOCK_K": 32} if backward else {"LOGITS": top}
+                # with top keys (i-clustered), the backward also with their weights' gradients
+                # scattered (SCATTERED_TOP_GRADIENTS); without (clustered's split-key values: a
+                # subset of the code, compiled once, at the paper's shape)
+                tops = [(True, False), (True, True)] if backward else [(True, False)]
+                if (t, clusters, E) == ("bf16", 100, 32):
+                    tops.append((False, False))
+                for top, scattered in tops:
+                    tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward, scattered)
+                    options = {"num_warps": tiles.pop("num_warps")}
+                    consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": tcen.SPLIT_KEYS, **tiles}
+                    flags = ({"HAS_TOP": top, "TOP_SCATTERED": scattered, "BLOCK_K": 32} if backward
+                             else {"LOGITS": top})
                     out.append((f"{name} {t} C={clusters} E={E} tile {tiles['BLOCK_C']}x{tiles['BLOCK_N']}"
-                                + ("" if top else " no top keys"), kernel, {**data, **ptrs}, {**consts, **flags},
-                                options))
+                                + ("" if top else " no top keys") + (" scattered top gradients" if scattered else ""),
+                                kernel, {**data, **ptrs}, {**consts, **flags}, options))
             if t == "fp32":  # the combine kernel reads fp32 partials whatever the inputs
                 continue
             tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, False)

@@ -24,7 +24,10 @@ tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
   log-sum-exp, forms ``dP = dvalues v^T`` plus the top weights' gradients at their keys and
   ``ds = P (dP - D)`` with ``D = dvalues · values + Σ top_w dtop_w`` (the softmax's row term),
   and writes the block's ``dk`` and ``dv`` (each key belongs to one program) and adds its
-  ``dcentroids`` with one atomic per centroid and feature. One launch.
+  ``dcentroids`` with one atomic per centroid and feature. One launch. The top weights'
+  gradients reach their keys by K compares over each block's ``C × BLOCK_N`` tile, or, with
+  :data:`SCATTERED_TOP_GRADIENTS`, by one load of a block from a ``(B, H, C, N)`` float32 tile
+  that one torch ``scatter_add_`` filled (two torch kernels more: its zeros and the scatter).
 
 Products take the keys' dtype (fp16/bf16 on the tensor cores, fp32 in full precision) with
 fp32 accumulation; logits, softmax and its statistics are fp32, as in the reference. ``dcentroids``
@@ -64,6 +67,14 @@ SPLIT_KEYS = 512
 #: products there). False until ``make gpu-check`` times it (the call table's
 #: "i-clustered-100, fused long rows" at N = 16,384 and 65,536).
 LONG_ROWS = False
+#: How the backward adds the top weights' gradients ``dtop_w`` to ``dP`` at their keys. False:
+#: for each of the K top keys, a compare of its position with every column of the block (K × C
+#: × BLOCK_N selects and 2K loads a block, the kernel's largest cost by count: 0.77 ms of an
+#: i-clustered-100 call at N = 4,096 on the H100 went to this kernel). True: torch scatters
+#: ``dtop_w`` into a zeroed ``(B, H, C, N)`` float32 tile (the size of the forward's logits)
+#: and the kernel reads a block of it once, the same sums. False until ``make gpu-check``
+#: times it (the call table's "i-clustered-100, scattered top gradients").
+SCATTERED_TOP_GRADIENTS = False
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -167,10 +178,10 @@ def _centroid_combine_kernel(
 
 @triton.jit
 def _centroid_bwd_kernel(
-    c_ptr, k_ptr, v_ptr, len_ptr, lse_ptr, values_ptr, dvalues_ptr, tw_ptr, dtw_ptr, idx_ptr,
+    c_ptr, k_ptr, v_ptr, len_ptr, lse_ptr, values_ptr, dvalues_ptr, tw_ptr, dtw_ptr, idx_ptr, dtop_ptr,
     dc_ptr, dk_ptr, dv_ptr,
     H, C, N, E, EV, K, scale,
-    HAS_TOP: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
+    HAS_TOP: tl.constexpr, TOP_SCATTERED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -202,8 +213,12 @@ def _centroid_bwd_kernel(
         s = tl.dot(cent, tl.trans(keys), input_precision=PRECISION) * scale
         ok = c_ok[:, None] & (cols < length)[None, :]
         p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(dvals, tl.trans(vals_n), input_precision=PRECISION)
-        if HAS_TOP:  # the top weights' gradients at their keys
+        if HAS_TOP and TOP_SCATTERED:  # the top weights' gradients at their keys already: the product adds to them
+            dp = tl.dot(dvals, tl.trans(vals_n), tl.load(dtop_ptr + crow[:, None] * N + cols[None, :], mask=ok,
+                                                         other=0.0), input_precision=PRECISION)
+        else:
+            dp = tl.dot(dvals, tl.trans(vals_n), input_precision=PRECISION)
+        if HAS_TOP and not TOP_SCATTERED:  # the top weights' gradients at their keys, one compare a top key
             for t in range(K):
                 key_t = tl.load(idx_ptr + crow * K + t, mask=c_ok, other=-1)
                 dtw_t = tl.load(dtw_ptr + crow * K + t, mask=c_ok, other=0.0)
@@ -219,16 +234,19 @@ def _centroid_bwd_kernel(
     tl.atomic_add(dc_ptr + crow[:, None] * E + offs_e[None, :], dcent, mask=e_mask)
 
 
-def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool) -> dict:
+def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool, scattered_top: bool = False) -> dict:
     """Block sizes and warps of a launch: every centroid in one tile (at least 64 rows),
     fewer keys a block and more warps for wider tiles (fp32 operands, the backward's extra
-    tiles, ``C > 128``). Each configuration compiles for sm_90 without spills
-    (``python -m fastasr.kernels.compile_check``); none is timed yet."""
+    tiles, ``C > 128``); the backward reading scattered top gradients (``scattered_top``) in
+    float32 takes 8 warps where 16 (128 registers a thread) would spill. Each configuration
+    compiles for sm_90 without spills (``python -m fastasr.kernels.compile_check``)."""
     block_c = max(64, triton.next_power_of_2(C))  # fewer rows took more registers on sm_90
     block_e = max(16, triton.next_power_of_2(max(E, EV)))
     width = block_c * (4 if dot_dtype == tl.float32 else 1) * (2 if backward else 1) * max(1, block_e // 32)
     block_n = 64 if width <= 128 else (32 if width <= 256 and block_c <= 128 else 16)
     warps = 8 if width <= 128 or (backward and width <= 256) else 16
+    if scattered_top and dot_dtype == tl.float32:
+        warps = 8
     return {"BLOCK_C": block_c, "BLOCK_N": block_n, "BLOCK_E": max(16, triton.next_power_of_2(E)),
             "BLOCK_V": max(16, triton.next_power_of_2(EV)), "num_warps": warps}
 
@@ -253,10 +271,10 @@ def applies(centroids: torch.Tensor, k: torch.Tensor, v: torch.Tensor, topk: int
             and 1 <= N and (topk == 0 or N <= MAX_N or LONG_ROWS) and centroids.dtype in _SUPPORTED)
 
 
-def _launch_config(centroids, k, v, backward):
+def _launch_config(centroids, k, v, backward, scattered_top=False):
     interpreted = kernels_interpreted(_centroid_fwd_kernel)
     dot_dtype, precision = dot_config(torch.promote_types(k.dtype, v.dtype), interpreted)
-    tiles = centroid_tiles(centroids.shape[2], k.shape[3], v.shape[3], dot_dtype, backward)
+    tiles = centroid_tiles(centroids.shape[2], k.shape[3], v.shape[3], dot_dtype, backward, scattered_top)
     return {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": SPLIT_KEYS, **tiles}
 
 
@@ -300,11 +318,14 @@ class _CentroidAttention(torch.autograd.Function):
         dcent = torch.zeros((B, H, C, E), dtype=torch.float32, device=k.device)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         dtop_w = dtop_w.float().contiguous() if K else top_w
+        scattered = K > 0 and SCATTERED_TOP_GRADIENTS
+        dtop = (torch.zeros((B, H, C, N), dtype=torch.float32, device=k.device).scatter_add_(3, top_idx, dtop_w)
+                if scattered else dtop_w)  # scatter_add_: a repeated key's gradients add, as the compares do
         _centroid_bwd_kernel[(B * H, triton.cdiv(N, SPLIT_KEYS))](
-            centroids, k, v, lengths, lse, values32, dvalues.contiguous(), top_w, dtop_w, top_idx,
+            centroids, k, v, lengths, lse, values32, dvalues.contiguous(), top_w, dtop_w, top_idx, dtop,
             dcent, dk, dv, H, C, N, E, EV, K, ctx.scale,
-            HAS_TOP=K > 0, BLOCK_K=max(16, triton.next_power_of_2(K)),
-            **_launch_config(centroids, k, v, backward=True))
+            HAS_TOP=K > 0, TOP_SCATTERED=scattered, BLOCK_K=max(16, triton.next_power_of_2(K)),
+            **_launch_config(centroids, k, v, backward=True, scattered_top=scattered))
         return dcent.to(centroids.dtype), dk, dv, None, None, None
 
 
