@@ -82,7 +82,7 @@ CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centr
          ("clustered", ("Triton cluster rows",)),
          ("i-clustered", ("torch centroids",)), ("i-clustered", ("fused long rows",)),
          ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)),
-         ("i-clustered", ("scattered top gradients",)))
+         ("i-clustered", ("scattered top gradients",)), ("i-clustered", ("Triton cluster rows",)))
 
 
 #: Untimed runs before a GPU timing (the kernels compile in the first).

@@ -56,6 +56,7 @@ VARIANTS = {
     "i-clustered-100, key-major backward": ("i-clustered-100", None, ("key-major backward",)),
     "i-clustered-100, radix top-k": ("i-clustered-100", None, ("radix top-k",)),
     "i-clustered-100, scattered top gradients": ("i-clustered-100", None, ("scattered top gradients",)),
+    "i-clustered-100, Triton cluster rows": ("i-clustered-100", None, ("Triton cluster rows",)),
 }
 
 

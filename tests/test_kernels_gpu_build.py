@@ -127,7 +127,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
                     "Attention call as one CUDA graph"):
         assert section in md, section
-    assert md.count("ran (the CPU has no synchronisation check)") == 9
+    assert md.count("ran (the CPU has no synchronisation check)") == 10
     assert "| clustered-4, rows broadcast |" in md and "centroid attention: fused, 256-key spans |" in md
     assert "| i-clustered-4, scattered top gradients |" in md
     assert "centroid attention: fused, scattered top gradients |" in md
