@@ -3,9 +3,10 @@
     python benchmarks/full_paths.py                      # CUDA: N = 256 … 65,536, bf16 and fp32
     python benchmarks/full_paths.py --ns 800 3200 --dtypes bfloat16
 
-``fastasr.attention.full`` runs a padded batch through one of three exact paths (its module
+``fastasr.attention.full`` runs a padded batch through one of four exact paths (its module
 docstring): ``mask`` (SDPA with a key-padding mask), ``varlen`` (FlashAttention's variable-length
-kernel on the padded layout, half precision only) and ``packed`` (jagged nested tensors). This
+kernel on the padded layout, half precision only), ``packed`` (jagged nested tensors) and
+``dense`` (the unpadded kernel, padded keys pushed out by 8 appended feature columns). This
 script times each, forward + backward, on ``--tokens`` tokens a call (B = tokens / N, every
 sequence N long but the last, at 3/4 N, as in ``gpu_bench.py``), 6 heads × 32, beside the
 unpadded flash call on the same shape (no lengths: the floor no padded path can beat), and

@@ -142,7 +142,7 @@ def _check_sparse(B, H, N, E, C, topk_idx, assignments, lengths, randn) -> str:
 
 def _check_packed(B, H, N, E, lengths, randn) -> str:
     """Every exact path of padded full attention (``fastasr.attention.full``: key mask, varlen,
-    packed) against SDPA with a key mask in fp32: values and gradients of the valid rows, padded
+    packed, dense) against SDPA with a key mask in fp32: values and gradients of the valid rows, padded
     rows 0. Several lengths, one of them 0 and one N (a zero-length padding sequence)."""
     import torch
 

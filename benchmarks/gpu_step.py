@@ -10,8 +10,8 @@ absolute positions, dropout 0.1; ``B = frames // N`` utterances, the last ``N //
 targets of ``N // 8`` units). A step: forward under bf16 autocast (Lightning's ``bf16-mixed``),
 CTC in fp32, backward, clipping at 10, RAdam (and, in a second table, the GPU's kernels of one step
 alone: the step without the host's share). Variants: ``full`` (the path
-``fastasr.attention.full`` chooses for the batch), ``full, key mask`` and ``full, packed`` (that
-path forced, ``forced_padded_path``), the clustered variants, and the *floor* (the inner attention
+``fastasr.attention.full`` chooses for the batch), ``full, key mask``, ``full, packed`` and
+``full, dense`` (that path forced, ``forced_padded_path``), the clustered variants, and the *floor* (the inner attention
 replaced by the identity), and last the clustered variants with each of the kernels' alternatives
 to their defaults (``bench_io.KERNEL_SWITCHES``). Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups,
 each variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
@@ -46,6 +46,7 @@ VARIANTS = {
     "full": ("full", None, ()),
     "full, key mask": ("full", "mask", ()),
     "full, packed": ("full", "packed", ()),
+    "full, dense": ("full", "dense", ()),
     "clustered-100": ("clustered-100", None, ()),
     "i-clustered-100": ("i-clustered-100", None, ()),
     FLOOR: (FLOOR, None, ()),

@@ -180,6 +180,40 @@ def test_packed_full_attention_equals_the_masked_kernel():
     assert full._Packing.of(lengths.clone(), N, q.device) is not first
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.float64, 1e-6), (torch.bfloat16, 2e-2)])
+def test_dense_full_attention_equals_the_masked_kernel(dtype, tol):
+    """The unpadded kernel on the padded batch, padding pushed out by appended feature columns
+    (``dense``): values and gradients equal SDPA with a key mask (computed in float32), with a
+    sequence of length 0, one of length N, padded keys that would dominate if let in (50x the
+    norm, aligned with the queries), heads of another width than the values'; padded rows 0,
+    and the forced path is the one :class:`FullAttention` takes."""
+    from fastasr.attention import full
+
+    g = torch.Generator().manual_seed(11)
+    q, k = (torch.randn(3, H, N, E, generator=g) for _ in range(2))
+    v = torch.randn(3, H, N, E + 4, generator=g)
+    lengths = torch.tensor([N, 0, 7])
+    k[2, :, 7:] = 50 * q[2, :, 7:].mean(1, keepdim=True)  # adversarial padding
+    leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    grad = torch.randn(3, H, N, E + 4, generator=g)
+    got = full.dense_attention(*leaves, lengths)
+    assert got.dtype == dtype and got.shape == v.shape
+    assert bool((got[1] == 0).all()) and bool((got[2, :, 7:] == 0).all())
+    ref = [t.detach().float().requires_grad_() for t in leaves]
+    want = full.masked_attention(*ref, lengths)
+    assert float((want - full.masked_attention(*ref, lengths.new_full((3,), N))).abs().max()) > 1  # it matters
+    rel = float((got.float() - want).norm() / want.norm())
+    assert rel < tol, rel
+    got_grads = torch.autograd.grad((got.float() * grad).sum(), leaves)
+    want_grads = torch.autograd.grad((want * grad).sum(), ref)
+    for name, a, b in zip("qkv", got_grads, want_grads):
+        assert float((a.float() - b).norm() / b.norm()) < tol, name
+    with full.forced_padded_path("dense"), torch.no_grad():
+        expect = (full.dense_attention(*(t.float() for t in leaves), lengths).to(dtype)
+                  if full.attends_in_float32(leaves[0]) else got)  # a CPU's short half-precision batch
+        assert torch.equal(build_attention("full")(*leaves, lengths), expect)
+
+
 def test_lengths_on_a_device_are_checked_without_a_host_sync():
     """A host synchronisation (bool(), .item(), .tolist()) fails on the meta device; the
     check must instead be a device-side assertion. CPU lengths still raise at once."""

@@ -145,11 +145,12 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     """benchmarks/gpu_step.py on the CPU: a step of each kind of variant (one with a kernel
     switch set) and the floor ratios in the table, and the profile of one step."""
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
-                      "--rounds", "1", "--variants", "full", "clustered-100", "floor", "i-clustered-100, torch centroids")
+                      "--rounds", "1", "--variants", "full", "full, dense", "clustered-100", "floor",
+                      "i-clustered-100, torch centroids")
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
-    assert row.count("× floor") == 3 and "failed" not in row, row
-    assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 3  # the variants without switches
+    assert row.count("× floor") == 4 and "failed" not in row, row
+    assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 4  # the variants without switches
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--profile", "clustered-100")
     assert "clustered-100, N = 64: one step" in (tmp_path / "gpu_step_profile_cpu-interpreter.txt").read_text()

@@ -1,7 +1,7 @@
 """Full softmax attention through the fastest exact kernel for each padded batch.
 
 The baseline must be the fast one. A padded batch ``(B, H, N, E)`` with ``lengths`` takes one
-of three exact paths (:func:`padded_path` chooses; every one gives the same numbers within
+of four exact paths (:func:`padded_path` chooses; every one gives the same numbers within
 rounding, padded queries output 0):
 
 * ``mask``: SDPA with a boolean key-padding mask. On a CPU the fused flash kernel takes the
@@ -17,10 +17,21 @@ rounding, padded queries output 0):
   synchronisation per *lengths tensor*: the packing is cached on it, so the layers of one
   forward pass share it), and pays off only where the padding it skips outweighs its
   copies: very long sequences in fp32 on a GPU.
+* ``dense``: SDPA without a mask on the padded batch itself (on a GPU the kernel of an
+  unpadded batch: cuDNN's or FlashAttention's dense one, which the variable-length kernel
+  trails by 2.3x at N = 800 on an H100), the padding kept out by :data:`DENSE_COLUMNS` feature
+  columns appended to every head: ``+DENSE_PUSH`` on every query, ``-DENSE_PUSH`` on a padded
+  key, 0 on a valid one. A valid key's logit is unchanged (its extra products are exactly 0);
+  a padded key's falls by ``DENSE_COLUMNS * DENSE_PUSH**2 * scale`` (92,682 for heads of 32),
+  so its weight is exactly 0 in float32 while every logit's magnitude stays below a third of
+  that fall (30,894 for heads of 32). Heads grow by 8 features (32 -> 40); no host
+  synchronisation, no gather.
 
 The choice, per device, dtype and N, is measured (``make gpu-check``'s full-attention table;
 docs/BENCHMARKS.md "Full attention on a GPU"): on a CPU ``mask``; on a GPU ``varlen`` in
 half precision, ``mask`` in fp32 below ``pack_from`` positions and ``packed`` from there.
+``dense`` is timed there beside them (and in the model step, ``gpu_step.py``'s "full, dense")
+and taken by no batch until a GPU's tables show where it wins.
 
 On a CPU, half-precision inputs shorter than :data:`CPU_HALF_IN_FLOAT32_BELOW` positions attend
 in float32 (cast in, the output cast back): torch's CPU flash kernel is slower in bfloat16 than
@@ -48,12 +59,15 @@ try:  # torch ≥ 2.9: FlashAttention's variable-length kernel with autograd
 except ImportError:  # pragma: no cover - older torch
     varlen_attn = None
 
-__all__ = ["FullAttention", "masked_attention", "packed_attention", "varlen_attention",
+__all__ = ["FullAttention", "masked_attention", "packed_attention", "varlen_attention", "dense_attention",
            "padded_path", "forced_padded_path", "attends_in_float32", "PADDED_PATHS", "DEFAULT_PACK_FROM",
-           "CPU_HALF_IN_FLOAT32_BELOW"]
+           "CPU_HALF_IN_FLOAT32_BELOW", "DENSE_COLUMNS", "DENSE_PUSH"]
 
 #: The exact paths of a padded batch, by name (:func:`padded_path` picks one).
-PADDED_PATHS = ("mask", "varlen", "packed")
+PADDED_PATHS = ("mask", "varlen", "packed", "dense")
+#: Feature columns :func:`dense_attention` appends to every head (flash kernels take head sizes
+#: in multiples of 8), and their magnitude (exact in fp16 and bf16; a product of two is 65,536).
+DENSE_COLUMNS, DENSE_PUSH = 8, 256.0
 #: N from which an fp32 padded batch on a GPU is packed: measured on an H200 (docs/BENCHMARKS.md).
 DEFAULT_PACK_FROM = 8192
 #: N below which half-precision inputs on a CPU attend in float32 (module docstring; measured by
@@ -131,6 +145,24 @@ def masked_attention(
     return zero_padded_queries(out, lengths)
 
 
+def dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
+    """SDPA without a mask on the padded batch, padded keys pushed out by appended feature
+    columns (module docstring, ``dense``): ``(B, H, N, E)`` -> ``(B, H, N, Ev)``, padded query
+    rows 0. The softmax scale stays ``E ** -0.5``. Differentiable; no host synchronisation."""
+    B, H, N, E = q.shape
+    Ev = v.shape[-1]
+    width = -(-max(E + DENSE_COLUMNS, Ev) // 8) * 8  # one head size for q, k and v, as flash takes
+    padded_key = ~key_mask(lengths, B, N, q.device)  # (B, N) True = padding
+    push = q.new_full((B, H, N, DENSE_COLUMNS), DENSE_PUSH)
+    pushed = (padded_key.to(k.dtype) * -DENSE_PUSH)[:, None, :, None].expand(B, H, N, DENSE_COLUMNS)
+    qq = F.pad(torch.cat([q, push], -1), (0, width - E - DENSE_COLUMNS))
+    kk = F.pad(torch.cat([k, pushed], -1), (0, width - E - DENSE_COLUMNS))
+    out = F.scaled_dot_product_attention(qq, kk, F.pad(v, (0, width - Ev)), scale=E ** -0.5)
+    return zero_padded_queries(out[..., :Ev], lengths)
+
+
 def varlen_available(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether :func:`varlen_attention` runs on these inputs: CUDA, fp16/bf16, torch's
     ``varlen_attn`` present, equal head sizes, a multiple of 8 and at most 256."""
@@ -202,7 +234,8 @@ def attends_in_float32(q: torch.Tensor) -> bool:
             and q.shape[2] < CPU_HALF_IN_FLOAT32_BELOW)
 
 
-_PATH_FUNCTIONS = {"mask": masked_attention, "varlen": varlen_attention, "packed": packed_attention}
+_PATH_FUNCTIONS = {"mask": masked_attention, "varlen": varlen_attention, "packed": packed_attention,
+                   "dense": dense_attention}
 
 
 @register
