@@ -140,6 +140,16 @@ def switched_on(switches):
         yield
 
 
+def kernel_ms(events) -> float:
+    """Milliseconds of GPU kernels among a profile's ``events`` (``prof.key_averages()``), each
+    kernel once: the device's events without the ``record_function`` ranges' device spans
+    (user annotations, which cover the same kernels again), as torch's own table totals them."""
+    from torch.autograd import DeviceType
+
+    return sum(e.self_device_time_total for e in events
+               if e.device_type == DeviceType.CUDA and not e.is_user_annotation) / 1000
+
+
 def switched_label(spec: str, switches) -> str:
     """``spec`` and the switches it runs with: ``i-clustered-100, torch centroids``."""
     return ", ".join((spec, *switches))

@@ -83,7 +83,7 @@ class GpuStepper:
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             self.step(batch)
-        return sum(event.self_device_time_total for event in prof.key_averages()) / 1000
+        return bench_io.kernel_ms(prof.key_averages())
 
     def step(self, batch) -> float:
         feats, lengths, targets, target_lengths = batch
@@ -173,7 +173,7 @@ def main(argv=None) -> None:
                                                   for k, v in cells.items()) + f" | {taken[n]} |")
     columns = [name for name in args.variants if not VARIANTS[name][2]]
     lines += ["", "The same steps' GPU kernels alone, the variants without kernel switches (ms: "
-              "torch.profiler's sum of the kernels' times in one step, after the timed ones): the step "
+              "torch.profiler's sum of the kernels' times in one step, each kernel once, after the timed ones): the step "
               "without the host issuing it, what a step captured as a CUDA graph would come near; the "
               "ratio to the floor's kernels.", "",
               "| N (batch) | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]

@@ -156,6 +156,29 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     assert "clustered-100, N = 64: one step" in (tmp_path / "gpu_step_profile_cpu-interpreter.txt").read_text()
 
 
+def test_kernel_time_counts_each_kernel_once():
+    """``bench_io.kernel_ms``: a step's GPU time is its kernels' sum; a ``record_function``
+    range's span on the device (a user annotation over the same kernels) and the CPU ops are
+    not added again."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_io
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def event(device, us, annotation=False):
+        return SimpleNamespace(device_type=device, self_device_time_total=us, is_user_annotation=annotation)
+
+    events = [event(DeviceType.CUDA, 1500), event(DeviceType.CUDA, 250),
+              event(DeviceType.CUDA, 1750, annotation=True),  # "attention.kmeans" around both
+              event(DeviceType.CPU, 1750)]  # an op whose kernels these are
+    assert bench_io.kernel_ms(events) == 1.75
+
+
 def test_benchmark_failure_cells_name_the_error_in_one_line():
     """A failed cell of the GPU tables: the error's type and its first line cut to the width,
     and an error without a message still makes a cell (rather than ending the run)."""
