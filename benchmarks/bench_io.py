@@ -125,6 +125,7 @@ KERNEL_SWITCHES = {
     "Triton cluster rows": ("fastasr.kernels.ops", "TRITON_CLUSTER_ROWS", True),
     "fused long rows": ("fastasr.kernels.triton_centroid", "LONG_ROWS", True),
     "scattered top gradients": ("fastasr.kernels.triton_centroid", "SCATTERED_TOP_GRADIENTS", True),
+    "early-exit top-k": ("fastasr.kernels.triton_topk", "EARLY_EXIT", True),
 }
 
 

@@ -29,7 +29,8 @@
    centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; fused also
    for rows longer than the Triton top-k holds, ``triton_centroid.LONG_ROWS``; the sparse
    part's key-major backward, ``triton_clustered.KEY_MAJOR_BACKWARD``; the top-k by radix
-   select, ``triton_topk.RADIX_SELECT``; the centroid attention's backward reading its top
+   select, ``triton_topk.RADIX_SELECT``, or by a bisection that stops early,
+   ``triton_topk.EARLY_EXIT``; the centroid attention's backward reading its top
    weights' gradients scattered by torch, ``triton_centroid.SCATTERED_TOP_GRADIENTS``), and
    clustered's with its centroid values by the split-key kernels
    (``ops.TRITON_CENTROID_VALUES_FROM``) and with its centroid sums and broadcast by the Triton
@@ -37,7 +38,8 @@
 4. **The parts**, each against what it replaces, in the same run: i-clustered's fused sparse
    part (also with its key-major backward, its dk and dv checked against the atomics', and
    with ``--sparse-tiles``' other tiles) against the Triton products with torch around them;
-   the Triton top-k (also by radix select, and with ``--topk-tiles``) against ``torch.topk``;
+   the Triton top-k (also by radix select, stopping its bisection early, and with
+   ``--topk-tiles``) against ``torch.topk``;
    i-clustered's centroid attention in torch and fused (also with 256 keys a program, and with
    its top weights' gradients scattered), and clustered's centroid values by SDPA and by the
    split-key kernels.
@@ -82,7 +84,8 @@ CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centr
          ("clustered", ("Triton cluster rows",)),
          ("i-clustered", ("torch centroids",)), ("i-clustered", ("fused long rows",)),
          ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)),
-         ("i-clustered", ("scattered top gradients",)), ("i-clustered", ("Triton cluster rows",)))
+         ("i-clustered", ("scattered top gradients",)), ("i-clustered", ("Triton cluster rows",)),
+         ("i-clustered", ("early-exit top-k",)))
 
 
 #: Untimed runs before a GPU timing (the kernels compile in the first).
@@ -460,13 +463,13 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
               f"({HEADS} × {DIM}, C = {CLUSTERS}, K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
               "| N × B | sparse part: products + torch | sparse part: fused | sparse part: fused, key-major backward |"
               + "".join(f" sparse part: fused, {t.replace(':', ' rows × ')} warps |" for t in sparse_tiles)
-              + " top-k: torch.topk | top-k: Triton | top-k: Triton, radix select |"
+              + " top-k: torch.topk | top-k: Triton | top-k: Triton, radix select | top-k: Triton, early exit |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
               + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
               f"{CENTROID_SPAN_ALTERNATIVE}-key spans | centroid attention: fused, scattered top gradients "
               "| clustered's centroid values: SDPA "
               "| clustered's centroid values: split-key |",
-              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 6)]
+              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 7)]
     for n in ns:
         if BUDGET.spent(lines, f"the parts at N = {n}"):
             return
@@ -535,12 +538,13 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
     cells += [f"{device_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
               f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}"]
-    try:
-        with bench_io.switched_on(("radix top-k",)):
-            same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
-            cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
-    except Exception as exc:  # noqa: BLE001 - the cell says why
-        cells.append(f"failed: {bench_io.failure(exc)}")
+    for switch in ("radix top-k", "early-exit top-k"):
+        try:
+            with bench_io.switched_on((switch,)):
+                same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
+                cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
+        except Exception as exc:  # noqa: BLE001 - the cell says why
+            cells.append(f"failed: {bench_io.failure(exc)}")
     for tile in topk_tiles:
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)

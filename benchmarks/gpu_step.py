@@ -58,6 +58,7 @@ VARIANTS = {
     "i-clustered-100, radix top-k": ("i-clustered-100", None, ("radix top-k",)),
     "i-clustered-100, scattered top gradients": ("i-clustered-100", None, ("scattered top gradients",)),
     "i-clustered-100, Triton cluster rows": ("i-clustered-100", None, ("Triton cluster rows",)),
+    "i-clustered-100, early-exit top-k": ("i-clustered-100", None, ("early-exit top-k",)),
 }
 
 

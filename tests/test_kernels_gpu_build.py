@@ -88,16 +88,16 @@ def test_kernel_switches_name_settings_they_change():
     assert used == set(bench_io.KERNEL_SWITCHES)
     names = list(bench_io.KERNEL_SWITCHES)
     assert names == ["torch centroids", "key-major backward", "radix top-k", "split-key centroid values",
-                     "Triton cluster rows", "fused long rows", "scattered top gradients"]
+                     "Triton cluster rows", "fused long rows", "scattered top gradients", "early-exit top-k"]
     settings = [(importlib.import_module(m), a) for m, a, _ in bench_io.KERNEL_SWITCHES.values()]
-    defaults = [True, False, False, None, False, False, False]
+    defaults = [True, False, False, None, False, False, False, False]
     assert [getattr(m, a) for m, a in settings] == defaults
     made = bench_io.switched_on(names[1:])  # made ahead of its `with` (as a table's settings are): nothing set yet
     assert [getattr(m, a) for m, a in settings] == defaults
     with made:
-        assert [getattr(m, a) for m, a in settings] == [True, True, True, 0, True, True, True]
+        assert [getattr(m, a) for m, a in settings] == [True, True, True, 0, True, True, True, True]
     with bench_io.switched_on(names[:1]):
-        assert [getattr(m, a) for m, a in settings] == [False, False, False, None, False, False, False]
+        assert [getattr(m, a) for m, a in settings] == [False, False, False, None, False, False, False, False]
     assert [getattr(m, a) for m, a in settings] == defaults
     assert bench_io.switched_label("i-clustered-100", names[:2]) == \
         "i-clustered-100, torch centroids, key-major backward"
@@ -127,13 +127,14 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
                     "Attention call as one CUDA graph"):
         assert section in md, section
-    assert md.count("ran (the CPU has no synchronisation check)") == 10
+    assert md.count("ran (the CPU has no synchronisation check)") == 11
     assert "| clustered-4, rows broadcast |" in md and "centroid attention: fused, 256-key spans |" in md
     assert "| i-clustered-4, scattered top gradients |" in md
     assert "centroid attention: fused, scattered top gradients |" in md
     assert "| clustered-4, Triton cluster rows |" in md and "| clustered-4, split-key centroid values |" in md and "clustered's centroid values: split-key |" in md
     assert "| i-clustered-4, radix top-k |" in md and "top-k: Triton, 1 rows × 1 warps" in md
     assert "top-k: Triton, radix select" in md and "| split, clustered codes |" in md
+    assert "top-k: Triton, early exit |" in md and "| i-clustered-4, early-exit top-k |" in md
     assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md
     for bad in ("fail", "differ", "synchronises"):
         assert bad not in md.lower(), md

@@ -344,13 +344,23 @@ def test_clustered_products_reject_bad_inputs():
 
 
 # ------------------------------------------------------------------ top-k selection
+#: How the k-th largest key is found: 32 bisection steps, bisection stopping early
+#: (``EARLY_EXIT``), radix select (``RADIX_SELECT``).
+TOPK_METHODS = ("bisection", "early exit", "radix")
+
+
+def _use_topk(method: str, monkeypatch) -> None:
+    monkeypatch.setattr(tt, "RADIX_SELECT", method == "radix")
+    monkeypatch.setattr(tt, "EARLY_EXIT", method == "early exit")
+
+
 @pytest.mark.parametrize("shape,k", [((3, 5, 50), 7), ((2, 100), 32), ((4, 3, 33), 33), ((1, 7), 1),
                                      ((37, 1000), 32), ((2, 5000), 20)])
-@pytest.mark.parametrize("radix", [False, True], ids=["bisection", "radix"])
-def test_topk_indices_equal_torch_topk_as_sets(shape, k, radix, monkeypatch):
+@pytest.mark.parametrize("method", TOPK_METHODS)
+def test_topk_indices_equal_torch_topk_as_sets(shape, k, method, monkeypatch):
     """Distinct scores: the same set of indices as ``torch.topk``, each row's ``k`` distinct,
-    with the k-th largest found by bisection or by radix select (``RADIX_SELECT``)."""
-    monkeypatch.setattr(tt, "RADIX_SELECT", radix)
+    with the k-th largest found by each method (:data:`TOPK_METHODS`)."""
+    _use_topk(method, monkeypatch)
     g = _gen(sum(shape) + k)
     x = torch.randn(*shape, generator=g)
     got = tt.topk_indices(x.to(DEVICE), k).cpu()
@@ -358,10 +368,13 @@ def test_topk_indices_equal_torch_topk_as_sets(shape, k, radix, monkeypatch):
     assert torch.equal(got.sort(-1).values, x.topk(k, -1).indices.sort(-1).values)
 
 
+@pytest.mark.parametrize("early", [False, True], ids=["bisection", "early exit"])
 @pytest.mark.parametrize("tile", [(1, 1), (2, 2), (8, 4)])
-def test_topk_indices_equal_for_every_tile(tile, monkeypatch):
+def test_topk_indices_equal_for_every_tile(tile, early, monkeypatch):
     """The tiles a benchmark may time instead of the launcher's (rows a program, warps) select
-    the keys ``torch.topk`` selects, with masked keys and rows beyond the last program."""
+    the keys ``torch.topk`` selects, with masked keys and rows beyond the last program, also
+    when a program's rows stop their bisection at different steps (``EARLY_EXIT``)."""
+    monkeypatch.setattr(tt, "EARLY_EXIT", early)
     x = torch.randn(2, 3, 37, generator=_gen(sum(tile)))
     x[1, :, 30:] = float("-inf")
     want = x.topk(9, -1).indices.sort(-1).values
@@ -369,11 +382,11 @@ def test_topk_indices_equal_for_every_tile(tile, monkeypatch):
     assert torch.equal(tt.topk_indices(x.to(DEVICE), 9).cpu().sort(-1).values, want)
 
 
-@pytest.mark.parametrize("radix", [False, True], ids=["bisection", "radix"])
-def test_topk_indices_masked_keys_ties_and_signed_zeros(radix, monkeypatch):
+@pytest.mark.parametrize("method", TOPK_METHODS)
+def test_topk_indices_masked_keys_ties_and_signed_zeros(method, monkeypatch):
     """``-inf`` (masked keys) rank below every score and fill the slots only when the valid
     ones run out; equal scores at the boundary take the lowest positions; -0.0 equals 0.0."""
-    monkeypatch.setattr(tt, "RADIX_SELECT", radix)
+    _use_topk(method, monkeypatch)
     x = torch.randn(3, 40, generator=_gen(5))
     x[:, 10:] = float("-inf")
     got = tt.topk_indices(x.to(DEVICE), 16).cpu().sort(-1).values
@@ -387,10 +400,12 @@ def test_topk_indices_masked_keys_ties_and_signed_zeros(radix, monkeypatch):
     assert got.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
 
 
-def test_radix_select_takes_the_keys_bisection_takes():
-    """Rows where the radix select's digits matter: scores that share their high bytes (nearly
-    equal floats), both signs, ±inf, many ties at the k-th score, k = 1 and k = N: the same
-    indices as the bisection, and the same sets as ``torch.topk`` where no tie straddles k."""
+def test_radix_select_and_early_exit_take_the_keys_bisection_takes():
+    """Rows where the radix select's digits and the bisection's last steps matter: scores that
+    share their high bytes (nearly equal floats, one int32 key apart), both signs, ±inf, many
+    ties at the k-th score, k = 1 and k = N: the same indices as the 32-step bisection from the
+    radix select and from the bisection that stops early (``EARLY_EXIT``), and the same sets as
+    ``torch.topk`` where no tie straddles k."""
     g = _gen(11)
     base = 1.0 + torch.arange(64, dtype=torch.float32) * 2.0 ** -20  # one exponent, low bits differ
     rows = torch.stack([
@@ -405,8 +420,11 @@ def test_radix_select_takes_the_keys_bisection_takes():
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(tt, "RADIX_SELECT", True)
             radix = tt.topk_indices(rows.to(DEVICE), k).cpu().sort(-1).values
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(tt, "EARLY_EXIT", True)
+            early = tt.topk_indices(rows.to(DEVICE), k).cpu().sort(-1).values
         bisection = tt.topk_indices(rows.to(DEVICE), k).cpu().sort(-1).values
-        assert torch.equal(radix, bisection), k
+        assert torch.equal(radix, bisection) and torch.equal(early, bisection), k
         for r in (0, 1, 2, 5):
             assert torch.equal(radix[r], rows[r].topk(k).indices.sort().values), (r, k)
 
@@ -420,11 +438,11 @@ def test_topk_indices_other_rows_go_to_torch_and_k_is_checked():
         tt.topk_indices(x.float().to(DEVICE), 31)
 
 
-@pytest.mark.parametrize("radix", [False, True], ids=["bisection", "radix"])
-def test_topk_softmax_takes_the_top_keys_and_their_softmax_weights(radix, monkeypatch):
+@pytest.mark.parametrize("method", TOPK_METHODS)
+def test_topk_softmax_takes_the_top_keys_and_their_softmax_weights(method, monkeypatch):
     """One launch: the indices ``topk_indices`` takes and ``exp(logit - lse)`` at them, masked
     keys included when a row has fewer valid ones than ``k``; a row without keys weighs 0."""
-    monkeypatch.setattr(tt, "RADIX_SELECT", radix)
+    _use_topk(method, monkeypatch)
     x = torch.randn(2, 3, 37, generator=_gen(8))
     x[1, :, 5:] = float("-inf")
     x[0, 2, :] = float("-inf")

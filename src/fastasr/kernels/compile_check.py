@@ -84,10 +84,12 @@ def _configs():
     for block_n in (1024, 4096, tt.MAX_N):  # N = 800, 3,200 and the longest held
         rows, warps = tt.topk_tile(block_n, 1 << 20)  # as launched on a batch's many rows
         for weights in (False, True):
-            out.append((f"topk N<={block_n} rows={rows} warps={warps} weights={weights}", tt._topk_kernel,
-                        {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
-                        {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights, "RADIX": False},
-                        {"num_warps": warps}))
+            for early in (False, True):  # EARLY_EXIT: the bisection's while loop
+                out.append((f"topk N<={block_n} rows={rows} warps={warps} weights={weights}"
+                            + (" early exit" if early else ""), tt._topk_kernel,
+                            {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
+                            {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights, "RADIX": False,
+                             "EARLY": early}, {"num_warps": warps}))
             radix_rows, radix_warps = tt.radix_tile(block_n)
             if block_n <= tt.RADIX_MAX_N:
                 out.append((f"topk radix N<={block_n} weights={weights}", tt._topk_kernel,

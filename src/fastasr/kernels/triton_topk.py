@@ -11,8 +11,10 @@ Design. One program holds ``ROWS`` whole rows in registers. Each score becomes a
 key with the order of the floats (the bits, with the lower 31 flipped for negatives;
 ``-inf``, the masked keys, orders below every finite score). The ``k``-th largest key ``T`` is
 found by bisection over the int32 range, 32 steps of a compare and a count per row, all on
-chip (or, with :data:`RADIX_SELECT`, by radix select: four 256-bin histograms of one 8-bit
-digit of the row's remaining candidates, one row a program); then the entries above ``T``
+chip (with :data:`EARLY_EXIT`, fewer: the bisection stops once exactly ``k`` keys lie at or
+above its lower bound, which then is a ``T`` that takes the same set; or, with
+:data:`RADIX_SELECT`, by radix select: four 256-bin histograms of one 8-bit digit of the row's
+remaining candidates, one row a program); then the entries above ``T``
 are taken, and of those equal to ``T`` the lowest positions until ``k`` are taken; a
 running sum over the row gives each taken entry its slot. The row is read once and ``k`` indices written: no sort, no host synchronisation.
 Rows longer than :data:`MAX_N` (not held in registers) and other dtypes go to
@@ -36,7 +38,7 @@ from fastasr.kernels.availability import (
 
 ensure_interpreter_compat()
 
-__all__ = ["topk_indices", "topk_softmax", "topk_tile", "radix_tile", "MAX_N", "RADIX_SELECT"]
+__all__ = ["topk_indices", "topk_softmax", "topk_tile", "radix_tile", "MAX_N", "RADIX_SELECT", "EARLY_EXIT"]
 
 #: Longest row held in registers (one program, 8 warps, 32 scores a thread); longer rows: torch.topk.
 MAX_N = 8192
@@ -49,6 +51,15 @@ RADIX_SELECT = False
 #: Longest row the radix select takes (with the top weights, 8,192 scores spill on sm_90 at any
 #: warp count); longer rows keep the bisection.
 RADIX_MAX_N = 4096
+#: Stop a program's bisection once every row has exactly ``k`` keys at or above its lower bound
+#: (the same entries taken), instead of always 32 steps. The bound halves the remaining int32
+#: interval a step until the ``k``-th and ``k+1``-th largest keys are apart: about
+#: ``32 - log2(their distance)`` steps, 15-16 on average (11-25) for rows of 800 and 3,200
+#: Gaussian float32 scores with k = 32 (ties at the k-th score, bf16-rounded scores and ``-inf``
+#: padding take more, at most 32). A program stops when all its rows are done; the check costs
+#: one comparison a row a step. Off until ``make gpu-check`` times it (the call
+#: table's "i-clustered-100, early-exit top-k" and the parts table's top-k column of that name).
+EARLY_EXIT = False
 
 
 @triton.jit
@@ -75,7 +86,8 @@ def _radix_kth(key, inside, K, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
-                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, RADIX: tl.constexpr):
+                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, RADIX: tl.constexpr,
+                 EARLY: tl.constexpr = False):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
     inside = (rows[:, None] < R) & (cols[None, :] < N)
@@ -86,6 +98,22 @@ def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
     key = tl.where(inside, key, -2147483648)  # lanes past N: below every score
     if RADIX:  # one row a program (ROWS = 1)
         kth = _radix_kth(key, inside, K, BLOCK_N)[:, None]
+    elif EARLY:  # the same bisection, each row stopping once exactly K keys are >= lo
+        lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
+        hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K
+        at_lo = tl.full((ROWS,), BLOCK_N, tl.int32)  # count(key >= lo): every lane at first
+        open_rows = tl.sum(((at_lo != K) & (hi - lo > 1)).to(tl.int32), 0)
+        while open_rows > 0:
+            going = (at_lo != K) & (hi - lo > 1)
+            mid = lo + (hi - lo) // 2
+            count = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), 1)
+            enough = count >= K
+            lo = tl.where(going & enough, mid, lo)
+            at_lo = tl.where(going & enough, count, at_lo)
+            hi = tl.where(going & ~enough, mid, hi)
+            open_rows = tl.sum(((at_lo != K) & (hi - lo > 1)).to(tl.int32), 0)
+        # exactly K keys >= lo, or lo the K-th largest key (hi = lo + 1): as the kth below
+        kth = lo.to(tl.int32)[:, None]
     else:
         lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
         hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K
@@ -166,7 +194,7 @@ def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
             rows, idx, rows if lse is None else lse.detach().reshape(-1).contiguous(),
             rows if weights is None else weights, R, N, k,
             BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None, RADIX=radix,
-            num_warps=warps,
+            EARLY=EARLY_EXIT and not radix, num_warps=warps,
         )
     shape = (*scores.shape[:-1], k)
     return idx.view(shape), None if weights is None else weights.view(shape)
