@@ -3,7 +3,7 @@
 #
 #   make gpu-check                      # on a machine with a GPU and torch, triton, lightning installed
 #   make gpu-check PYTHON=python3.12    # another interpreter
-#   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-6), about 5 minutes; summary in
+#   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-6), 5-8 minutes; summary in
 #                                       # gpu_check_<gpu>_kernels.md
 #   GPU_CHECK_BUDGET_S=570 make gpu-check  # another time budget for the whole check (seconds)
 #
@@ -20,11 +20,11 @@
 #      forced paths;
 #   5. gpu_bench.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
 #      full_paths.py: each exact path of padded full attention, and the one fastasr takes;
-#   6. clustering_gpu.py: no host synchronisation in the clustered variants, K-means and each call
-#      timed, with each kernel switch that is off until timed (benchmarks/bench_io.py
-#      KERNEL_SWITCHES); then the largest kernels of an i-clustered-100 step.
-# With make train, step 6 has what is left of the budget (about 40 s: its first tables); the
-# kernel steps alone (GPU_CHECK_TRAIN=0) run every table, in about 5 minutes.
+#   6. the largest kernels of an i-clustered-100 step; clustering_gpu.py: no host synchronisation
+#      in the clustered variants, K-means and each call timed, with each kernel switch that is off
+#      until timed (benchmarks/bench_io.py KERNEL_SWITCHES).
+# With make train, clustering_gpu.py has what is left of the budget (its first tables); the kernel
+# steps alone (GPU_CHECK_TRAIN=0) leave it about 4 minutes.
 # Each step has a time cap, cut to what is left of the whole check's budget (GPU_CHECK_BUDGET_S,
 # default 480 s: 8 minutes, inside the 600 s a device call may run); a step with under 20 s left is
 # skipped, and the benchmark scripts stop starting new rows 10 s before their cap
@@ -110,8 +110,8 @@ step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
 step "gpu_bench.py (check, then a 30 s bf16 sweep)" 80 "$PY" benchmarks/gpu_bench.py --budget-s 30 \
   --dtypes bfloat16 --ns 1024 4096 16384 65536
 step "full_paths.py (full attention's exact paths)" 60 "$PY" benchmarks/full_paths.py
-step "clustering_gpu.py (no host sync, K-means, each call)" 150 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --sparse-tiles 16:4 16:2 32:4 64:8
 step "gpu_step.py --profile i-clustered-100" 30 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
+step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --sparse-tiles 16:4 16:2 32:4 64:8
 
 {
   echo "# make gpu-check: $GPU"

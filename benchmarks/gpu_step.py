@@ -114,6 +114,8 @@ def main(argv=None) -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: this script's plumbing under TRITON_INTERPRET=1 (tiny --lengths, --frames, --layers)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help=f"start no new variant after this many seconds (also ${bench_io.DEADLINE_ENV}, a Unix time)")
     args = p.parse_args(argv)
     global DEVICE
     DEVICE = torch.device(args.device)
@@ -132,12 +134,16 @@ def main(argv=None) -> None:
     table: dict[int, dict[str, float | str]] = {}
     kernels: dict[int, dict[str, float | str]] = {}  # the kernels' time of a step
     taken: dict[int, str] = {}
+    budget, notes = bench_io.Budget(args.budget_s), []
     for n in args.lengths:
         batch = tuple(t.to(DEVICE) for t in make_batch(n, args.frames))
         probe = torch.empty(1, 1, n, 32, device=DEVICE, dtype=torch.bfloat16)
         taken[n] = padded_path(probe, probe)
         table[n], kernels[n] = {}, {}
         for name in args.variants:
+            if budget.spent(notes, f"{name} at N = {n}"):
+                table[n][name] = kernels[n][name] = "not timed"
+                continue
             try:
                 stepper = GpuStepper(*VARIANTS[name], args.layers)
                 for _ in range(2 if DEVICE.type == "cuda" else 0):  # the CPU's plumbing run: no warm-ups
@@ -183,6 +189,7 @@ def main(argv=None) -> None:
         lines.append(f"| {n} ({max(1, args.frames // n)}) | "
                      + " | ".join(_cell(cells.get(k, "failed"), None if k == FLOOR else base) for k in columns)
                      + " |")
+    lines += notes
     out = args.out_dir / f"gpu_step_{info['slug']}.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -192,7 +192,7 @@ def test_benchmark_failure_cells_name_the_error_in_one_line():
     assert bench_io.failure(RuntimeError()) == "RuntimeError: "
 
 
-def test_benchmark_budget_stops_new_rows_and_says_where(monkeypatch):
+def test_benchmark_budget_stops_new_rows_and_says_where(monkeypatch, tmp_path):
     """``bench_io.Budget``: unlimited without seconds or ``$BENCH_DEADLINE``; once spent it
     notes once where the tables stop, and clustering_gpu's tables start no row past it (the
     header stays, so the file says what was cut); a malformed deadline is an error naming it."""
@@ -223,6 +223,20 @@ def test_benchmark_budget_stops_new_rows_and_says_where(monkeypatch):
     assert not any(line.startswith("| 64 ") for line in lines)
     clustering_gpu.attention_table(lines, [64], 1)
     assert not any(line.startswith("| 64 ") for line in lines)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_step
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from fastasr.kernels import ops
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # --device cpu's condition; nothing runs a kernel here
+    monkeypatch.setenv(ops.KERNELS_ENV, "reference")
+    gpu_step.main(["--device", "cpu", "--lengths", "64", "--frames", "128", "--variants", "full", "floor",
+                   "--budget-s", "0", "--out-dir", str(tmp_path)])
+    md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
+    assert md.count("| 64 (2) | not timed | not timed |") == 2
+    assert "Time budget reached: full at N = 64 and what follows it not timed." in md
 
 
 _FAKE_GPU_PYTHON = """#!/usr/bin/env bash
@@ -275,7 +289,7 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert " -n " in pytest_call and "tests/test_kernels_triton.py" in pytest_call
     assert [c.split()[0] for c in calls if c.startswith("benchmarks/")] == [
         "benchmarks/gpu_step.py", "benchmarks/gpu_bench.py", "benchmarks/full_paths.py",
-        "benchmarks/clustering_gpu.py", "benchmarks/gpu_step.py"]
+        "benchmarks/gpu_step.py", "benchmarks/clustering_gpu.py"]
 
 
 def test_benchmark_tables_name_the_commit_and_changes(tmp_path, monkeypatch):
