@@ -15,7 +15,9 @@ timing, every path is checked against the fp32 key-mask result (values and gradi
 ``gpu_checks._check_packed``). Timing: CUDA events, 3 warm-up calls, inputs rotated among three
 sets, the median of repeats filling ``--target-s`` per cell.
 
-Writes ``benchmarks/results/full_paths_<gpu>.{md,csv}``.
+Writes ``benchmarks/results/full_paths_<gpu>.{md,csv}``; with ``--budget-s`` (or
+``$BENCH_DEADLINE``, which ``make gpu-check`` sets) no new row starts once the time is up, and the
+table says where it stopped.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def main(argv=None) -> None:
     p.add_argument("--target-s", type=float, default=0.15)
     p.add_argument("--max-repeats", type=int, default=20)
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help=f"start no new row after this many seconds (also ${bench_io.DEADLINE_ENV}, a Unix time)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("full_paths.py times CUDA kernels: no GPU visible")
@@ -105,9 +109,12 @@ def main(argv=None) -> None:
                         randn), flush=True)
     rows: list[Row] = []
     chosen: dict[tuple[str, int], str] = {}
+    budget, notes = bench_io.Budget(args.budget_s), []
     for dtype_name in args.dtypes:
         dtype = getattr(torch, dtype_name)
         for n in args.ns:
+            if budget.spent(notes, f"{dtype_name} at N = {n}"):
+                break
             b = max(1, args.tokens // n)
             lengths = torch.full((b,), n, dtype=torch.int64, device=device)
             lengths[-1] = 3 * n // 4
@@ -132,13 +139,14 @@ def main(argv=None) -> None:
                 + f"; fastasr takes {chosen[(dtype_name, n)]}", flush=True)
             del inputs
             torch.cuda.empty_cache()
-    write(rows, chosen, args, info)
+    write(rows, chosen, args, info, notes)
 
 
-def write(rows: list[Row], chosen: dict, args, info: dict) -> None:
+def write(rows: list[Row], chosen: dict, args, info: dict, notes: list[str] = ()) -> None:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stem = args.out_dir / f"full_paths_{info['slug']}"
-    bench_io.write_csv(rows, stem.with_suffix(".csv"), 4)
+    if rows:  # none where the time budget was spent before the first
+        bench_io.write_csv(rows, stem.with_suffix(".csv"), 4)
     lines = [
         f"# Full attention on a padded batch, every exact path: {info['gpu']}",
         "",
@@ -160,6 +168,7 @@ def write(rows: list[Row], chosen: dict, args, info: dict) -> None:
         lines.append(f"| {dtype_name} | {n} ({cells[COLUMNS[0]].batch}) | " + " | ".join(
             f"{cells[c].median_ms:.2f}" if cells[c].median_ms else cells[c].status for c in COLUMNS)
             + f" | {path} | {fastest} |")
+    lines += notes
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {stem.with_suffix('.md')}")

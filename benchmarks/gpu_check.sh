@@ -109,7 +109,7 @@ step "tests compiled on CUDA" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p n
 step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
 step "gpu_bench.py (check, then a 30 s bf16 sweep)" 80 "$PY" benchmarks/gpu_bench.py --budget-s 30 \
   --dtypes bfloat16 --ns 1024 4096 16384 65536
-step "full_paths.py (full attention's exact paths)" 60 "$PY" benchmarks/full_paths.py
+step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
 step "gpu_step.py --profile i-clustered-100" 30 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
 step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --sparse-tiles 16:4 16:2 32:4 64:8
 
