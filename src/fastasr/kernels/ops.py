@@ -196,16 +196,21 @@ def clustered_weighted_sum(
     return _backend(w, "clustered_weighted_sum").clustered_weighted_sum(w, v, topk_idx, assignments)
 
 
+def _cluster_rows_backend(x: torch.Tensor, op: str, *shape):
+    """:mod:`fastasr.kernels.triton_broadcast` for ``op`` where :data:`TRITON_CLUSTER_ROWS` is
+    on, the Triton kernels run and they serve ``x`` (and ``shape``'s cluster count); else the
+    reference."""
+    backend = _backend(x, op) if TRITON_CLUSTER_ROWS else reference
+    return backend if backend is reference or backend.applies(x, *shape) else reference
+
+
 def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
     """``(B,H,C,D)`` per-cluster rows -> ``(B,H,N,D)`` per-position rows, zeros where padded (-1).
 
     The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`) where they run, with
     :data:`TRITON_CLUSTER_ROWS`, for the shapes they serve; otherwise the reference's gather.
     """
-    backend = _backend(x, "broadcast_clusters") if TRITON_CLUSTER_ROWS else reference
-    if backend is not reference and not backend.applies(x):
-        backend = reference
-    return backend.broadcast_clusters(x, assignments)
+    return _cluster_rows_backend(x, "broadcast_clusters").broadcast_clusters(x, assignments)
 
 
 def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -> torch.Tensor:
@@ -215,10 +220,7 @@ def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -
     with :data:`TRITON_CLUSTER_ROWS`, for the shapes they serve; otherwise the reference's
     ``index_add`` (float32, float64 for float64 rows).
     """
-    backend = _backend(rows, "cluster_sums") if TRITON_CLUSTER_ROWS else reference
-    if backend is not reference and not backend.applies(rows, clusters):
-        backend = reference
-    return backend.cluster_sums(rows, assignments, clusters)
+    return _cluster_rows_backend(rows, "cluster_sums", clusters).cluster_sums(rows, assignments, clusters)
 
 
 def centroid_attention(
