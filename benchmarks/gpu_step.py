@@ -218,18 +218,19 @@ def write_profile(args, info) -> None:
                      record_shapes=True) as prof:
             ms = 1000 * stepper.step(batch)
         sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        averages = prof.key_averages()
         parts.append(f"### {args.profile}, N = {n}: one step {ms:.1f} ms (kernels: "
-                     f"{bench_io.kernel_ms(prof.key_averages()):.1f} ms; a record_function row's device time "
+                     f"{bench_io.kernel_ms(averages):.1f} ms; a record_function row's device time "
                      "is its span on the GPU, idle gaps included)\n")
-        parts.append(prof.key_averages().table(sort_by=sort, row_limit=30))
+        parts.append(averages.table(sort_by=sort, row_limit=30))
         # the copies and casts by their inputs' shapes: which tensors a step copies, and how often
-        copies = [e for e in prof.key_averages(group_by_input_shape=True)
-                  if e.key in ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous")]
-        copies.sort(key=lambda e: -(e.self_device_time_total if cuda else e.self_cpu_time_total))
+        self_time = "self_device_time_total" if cuda else "self_cpu_time_total"
+        copies = sorted(((getattr(e, self_time) / 1000, e) for e in prof.key_averages(group_by_input_shape=True)
+                         if e.key in ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous")),
+                        key=lambda pair: -pair[0])
         parts.append(f"#### {args.profile}, N = {n}: copies and casts by input shapes\n")
-        parts.append("\n".join(f"{e.key:16} calls {e.count:5}  {'device' if cuda else 'cpu'} "
-                                f"{(e.self_device_time_total if cuda else e.self_cpu_time_total) / 1000:8.3f} ms  "
-                                f"{e.input_shapes}" for e in copies[:15]) + "\n")
+        parts.append("\n".join(f"{e.key:16} calls {e.count:5}  {'device' if cuda else 'cpu'} {ms:8.3f} ms  "
+                                f"{e.input_shapes}" for ms, e in copies[:15]) + "\n")
     out = args.out_dir / f"gpu_step_profile_{info['slug']}.txt"
     out.write_text(f"{datetime.date.today()}, {info['gpu']}, torch {info['torch']}\n\n" + "\n".join(parts))
     print("\n".join(parts)[-6000:])
