@@ -478,6 +478,16 @@ def _centroid_and_grads(fn, leaves, lengths, K, g):
     return (values, top_w, top_idx, *torch.autograd.grad(loss, leaves))
 
 
+def _assert_centroid_outputs_equal(got, want) -> None:
+    """:func:`_centroid_and_grads`' outputs: the same top keys, and values, top weights and
+    gradients of the same dtype within the float32 contract (1e-4)."""
+    assert torch.equal(got[2].cpu(), want[2])
+    for name, a, b in zip(("values", "top_w", "top_idx", "dcentroids", "dk", "dv"), got, want):
+        assert a.dtype == b.dtype, name
+        torch.testing.assert_close(a.detach().cpu(), b.detach(), atol=1e-4, rtol=1e-4,
+                                   msg=lambda m, n=name: f"{n}: {m}")
+
+
 CENTROID_CASES = [
     # B, H, C, N, E, Ev, K, padded
     (2, 3, 7, 37, 16, 16, 5, True),
@@ -504,11 +514,7 @@ def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded,
                                [t.clone().requires_grad_() for t in (centroids, k, v)], lengths, K, _gen(1))
     got = _centroid_and_grads(tcen.centroid_attention, [t.to(DEVICE).requires_grad_() for t in (centroids, k, v)],
                               None if lengths is None else lengths.to(DEVICE), K, _gen(1))
-    assert torch.equal(got[2].cpu(), want[2])
-    for name, a, b in zip(("values", "top_w", "top_idx", "dcentroids", "dk", "dv"), got, want):
-        assert a.dtype == b.dtype, name
-        torch.testing.assert_close(a.detach().cpu(), b.detach(), atol=1e-4, rtol=1e-4,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+    _assert_centroid_outputs_equal(got, want)
 
 
 def test_fused_centroid_attention_long_rows_by_torch_topk(monkeypatch):
@@ -525,10 +531,7 @@ def test_fused_centroid_attention_long_rows_by_torch_topk(monkeypatch):
     want = _centroid_and_grads(reference.centroid_attention,
                                [t.clone().requires_grad_() for t in (centroids, k, v)], lengths, 4, _gen(1))
     got = _centroid_and_grads(tcen.centroid_attention, leaves, lengths.to(DEVICE), 4, _gen(1))
-    assert torch.equal(got[2].cpu(), want[2])
-    for name, a, b in zip(("values", "top_w", "top_idx", "dcentroids", "dk", "dv"), got, want):
-        torch.testing.assert_close(a.detach().cpu(), b.detach(), atol=1e-4, rtol=1e-4,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+    _assert_centroid_outputs_equal(got, want)
 
 
 @pytest.mark.parametrize("C,E", [(130, 32), (64, 64)])  # a 256-row tile; heads of 64
