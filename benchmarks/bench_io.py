@@ -126,6 +126,7 @@ KERNEL_SWITCHES = {
     "fused long rows": ("fastasr.kernels.triton_centroid", "LONG_ROWS", True),
     "scattered top gradients": ("fastasr.kernels.triton_centroid", "SCATTERED_TOP_GRADIENTS", True),
     "early-exit top-k": ("fastasr.kernels.triton_topk", "EARLY_EXIT", True),
+    "stored K-means signs": ("fastasr.kernels.triton_kmeans", "STORED_SIGNS", True),
 }
 
 

@@ -14,10 +14,11 @@
    // N``, N = 800 has 81 sequences), 6 heads, C = 100, 10 iterations, random 63-bit codes, the
    last sequence at 3/4 N: the launcher's own choice of programs per sequence, and every iteration
    in one launch (``spans=1``) forced, and split over spans forced (:func:`split_kmeans`, at
-   least 2 a sequence); ``--tiles`` other tiles, ``--kmeans-stages`` the launcher's tiles with
+   least 2 a sequence), and the launcher's choice with the sweeps reading the codes' signs
+   stored by the first launch (``triton_kmeans.STORED_SIGNS``, :func:`with_stored_signs`); ``--tiles`` other tiles, ``--kmeans-stages`` the launcher's tiles with
    software pipelining (the next tile's codes prefetched); ``--baseline FILE`` adds another
-   implementation of the same signature, loaded from a file; and the launcher's choice, the one launch and the split again on clustered
-   codes, whose centroids stop moving within the 10 iterations as a trained model's queries do
+   implementation of the same signature, loaded from a file; and the launcher's choice (also with
+   stored signs), the one launch and the split again on clustered codes, whose centroids stop moving within the 10 iterations as a trained model's queries do
    (:func:`clustered_codes`), where the one launch stops early and the split path's later
    launches exit at once. Each is first checked equal to the PyTorch reference. Median of
    ``--repeats`` CUDA-event timings.
@@ -32,7 +33,8 @@
    select, ``triton_topk.RADIX_SELECT``, or by a bisection that stops early,
    ``triton_topk.EARLY_EXIT``; the centroid attention's backward reading its top
    weights' gradients scattered by torch, ``triton_centroid.SCATTERED_TOP_GRADIENTS``), and
-   clustered's with its centroid values by the split-key kernels
+   clustered's with its K-means sweeps reading stored signs (``triton_kmeans.STORED_SIGNS``),
+   with its centroid values by the split-key kernels
    (``ops.TRITON_CENTROID_VALUES_FROM``) and with its centroid sums and broadcast by the Triton
    kernels (``ops.TRITON_CLUSTER_ROWS``): a switch becomes the default where its column is faster.
 4. **The parts**, each against what it replaces, in the same run: i-clustered's fused sparse
@@ -80,7 +82,8 @@ HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10
 DEVICE = torch.device("cuda")
 #: The attention calls checked and timed: (kind, the kernels' switches set,
 #: ``bench_io.KERNEL_SWITCHES``); those with switches time the alternatives to the defaults.
-CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centroid values",)),
+CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("stored K-means signs",)),
+         ("clustered", ("split-key centroid values",)),
          ("clustered", ("Triton cluster rows",)),
          ("i-clustered", ("torch centroids",)), ("i-clustered", ("fused long rows",)),
          ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)),
@@ -196,6 +199,16 @@ def with_tile(block_n: int | None = None, warps: int | None = None, stages: int 
     return run
 
 
+def with_stored_signs(codes, lengths):
+    """The launcher's K-means with ``triton_kmeans.STORED_SIGNS``: the sweeps read the codes'
+    signs from the float16 scratch the first launch writes."""
+    return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, stored_signs=True)
+
+
+#: The K-means table's implementations timed again on clustered codes.
+CLUSTERED_CODES_COLUMNS = ("auto", "auto, stored signs", "one launch", "split")
+
+
 def split_kmeans(codes, lengths):
     """K-means split over spans however many sequences there are: the launcher's split
     (``triton_kmeans.spans_per_sequence`` as below ``ONE_LAUNCH_FROM`` sequences), at least 2
@@ -221,6 +234,7 @@ def clustered_codes(b: int, n: int, g: torch.Generator) -> torch.Tensor:
 def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path | None,
                  tiles: list[str], stages: list[int] = ()) -> None:
     impls = {"auto": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS),
+             "auto, stored signs": with_stored_signs,
              "one launch": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS, spans=1),
              "split": split_kmeans}
     for tile in tiles:
@@ -237,8 +251,9 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
                           ((f"one launch, N < {triton_kmeans.WIDE_TILE_FROM}", triton_kmeans.lloyd_tile(CLUSTERS, True, 1)),
                            ("one launch, longer", triton_kmeans.lloyd_tile(CLUSTERS, True, triton_kmeans.WIDE_TILE_FROM)),
                            ("split", triton_kmeans.lloyd_tile(CLUSTERS, False, 1)))) + ")", "",
-              "| N × B | spans (auto) | " + " | ".join(impls) + " | auto, clustered codes | one launch, clustered codes | split, clustered codes |",
-              "|---|---:|" + "---:|" * (len(impls) + 3)]
+              "| N × B | spans (auto) | " + " | ".join(impls) + " | " + " | ".join(
+                  f"{name}, clustered codes" for name in CLUSTERED_CODES_COLUMNS) + " |",
+              "|---|---:|" + "---:|" * (len(impls) + len(CLUSTERED_CODES_COLUMNS))]
     for n in ns:
         if BUDGET.spent(lines, f"K-means at N = {n}"):
             return
@@ -248,8 +263,8 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
         cells = []
         near = clustered_codes(b, n, g)
         wants = {id(c): reference.hamming_kmeans(c, lengths, CLUSTERS, ITERATIONS) for c in (codes, near)}
-        for fn, c in [*((fn, codes) for fn in impls.values()), (impls["auto"], near), (impls["one launch"], near),
-                      (impls["split"], near)]:
+        for fn, c in [*((fn, codes) for fn in impls.values()),
+                      *((impls[name], near) for name in CLUSTERED_CODES_COLUMNS)]:
             want = wants[id(c)]
             got = fn(c, lengths)
             if not (torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])):

@@ -51,6 +51,7 @@ VARIANTS = {
     "i-clustered-100": ("i-clustered-100", None, ()),
     FLOOR: (FLOOR, None, ()),
     # last: the kernels' alternatives to the defaults
+    "clustered-100, stored K-means signs": ("clustered-100", None, ("stored K-means signs",)),
     "clustered-100, split-key centroid values": ("clustered-100", None, ("split-key centroid values",)),
     "clustered-100, Triton cluster rows": ("clustered-100", None, ("Triton cluster rows",)),
     "i-clustered-100, torch centroids": ("i-clustered-100", None, ("torch centroids",)),

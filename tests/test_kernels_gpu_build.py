@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,16 +24,45 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
     """The real compiler (bundled ptxas, no GPU needed) accepts every kernel configuration.
 
     The interpreter checks values, not that the kernels compile: dtype rules, dot shapes
-    and register spills only show here.
+    and register spills only show here. With ``--loops``: K-means' sweeps reading stored
+    signs (``triton_kmeans.STORED_SIGNS``) issue at most 0.6 times the instructions a tile of
+    those unpacking the codes, in each tile the launcher uses (0.39-0.51 with Triton 3.6,
+    benchmarks/gpu_notes.md).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     proc = subprocess.run(
-        [sys.executable, "-m", "fastasr.kernels.compile_check", "--arch", "90"],
+        [sys.executable, "-m", "fastasr.kernels.compile_check", "--arch", "90", "--loops"],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "compile without spills" in proc.stdout
+    loops = dict(re.findall(r"ok    (kmeans lloyd C=100 [^:]+):.*, ([\d,]+) instructions a loop iteration",
+                            proc.stdout))
+    unpacking = {name: int(n.replace(",", "")) for name, n in loops.items() if not name.endswith(" stored signs")}
+    assert len(unpacking) == 4, proc.stdout
+    for name, instructions in unpacking.items():
+        assert int(loops[name + " stored signs"].replace(",", "")) <= 0.6 * instructions, (name, loops)
+
+
+def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
+    """``compile_check.hot_loop_instructions`` on SASS text: a branch back closes a loop; the
+    shortest loop with an ``HGMMA`` counts, else the longest innermost loop; no loop: None."""
+    from fastasr.kernels.compile_check import hot_loop_instructions
+
+    def sass(*ops):
+        return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;   /* 0x0 */" for i, op in enumerate(ops))
+
+    nested = sass("MOV R1, R2", "LDG.E R4, [R2.64]",  # 0x00, 0x10: the outer loop starts at 0x10
+                  "HGMMA.64x128x16.F32 R24, R152, gdesc[UR4], RZ", "FMNMX R5, R4, R5, !PT",
+                  "@P0 BRA 0x20",  # 0x40: the inner loop, 0x20-0x40: 3 instructions
+                  "IADD3 R6, R6, 0x1, RZ", "@P1 BRA 0x10",  # 0x60: the outer loop, 0x10-0x60: 6
+                  "EXIT")
+    assert hot_loop_instructions(nested) == 3
+    no_products = sass("MOV R1, R2", "IADD3 R1, R1, 0x1, RZ", "ISETP.NE.AND P0, PT, R1, R3, PT",
+                       "@P0 BRA 0x10", "LOP3.LUT R5, R5, R6, RZ, 0x3c, !PT", "@P1 BRA 0x40", "EXIT")
+    assert hot_loop_instructions(no_products) == 3  # the longer of two disjoint innermost loops
+    assert hot_loop_instructions(sass("MOV R1, R2", "@P0 BRA 0x40", "EXIT")) is None  # forward only
 
 
 def _run_gpu_bench_quick(tmp_path, *extra):
@@ -88,16 +118,18 @@ def test_kernel_switches_name_settings_they_change():
     assert used == set(bench_io.KERNEL_SWITCHES)
     names = list(bench_io.KERNEL_SWITCHES)
     assert names == ["torch centroids", "key-major backward", "radix top-k", "split-key centroid values",
-                     "Triton cluster rows", "fused long rows", "scattered top gradients", "early-exit top-k"]
+                     "Triton cluster rows", "fused long rows", "scattered top gradients", "early-exit top-k",
+                     "stored K-means signs"]
     settings = [(importlib.import_module(m), a) for m, a, _ in bench_io.KERNEL_SWITCHES.values()]
-    defaults = [True, False, False, None, False, False, False, False]
+    defaults = [True, False, False, None, False, False, False, False, False]
     assert [getattr(m, a) for m, a in settings] == defaults
     made = bench_io.switched_on(names[1:])  # made ahead of its `with` (as a table's settings are): nothing set yet
     assert [getattr(m, a) for m, a in settings] == defaults
     with made:
-        assert [getattr(m, a) for m, a in settings] == [True, True, True, 0, True, True, True, True]
+        assert [getattr(m, a) for m, a in settings] == [True, True, True, 0, True, True, True, True, True]
     with bench_io.switched_on(names[:1]):
-        assert [getattr(m, a) for m, a in settings] == [False, False, False, None, False, False, False, False]
+        assert [getattr(m, a) for m, a in settings] == [False, False, False, None, False, False, False, False,
+                                                        False]
     assert [getattr(m, a) for m, a in settings] == defaults
     assert bench_io.switched_label("i-clustered-100", names[:2]) == \
         "i-clustered-100, torch centroids, key-major backward"
@@ -127,7 +159,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
                     "Attention call as one CUDA graph"):
         assert section in md, section
-    assert md.count("ran (the CPU has no synchronisation check)") == 11
+    assert md.count("ran (the CPU has no synchronisation check)") == 12
     assert "| clustered-4, rows broadcast |" in md and "centroid attention: fused, 256-key spans |" in md
     assert "| i-clustered-4, scattered top gradients |" in md
     assert "centroid attention: fused, scattered top gradients |" in md
@@ -135,6 +167,8 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     assert "| i-clustered-4, radix top-k |" in md and "top-k: Triton, 1 rows × 1 warps" in md
     assert "top-k: Triton, radix select" in md and "| split, clustered codes |" in md
     assert "top-k: Triton, early exit |" in md and "| i-clustered-4, early-exit top-k |" in md
+    assert "| auto, stored signs |" in md and "| auto, stored signs, clustered codes |" in md
+    assert "| clustered-4, stored K-means signs |" in md
     assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md
     for bad in ("fail", "differ", "synchronises"):
         assert bad not in md.lower(), md

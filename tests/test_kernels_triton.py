@@ -216,6 +216,27 @@ def test_kmeans_one_launch_tile_by_length():
     assert torch.equal(got_a.cpu(), ref_a) and torch.equal(got_c.cpu(), ref_c)
 
 
+@pytest.mark.parametrize(
+    "B,H,N,C,iterations,bits,spans,lengths",
+    [
+        (2, 2, 70, 6, 3, 63, 1, [70, 41]),  # one launch: its first sweep reads what it wrote
+        (3, 2, 200, 7, 5, 63, 4, [200, 0, 77]),  # split: the first launch writes, the later read
+        (1, 2, 90, 5, 0, 63, 2, [90]),  # split, no iteration: the final assignment writes
+        (2, 1, 60, 9, 3, 3, 1, [60, 23]),  # 3 bits: ties broken as the reference's
+    ],
+)
+def test_kmeans_stored_signs_equal_the_reference(B, H, N, C, iterations, bits, spans, lengths, monkeypatch):
+    """With ``STORED_SIGNS`` the sweeps read the codes' signs from the scratch the first
+    launch writes: the reference's assignments and counts, one launch or split."""
+    monkeypatch.setattr(tk, "STORED_SIGNS", True)  # the module's switch (stored_signs=None)
+    g = _gen(N + C + bits)
+    lengths = torch.tensor(lengths)
+    codes = _codes(B, H, N, bits, g, lengths)
+    ref_a, ref_c = reference.hamming_kmeans(codes, lengths, C, iterations, bits=bits)
+    got_a, got_c = tk.hamming_kmeans(*_dev(codes, lengths), C, iterations, bits=bits, spans=spans)
+    assert torch.equal(got_a.cpu(), ref_a) and torch.equal(got_c.cpu(), ref_c)
+
+
 def test_kmeans_ignores_bits_above_bits_and_validates():
     g = _gen(12)
     codes = torch.randint(0, 2**62, (1, 2, 40), generator=g)

@@ -2,6 +2,7 @@
 
     python -m fastasr.kernels.compile_check            # sm_90 (H100/H200)
     python -m fastasr.kernels.compile_check --arch 80 --verbose
+    python -m fastasr.kernels.compile_check --only kmeans --loops   # + each hot loop's length
 
 The interpreter (``TRITON_INTERPRET=1``) checks what the kernels compute, but not
 that they compile: dtype rules, ``tl.dot`` shapes and register pressure only show
@@ -11,6 +12,14 @@ GPU present, so this builds each kernel in the configurations the launchers use
 ``cuobjdump``: registers per thread and stack (spill) bytes. Exit status 1 if a
 kernel fails to compile or spills. Run it in a process where ``TRITON_INTERPRET``
 is unset (the kernels must be defined as compiled ``JITFunction`` objects).
+
+``--loops`` also reads each cubin's SASS (``cuobjdump -sass``) and reports the instructions a
+thread issues in one iteration of its hot loop: the innermost loop that holds tensor-core
+products (``HGMMA``, ``HMMA``), else the longest innermost loop. It is a measure of a kernel's
+work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
+K-means' tile with stored signs is 407 instructions against 1,046 (benchmarks/gpu_notes.md).
+
+Pointers are compiled 16-byte aligned, as a launch on torch's tensors specialises them.
 
 Compilation is CPU work, one configuration at a time in Triton, so ``--jobs`` (default:
 every core) compiles that many configurations at once in forked processes: on a
@@ -39,6 +48,8 @@ class KernelReport:
     registers: int | None = None
     stack_bytes: int | None = None
     error: str = ""
+    #: instructions in one iteration of the hot loop (``--loops``; None: not read, or no loop)
+    loop_instructions: int | None = None
 
 
 def _configs():
@@ -67,15 +78,19 @@ def _configs():
                                               (False, True, 16384), (False, False, 16384)):
             tile = tk.lloyd_tile(clusters, in_kernel, length)
             options = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
-            label = (f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate} "
-                     f"tile {tile['BLOCK_N']}x{options['num_warps']}")
-            if all(label != row[0] for row in out):  # C = 256 has one tile whatever the length
-                # as launched: the one launch passes its int64 counts for the unused pointers
+            # the codes unpacked in every sweep, and (STORED_SIGNS) their signs written once and read
+            for stored in (False, True):
+                label = (f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate} "
+                         f"tile {tile['BLOCK_N']}x{options['num_warps']}" + (" stored signs" if stored else ""))
+                if any(label == row[0] for row in out):  # C = 256 has one tile whatever the length
+                    continue
+                # as launched: the one launch passes its int64 counts for the unused pointers, and
+                # the codes for the signs without STORED_SIGNS
                 counts = ({"ones_ptr": "*i64", "counts_ptr": "*i64", "moved_ptr": "*i64"} if in_kernel
                           else {"moved_ptr": "*i32"})
-                out.append((label, tk._lloyd_kernel, {**km_ptrs, **counts},
+                out.append((label, tk._lloyd_kernel, {**km_ptrs, **counts, "signs_ptr": "*fp16" if stored else "*i64"},
                             {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, "AFTER_VOTE": accumulate,
-                             **tile}, options))
+                             "WRITE_SIGNS": stored, "READ_SIGNS": stored, **tile}, options))
     for after_vote in (False, True):
         out.append((f"kmeans update after_vote={after_vote}", tk._update_kernel,
                     {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32",
@@ -191,21 +206,48 @@ def _configs():
     return out
 
 
-def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+def _cuobjdump(cubin: bytes, option: str) -> str:
+    """What Triton's bundled ``cuobjdump <option>`` prints of ``cubin``."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([tool, "--dump-resource-usage", f.name],
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, option, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    text = _cuobjdump(cubin, "--dump-resource-usage")
     regs = re.search(r"REG:(\d+)", text)
     stack = re.search(r"STACK:(\d+)", text)
     return (int(regs.group(1)) if regs else None, int(stack.group(1)) if stack else None)
 
 
-def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, options: dict) -> KernelReport:
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S[^;]*);")
+_BRANCH = re.compile(r"\bBRA\s+(?:`?\(?)(0x[0-9a-f]+)")
+
+
+def hot_loop_instructions(sass: str) -> int | None:
+    """Instructions in one iteration of ``sass``'s hot loop: among the loops (a branch back to
+    an earlier address closes one), the shortest that holds a tensor-core product (``HGMMA``,
+    ``HMMA``), else the longest innermost loop; None without a loop."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(sass)]
+    spans = [(int(branch.group(1), 16), address) for address, text in code
+             for branch in [_BRANCH.search(text)] if branch and int(branch.group(1), 16) < address]
+    if not spans:
+        return None
+    body = {span: [t for a, t in code if span[0] <= a <= span[1]] for span in spans}
+    products = [len(b) for b in body.values() if any(op in t for t in b for op in ("HGMMA", "HMMA"))]
+    if products:
+        return min(products)
+    innermost = [span for span in spans
+                 if not any(o != span and span[0] <= o[0] and o[1] <= span[1] for o in spans)]
+    return max(len(body[span]) for span in innermost)
+
+
+def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, options: dict,
+                 loops: bool = False) -> KernelReport:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -213,11 +255,16 @@ def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, optio
     names = kernel.arg_names
     signature = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}
     constexprs = {(names.index(n),): v for n, v in consts.items()}
+    # Pointers 16-byte aligned, as Triton specialises a launch on torch's tensors (its
+    # vectorised loads and stores follow from it); integers without the hint, which a launch
+    # gives only to multiples of 16.
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
     try:
-        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
                                   target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, **options})
         regs, stack = _resource_usage(compiled.asm["cubin"])
-        return KernelReport(label, True, regs, stack)
+        hot = hot_loop_instructions(_cuobjdump(compiled.asm["cubin"], "-sass")) if loops else None
+        return KernelReport(label, True, regs, stack, loop_instructions=hot)
     except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
         return KernelReport(label, False, error=f"{type(exc).__name__}: {exc}")
 
@@ -227,24 +274,25 @@ def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, optio
 _FORKED_CONFIGS: list = []
 
 
-def _compile_forked(arch: int, index: int) -> KernelReport:
-    return _compile_one(arch, *_FORKED_CONFIGS[index])
+def _compile_forked(arch: int, loops: bool, index: int) -> KernelReport:
+    return _compile_one(arch, *_FORKED_CONFIGS[index], loops=loops)
 
 
-def compile_all(arch: int = 90, only: str | None = None, jobs: int = 1) -> list[KernelReport]:
+def compile_all(arch: int = 90, only: str | None = None, jobs: int = 1, loops: bool = False) -> list[KernelReport]:
     """Compile the kernels for ``sm_<arch>``, ``jobs`` configurations at once; one report per
-    configuration, in :func:`_configs`' order."""
+    configuration, in :func:`_configs`' order; ``loops``: with each hot loop's instructions
+    (:func:`hot_loop_instructions`)."""
     global _FORKED_CONFIGS
     if os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}:
         raise RuntimeError("compile_check needs compiled kernels: unset TRITON_INTERPRET")
     configs = [c for c in _configs() if not only or only in c[0]]
     jobs = max(1, min(jobs, len(configs)))
     if jobs == 1:
-        return [_compile_one(arch, *c) for c in configs]
+        return [_compile_one(arch, *c, loops=loops) for c in configs]
     _FORKED_CONFIGS = configs
     try:
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            return pool.starmap(_compile_forked, [(arch, i) for i in range(len(configs))], chunksize=1)
+            return pool.starmap(_compile_forked, [(arch, loops, i) for i in range(len(configs))], chunksize=1)
     finally:
         _FORKED_CONFIGS = []
 
@@ -256,10 +304,12 @@ def main(argv=None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="configurations compiled at once, each in its own process (default: every core)")
     parser.add_argument("--verbose", action="store_true", help="print compiler errors in full")
+    parser.add_argument("--loops", action="store_true",
+                        help="also report the instructions of each kernel's hot loop (one iteration, a thread)")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be at least 1, got {args.jobs}")
-    reports = compile_all(args.arch, args.only, args.jobs)
+    reports = compile_all(args.arch, args.only, args.jobs, args.loops)
     bad = 0
     for r in reports:
         if not r.ok:
@@ -270,7 +320,8 @@ def main(argv=None) -> int:
             bad += 1
             print(f"SPILL {r.name}: {r.registers} registers, {r.stack_bytes} stack bytes")
         else:
-            print(f"ok    {r.name}: {r.registers} registers, no spills")
+            hot = "" if r.loop_instructions is None else f", {r.loop_instructions:,} instructions a loop iteration"
+            print(f"ok    {r.name}: {r.registers} registers, no spills{hot}")
     print(f"sm_{args.arch}: {len(reports) - bad} of {len(reports)} kernel configurations compile without spills")
     return 1 if bad else 0
 

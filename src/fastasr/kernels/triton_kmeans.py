@@ -19,9 +19,17 @@ positions in one sweep, on chip:
   ``-c/256`` per used centroid (``-4096`` for an unused one) in the distance product,
   which makes the row maximum the nearest used centroid, the lowest index among
   equals, with the index in its fraction (exact in fp16 and fp32): one max-reduction;
-* the same tile then adds its members and their set bits into a ``(BLOCK_C, 64)``
-  accumulator: ``onehot(assign)^T @ bits``, a second product of 0/1 values (exact),
-  whose column 63 carries 1 and so counts the members.
+* the same tile then adds its members' signs into a ``(BLOCK_C, 64)`` accumulator:
+  ``onehot(assign)^T @ signs``, a second product of the same +-1 tile (exact), whose column
+  63 carries +1 and so counts the members; a bit's sum is ``2 * set - members``, so the
+  strict majority is a positive sum.
+
+With :data:`STORED_SIGNS` the tiles' +-1 signs are unpacked from the codes once, into a
+``(B, H, N, 64)`` float16 scratch the kernel writes before its first sweep, and every sweep
+reads them (one 16-byte vector load a thread and row) instead of unpacking each bit of each
+code again: on sm_90, C = 100, 64 positions x 4 warps, a sweep's tile compiles to 407
+instructions a thread against 1,046 (the unpacking's shifts, selects and conversions, and
+scalar loads of the codes), for 128 bytes read a position and sweep against 8.
 
 When one program owns a whole sequence (``P = 1`` span per sequence) the program reads
 its initial centroids from the codes and runs
@@ -88,6 +96,11 @@ LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
 ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 1}), (128, {"num_warps": 8, "num_stages": 1}))
 WIDE_TILE_FROM = 1024
 UPDATE_BLOCK_C = 32
+#: Sweeps read the +-1 signs of the codes from a float16 scratch that the first launch writes,
+#: instead of unpacking the codes in every sweep (module docstring). Off until a GPU times it:
+#: fewer instructions a tile, 16 times the bytes a sweep (``clustering_gpu.py``'s K-means table,
+#: "stored signs").
+STORED_SIGNS = False
 
 
 @triton.jit
@@ -97,6 +110,12 @@ def _bits01(code, offs_bits):
     hi = (code >> 32).to(tl.uint32)
     word = tl.where(offs_bits[None, :] < 32, lo[:, None], hi[:, None])
     return ((word >> (offs_bits[None, :] & 31).to(tl.uint32)) & 1).to(tl.int32)
+
+
+@triton.jit
+def _signs(code, offs_bits):
+    """``(M,)`` codes (bit 63 clear) -> ``(M, 64)`` float16 +-1 signs of their bits, +1 in column 63."""
+    return tl.where(offs_bits[None, :] == 63, 1, 2 * _bits01(code, offs_bits) - 1).to(tl.float16)
 
 
 @triton.jit
@@ -118,9 +137,10 @@ def _vote(ones, cnt, old, offs_bits, BITS):
 
 @triton.jit
 def _lloyd_kernel(
-    codes_ptr, cent_ptr, len_ptr, assign_ptr, ones_ptr, counts_ptr, moved_ptr,
+    codes_ptr, cent_ptr, len_ptr, assign_ptr, ones_ptr, counts_ptr, moved_ptr, signs_ptr,
     H, N, C, SPAN, BITMASK, BITS, PASSES,
     IN_KERNEL: tl.constexpr, ACCUMULATE: tl.constexpr, AFTER_VOTE: tl.constexpr,
+    WRITE_SIGNS: tl.constexpr, READ_SIGNS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     """Lloyd sweeps over the span ``[pid_s * SPAN, +SPAN)`` of sequence ``pid_bh``.
@@ -136,6 +156,9 @@ def _lloyd_kernel(
     assignment (and the counts). ``AFTER_VOTE``: an accumulating sweep after a vote, which
     exits at once when that vote moved none of the sequence's centroids (``moved_ptr``, the
     vote's count): the sweep would repeat the last one, and the final assignment follows.
+    ``WRITE_SIGNS``: first unpack the span's codes into their +-1 signs at ``signs_ptr``
+    (``(B * H * N, 64)`` float16, column 63: +1); ``READ_SIGNS``: the sweeps read them there
+    instead of unpacking the codes (:data:`STORED_SIGNS`).
     """
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -167,6 +190,15 @@ def _lloyd_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         tl.store(assign_ptr + row + offs_n, tl.full((BLOCK_N,), -1, tl.int64), mask=offs_n < stop)
 
+    if WRITE_SIGNS:  # the span's signs, once; the sweeps below read them
+        for n0 in range(start, valid_stop, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < valid_stop
+            code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
+            tl.store(signs_ptr + (row + offs_n)[:, None] * 64 + offs_bits[None, :],
+                     _signs(code, offs_bits), mask=mask_n[:, None])
+        tl.debug_barrier()  # what each thread stored, visible to every thread of the program
+
     if IN_KERNEL:  # centroid c starts at the code of valid position floor(c * length / c_eff)
         first = tl.minimum((offs_c * length) // tl.maximum(c_eff, 1), N - 1)
         cent = tl.load(codes_ptr + row + first, mask=in_c, other=0) & BITMASK  # (BLOCK_C,) int64
@@ -183,16 +215,21 @@ def _lloyd_kernel(
         for n0 in range(start, valid_stop, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < valid_stop
-            code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
-            bits = _bits01(code, offs_bits)  # (BLOCK_N, 64), column 63 clear
-            score = tl.dot(tl.where(bias_column, 1, 2 * bits - 1).to(tl.float16), cent_t)
+            if READ_SIGNS:
+                signs = tl.load(signs_ptr + (row + offs_n)[:, None] * 64 + offs_bits[None, :],
+                                mask=mask_n[:, None], other=0.0)
+            else:
+                code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
+                signs = _signs(code, offs_bits)
+            score = tl.dot(signs, cent_t)
             top = tl.max(score, axis=1)  # integer score - best / 256: exact
             best = (-top * 256.0).to(tl.int32) & 255
             tl.store(assign_ptr + row + offs_n, best.to(tl.int64), mask=mask_n)
             onehot = ((score == top[:, None]) & mask_n[:, None]).to(tl.float16)
-            acc = tl.dot(tl.trans(onehot), tl.where(bias_column, 1, bits).to(tl.float16), acc)
-        ones = acc.to(tl.int32)
-        cnt = tl.sum(tl.where(bias_column, ones, 0), axis=1)
+            acc = tl.dot(tl.trans(onehot), signs, acc)
+        # a bit's sum over a centroid's members is 2 * (set bits) - members; column 63: members
+        cnt = tl.sum(tl.where(bias_column, acc, 0.0), axis=1).to(tl.int32)
+        ones = (acc.to(tl.int32) + cnt[:, None]) // 2
         if IN_KERNEL:
             voted = _vote(ones, cnt, cent, offs_bits, BITS)
             # No centroid moved: every later sweep would repeat this one exactly, so its
@@ -275,6 +312,7 @@ def hamming_kmeans(
     *,
     bits: int = MAX_BITS,
     spans: int | None = None,
+    stored_signs: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K-means in Hamming space on ``(B, H, N)`` int64 hash codes (Triton).
 
@@ -289,6 +327,8 @@ def hamming_kmeans(
         bits: significant low bits of each code, ``1..63``.
         spans: programs per sequence (``None``: :func:`spans_per_sequence`); 1 runs
             every iteration in one launch. For tests and benchmarks.
+        stored_signs: whether the sweeps read the codes' signs from a scratch the first launch
+            writes (``None``: :data:`STORED_SIGNS`). For tests and benchmarks.
 
     Returns:
         ``assignments`` ``(B, H, N)`` int64 in ``[0, C)`` (``-1`` for padded
@@ -329,12 +369,16 @@ def hamming_kmeans(
     programs = triton.cdiv(N, span)
 
     assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
+    stored = STORED_SIGNS if stored_signs is None else stored_signs
+    # the codes' +-1 signs, written by the first launch (unused without STORED_SIGNS: the codes)
+    signs = torch.empty((B, H, N, 64), dtype=torch.float16, device=device) if stored else codes
     if programs == 1:  # every pass in one launch, from the initial centroids it reads itself
         counts = torch.empty((B, H, C), dtype=torch.int64, device=device)
         # it reads no centroids (cent_ptr: the codes) and accumulates nothing (ones_ptr: counts)
         _lloyd_kernel[(B * H, 1)](
-            codes, codes, lens, assign, counts, counts, counts, H, N, C, span, bitmask, bits, iterations + 1,
-            IN_KERNEL=True, ACCUMULATE=False, AFTER_VOTE=False, **tile,
+            codes, codes, lens, assign, counts, counts, counts, signs, H, N, C, span, bitmask, bits,
+            iterations + 1, IN_KERNEL=True, ACCUMULATE=False, AFTER_VOTE=False,
+            WRITE_SIGNS=stored, READ_SIGNS=stored, **tile,
         )
         return assign, counts
     centroids, _ = initial_centroids(codes, lens, C)
@@ -347,14 +391,16 @@ def hamming_kmeans(
     for i in range(iterations):
         before = moved[i - 1] if i else moved[0]  # read only after a vote
         _lloyd_kernel[grid](
-            *args, ones, counts, before, H, N, C, span, bitmask, bits, 1,
-            IN_KERNEL=False, ACCUMULATE=True, AFTER_VOTE=i > 0, **tile,
+            *args, ones, counts, before, signs, H, N, C, span, bitmask, bits, 1,
+            IN_KERNEL=False, ACCUMULATE=True, AFTER_VOTE=i > 0,
+            WRITE_SIGNS=stored and i == 0, READ_SIGNS=stored, **tile,
         )
         _update_kernel[(B * H, triton.cdiv(C, UPDATE_BLOCK_C))](
             centroids, ones, counts, before, moved[i], C, bits, AFTER_VOTE=i > 0, BLOCK_C=UPDATE_BLOCK_C,
         )
     _lloyd_kernel[grid](
-        *args, ones, counts, moved[0], H, N, C, span, bitmask, bits, 1,
-        IN_KERNEL=False, ACCUMULATE=False, AFTER_VOTE=False, **tile,
+        *args, ones, counts, moved[0], signs, H, N, C, span, bitmask, bits, 1,
+        IN_KERNEL=False, ACCUMULATE=False, AFTER_VOTE=False,
+        WRITE_SIGNS=stored and iterations == 0, READ_SIGNS=stored, **tile,
     )
     return assign, counts.to(torch.int64)
