@@ -36,7 +36,7 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "compile without spills" in proc.stdout
+    assert "compile without spills or GPU-wide fences" in proc.stdout
     loops = dict(re.findall(r"ok    (kmeans lloyd C=100 [^:]+):.*, ([\d,]+) instructions a loop iteration",
                             proc.stdout))
     unpacking = {name: int(n.replace(",", "")) for name, n in loops.items() if not name.endswith(" stored signs")}
@@ -63,6 +63,39 @@ def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
                        "@P0 BRA 0x10", "LOP3.LUT R5, R5, R6, RZ, 0x3c, !PT", "@P1 BRA 0x40", "EXIT")
     assert hot_loop_instructions(no_products) == 3  # the longer of two disjoint innermost loops
     assert hot_loop_instructions(sass("MOV R1, R2", "@P0 BRA 0x40", "EXIT")) is None  # forward only
+
+
+def test_launch_specialisation_of_the_sparse_backward_and_the_hash():
+    """Compiled as a launch on contiguous tensors specialises the kernels: each tensor's last
+    stride 1, its other strides and the row widths multiples of 16, lengths and counts
+    unmarked, the hash planes' rows (63 wide) unmarked, constexprs and pointers left out."""
+    from fastasr.kernels.compile_check import launch_specialisation
+
+    names = ["q_ptr", "H", "N", "K", "E", "EV", "C", "scale", "s_qb", "s_qh", "s_qn", "s_qe",
+             "s_ib", "s_ih", "s_ic", "s_it", "BLOCK_N"]
+    unit, multiples = launch_specialisation(names, excluded={"q_ptr", "BLOCK_N"})
+    assert unit == ["s_it", "s_qe"]
+    assert sorted(multiples) == ["E", "EV", "K", "s_ib", "s_ic", "s_ih", "s_qb", "s_qh", "s_qn"]
+    unit, multiples = launch_specialisation(["x_ptr", "N", "E", "stride_xb", "stride_xh", "stride_xn", "stride_xe",
+                                             "stride_pe", "stride_pb"], excluded={"x_ptr"})
+    assert unit == ["stride_pb", "stride_xe"]
+    assert sorted(multiples) == ["E", "stride_xb", "stride_xh", "stride_xn"]
+
+
+def test_gpu_fences_are_counted_as_acq_rel_atomics_compile():
+    """``compile_check.gpu_fences``: an atomic add with Triton's default ``acq_rel`` semantics
+    compiles to a GPU-scope ``MEMBAR`` before it and an L1 invalidation after (two), a relaxed
+    one to a bare ``REDG`` (none); a CTA-scope fence is not counted."""
+    from fastasr.kernels.compile_check import gpu_fences
+
+    acq_rel = """
+        /*67c0*/                   MEMBAR.ALL.GPU ;                                /* 0x0 */
+        /*67f0*/                   ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU PT, R4, desc[UR4][R2.64], R5 ;   /* 0x0 */
+        /*6800*/                   CCTL.IVALL ;                                    /* 0x0 */
+        /*6810*/                   MEMBAR.ALL.CTA ;                                /* 0x0 */"""
+    relaxed = "        /*67f0*/                   REDG.E.ADD.F32.FTZ.RN.STRONG.GPU desc[UR4][R2.64], R5 ;   /* 0x0 */"
+    assert gpu_fences(acq_rel) == 2
+    assert gpu_fences(relaxed) == 0
 
 
 def _run_gpu_bench_quick(tmp_path, *extra):

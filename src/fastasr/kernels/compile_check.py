@@ -19,7 +19,17 @@ products (``HGMMA``, ``HMMA``), else the longest innermost loop. It is a measure
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
 K-means' tile with stored signs is 407 instructions against 1,046 (benchmarks/gpu_notes.md).
 
-Pointers are compiled 16-byte aligned, as a launch on torch's tensors specialises them.
+Every cubin's SASS is also searched for GPU-wide memory fences (``MEMBAR`` at GPU scope) and
+L1 invalidations (``CCTL.IVALL``): Triton puts both around every ``tl.atomic_add`` with its
+default ``acq_rel`` semantics, which no kernel here needs (their atomics add partial sums that
+only a later launch reads), so each is a failure: the kernels' atomics say ``sem="relaxed"``,
+which compiles to fire-and-forget ``REDG`` reductions.
+
+The kernels are compiled as a launch on contiguous tensors specialises them
+(:func:`launch_specialisation`): pointers 16-byte aligned, each tensor's innermost stride 1,
+its other strides and the row widths (E, K, ...) multiples of 16; lengths and counts without
+the hint. Vectorised loads and stores follow from it (the sparse backward: 124 registers for
+bf16, E = 32, against 198 compiled with none of it).
 
 Compilation is CPU work, one configuration at a time in Triton, so ``--jobs`` (default:
 every core) compiles that many configurations at once in forked processes: on a
@@ -50,6 +60,8 @@ class KernelReport:
     error: str = ""
     #: instructions in one iteration of the hot loop (``--loops``; None: not read, or no loop)
     loop_instructions: int | None = None
+    #: GPU-wide memory fences and L1 invalidations in the SASS (:func:`gpu_fences`)
+    fences: int = 0
 
 
 def _configs():
@@ -228,6 +240,11 @@ _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S[^;]*);")
 _BRANCH = re.compile(r"\bBRA\s+(?:`?\(?)(0x[0-9a-f]+)")
 
 
+def gpu_fences(sass: str) -> int:
+    """GPU-wide memory fences (``MEMBAR.*.GPU``) and L1 invalidations (``CCTL.IVALL``) in ``sass``."""
+    return len(re.findall(r"\bMEMBAR\.\w+\.GPU\b|\bCCTL\.IVALL\b", sass))
+
+
 def hot_loop_instructions(sass: str) -> int | None:
     """Instructions in one iteration of ``sass``'s hot loop: among the loops (a branch back to
     an earlier address closes one), the shortest that holds a tensor-core product (``HGMMA``,
@@ -246,6 +263,32 @@ def hot_loop_instructions(sass: str) -> int | None:
     return max(len(body[span]) for span in innermost)
 
 
+#: Integer arguments that are row widths: heads' features, top keys, rows' width (multiples of 16
+#: in every model: heads of 32 or 64, K = 32).
+_ROW_WIDTHS = {"E", "EV", "K", "D"}
+#: Strides that are not multiples of 16 at the paper's shapes: the hash planes' rows are ``bits``
+#: (63) wide.
+_ODD_STRIDES = {"stride_pe"}
+
+
+def launch_specialisation(names, excluded=()) -> tuple[list[str], list[str]]:
+    """How a launch on contiguous tensors with row widths of a multiple of 16 specialises a
+    kernel's integer arguments ``names`` (Triton makes an integer equal to 1 a constant and marks
+    a multiple of 16 divisible): the stride arguments (``s_*``, ``stride_*``) that are the last
+    of their tensor's (the innermost: 1), and the other strides and the row widths (multiples of
+    16), but for :data:`_ODD_STRIDES`. Lengths and counts (``N``, ``C``, ...) are left unmarked: a
+    length of 801 is a launch too.
+    ``excluded``: names that are not integer arguments (pointers, constexprs)."""
+    strides = [n for n in names if n.startswith(("s_", "stride_")) and n not in excluded]
+    last = {}
+    for n in strides:  # s_qb, s_qh, s_qn, s_qe: one tensor's strides, outermost first
+        last[n[:-1]] = n
+    unit = sorted(last.values())
+    multiples = ([n for n in strides if n not in unit and n not in _ODD_STRIDES]
+                 + [n for n in names if n in _ROW_WIDTHS and n not in excluded])
+    return unit, multiples
+
+
 def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, options: dict,
                  loops: bool = False) -> KernelReport:
     import triton
@@ -253,18 +296,19 @@ def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, optio
     from triton.compiler import ASTSource
 
     names = kernel.arg_names
+    unit, multiples = launch_specialisation(names, set(consts) | {n for n in names if types.get(n, "").startswith("*")})
+    consts = {**consts, **dict.fromkeys(unit, 1)}
     signature = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in names}
     constexprs = {(names.index(n),): v for n, v in consts.items()}
-    # Pointers 16-byte aligned, as Triton specialises a launch on torch's tensors (its
-    # vectorised loads and stores follow from it); integers without the hint, which a launch
-    # gives only to multiples of 16.
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n].startswith("*")}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+               if signature[n].startswith("*") or n in multiples}
     try:
         compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=aligned),
                                   target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, **options})
         regs, stack = _resource_usage(compiled.asm["cubin"])
-        hot = hot_loop_instructions(_cuobjdump(compiled.asm["cubin"], "-sass")) if loops else None
-        return KernelReport(label, True, regs, stack, loop_instructions=hot)
+        sass = _cuobjdump(compiled.asm["cubin"], "-sass")
+        return KernelReport(label, True, regs, stack, loop_instructions=hot_loop_instructions(sass) if loops else None,
+                            fences=gpu_fences(sass))
     except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
         return KernelReport(label, False, error=f"{type(exc).__name__}: {exc}")
 
@@ -319,10 +363,15 @@ def main(argv=None) -> int:
         elif r.stack_bytes:
             bad += 1
             print(f"SPILL {r.name}: {r.registers} registers, {r.stack_bytes} stack bytes")
+        elif r.fences:
+            bad += 1
+            print(f"FENCE {r.name}: {r.fences} GPU-wide memory fences or L1 invalidations "
+                  "(an atomic without sem=\"relaxed\"?)")
         else:
             hot = "" if r.loop_instructions is None else f", {r.loop_instructions:,} instructions a loop iteration"
             print(f"ok    {r.name}: {r.registers} registers, no spills{hot}")
-    print(f"sm_{args.arch}: {len(reports) - bad} of {len(reports)} kernel configurations compile without spills")
+    print(f"sm_{args.arch}: {len(reports) - bad} of {len(reports)} kernel configurations compile without spills "
+          "or GPU-wide fences")
     return 1 if bad else 0
 
 

@@ -231,7 +231,7 @@ def _centroid_bwd_kernel(
         tl.store(dk_ptr + (bh * N + cols[:, None]) * E + offs_e[None, :],
                  dk_n.to(dk_ptr.dtype.element_ty), mask=in_n[:, None] & (offs_e[None, :] < E))
         dcent += tl.dot(ds, keys, input_precision=PRECISION)
-    tl.atomic_add(dc_ptr + crow[:, None] * E + offs_e[None, :], dcent, mask=e_mask)
+    tl.atomic_add(dc_ptr + crow[:, None] * E + offs_e[None, :], dcent, mask=e_mask, sem="relaxed")
 
 
 def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool, scattered_top: bool = False) -> dict:

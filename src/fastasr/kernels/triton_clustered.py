@@ -198,7 +198,7 @@ def _scatter_outer_kernel(
     idx = tl.load(idx_ptr + b * s_ib + h * s_ih + c * s_ic + offs_t * s_it, mask=offs_t < K, other=-1)
     ok = (idx >= 0) & (idx < S)
     tl.atomic_add(dm_ptr + pid_bh.to(tl.int64) * S * E + idx[:, None] * E + offs_e[None, :], part,
-                  mask=ok[:, None] & mask_e[None, :])
+                  mask=ok[:, None] & mask_e[None, :], sem="relaxed")
 
 
 @triton.jit
@@ -308,10 +308,10 @@ def _sparse_bwd_kernel(
                 mask=mask_p[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     o = tl.dot(p.to(DOT_DTYPE), vals, input_precision=PRECISION)  # the softmax part, before the mass
     g_sum = tl.sum(g, 0)  # (BLOCK_V,)
-    tl.atomic_add(dvalues_ptr + cluster * EV + offs_v, g_sum, mask=mask_v)
+    tl.atomic_add(dvalues_ptr + cluster * EV + offs_v, g_sum, mask=mask_v, sem="relaxed")
     vals_f = vals.to(tl.float32)
     dtw = tl.sum(tl.sum(g * o, 1), 0) - tl.sum(vals_f * g_sum[None, :], 1)
-    tl.atomic_add(dtw_ptr + cluster * K + offs_t, dtw, mask=ok)
+    tl.atomic_add(dtw_ptr + cluster * K + offs_t, dtw, mask=ok, sem="relaxed")
     go = (g * tl.sum(tw, 0)).to(DOT_DTYPE)  # d of the softmax part
     dp = tl.dot(go, tl.trans(vals), input_precision=PRECISION)  # (BLOCK_N, BLOCK_K)
     ds = p * (dp - tl.sum(p * dp, 1)[:, None]) * scale
@@ -327,9 +327,9 @@ def _sparse_bwd_kernel(
         tl.store(sel_ptr + slot * BLOCK_K + offs_t, tl.where(ok, idx, S).to(tl.int32))
     else:
         tl.atomic_add(dk_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * E + offs_e[None, :], dk,
-                      mask=ok[:, None] & (offs_e[None, :] < E))
+                      mask=ok[:, None] & (offs_e[None, :] < E), sem="relaxed")
         tl.atomic_add(dv_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * EV + offs_v[None, :], dv,
-                      mask=ok[:, None] & mask_v[None, :])
+                      mask=ok[:, None] & mask_v[None, :], sem="relaxed")
 
 
 @triton.jit
@@ -343,7 +343,7 @@ def _key_rows_sum(part_ptr, out_ptr, src, key, end, pid_bh, S, D,
     same = (key[:, None] == key[None, :]).to(tl.float32)  # (CHUNK, CHUNK) of 0 and 1
     sums = tl.dot(same, rows, input_precision=PRECISION)
     tl.atomic_add(out_ptr + (pid_bh.to(tl.int64) * S + key[:, None]) * D + offs_d[None, :], sums,
-                  mask=end[:, None] & (offs_d[None, :] < D))
+                  mask=end[:, None] & (offs_d[None, :] < D), sem="relaxed")
 
 
 @triton.jit
@@ -384,8 +384,8 @@ def dot_config(dtype: torch.dtype, interpreted: bool):
 def _blocks(K: int, E: int, dot_dtype) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, BLOCK_E): K and E whole; fewer rows for wider tiles.
 
-    For K = 32 and E = 32/64 this keeps every kernel at 4 warps between about 95 and
-    190 registers per thread with no spills on sm_90 (``python -m
+    For K = 32 and E = 32/64 this keeps every kernel at 4 warps between about 30 and
+    160 registers per thread with no spills on sm_90 (``python -m
     fastasr.kernels.compile_check``). Not tuned on a GPU yet.
     """
     block_k = max(16, triton.next_power_of_2(K))
@@ -630,7 +630,7 @@ def key_sum_tile() -> dict:
     and the precision of its sums: ``tf32x3`` (three tf32 tensor-core products; the 0/1 key
     matrix is exact in tf32, so the sums keep ~22 bits of each row, near fp32's 24).
 
-    The key matrix is ``(CHUNK, CHUNK)``: 32 rows keep the kernel at 100-176 registers a thread
+    The key matrix is ``(CHUNK, CHUNK)``: 32 rows keep the kernel at 80-110 registers a thread
     on sm_90 for rows of 32 and 64 features; 64 spill (``python -m fastasr.kernels.compile_check``)."""
     return {"CHUNK": 32, "num_warps": 8, "PRECISION": "tf32x3"}
 

@@ -240,10 +240,10 @@ def _lloyd_kernel(
     if IN_KERNEL:
         tl.store(counts_ptr + crow + offs_c, cnt.to(counts_ptr.dtype.element_ty), mask=in_c)
     else:
-        tl.atomic_add(counts_ptr + crow + offs_c, cnt, mask=in_c)
+        tl.atomic_add(counts_ptr + crow + offs_c, cnt, mask=in_c, sem="relaxed")
         if ACCUMULATE:
             ones_ptrs = ones_ptr + (crow + offs_c[:, None]) * 64 + offs_bits[None, :]
-            tl.atomic_add(ones_ptrs, ones, mask=in_c[:, None] & (offs_bits[None, :] < 63))
+            tl.atomic_add(ones_ptrs, ones, mask=in_c[:, None] & (offs_bits[None, :] < 63), sem="relaxed")
 
 
 @triton.jit
@@ -272,7 +272,7 @@ def _update_kernel(
 
     voted = _vote(ones, cnt, old, offs_bits, BITS)
     tl.store(cent_ptr + crow + offs_c, voted, mask=mask_c)
-    tl.atomic_add(moved_ptr + pid_bh, tl.sum(((voted != old) & mask_c).to(tl.int32), axis=0))
+    tl.atomic_add(moved_ptr + pid_bh, tl.sum(((voted != old) & mask_c).to(tl.int32), axis=0), sem="relaxed")
     tl.store(ones_ptrs, tl.zeros((BLOCK_C, 64), dtype=tl.int32), mask=mask_c[:, None])
     tl.store(counts_ptr + crow + offs_c, tl.zeros((BLOCK_C,), dtype=tl.int32), mask=mask_c)
 
