@@ -46,9 +46,10 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
 
 
 def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
-    """``compile_check.hot_loop_instructions`` on SASS text: a branch back closes a loop; the
-    shortest loop with an ``HGMMA`` counts, else the longest innermost loop; no loop: None."""
-    from fastasr.kernels.compile_check import hot_loop_instructions
+    """``compile_check.hot_loop`` on SASS text: a branch back closes a loop; the
+    shortest loop with an ``HGMMA`` counts, else the longest innermost loop, with the loops in it;
+    no loop: None."""
+    from fastasr.kernels.compile_check import hot_loop
 
     def sass(*ops):
         return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;   /* 0x0 */" for i, op in enumerate(ops))
@@ -58,11 +59,16 @@ def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
                   "@P0 BRA 0x20",  # 0x40: the inner loop, 0x20-0x40: 3 instructions
                   "IADD3 R6, R6, 0x1, RZ", "@P1 BRA 0x10",  # 0x60: the outer loop, 0x10-0x60: 6
                   "EXIT")
-    assert hot_loop_instructions(nested) == 3
+    assert hot_loop(nested) == (3, ())
+    assert hot_loop(nested.replace("HGMMA", "IMAD")) == (3, ())  # no products: the innermost
+    around = sass("MOV R1, R2", "HMMA.16816.F32.BF16 R4, R8, R12, R4", "ISETP.GE.AND P0, PT, R1, R3, PT",  # 0x10-
+                  "FSEL R5, R5, RZ, P0", "@P0 BRA 0x20",  # 0x40: a loop inside, 0x20-0x40
+                  "@P1 BRA 0x10", "EXIT")  # 0x50: the loop with the product, 0x10-0x50
+    assert hot_loop(around) == (5, (3,))
     no_products = sass("MOV R1, R2", "IADD3 R1, R1, 0x1, RZ", "ISETP.NE.AND P0, PT, R1, R3, PT",
                        "@P0 BRA 0x10", "LOP3.LUT R5, R5, R6, RZ, 0x3c, !PT", "@P1 BRA 0x40", "EXIT")
-    assert hot_loop_instructions(no_products) == 3  # the longer of two disjoint innermost loops
-    assert hot_loop_instructions(sass("MOV R1, R2", "@P0 BRA 0x40", "EXIT")) is None  # forward only
+    assert hot_loop(no_products) == (3, ())  # the longer of two disjoint innermost loops
+    assert hot_loop(sass("MOV R1, R2", "@P0 BRA 0x40", "EXIT")) is None  # forward only
 
 
 def test_launch_specialisation_of_the_sparse_backward_and_the_hash():

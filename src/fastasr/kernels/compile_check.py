@@ -15,7 +15,9 @@ is unset (the kernels must be defined as compiled ``JITFunction`` objects).
 
 ``--loops`` also reads each cubin's SASS (``cuobjdump -sass``) and reports the instructions a
 thread issues in one iteration of its hot loop: the innermost loop that holds tensor-core
-products (``HGMMA``, ``HMMA``), else the longest innermost loop. It is a measure of a kernel's
+products (``HGMMA``, ``HMMA``), else the longest innermost loop, and of a loop inside it (which
+runs its trip count: the centroid backward's 562 hold a 94-instruction loop over the K = 32
+top keys, 3,570 a key block in all). It is a measure of a kernel's
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
 K-means' tile with stored signs is 407 instructions against 1,046 (benchmarks/gpu_notes.md).
 
@@ -58,8 +60,9 @@ class KernelReport:
     registers: int | None = None
     stack_bytes: int | None = None
     error: str = ""
-    #: instructions in one iteration of the hot loop (``--loops``; None: not read, or no loop)
-    loop_instructions: int | None = None
+    #: :func:`hot_loop`'s instructions: one iteration, and one of each loop inside it (``--loops``;
+    #: None: not read, or no loop)
+    hot_loop: tuple[int, tuple[int, ...]] | None = None
     #: GPU-wide memory fences and L1 invalidations in the SASS (:func:`gpu_fences`)
     fences: int = 0
 
@@ -245,22 +248,30 @@ def gpu_fences(sass: str) -> int:
     return len(re.findall(r"\bMEMBAR\.\w+\.GPU\b|\bCCTL\.IVALL\b", sass))
 
 
-def hot_loop_instructions(sass: str) -> int | None:
-    """Instructions in one iteration of ``sass``'s hot loop: among the loops (a branch back to
-    an earlier address closes one), the shortest that holds a tensor-core product (``HGMMA``,
-    ``HMMA``), else the longest innermost loop; None without a loop."""
+def hot_loop(sass: str) -> tuple[int, tuple[int, ...]] | None:
+    """``sass``'s hot loop: the instructions of one iteration, and of one iteration of each
+    loop directly inside it (counted in the first once; they run as often as their trip count).
+    The hot loop: among the loops (a branch back to an earlier address closes one), the shortest
+    that holds a tensor-core product (``HGMMA``, ``HMMA``), else the longest innermost loop.
+    None without a loop."""
     code = [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(sass)]
     spans = [(int(branch.group(1), 16), address) for address, text in code
              for branch in [_BRANCH.search(text)] if branch and int(branch.group(1), 16) < address]
     if not spans:
         return None
     body = {span: [t for a, t in code if span[0] <= a <= span[1]] for span in spans}
-    products = [len(b) for b in body.values() if any(op in t for t in b for op in ("HGMMA", "HMMA"))]
+
+    def inside(span):
+        return [o for o in spans if o != span and span[0] <= o[0] and o[1] <= span[1]]
+
+    products = [s for s in spans if any(op in t for t in body[s] for op in ("HGMMA", "HMMA"))]
     if products:
-        return min(products)
-    innermost = [span for span in spans
-                 if not any(o != span and span[0] <= o[0] and o[1] <= span[1] for o in spans)]
-    return max(len(body[span]) for span in innermost)
+        hot = min(products, key=lambda s: len(body[s]))
+    else:
+        hot = max((s for s in spans if not inside(s)), key=lambda s: len(body[s]))
+    nested = inside(hot)
+    direct = [o for o in nested if not any(o != p and p[0] <= o[0] and o[1] <= p[1] for p in nested)]
+    return len(body[hot]), tuple(len(body[o]) for o in sorted(direct))
 
 
 #: Integer arguments that are row widths: heads' features, top keys, rows' width (multiples of 16
@@ -307,7 +318,7 @@ def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, optio
                                   target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, **options})
         regs, stack = _resource_usage(compiled.asm["cubin"])
         sass = _cuobjdump(compiled.asm["cubin"], "-sass")
-        return KernelReport(label, True, regs, stack, loop_instructions=hot_loop_instructions(sass) if loops else None,
+        return KernelReport(label, True, regs, stack, hot_loop=hot_loop(sass) if loops else None,
                             fences=gpu_fences(sass))
     except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
         return KernelReport(label, False, error=f"{type(exc).__name__}: {exc}")
@@ -325,7 +336,7 @@ def _compile_forked(arch: int, loops: bool, index: int) -> KernelReport:
 def compile_all(arch: int = 90, only: str | None = None, jobs: int = 1, loops: bool = False) -> list[KernelReport]:
     """Compile the kernels for ``sm_<arch>``, ``jobs`` configurations at once; one report per
     configuration, in :func:`_configs`' order; ``loops``: with each hot loop's instructions
-    (:func:`hot_loop_instructions`)."""
+    (:func:`hot_loop`)."""
     global _FORKED_CONFIGS
     if os.environ.get("TRITON_INTERPRET", "").strip().lower() in {"1", "true", "yes", "on"}:
         raise RuntimeError("compile_check needs compiled kernels: unset TRITON_INTERPRET")
@@ -368,7 +379,11 @@ def main(argv=None) -> int:
             print(f"FENCE {r.name}: {r.fences} GPU-wide memory fences or L1 invalidations "
                   "(an atomic without sem=\"relaxed\"?)")
         else:
-            hot = "" if r.loop_instructions is None else f", {r.loop_instructions:,} instructions a loop iteration"
+            hot = ""
+            if r.hot_loop is not None:
+                hot = f", {r.hot_loop[0]:,} instructions a loop iteration"
+                if r.hot_loop[1]:
+                    hot += " (a loop inside it: " + ", ".join(f"{n:,}" for n in r.hot_loop[1]) + " instructions a trip)"
             print(f"ok    {r.name}: {r.registers} registers, no spills{hot}")
     print(f"sm_{args.arch}: {len(reports) - bad} of {len(reports)} kernel configurations compile without spills "
           "or GPU-wide fences")
