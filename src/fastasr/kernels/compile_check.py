@@ -16,8 +16,8 @@ is unset (the kernels must be defined as compiled ``JITFunction`` objects).
 ``--loops`` also reads each cubin's SASS (``cuobjdump -sass``) and reports the instructions a
 thread issues in one iteration of its hot loop: the innermost loop that holds tensor-core
 products (``HGMMA``, ``HMMA``), else the longest innermost loop, and of a loop inside it (which
-runs its trip count: the centroid backward's 562 hold a 94-instruction loop over the K = 32
-top keys, 3,570 a key block in all). It is a measure of a kernel's
+runs its trip count: the centroid backward's 546 hold a 79-instruction loop over the K = 32
+top keys, 3,074 a key block in all). It is a measure of a kernel's
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
 K-means' tile with stored signs is 407 instructions against 1,046 (benchmarks/gpu_notes.md).
 

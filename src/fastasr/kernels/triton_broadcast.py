@@ -89,7 +89,7 @@ def _cluster_sum_kernel(dout_ptr, assign_ptr, dx_ptr, C, N, D, SPAN,
         offs_n = n0 + tl.arange(0, BLOCK_N)
         in_n = offs_n < N
         cluster = tl.load(assign_ptr + bh * N + offs_n, mask=in_n, other=-1)
-        onehot = (cluster[:, None] == offs_c[None, :]).to(DOT_DTYPE)  # padded (-1): no cluster
+        onehot = (cluster.to(tl.int32)[:, None] == offs_c[None, :]).to(DOT_DTYPE)  # padded (-1): no cluster
         grad = tl.load(dout_ptr + (bh * N + offs_n)[:, None] * D + offs_d[None, :],
                        mask=in_n[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_DTYPE)
         acc = tl.dot(tl.trans(onehot), grad, acc, input_precision=PRECISION)

@@ -219,10 +219,13 @@ def _centroid_bwd_kernel(
         else:
             dp = tl.dot(dvals, tl.trans(vals_n), input_precision=PRECISION)
         if HAS_TOP and not TOP_SCATTERED:  # the top weights' gradients at their keys, one compare a top key
+            # each top key as its lane in the block, compared with the lanes' constant indices in
+            # 32 bits (out of the block, or no key: a lane that none has)
+            lanes = tl.arange(0, BLOCK_N)
             for t in range(K):
-                key_t = tl.load(idx_ptr + crow * K + t, mask=c_ok, other=-1)
+                lane_t = (tl.load(idx_ptr + crow * K + t, mask=c_ok, other=-1) - n0).to(tl.int32)
                 dtw_t = tl.load(dtw_ptr + crow * K + t, mask=c_ok, other=0.0)
-                dp += tl.where(key_t[:, None] == cols[None, :], dtw_t[:, None], 0.0)
+                dp += tl.where(lane_t[:, None] == lanes[None, :], dtw_t[:, None], 0.0)
         ds = (p * (dp - row_term[:, None]) * scale).to(DOT_DTYPE)
         dv_n = tl.dot(tl.trans(p.to(DOT_DTYPE)), dvals, input_precision=PRECISION)
         tl.store(dv_ptr + (bh * N + cols[:, None]) * EV + offs_v[None, :],
