@@ -26,7 +26,7 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
     The interpreter checks values, not that the kernels compile: dtype rules, dot shapes
     and register spills only show here. With ``--loops``: K-means' sweeps reading stored
     signs (``triton_kmeans.STORED_SIGNS``) issue at most 0.6 times the instructions a tile of
-    those unpacking the codes, in each tile the launcher uses (0.39-0.51 with Triton 3.6,
+    those unpacking the codes, in each tile the launcher uses (0.41-0.54 with Triton 3.6,
     benchmarks/gpu_notes.md).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

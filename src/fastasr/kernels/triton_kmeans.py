@@ -28,8 +28,8 @@ With :data:`STORED_SIGNS` the tiles' +-1 signs are unpacked from the codes once,
 ``(B, H, N, 64)`` float16 scratch the kernel writes before its first sweep, and every sweep
 reads them (one 16-byte vector load a thread and row) instead of unpacking each bit of each
 code again: on sm_90, C = 100, 64 positions x 4 warps, a sweep's tile compiles to 407
-instructions a thread against 1,046 (the unpacking's shifts, selects and conversions, and
-scalar loads of the codes), for 128 bytes read a position and sweep against 8.
+instructions a thread against 981 (the unpacking's shifts, masks and selects, and scalar loads
+of the codes), for 128 bytes read a position and sweep against 8.
 
 When one program owns a whole sequence (``P = 1`` span per sequence) the program reads
 its initial centroids from the codes and runs
@@ -114,8 +114,15 @@ def _bits01(code, offs_bits):
 
 @triton.jit
 def _signs(code, offs_bits):
-    """``(M,)`` codes (bit 63 clear) -> ``(M, 64)`` float16 +-1 signs of their bits, +1 in column 63."""
-    return tl.where(offs_bits[None, :] == 63, 1, 2 * _bits01(code, offs_bits) - 1).to(tl.float16)
+    """``(M,)`` codes (bit 63 clear) -> ``(M, 64)`` float16 +-1 signs of their bits, +1 in column 63.
+
+    Built as the halves' bits: 1.0 is 0x3C00, and a clear bit sets the sign (0x8000), so each sign
+    is a shift, a mask and an or, with no integer-to-float conversion."""
+    lo = (code & 0xFFFFFFFF).to(tl.uint32)
+    hi = (code >> 32).to(tl.uint32) | 0x80000000  # column 63: set, +1
+    word = tl.where(offs_bits[None, :] < 32, lo[:, None], hi[:, None])
+    clear = ((word >> (offs_bits[None, :] & 31).to(tl.uint32)) & 1) ^ 1
+    return ((clear << 15) | 0x3C00).to(tl.uint16).to(tl.float16, bitcast=True)
 
 
 @triton.jit
