@@ -65,6 +65,7 @@ def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
                   "FSEL R5, R5, RZ, P0", "@P0 BRA 0x20",  # 0x40: a loop inside, 0x20-0x40
                   "@P1 BRA 0x10", "EXIT")  # 0x50: the loop with the product, 0x10-0x50
     assert hot_loop(around) == (5, (3,))
+    assert hot_loop(around.replace("@P0 BRA 0x20", "@P0 BRA P2, 0x20")) == (5, (3,))  # a second predicate
     no_products = sass("MOV R1, R2", "IADD3 R1, R1, 0x1, RZ", "ISETP.NE.AND P0, PT, R1, R3, PT",
                        "@P0 BRA 0x10", "LOP3.LUT R5, R5, R6, RZ, 0x3c, !PT", "@P1 BRA 0x40", "EXIT")
     assert hot_loop(no_products) == (3, ())  # the longer of two disjoint innermost loops

@@ -240,7 +240,8 @@ def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
 
 
 _SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(\S[^;]*);")
-_BRANCH = re.compile(r"\bBRA\s+(?:`?\(?)(0x[0-9a-f]+)")
+# BRA 0x22f0, and BRA P2, 0x2330 (also taken only where a second predicate holds)
+_BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+\s*,\s*)?`?\(?(0x[0-9a-f]+)")
 
 
 def gpu_fences(sass: str) -> int:
