@@ -103,7 +103,7 @@ XDIST=()  # the compiled tests spread over processes where pytest-xdist is insta
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$((CORES < 8 ? CORES : 8))")
 
 [ "$TRAIN" = 0 ] || step "make train (3 min of training, test, beam + LM)" 300 bash -c train_builtin
-step "Triton compile check (sm_90)" 60 "$PY" -m fastasr.kernels.compile_check --jobs "$CORES"
+step "Triton compile check (sm_90)" 60 "$PY" -m fastasr.kernels.compile_check --jobs "$CORES" --loops
 step "tests compiled on CUDA" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
   tests/test_kernels_triton.py tests/test_attention_padding.py
 step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
