@@ -10,7 +10,7 @@ in the real compiler. Triton compiles to a cubin with its bundled ``ptxas`` and 
 GPU present, so this builds each kernel in the configurations the launchers use
 (the same block-size functions) and reads ptxas' resource report with the bundled
 ``cuobjdump``: registers per thread and stack (spill) bytes. Exit status 1 if a
-kernel fails to compile or spills. Run it in a process where ``TRITON_INTERPRET``
+kernel fails to compile, spills or holds a GPU-wide fence (below). Run it in a process where ``TRITON_INTERPRET``
 is unset (the kernels must be defined as compiled ``JITFunction`` objects).
 
 ``--loops`` also reads each cubin's SASS (``cuobjdump -sass``) and reports the instructions a
