@@ -19,7 +19,7 @@ products (``HGMMA``, ``HMMA``), else the longest innermost loop, and of a loop i
 runs its trip count: the centroid backward's 546 hold a 79-instruction loop over the K = 32
 top keys, 3,074 a key block in all). It is a measure of a kernel's
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
-K-means' tile with stored signs is 407 instructions against 981 (benchmarks/gpu_notes.md).
+K-means' tile with stored signs is 403 instructions against 880 (benchmarks/gpu_notes.md).
 
 Every cubin's SASS is also searched for GPU-wide memory fences (``MEMBAR`` at GPU scope) and
 L1 invalidations (``CCTL.IVALL``): Triton puts both around every ``tl.atomic_add`` with its

@@ -27,8 +27,8 @@ positions in one sweep, on chip:
 With :data:`STORED_SIGNS` the tiles' +-1 signs are unpacked from the codes once, into a
 ``(B, H, N, 64)`` float16 scratch the kernel writes before its first sweep, and every sweep
 reads them (one 16-byte vector load a thread and row) instead of unpacking each bit of each
-code again: on sm_90, C = 100, 64 positions x 4 warps, a sweep's tile compiles to 407
-instructions a thread against 981 (the unpacking's shifts, masks and selects, and scalar loads
+code again: on sm_90, C = 100, 64 positions x 4 warps, a sweep's tile compiles to 403
+instructions a thread against 880 (the unpacking's shifts, masks and selects, and scalar loads
 of the codes), for 128 bytes read a position and sweep against 8.
 
 When one program owns a whole sequence (``P = 1`` span per sequence) the program reads
@@ -173,7 +173,7 @@ def _lloyd_kernel(
         if tl.load(moved_ptr + pid_bh) == 0:
             return
     b = pid_bh // H
-    length = tl.load(len_ptr + b)
+    length = tl.load(len_ptr + b).to(tl.int32)  # 32-bit positions: the loops and masks
     c_eff = tl.minimum(length, C)  # centroids in use
     row = pid_bh.to(tl.int64) * N
     crow = pid_bh.to(tl.int64) * C
@@ -207,7 +207,7 @@ def _lloyd_kernel(
         tl.debug_barrier()  # what each thread stored, visible to every thread of the program
 
     if IN_KERNEL:  # centroid c starts at the code of valid position floor(c * length / c_eff)
-        first = tl.minimum((offs_c * length) // tl.maximum(c_eff, 1), N - 1)
+        first = tl.minimum((offs_c.to(tl.int64) * length) // tl.maximum(c_eff, 1), N - 1)
         cent = tl.load(codes_ptr + row + first, mask=in_c, other=0) & BITMASK  # (BLOCK_C,) int64
     else:
         cent = tl.load(cent_ptr + crow + offs_c, mask=in_c, other=0) & BITMASK
