@@ -116,7 +116,7 @@ def _centroid_fwd_kernel(
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     bh = pid_bh.to(tl.int64)
-    length = tl.load(len_ptr + pid_bh // H)
+    length = tl.load(len_ptr + pid_bh // H).to(tl.int32)  # 32-bit positions in the masks
     offs_c = tl.arange(0, BLOCK_C)
     offs_v = tl.arange(0, BLOCK_V)
     cent, crow, c_ok = _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE, BLOCK_C, BLOCK_E)
@@ -187,7 +187,7 @@ def _centroid_bwd_kernel(
 ):
     pid_bh = tl.program_id(0)
     bh = pid_bh.to(tl.int64)
-    length = tl.load(len_ptr + pid_bh // H)
+    length = tl.load(len_ptr + pid_bh // H).to(tl.int32)  # 32-bit positions in the masks
     offs_e = tl.arange(0, BLOCK_E)
     offs_v = tl.arange(0, BLOCK_V)
     cent, crow, c_ok = _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE, BLOCK_C, BLOCK_E)

@@ -215,7 +215,7 @@ def _sparse_tiles(q_ptr, k_ptr, v_ptr, idx_ptr, len_ptr, tw_ptr, pid_bh, c, rows
     offs_t = tl.arange(0, BLOCK_K)
     offs_e = tl.arange(0, BLOCK_E)
     offs_v = tl.arange(0, BLOCK_V)
-    length = tl.load(len_ptr + b)
+    length = tl.load(len_ptr + b).to(tl.int32)  # 32-bit positions in the masks
     idx = tl.load(idx_ptr + b * s_ib + h * s_ih + c * s_ic + offs_t * s_it, mask=offs_t < K, other=-1)
     ok = (idx >= 0) & (idx < S) & (idx < length)  # the valid top keys
     tw = tl.load(tw_ptr + (pid_bh.to(tl.int64) * C + c) * K + offs_t, mask=ok, other=0.0).to(tl.float32)
