@@ -15,7 +15,7 @@
    last sequence at 3/4 N: the launcher's own choice of programs per sequence, and every iteration
    in one launch (``spans=1``) forced, and split over spans forced (:func:`split_kmeans`, at
    least 2 a sequence), and the launcher's choice with the sweeps reading the codes' signs
-   stored by the first launch (``triton_kmeans.STORED_SIGNS``, :func:`with_stored_signs`); ``--tiles`` other tiles, ``--kmeans-stages`` the launcher's tiles with
+   stored by the first launch (``triton_kmeans.STORED_SIGNS``); ``--tiles`` other tiles, ``--kmeans-stages`` the launcher's tiles with
    software pipelining (the next tile's codes prefetched); ``--baseline FILE`` adds another
    implementation of the same signature, loaded from a file; and the launcher's choice (also with
    stored signs), the one launch and the split again on clustered codes, whose centroids stop moving within the 10 iterations as a trained model's queries do
@@ -187,7 +187,8 @@ def load_baseline(path: Path):
 def with_tile(block_n: int | None = None, warps: int | None = None, stages: int | None = None, **kwargs):
     """K-means with another tile than the launcher's, in one-launch and split sweeps alike:
     ``BLOCK_N`` positions, ``warps`` warps, ``stages`` software-pipeline stages (from 2 Triton
-    prefetches the next tile's codes with ``cp.async``); None keeps the launcher's."""
+    prefetches the next tile's codes with ``cp.async``); None keeps the launcher's. ``kwargs``
+    go to ``hamming_kmeans`` (``stored_signs=True``: the launcher's tiles, signs stored)."""
     launcher = triton_kmeans.lloyd_tile
     given = {key: value for key, value in (("BLOCK_N", block_n), ("num_warps", warps), ("num_stages", stages))
              if value is not None}
@@ -197,12 +198,6 @@ def with_tile(block_n: int | None = None, warps: int | None = None, stages: int 
         with mock.patch.object(triton_kmeans, "lloyd_tile", tile):
             return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, **kwargs)
     return run
-
-
-def with_stored_signs(codes, lengths):
-    """The launcher's K-means with ``triton_kmeans.STORED_SIGNS``: the sweeps read the codes'
-    signs from the float16 scratch the first launch writes."""
-    return triton_kmeans.hamming_kmeans(codes, lengths, CLUSTERS, ITERATIONS, stored_signs=True)
 
 
 #: The K-means table's implementations timed again on clustered codes.
@@ -234,7 +229,7 @@ def clustered_codes(b: int, n: int, g: torch.Generator) -> torch.Tensor:
 def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path | None,
                  tiles: list[str], stages: list[int] = ()) -> None:
     impls = {"auto": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS),
-             "auto, stored signs": with_stored_signs,
+             "auto, stored signs": with_tile(stored_signs=True),  # the launcher's tiles
              "one launch": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS, spans=1),
              "split": split_kmeans}
     for tile in tiles:

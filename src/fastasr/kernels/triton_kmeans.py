@@ -126,6 +126,14 @@ def _signs(code, offs_bits):
 
 
 @triton.jit
+def _code_signs(codes_ptr, row, offs_n, mask_n, BITMASK, offs_bits):
+    """The ``(M, 64)`` float16 signs (:func:`_signs`) of the codes at positions ``offs_n`` of
+    the sequence at ``row``, their bits above ``BITMASK`` cleared."""
+    code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
+    return _signs(code, offs_bits)
+
+
+@triton.jit
 def _pack_bits(bits, offs_bits):
     """``(M, 64)`` 0/1 (or bool) -> ``(M,)`` int64 codes, packed as two 32-bit halves."""
     power = (tl.full((64,), 1, dtype=tl.uint32) << (offs_bits & 31).to(tl.uint32))[None, :]
@@ -201,9 +209,8 @@ def _lloyd_kernel(
         for n0 in range(start, valid_stop, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < valid_stop
-            code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
             tl.store(signs_ptr + (row + offs_n)[:, None] * 64 + offs_bits[None, :],
-                     _signs(code, offs_bits), mask=mask_n[:, None])
+                     _code_signs(codes_ptr, row, offs_n, mask_n, BITMASK, offs_bits), mask=mask_n[:, None])
         tl.debug_barrier()  # what each thread stored, visible to every thread of the program
 
     if IN_KERNEL:  # centroid c starts at the code of valid position floor(c * length / c_eff)
@@ -226,8 +233,7 @@ def _lloyd_kernel(
                 signs = tl.load(signs_ptr + (row + offs_n)[:, None] * 64 + offs_bits[None, :],
                                 mask=mask_n[:, None], other=0.0)
             else:
-                code = tl.load(codes_ptr + row + offs_n, mask=mask_n, other=0) & BITMASK
-                signs = _signs(code, offs_bits)
+                signs = _code_signs(codes_ptr, row, offs_n, mask_n, BITMASK, offs_bits)
             score = tl.dot(signs, cent_t)
             top = tl.max(score, axis=1)  # integer score - best / 256: exact
             best = (-top * 256.0).to(tl.int32) & 255
