@@ -40,7 +40,8 @@
 4. **The parts**, each against what it replaces, in the same run: i-clustered's fused sparse
    part (also with its key-major backward, its dk and dv checked against the atomics', and
    with ``--sparse-tiles``' other tiles) against the Triton products with torch around them;
-   the Triton top-k (also by radix select, stopping its bisection early, and with
+   the Triton top-k (also by radix select, stopping its bisection early, taking a row's
+   entries all at once rather than by chunks, ``triton_topk.STORE_ELEMENTS``, and with
    ``--topk-tiles``) against ``torch.topk``;
    i-clustered's centroid attention in torch and fused (also with 256 keys a program, and with
    its top weights' gradients scattered), and clustered's centroid values by SDPA and by the
@@ -474,12 +475,13 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
               "| N × B | sparse part: products + torch | sparse part: fused | sparse part: fused, key-major backward |"
               + "".join(f" sparse part: fused, {t.replace(':', ' rows × ')} warps |" for t in sparse_tiles)
               + " top-k: torch.topk | top-k: Triton | top-k: Triton, radix select | top-k: Triton, early exit |"
+              " top-k: Triton, whole-row stores |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
               + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
               f"{CENTROID_SPAN_ALTERNATIVE}-key spans | centroid attention: fused, scattered top gradients "
               "| clustered's centroid values: SDPA "
               "| clustered's centroid values: split-key |",
-              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 7)]
+              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 8)]
     for n in ns:
         if BUDGET.spent(lines, f"the parts at N = {n}"):
             return
@@ -555,6 +557,9 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
                 cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
         except Exception as exc:  # noqa: BLE001 - the cell says why
             cells.append(f"failed: {bench_io.failure(exc)}")
+    with mock.patch.object(triton_topk, "STORE_ELEMENTS", None):  # a row's entries taken all at once
+        same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
+        cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
     for tile in topk_tiles:
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)

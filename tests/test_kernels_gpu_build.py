@@ -49,7 +49,7 @@ def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
     """``compile_check.hot_loop`` on SASS text: a branch back closes a loop; the
     shortest loop with an ``HGMMA`` counts, else the longest innermost loop, with the loops in it;
     no loop: None."""
-    from fastasr.kernels.compile_check import hot_loop
+    from fastasr.kernels.compile_check import hot_loop, innermost_loops
 
     def sass(*ops):
         return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;   /* 0x0 */" for i, op in enumerate(ops))
@@ -70,6 +70,25 @@ def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
                        "@P0 BRA 0x10", "LOP3.LUT R5, R5, R6, RZ, 0x3c, !PT", "@P1 BRA 0x40", "EXIT")
     assert hot_loop(no_products) == (3, ())  # the longer of two disjoint innermost loops
     assert hot_loop(sass("MOV R1, R2", "@P0 BRA 0x40", "EXIT")) is None  # forward only
+    assert innermost_loops(no_products) == (3, 2)  # both, in address order
+    assert innermost_loops(nested) == (3,) and innermost_loops(around) == (3,)  # not those around them
+    assert innermost_loops(sass("MOV R1, R2", "EXIT")) == ()
+
+
+def test_ctas_per_sm_by_registers_shared_memory_and_threads():
+    """``compile_check.ctas_per_sm`` as CUDA's occupancy calculator counts: registers by whole
+    warps from four sub-partitions (a thread's rounded up to 8), shared memory with 1 KB
+    reserved a CTA, the threads' and CTAs' caps; None for an architecture it has no limits for."""
+    from fastasr.kernels.compile_check import ctas_per_sm
+
+    assert ctas_per_sm(230, 40960, 4) == 2  # K-means' 64 x 4 tile: 7,424 registers a warp, 2 a sub-partition
+    assert ctas_per_sm(225, 40960, 4) == 2 and ctas_per_sm(168, 40960, 4) == 3  # 232 and 168 a thread
+    assert ctas_per_sm(72, 0, 1) == 28  # the top-k's one-warp program: 7 warps a sub-partition
+    assert ctas_per_sm(32, 100 * 1024, 4) == 2  # 233,472 B // (102,400 + 1,024)
+    assert ctas_per_sm(16, 0, 32) == 2  # 2,048 threads
+    assert ctas_per_sm(16, 0, 1) == 32  # the CTAs' cap
+    assert ctas_per_sm(255, 0, 4, arch=80) == 2 and ctas_per_sm(64, 100 * 1024, 4, arch=80) == 1
+    assert ctas_per_sm(64, 0, 4, arch=75) is None
 
 
 def test_launch_specialisation_of_the_sparse_backward_and_the_hash():
@@ -207,6 +226,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     assert "| i-clustered-4, radix top-k |" in md and "top-k: Triton, 1 rows × 1 warps" in md
     assert "top-k: Triton, radix select" in md and "| split, clustered codes |" in md
     assert "top-k: Triton, early exit |" in md and "| i-clustered-4, early-exit top-k |" in md
+    assert "top-k: Triton, whole-row stores |" in md
     assert "| auto, stored signs |" in md and "| auto, stored signs, clustered codes |" in md
     assert "| clustered-4, stored K-means signs |" in md
     assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md

@@ -421,6 +421,27 @@ def test_topk_indices_masked_keys_ties_and_signed_zeros(method, monkeypatch):
     assert got.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
 
 
+@pytest.mark.parametrize("elements", [1, 4, None], ids=["1 a thread", "4 a thread", "whole row"])
+def test_topk_stores_by_chunks_take_the_lowest_tied_positions_across_chunks(elements, monkeypatch):
+    """Once a row's k-th largest key is known the kernel takes its entries ``STORE_ELEMENTS`` a
+    thread at a time (one warp: 32 a chunk for 1): ties at the k-th score that straddle chunks,
+    ``-inf`` (masked) keys filling a row short of valid ones and lanes past N give the same
+    indices and weights as taking the whole row at once, the lowest tied positions first."""
+    monkeypatch.setattr(tt, "STORE_ELEMENTS", elements)
+    g = _gen(21)
+    x = torch.randn(5, 150, generator=g).mul(2).round()  # many ties at every score
+    x[1, 40:] = float("-inf")  # 40 valid keys: the rest from the masked ones, lowest first
+    x[2] = 0.0
+    x[2, 100:] = -0.0  # one key for both zeros: ties across the row
+    x[3, ::3] = 5.0  # 50 ties above everything for k = 33: which are taken decides the slots
+    lse = x.logsumexp(-1)
+    for k in (1, 33, 64):
+        want = torch.tensor([sorted(range(150), key=lambda i, row=row: (-float(row[i]), i))[:k] for row in x])
+        idx, w = tt.topk_softmax(x.to(DEVICE), lse.to(DEVICE), k)
+        assert torch.equal(idx.cpu().sort(-1).values, want.sort(-1).values), k
+        assert torch.allclose(w.cpu(), (x.gather(-1, idx.cpu()) - lse[:, None]).exp(), atol=1e-6), k
+
+
 def test_radix_select_and_early_exit_take_the_keys_bisection_takes():
     """Rows where the radix select's digits and the bisection's last steps matter: scores that
     share their high bytes (nearly equal floats, one int32 key apart), both signs, ±inf, many

@@ -50,7 +50,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-__all__ = ["KernelReport", "compile_all", "main"]
+__all__ = ["KernelReport", "compile_all", "ctas_per_sm", "hot_loop", "innermost_loops", "main"]
 
 
 @dataclass
@@ -63,8 +63,44 @@ class KernelReport:
     #: :func:`hot_loop`'s instructions: one iteration, and one of each loop inside it (``--loops``;
     #: None: not read, or no loop)
     hot_loop: tuple[int, tuple[int, ...]] | None = None
+    #: :func:`innermost_loops` (``--loops``; empty: not read, or no loop)
+    innermost: tuple[int, ...] = ()
     #: GPU-wide memory fences and L1 invalidations in the SASS (:func:`gpu_fences`)
     fences: int = 0
+    #: shared memory a CTA allocates, bytes (Triton's ``metadata.shared``)
+    shared_bytes: int | None = None
+    warps: int | None = None
+    #: :func:`ctas_per_sm` of the registers, shared memory and warps (None: an unknown arch)
+    ctas_per_sm: int | None = None
+
+
+#: An SM's limits by compute capability x 10 (CUDA C++ Programming Guide, "Compute capabilities"):
+#: threads, CTAs, 32-bit registers (in 4 sub-partitions), shared memory a CTA may use in all
+#: (the largest carve-out) and what the system reserves a CTA.
+_SM_LIMITS = {
+    80: {"threads": 2048, "ctas": 32, "registers": 65536, "shared": 164 * 1024, "reserved": 1024},
+    86: {"threads": 1536, "ctas": 16, "registers": 65536, "shared": 100 * 1024, "reserved": 1024},
+    89: {"threads": 1536, "ctas": 24, "registers": 65536, "shared": 100 * 1024, "reserved": 1024},
+    90: {"threads": 2048, "ctas": 32, "registers": 65536, "shared": 228 * 1024, "reserved": 1024},
+}
+
+
+def ctas_per_sm(registers: int, shared_bytes: int, warps: int, arch: int = 90) -> int | None:
+    """How many CTAs of a kernel an SM of ``sm_<arch>`` holds at once, as CUDA's occupancy
+    calculator counts them: registers are allocated a warp at a time (a thread's rounded up to
+    8, 256 a warp) from 4 sub-partitions that each hold whole warps; shared memory a CTA is its
+    allocation plus the reserved 1 KB; and the threads' and CTAs' caps. None for an arch not in
+    :data:`_SM_LIMITS`. E.g. 230 registers, 40 KB and 4 warps on sm_90: 2 (the registers bound it).
+    """
+    limits = _SM_LIMITS.get(arch)
+    if limits is None:
+        return None
+    per_warp = -(-registers // 8) * 8 * 32
+    per_partition = limits["registers"] // 4 // per_warp  # whole warps a sub-partition holds
+    by_registers = per_partition * 4 // warps
+    by_shared = limits["shared"] // (shared_bytes + limits["reserved"])
+    by_threads = limits["threads"] // (32 * warps)
+    return min(by_registers, by_shared, by_threads, limits["ctas"])
 
 
 def _configs():
@@ -119,12 +155,14 @@ def _configs():
                             + (" early exit" if early else ""), tt._topk_kernel,
                             {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
                             {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights, "RADIX": False,
-                             "EARLY": early}, {"num_warps": warps}))
+                             "EARLY": early, "CHUNK": tt.store_chunk(block_n, rows, warps)},
+                            {"num_warps": warps}))
             radix_rows, radix_warps = tt.radix_tile(block_n)
             if block_n <= tt.RADIX_MAX_N:
                 out.append((f"topk radix N<={block_n} weights={weights}", tt._topk_kernel,
                             {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
-                            {"BLOCK_N": block_n, "ROWS": radix_rows, "WEIGHTS": weights, "RADIX": True},
+                            {"BLOCK_N": block_n, "ROWS": radix_rows, "WEIGHTS": weights, "RADIX": True,
+                             "CHUNK": tt.store_chunk(block_n, radix_rows, radix_warps)},
                             {"num_warps": radix_warps}))
     for t in ("fp32", "bf16", "fp16"):
         dot_dtype, precision = tc.dot_config(
@@ -249,28 +287,42 @@ def gpu_fences(sass: str) -> int:
     return len(re.findall(r"\bMEMBAR\.\w+\.GPU\b|\bCCTL\.IVALL\b", sass))
 
 
+def _loops(sass: str) -> tuple[list, dict]:
+    """``sass``'s loops as (first, last) address spans (a branch back to an earlier address
+    closes one), and each span's instructions."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(sass)]
+    spans = [(int(branch.group(1), 16), address) for address, text in code
+             for branch in [_BRANCH.search(text)] if branch and int(branch.group(1), 16) < address]
+    return spans, {span: [t for a, t in code if span[0] <= a <= span[1]] for span in spans}
+
+
+def _inside(span, spans) -> list:
+    return [o for o in spans if o != span and span[0] <= o[0] and o[1] <= span[1]]
+
+
+def innermost_loops(sass: str) -> tuple[int, ...]:
+    """The instructions of one iteration of each innermost loop of ``sass`` (a loop with none
+    inside it), in the order of their addresses: the top-k's bisection step and its store
+    chunk, say, which :func:`hot_loop` reports only the longer of."""
+    spans, body = _loops(sass)
+    return tuple(len(body[s]) for s in sorted(spans) if not _inside(s, spans))
+
+
 def hot_loop(sass: str) -> tuple[int, tuple[int, ...]] | None:
     """``sass``'s hot loop: the instructions of one iteration, and of one iteration of each
     loop directly inside it (counted in the first once; they run as often as their trip count).
     The hot loop: among the loops (a branch back to an earlier address closes one), the shortest
     that holds a tensor-core product (``HGMMA``, ``HMMA``), else the longest innermost loop.
     None without a loop."""
-    code = [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(sass)]
-    spans = [(int(branch.group(1), 16), address) for address, text in code
-             for branch in [_BRANCH.search(text)] if branch and int(branch.group(1), 16) < address]
+    spans, body = _loops(sass)
     if not spans:
         return None
-    body = {span: [t for a, t in code if span[0] <= a <= span[1]] for span in spans}
-
-    def inside(span):
-        return [o for o in spans if o != span and span[0] <= o[0] and o[1] <= span[1]]
-
     products = [s for s in spans if any(op in t for t in body[s] for op in ("HGMMA", "HMMA"))]
     if products:
         hot = min(products, key=lambda s: len(body[s]))
     else:
-        hot = max((s for s in spans if not inside(s)), key=lambda s: len(body[s]))
-    nested = inside(hot)
+        hot = max((s for s in spans if not _inside(s, spans)), key=lambda s: len(body[s]))
+    nested = _inside(hot, spans)
     direct = [o for o in nested if not any(o != p and p[0] <= o[0] and o[1] <= p[1] for p in nested)]
     return len(body[hot]), tuple(len(body[o]) for o in sorted(direct))
 
@@ -319,8 +371,10 @@ def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, optio
                                   target=GPUTarget("cuda", arch, 32), options={"num_warps": 4, **options})
         regs, stack = _resource_usage(compiled.asm["cubin"])
         sass = _cuobjdump(compiled.asm["cubin"], "-sass")
+        warps, shared = compiled.metadata.num_warps, compiled.metadata.shared
         return KernelReport(label, True, regs, stack, hot_loop=hot_loop(sass) if loops else None,
-                            fences=gpu_fences(sass))
+                            innermost=innermost_loops(sass) if loops else (), fences=gpu_fences(sass), shared_bytes=shared, warps=warps,
+                            ctas_per_sm=ctas_per_sm(regs, shared, warps, arch) if regs else None)
     except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
         return KernelReport(label, False, error=f"{type(exc).__name__}: {exc}")
 
@@ -351,6 +405,14 @@ def compile_all(arch: int = 90, only: str | None = None, jobs: int = 1, loops: b
             return pool.starmap(_compile_forked, [(arch, loops, i) for i in range(len(configs))], chunksize=1)
     finally:
         _FORKED_CONFIGS = []
+
+
+def occupancy(report: KernelReport) -> str:
+    """``report``'s CTAs an SM as text (", 2 CTAs (8 warps) an SM"), "" where unknown."""
+    if report.ctas_per_sm is None:
+        return ""
+    ctas = report.ctas_per_sm
+    return f", {ctas} CTA{'s' if ctas != 1 else ''} ({ctas * report.warps} warps) an SM"
 
 
 def main(argv=None) -> int:
@@ -385,7 +447,10 @@ def main(argv=None) -> int:
                 hot = f", {r.hot_loop[0]:,} instructions a loop iteration"
                 if r.hot_loop[1]:
                     hot += " (a loop inside it: " + ", ".join(f"{n:,}" for n in r.hot_loop[1]) + " instructions a trip)"
-            print(f"ok    {r.name}: {r.registers} registers, no spills{hot}")
+                if len(r.innermost) > 1:
+                    hot += "; innermost loops " + ", ".join(f"{n:,}" for n in r.innermost)
+            print(f"ok    {r.name}: {r.registers} registers, {r.shared_bytes:,} B shared{occupancy(r)}, "
+                  f"no spills{hot}")
     print(f"sm_{args.arch}: {len(reports) - bad} of {len(reports)} kernel configurations compile without spills "
           "or GPU-wide fences")
     return 1 if bad else 0

@@ -15,12 +15,14 @@ chip (with :data:`EARLY_EXIT`, fewer: the bisection stops once exactly ``k`` key
 above its lower bound, which then is a ``T`` that takes the same set; or, with
 :data:`RADIX_SELECT`, by radix select: four 256-bin histograms of one 8-bit digit of the row's
 remaining candidates, one row a program); then the entries above ``T``
-are taken, and of those equal to ``T`` the lowest positions until ``k`` are taken; a
-running sum over the row gives each taken entry its slot. The row is read once and ``k`` indices written: no sort, no host synchronisation.
+are taken, and of those equal to ``T`` the lowest positions until ``k`` are taken: the row is
+read again a chunk at a time (:data:`STORE_ELEMENTS` a thread), and one running sum of both
+counts (packed in one int32) gives each taken entry its slot. ``k`` indices are written: no
+sort, no host synchronisation.
 Rows longer than :data:`MAX_N` (not held in registers) and other dtypes go to
 ``torch.topk``. ``topk_softmax(logits, lse, k)`` is the same launch that also writes the
 taken entries' softmax weights ``exp(score - lse)`` (i-clustered's top weights, given each
-row's log-sum-exp), the score recovered from its key.
+row's log-sum-exp).
 """
 
 from __future__ import annotations
@@ -38,11 +40,19 @@ from fastasr.kernels.availability import (
 
 ensure_interpreter_compat()
 
-__all__ = ["topk_indices", "topk_softmax", "topk_tile", "radix_tile", "MAX_N", "RADIX_SELECT", "EARLY_EXIT"]
+__all__ = ["topk_indices", "topk_softmax", "topk_tile", "radix_tile", "store_chunk", "MAX_N", "RADIX_SELECT",
+           "EARLY_EXIT", "STORE_ELEMENTS"]
 
 #: Longest row held in registers (one program, 8 warps, 32 scores a thread); longer rows: torch.topk.
 MAX_N = 8192
 _ELEMENTS = 4096  # scores a program holds at most when several rows share it
+#: Entries a thread takes at a time once a row's ``k``-th largest key is known (slots, indices,
+#: weights: :func:`store_chunk`); None: the whole row at once. By chunks the kernel holds 72
+#: registers a thread for rows of up to 1,024 scores on one warp (sm_90, with the weights)
+#: against 218 for the whole row, so 28 warps an SM run the bisection instead of 8, for 2 %
+#: more instructions (the scores are read a second time, from cache). ``make gpu-check``'s
+#: parts table times the whole row ("top-k: Triton, whole-row stores").
+STORE_ELEMENTS: int | None = 4
 #: The k-th largest key of a row by radix select (four 256-bin histograms of an 8-bit digit, one
 #: row a program) instead of bisection (32 counts). Equal to it, but off: slower on an H100
 #: (benchmarks/results/clustering_nvidia-h100-80gb-hbm3.md: 1.20 against 0.54 ms at N = 800,
@@ -85,17 +95,23 @@ def _radix_kth(key, inside, K, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
-                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, RADIX: tl.constexpr,
-                 EARLY: tl.constexpr = False):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK_N)
+def _row_keys(x_ptr, rows, cols, R, N):
+    """The scores of ``rows`` at ``cols`` (``(ROWS, COLS)``, -0.0 as 0.0), their int32 keys in
+    the order of the floats (lanes past ``N`` or ``R``: below every score), and where they lie."""
     inside = (rows[:, None] < R) & (cols[None, :] < N)
     x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=inside, other=0.0)
     x = tl.where(x == 0.0, 0.0, x)  # -0.0 and 0.0 are equal scores: one key
     bits = x.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 keys in the order of the floats
-    key = tl.where(inside, key, -2147483648)  # lanes past N: below every score
+    return x, tl.where(inside, key, -2147483648), inside
+
+
+@triton.jit
+def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
+                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, RADIX: tl.constexpr,
+                 EARLY: tl.constexpr = False, CHUNK: tl.constexpr = 256):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    _, key, inside = _row_keys(x_ptr, rows, tl.arange(0, BLOCK_N), R, N)
     if RADIX:  # one row a program (ROWS = 1)
         kth = _radix_kth(key, inside, K, BLOCK_N)[:, None]
     elif EARLY:  # the same bisection, each row stopping once exactly K keys are >= lo
@@ -124,19 +140,31 @@ def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
             lo = tl.where(enough, mid, lo)
             hi = tl.where(enough, hi, mid)
         kth = lo.to(tl.int32)[:, None]  # the k-th largest key of each row
-    above = key > kth
-    tied = (key == kth) & inside
-    room = K - tl.sum(above.to(tl.int32), 1)  # slots left for the ties, lowest positions first
-    take = above | (tied & (tl.cumsum(tied.to(tl.int32), 1) <= room[:, None]))
-    slot = tl.cumsum(take.to(tl.int32), 1) - 1
-    tl.store(out_ptr + rows.to(tl.int64)[:, None] * K + slot, cols[None, :].to(tl.int64),
-             mask=take & inside)
+    room = K - tl.sum((key > kth).to(tl.int32), 1)  # slots left for the ties, lowest positions first
     if WEIGHTS:  # the softmax at the taken entries: exp(score - the row's log-sum-exp)
         lse = tl.load(lse_ptr + rows, mask=rows < R, other=0.0)
         lse = tl.where(lse == float("-inf"), 0.0, lse)  # a row without keys: weights 0
-        score = (key ^ ((key >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)  # the keys' inverse
-        tl.store(w_ptr + rows.to(tl.int64)[:, None] * K + slot, tl.exp(score - lse[:, None]),
-                 mask=take & inside)
+    # The taken entries' slots and stores, CHUNK columns at a time, the scores read again (from
+    # cache): the whole row's slots, addresses and int64 indices at once hold 3x the registers
+    # of the bisection, and so fewer programs an SM while it runs (STORE_ELEMENTS).
+    # An entry's slot is the entries above the k-th key up to it and the ties up to it, at most
+    # ``room`` of those: one running count of each, packed in one int32 (ties << 16: a row has
+    # fewer than 65,536 entries) for one scan a chunk.
+    before = tl.zeros((ROWS,), tl.int32)  # the packed counts of the chunks before
+    for start in range(0, BLOCK_N, CHUNK):
+        cols = start + tl.arange(0, CHUNK)
+        x, ckey, cinside = _row_keys(x_ptr, rows, cols, R, N)
+        above = ckey > kth
+        tied = (ckey == kth) & cinside
+        counts = before[:, None] + tl.cumsum(above.to(tl.int32) | (tied.to(tl.int32) << 16), 1)
+        ties_up_to = counts >> 16
+        take = above | (tied & (ties_up_to <= room[:, None]))
+        slot = (counts & 0xFFFF) + tl.minimum(ties_up_to, room[:, None]) - 1
+        out = rows.to(tl.int64)[:, None] * K + slot
+        tl.store(out_ptr + out, cols[None, :].to(tl.int64), mask=take)
+        if WEIGHTS:
+            tl.store(w_ptr + out, tl.exp(x - lse[:, None]), mask=take)
+        before += tl.sum(above.to(tl.int32) | (tied.to(tl.int32) << 16), 1)
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -194,7 +222,7 @@ def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
             rows, idx, rows if lse is None else lse.detach().reshape(-1).contiguous(),
             rows if weights is None else weights, R, N, k,
             BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None, RADIX=radix,
-            EARLY=EARLY_EXIT and not radix, num_warps=warps,
+            EARLY=EARLY_EXIT and not radix, CHUNK=store_chunk(N, per_program, warps), num_warps=warps,
         )
     shape = (*scores.shape[:-1], k)
     return idx.view(shape), None if weights is None else weights.view(shape)
@@ -217,6 +245,16 @@ def topk_tile(n: int, rows: int) -> tuple[int, int]:
         return 1, 1
     per_program = max(1, min(_ELEMENTS // block_n, triton.next_power_of_2(rows)))
     return per_program, 8 if block_n * per_program >= 4096 else 4
+
+
+def store_chunk(n: int, rows: int, warps: int) -> int:
+    """Columns of a program's rows the kernel takes at a time once it knows each row's ``k``-th
+    largest key (slots, indices and weights): :data:`STORE_ELEMENTS` a thread, at most the
+    row's block (all of it where ``STORE_ELEMENTS`` is None)."""
+    block_n = triton.next_power_of_2(n)
+    if STORE_ELEMENTS is None:
+        return block_n
+    return min(block_n, max(1, STORE_ELEMENTS * 32 * warps // rows))
 
 
 def radix_tile(n: int) -> tuple[int, int]:
