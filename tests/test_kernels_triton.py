@@ -421,6 +421,17 @@ def test_topk_indices_masked_keys_ties_and_signed_zeros(method, monkeypatch):
     assert got.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
 
 
+@pytest.mark.parametrize("method", TOPK_METHODS)
+def test_topk_indices_come_in_increasing_position(method, monkeypatch):
+    """Each row's indices are written in increasing position (the centroid backward walks them
+    so: ``triton_centroid``), ties and masked keys included, whatever the method."""
+    _use_topk(method, monkeypatch)
+    x = torch.randn(4, 300, generator=_gen(31)).round()
+    x[1, 100:] = float("-inf")
+    idx = tt.topk_indices(x.to(DEVICE), 40).cpu()
+    assert bool((idx[:, 1:] > idx[:, :-1]).all()), idx
+
+
 @pytest.mark.parametrize("elements", [1, 4, None], ids=["1 a thread", "4 a thread", "whole row"])
 def test_topk_stores_by_chunks_take_the_lowest_tied_positions_across_chunks(elements, monkeypatch):
     """Once a row's k-th largest key is known the kernel takes its entries ``STORE_ELEMENTS`` a
@@ -556,6 +567,27 @@ def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded,
                                [t.clone().requires_grad_() for t in (centroids, k, v)], lengths, K, _gen(1))
     got = _centroid_and_grads(tcen.centroid_attention, [t.to(DEVICE).requires_grad_() for t in (centroids, k, v)],
                               None if lengths is None else lengths.to(DEVICE), K, _gen(1))
+    _assert_centroid_outputs_equal(got, want)
+
+
+@pytest.mark.parametrize("K", [16, 32])
+def test_fused_centroid_attention_backward_with_top_keys_crowded_into_blocks(K):
+    """The backward adds the top weights' gradients of a key block by a running index into each
+    row's top keys (in increasing position, as the Triton top-k writes them): every row's top
+    keys crowded into a few blocks, across the blocks' and the key spans' (``SPLIT_KEYS``)
+    boundaries, some rows' around 300 and the others' around 512, give the reference's gradients."""
+    g = _gen(K)
+    centroids, k, v, lengths = _centroid_inputs(2, 1, 6, 700, 16, 16, g)
+    lengths = torch.tensor([700, 650])
+    bump = centroids / centroids.norm(dim=-1, keepdim=True) * 6  # (B, H, C, E): a key each centroid prefers
+    for c in range(6):
+        at = 290 if c % 2 else 500  # rows' top keys from 290 or from 500 on (a span ends at 512)
+        k[:, :, at:at + K + 4] += bump[:, :, c, None, :]
+    want = _centroid_and_grads(reference.centroid_attention,
+                               [t.clone().requires_grad_() for t in (centroids, k, v)], lengths, K, _gen(3))
+    got = _centroid_and_grads(tcen.centroid_attention, [t.to(DEVICE).requires_grad_() for t in (centroids, k, v)],
+                              lengths.to(DEVICE), K, _gen(3))
+    assert bool(((want[2] >= 290) & (want[2] < 300 + K)).any()) and bool((want[2] >= 500).any())
     _assert_centroid_outputs_equal(got, want)
 
 

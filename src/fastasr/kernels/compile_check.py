@@ -16,8 +16,8 @@ is unset (the kernels must be defined as compiled ``JITFunction`` objects).
 ``--loops`` also reads each cubin's SASS (``cuobjdump -sass``) and reports the instructions a
 thread issues in one iteration of its hot loop: the innermost loop that holds tensor-core
 products (``HGMMA``, ``HMMA``), else the longest innermost loop, and of a loop inside it (which
-runs its trip count: the centroid backward's 546 hold a 79-instruction loop over the K = 32
-top keys, 3,074 a key block in all). It is a measure of a kernel's
+runs its trip count: the centroid backward's 550 hold a 92-instruction loop over a block's top
+keys, run as often as the most a row has there). It is a measure of a kernel's
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
 K-means' tile with stored signs is 403 instructions against 880 (benchmarks/gpu_notes.md).
 
@@ -183,17 +183,22 @@ def _configs():
                 # with top keys (i-clustered), the backward also with their weights' gradients
                 # scattered (SCATTERED_TOP_GRADIENTS); without (clustered's split-key values: a
                 # subset of the code, compiled once, at the paper's shape)
-                tops = [(True, False), (True, True)] if backward else [(True, False)]
+                # the top keys in increasing position as the Triton top-k writes them (sorted), or
+                # in torch.topk's order (rows past triton_topk.MAX_N with LONG_ROWS: at the paper's shape)
+                tops = [(True, False, True), (True, True, True)] if backward else [(True, False, True)]
                 if (t, clusters, E) == ("bf16", 100, 32):
-                    tops.append((False, False))
-                for top, scattered in tops:
+                    tops.append((False, False, True))
+                    if backward:
+                        tops.append((True, False, False))
+                for top, scattered, in_order in tops:
                     tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward, scattered)
                     options = {"num_warps": tiles.pop("num_warps")}
                     consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": tcen.SPLIT_KEYS, **tiles}
-                    flags = ({"HAS_TOP": top, "TOP_SCATTERED": scattered, "BLOCK_K": 32} if backward
-                             else {"LOGITS": top})
+                    flags = ({"HAS_TOP": top, "TOP_SCATTERED": scattered, "BLOCK_K": 32, "TOP_SORTED": in_order}
+                             if backward else {"LOGITS": top})
                     out.append((f"{name} {t} C={clusters} E={E} tile {tiles['BLOCK_C']}x{tiles['BLOCK_N']}"
-                                + ("" if top else " no top keys") + (" scattered top gradients" if scattered else ""),
+                                + ("" if top else " no top keys") + (" scattered top gradients" if scattered else "")
+                                + ("" if in_order else " top keys unordered"),
                                 kernel, {**data, **ptrs}, {**consts, **flags}, options))
             if t == "fp32":  # the combine kernel reads fp32 partials whatever the inputs
                 continue

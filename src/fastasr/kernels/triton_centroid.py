@@ -25,7 +25,11 @@ tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
   ``ds = P (dP - D)`` with ``D = dvalues · values + Σ top_w dtop_w`` (the softmax's row term),
   and writes the block's ``dk`` and ``dv`` (each key belongs to one program) and adds its
   ``dcentroids`` with one atomic per centroid and feature. One launch. The top weights'
-  gradients reach their keys by K compares over each block's ``C × BLOCK_N`` tile, or, with
+  gradients reach their keys by compares over each block's ``C × BLOCK_N`` tile, one a top key:
+  a row's top keys come from the Triton top-k in increasing position, so a block's are the next
+  few of each row and the compares run as often as the most any row has in the block (4.6 on
+  average at N = 800 and 2.1 at 4,096 for K = 32 on Gaussian logits, K at most), where keys in
+  another order (``torch.topk``'s, :data:`LONG_ROWS`) take K compares a block. Or, with
   :data:`SCATTERED_TOP_GRADIENTS`, by one load of a block from a ``(B, H, C, N)`` float32 tile
   that one torch ``scatter_add_`` filled (two torch kernels more: its zeros and the scatter).
 
@@ -68,9 +72,10 @@ SPLIT_KEYS = 512
 #: "i-clustered-100, fused long rows" at N = 16,384 and 65,536).
 LONG_ROWS = False
 #: How the backward adds the top weights' gradients ``dtop_w`` to ``dP`` at their keys. False:
-#: for each of the K top keys, a compare of its position with every column of the block (K × C
-#: × BLOCK_N selects and 2K loads a block, the kernel's largest cost by count: 0.77 ms of an
-#: i-clustered-100 call at N = 4,096 on the H100 went to this kernel). True: torch scatters
+#: for each top key in the block, a compare of its position with every column of the block (C ×
+#: BLOCK_N selects and 2 loads a trip; as many trips as the most top keys a row has in the block,
+#: K with unordered keys: once the kernel's largest cost by count, 0.77 ms of an i-clustered-100
+#: call at N = 4,096 on the H100 went to this kernel with K trips a block). True: torch scatters
 #: ``dtop_w`` into a zeroed ``(B, H, C, N)`` float32 tile (the size of the forward's logits)
 #: and the kernel reads a block of it once, the same sums. False until ``make gpu-check``
 #: times it (the call table's "i-clustered-100, scattered top gradients").
@@ -183,7 +188,7 @@ def _centroid_bwd_kernel(
     H, C, N, E, EV, K, scale,
     HAS_TOP: tl.constexpr, TOP_SCATTERED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, TOP_SORTED: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     bh = pid_bh.to(tl.int64)
@@ -207,6 +212,15 @@ def _centroid_bwd_kernel(
     dvals = dvals.to(DOT_DTYPE)
     dcent = tl.zeros((BLOCK_C, BLOCK_E), tl.float32)
     start = tl.program_id(1) * SPAN
+    if HAS_TOP and TOP_SORTED and not TOP_SCATTERED:
+        # Each row's top keys in increasing position: a block's are the next few of the row, so
+        # the compares below run only as often as the most any row has in the block, not K times.
+        # done: each row's top keys before the block; nxt: the position of its next one (none:
+        # past every block)
+        done = tl.zeros((BLOCK_C,), tl.int32)
+        for t in range(K):
+            done += (tl.load(idx_ptr + crow * K + t, mask=c_ok, other=1 << 30) < start).to(tl.int32)
+        nxt = tl.load(idx_ptr + crow * K + done, mask=c_ok & (done < K), other=1 << 30).to(tl.int32)
     for n0 in range(start, tl.minimum(start + SPAN, N), BLOCK_N):
         cols, in_n, keys, vals_n = _key_block(k_ptr, v_ptr, bh, n0, N, E, EV, DOT_DTYPE,
                                               BLOCK_N, BLOCK_E, BLOCK_V)
@@ -222,10 +236,21 @@ def _centroid_bwd_kernel(
             # each top key as its lane in the block, compared with the lanes' constant indices in
             # 32 bits (out of the block, or no key: a lane that none has)
             lanes = tl.arange(0, BLOCK_N)
-            for t in range(K):
-                lane_t = (tl.load(idx_ptr + crow * K + t, mask=c_ok, other=-1) - n0).to(tl.int32)
-                dtw_t = tl.load(dtw_ptr + crow * K + t, mask=c_ok, other=0.0)
-                dp += tl.where(lane_t[:, None] == lanes[None, :], dtw_t[:, None], 0.0)
+            if TOP_SORTED:  # the block's top keys of each row: its next ones, up to the block's end
+                has = nxt < n0 + BLOCK_N
+                while tl.max(has.to(tl.int32), 0) > 0:
+                    lane_t = tl.where(has, nxt - n0, -1)
+                    dtw_t = tl.load(dtw_ptr + crow * K + done, mask=has, other=0.0)
+                    dp += tl.where(lane_t[:, None] == lanes[None, :], dtw_t[:, None], 0.0)
+                    done += has.to(tl.int32)
+                    nxt = tl.where(has, tl.load(idx_ptr + crow * K + done, mask=has & (done < K),
+                                                other=1 << 30).to(tl.int32), nxt)
+                    has = nxt < n0 + BLOCK_N
+            else:
+                for t in range(K):
+                    lane_t = (tl.load(idx_ptr + crow * K + t, mask=c_ok, other=-1) - n0).to(tl.int32)
+                    dtw_t = tl.load(dtw_ptr + crow * K + t, mask=c_ok, other=0.0)
+                    dp += tl.where(lane_t[:, None] == lanes[None, :], dtw_t[:, None], 0.0)
         ds = (p * (dp - row_term[:, None]) * scale).to(DOT_DTYPE)
         dv_n = tl.dot(tl.trans(p.to(DOT_DTYPE)), dvals, input_precision=PRECISION)
         tl.store(dv_ptr + (bh * N + cols[:, None]) * EV + offs_v[None, :],
@@ -310,6 +335,7 @@ class _CentroidAttention(torch.autograd.Function):
             top_w = torch.empty((B, H, C, 0), **f32)
         ctx.save_for_backward(centroids, k, v, lengths, lse, values32, top_w, top_idx)
         ctx.scale = scale
+        ctx.top_sorted = bool(topk) and N <= MAX_N  # the Triton top-k writes a row's keys in increasing position
         ctx.mark_non_differentiable(top_idx)
         return values, top_w.to(centroids.dtype), top_idx
 
@@ -328,6 +354,7 @@ class _CentroidAttention(torch.autograd.Function):
             centroids, k, v, lengths, lse, values32, dvalues.contiguous(), top_w, dtop_w, top_idx, dtop,
             dcent, dk, dv, H, C, N, E, EV, K, ctx.scale,
             HAS_TOP=K > 0, TOP_SCATTERED=scattered, BLOCK_K=max(16, triton.next_power_of_2(K)),
+            TOP_SORTED=ctx.top_sorted,
             **_launch_config(centroids, k, v, backward=True, scattered_top=scattered))
         return dcent.to(centroids.dtype), dk, dv, None, None, None
 

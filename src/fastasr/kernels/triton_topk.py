@@ -2,7 +2,8 @@
 
 ``topk_indices(scores, k)`` is the Triton twin of ``fastasr.kernels.reference.topk_indices``
 for CUDA float32 rows: ``(..., N)`` scores -> ``(..., k)`` int64 indices of each row's ``k``
-largest entries, unordered (callers use them as a set). Improved clustered attention calls
+largest entries, each row's in increasing position (``triton_centroid``'s backward walks
+them so; ``torch.topk``'s are in the scores' order). Improved clustered attention calls
 it on the ``(B, H, C, N)`` centroid logits: many short rows (``B·H·C`` of them, ``N`` a few
 hundred to a few thousand), which ``torch.topk``'s radix select serves with several passes
 over global memory a row.
@@ -170,7 +171,7 @@ def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Indices ``(..., k)`` of the ``k`` largest entries of each row of ``scores (..., N)``.
 
-    Unordered; of equal scores at the boundary the lowest positions are taken. No
+    In increasing position; of equal scores at the boundary the lowest positions are taken. No
     autograd (the scores are detached). float32 rows of at most :data:`MAX_N` run the
     kernel; others ``torch.topk`` (``reference.topk_indices``).
 
