@@ -16,7 +16,7 @@ is unset (the kernels must be defined as compiled ``JITFunction`` objects).
 ``--loops`` also reads each cubin's SASS (``cuobjdump -sass``) and reports the instructions a
 thread issues in one iteration of its hot loop: the innermost loop that holds tensor-core
 products (``HGMMA``, ``HMMA``), else the longest innermost loop, and of a loop inside it (which
-runs its trip count: the centroid backward's 550 hold a 92-instruction loop over a block's top
+runs its trip count: the centroid backward's 551 hold a 93-instruction loop over a block's top
 keys, run as often as the most a row has there). It is a measure of a kernel's
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
 K-means' tile with stored signs is 403 instructions against 880 (benchmarks/gpu_notes.md).
