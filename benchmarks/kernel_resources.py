@@ -31,11 +31,6 @@ from fastasr.kernels import compile_check
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def failures(reports: Sequence[compile_check.KernelReport]) -> list[str]:
-    """The configurations ``compile_check`` fails: not compiled, spilling or fenced."""
-    return [r.name for r in reports if not r.ok or r.stack_bytes or r.fences]
-
-
 def table(reports: Sequence[compile_check.KernelReport], arch: int, info: dict, commit: str,
           triton_version: str, command: str) -> str:
     """The Markdown page of ``reports`` (all compiled, none spilling)."""
@@ -75,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import triton
 
     reports = compile_check.compile_all(args.arch, jobs=args.jobs, loops=True)
-    bad = failures(reports)
+    bad = [r.name for r in reports if r.fails]
     if bad:
         print(f"compile_check fails {len(bad)} configuration(s), no table written: {', '.join(bad)}\n"
               f"(python -m fastasr.kernels.compile_check --arch {args.arch} --verbose says why)", file=sys.stderr)

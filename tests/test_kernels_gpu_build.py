@@ -75,6 +75,17 @@ def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
     assert innermost_loops(sass("MOV R1, R2", "EXIT")) == ()
 
 
+def test_a_report_fails_on_a_compile_error_a_spill_or_a_fence():
+    """``KernelReport.fails``, which ``compile_check``'s exit status and ``kernel_resources.py``
+    both read: a configuration that did not compile, spills or holds a GPU-wide fence fails."""
+    from fastasr.kernels.compile_check import KernelReport
+
+    assert not KernelReport("k", True, 72, 0).fails
+    assert KernelReport("k", False, error="CompilationError").fails
+    assert KernelReport("k", True, 255, 24).fails
+    assert KernelReport("k", True, 124, 0, fences=36).fails
+
+
 def test_ctas_per_sm_by_registers_shared_memory_and_threads():
     """``compile_check.ctas_per_sm`` as CUDA's occupancy calculator counts: registers by whole
     warps from four sub-partitions (a thread's rounded up to 8), shared memory with 1 KB

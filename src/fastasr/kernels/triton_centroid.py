@@ -325,7 +325,9 @@ class _CentroidAttention(torch.autograd.Function):
         _centroid_combine_kernel[(B * H,)](
             part_m, part_l, part_acc, values, values32, lse, C, EV, splits,
             BLOCK_C=config["BLOCK_C"], BLOCK_V=config["BLOCK_V"], num_warps=config["num_warps"])
-        if topk and N <= MAX_N:
+        # the backward walks each row's top keys in increasing position where the Triton top-k wrote them
+        ctx.top_sorted = bool(topk) and N <= MAX_N
+        if ctx.top_sorted:
             top_idx, top_w = topk_softmax(logits, lse, topk)
         elif topk:  # LONG_ROWS: torch.topk, and the weights exp(l - lse) (0 in a row without keys)
             top_idx = reference.topk_indices(logits, topk)
@@ -335,7 +337,6 @@ class _CentroidAttention(torch.autograd.Function):
             top_w = torch.empty((B, H, C, 0), **f32)
         ctx.save_for_backward(centroids, k, v, lengths, lse, values32, top_w, top_idx)
         ctx.scale = scale
-        ctx.top_sorted = bool(topk) and N <= MAX_N  # the Triton top-k writes a row's keys in increasing position
         ctx.mark_non_differentiable(top_idx)
         return values, top_w.to(centroids.dtype), top_idx
 

@@ -157,7 +157,8 @@ def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
         x, ckey, cinside = _row_keys(x_ptr, rows, cols, R, N)
         above = ckey > kth
         tied = (ckey == kth) & cinside
-        counts = before[:, None] + tl.cumsum(above.to(tl.int32) | (tied.to(tl.int32) << 16), 1)
+        packed = above.to(tl.int32) | (tied.to(tl.int32) << 16)
+        counts = before[:, None] + tl.cumsum(packed, 1)
         ties_up_to = counts >> 16
         take = above | (tied & (ties_up_to <= room[:, None]))
         slot = (counts & 0xFFFF) + tl.minimum(ties_up_to, room[:, None]) - 1
@@ -165,7 +166,7 @@ def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
         tl.store(out_ptr + out, cols[None, :].to(tl.int64), mask=take)
         if WEIGHTS:
             tl.store(w_ptr + out, tl.exp(x - lse[:, None]), mask=take)
-        before += tl.sum(above.to(tl.int32) | (tied.to(tl.int32) << 16), 1)
+        before += tl.sum(packed, 1)
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
