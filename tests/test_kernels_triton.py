@@ -33,6 +33,8 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from kernel_fixtures import clustered_codes  # noqa: E402
 
 from fastasr.kernels import availability, reference  # noqa: E402
@@ -108,6 +110,40 @@ def _lengths(B: int, N: int, g: torch.Generator, full_first: bool = True) -> tor
 
 def _dev(*tensors):
     return [t.to(DEVICE) for t in tensors]
+
+
+# ------------------------------------------------------------------ the interpreter
+@triton.jit
+def _sums_kernel(x_ptr, out_ptr, STEPS: tl.constexpr):
+    x = tl.load(x_ptr + tl.arange(0, 8))
+    total = 0.0
+    for _ in range(STEPS):
+        total += tl.sum(x, 0)  # a device call (tl.sum is a @triton.jit function) a step
+    tl.store(out_ptr, total)
+
+
+def test_the_interpreter_patches_the_language_once_a_module_a_launch(monkeypatch):
+    """``availability.prepare_interpreter``: a launch maps ``triton.language`` onto the
+    interpreter's operations once for the kernel's module and once for Triton's library, not
+    again at each device call: the same patching whether the kernel sums 2 or 20 times, and
+    the sums right."""
+    if not INTERPRETED:
+        pytest.skip("the interpreter's patching: the kernels run compiled here")
+    from triton.runtime import interpreter
+
+    patched = []
+    real = interpreter._patch_builtin
+    monkeypatch.setattr(interpreter, "_patch_builtin", lambda pkg, *a: (patched.append(pkg), real(pkg, *a))[1])
+    x = torch.arange(8, dtype=torch.float32)
+    _sums_kernel[(1,)](x, torch.zeros(1), STEPS=1)  # the first call of a device function rewrites it
+    counts = []
+    for steps in (2, 20):
+        out = torch.zeros(1)
+        patched.clear()
+        _sums_kernel[(1,)](x, out, STEPS=steps)
+        assert out.item() == steps * 28.0
+        counts.append(len(patched))
+    assert counts[0] == counts[1] > 0, counts
 
 
 # ------------------------------------------------------------------ hashing

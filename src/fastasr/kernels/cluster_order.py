@@ -14,9 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from fastasr.kernels.availability import ensure_interpreter_compat
+from fastasr.kernels.availability import prepare_interpreter
 
-ensure_interpreter_compat()
+prepare_interpreter()
 
 __all__ = ["ClusterOrder", "block_slots", "block_table", "block_table_reference", "cluster_order"]
 

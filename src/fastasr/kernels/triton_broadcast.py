@@ -37,13 +37,13 @@ import triton
 import triton.language as tl
 
 from fastasr.kernels.availability import (
-    ensure_interpreter_compat,
     kernels_interpreted,
+    prepare_interpreter,
     require_triton,
 )
 from fastasr.kernels.triton_clustered import dot_config
 
-ensure_interpreter_compat()
+prepare_interpreter()
 
 __all__ = ["broadcast_clusters", "cluster_sums", "applies", "cluster_sum_spans", "broadcast_tile", "cluster_sum_tile",
            "MAX_CLUSTERS", "MAX_WIDTH"]

@@ -49,14 +49,14 @@ import triton.language as tl
 
 from fastasr.kernels import reference
 from fastasr.kernels.availability import (
-    ensure_interpreter_compat,
     kernels_interpreted,
+    prepare_interpreter,
     require_triton,
 )
 from fastasr.kernels.triton_clustered import dot_config
 from fastasr.kernels.triton_topk import MAX_N, topk_softmax
 
-ensure_interpreter_compat()
+prepare_interpreter()
 
 __all__ = ["centroid_attention", "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS",
            "LONG_ROWS"]

@@ -64,13 +64,13 @@ import triton
 import triton.language as tl
 
 from fastasr.kernels.availability import (
-    ensure_interpreter_compat,
     kernels_interpreted,
+    prepare_interpreter,
     require_triton,
 )
 from fastasr.kernels.cluster_order import ClusterOrder, cluster_order
 
-ensure_interpreter_compat()
+prepare_interpreter()
 
 __all__ = ["ClusterOrder", "cluster_order", "clustered_dot", "clustered_weighted_sum", "dot_config",
            "improved_sparse"]

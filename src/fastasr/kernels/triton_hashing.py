@@ -23,13 +23,13 @@ import triton
 import triton.language as tl
 
 from fastasr.kernels.availability import (
-    ensure_interpreter_compat,
     kernels_interpreted,
+    prepare_interpreter,
     require_triton,
 )
 from fastasr.kernels.reference import MAX_BITS
 
-ensure_interpreter_compat()
+prepare_interpreter()
 
 __all__ = ["hash_codes"]
 

@@ -61,13 +61,13 @@ import triton.language as tl
 
 from fastasr.kernels import reference
 from fastasr.kernels.availability import (
-    ensure_interpreter_compat,
     kernels_interpreted,
+    prepare_interpreter,
     require_triton,
 )
 from fastasr.kernels.reference import MAX_BITS, initial_centroids
 
-ensure_interpreter_compat()
+prepare_interpreter()
 
 __all__ = ["hamming_kmeans", "spans_per_sequence", "MAX_CLUSTERS"]
 

@@ -34,12 +34,12 @@ import triton.language as tl
 
 from fastasr.kernels import reference
 from fastasr.kernels.availability import (
-    ensure_interpreter_compat,
     kernels_interpreted,
+    prepare_interpreter,
     require_triton,
 )
 
-ensure_interpreter_compat()
+prepare_interpreter()
 
 __all__ = ["topk_indices", "topk_softmax", "topk_tile", "radix_tile", "store_chunk", "MAX_N", "RADIX_SELECT",
            "EARLY_EXIT", "STORE_ELEMENTS"]
