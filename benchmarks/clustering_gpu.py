@@ -3,7 +3,7 @@
     python benchmarks/clustering_gpu.py                                   # CUDA, about a minute
     python benchmarks/clustering_gpu.py --baseline other/triton_kmeans.py # A/B against another K-means
     TRITON_INTERPRET=1 python benchmarks/clustering_gpu.py --device cpu --ns 64 --tokens 128 \
-        --repeats 1 --check-n 64 --clusters 4                            # the plumbing on the CPU
+        --repeats 1 --check-n 64 --clusters 4 --heads 1                  # the plumbing on the CPU
 
 1. **No synchronisation.** Forward and backward of each call of :data:`CALLS` (``clustered-100``,
    ``i-clustered-100``, and i-clustered with each of the kernels' alternatives to its
@@ -77,7 +77,7 @@ from fastasr.attention import build_attention  # noqa: E402
 from fastasr.kernels import ops, reference, triton_kmeans  # noqa: E402
 
 TOKENS = 65536  # a call's tokens (--tokens)
-HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10
+HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10  # --heads, --clusters
 #: Where it runs: the GPU, or (--device cpu, under TRITON_INTERPRET=1) the CPU with the Triton
 #: kernels interpreted, a plumbing check of this script whose times mean nothing.
 DEVICE = torch.device("cuda")
@@ -595,7 +595,7 @@ def profile(lines: list[str], spec: str, n: int, switches=()) -> None:
 
 
 def main(argv=None) -> int:
-    global DEVICE, TOKENS, CLUSTERS, BUDGET
+    global DEVICE, TOKENS, CLUSTERS, HEADS, BUDGET
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ns", type=int, nargs="+", default=[800, 1024, 3200, 4096, 16384, 65536])
     p.add_argument("--repeats", type=int, default=20)
@@ -611,6 +611,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-attention", action="store_true", help="K-means only")
     p.add_argument("--tokens", type=int, default=TOKENS, help="tokens a call (B = tokens // N)")
     p.add_argument("--clusters", type=int, default=CLUSTERS, help="C of K-means and both attentions")
+    p.add_argument("--heads", type=int, default=HEADS,
+                   help="heads of every call (the CPU plumbing: 1, a sixth of the interpreted programs)")
     p.add_argument("--check-n", type=int, default=4096, help="N of the synchronisation check and the profiles")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: this script's plumbing under TRITON_INTERPRET=1 (tiny --ns and --tokens)")
@@ -618,7 +620,7 @@ def main(argv=None) -> int:
     p.add_argument("--budget-s", type=float, default=None,
                    help=f"start no new row after this many seconds (also ${bench_io.DEADLINE_ENV}, a Unix time)")
     args = p.parse_args(argv)
-    DEVICE, TOKENS, CLUSTERS = torch.device(args.device), args.tokens, args.clusters
+    DEVICE, TOKENS, CLUSTERS, HEADS = torch.device(args.device), args.tokens, args.clusters, args.heads
     BUDGET = bench_io.Budget(args.budget_s)
     import triton
 

@@ -223,7 +223,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     section written, every call with each kernel switch run, nothing failed or differing, so
     that a GPU's few minutes are not lost to the script."""
     _run_cpu_plumbing("clustering_gpu.py", tmp_path, "--ns", "64", "--tokens", "128", "--repeats", "1",
-                      "--check-n", "64", "--clusters", "4", "--topk-tiles", "1:1", "--kmeans-stages", "2", "--sparse-tiles", "16:2")
+                      "--check-n", "64", "--clusters", "4", "--heads", "1", "--topk-tiles", "1:1", "--kmeans-stages", "2", "--sparse-tiles", "16:2")
     md = (tmp_path / "clustering_cpu-interpreter.md").read_text()
     for section in ("No host synchronisation", "Hamming K-means", "Attention call, forward + backward",
                     "i-clustered's parts", "CPU ops of one clustered-4 call",

@@ -5,8 +5,9 @@ short utterances"): a few hundred utterances of a few seconds, so that
 ``data.min_batches_per_epoch`` cuts the batch to two or three utterances. The test synthesises
 such a corpus (espeak-ng, offline), runs ``train.py data=manifest tokenizer=char`` with only the
 manifests and a 600-update cap (the learning-rate schedule then decays over those 600 updates
-instead of 30 minutes), and asserts that the dev CER falls below 90 % within them. A few minutes
-on 2 CPU cores.
+instead of 30 minutes), and asserts that the dev CER falls below 90 % within them. Lightning's
+``EarlyStopping`` with ``stopping_threshold`` ends the run at the first validation below 90 %
+(it changes no update before it). A few minutes on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -24,6 +25,14 @@ UPDATES = 600  # the recipe's promise: off the plateau within 600 updates
 PLATEAU_CER = 90.0
 
 
+def off_plateau_stop(cer: float) -> list[str]:
+    """Overrides adding Lightning's EarlyStopping: stop at the first validation whose dev CER is
+    below ``cer`` (never for a lack of improvement)."""
+    stop = "+callbacks.off_plateau"
+    return [f"{stop}._target_=lightning.pytorch.callbacks.EarlyStopping", f"{stop}.monitor=val/cer",
+            f"{stop}.mode=min", f"{stop}.stopping_threshold={cer}", f"{stop}.patience={UPDATES}"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_documented_command_leaves_the_blank_plateau_on_a_tiny_short_corpus(tmp_path):
@@ -35,7 +44,8 @@ def test_the_documented_command_leaves_the_blank_plateau_on_a_tiny_short_corpus(
         [sys.executable, str(PROJECT_ROOT / "train.py"), "data=manifest", "tokenizer=char",
          *corpus_overrides(corpus), f"+trainer.max_steps={UPDATES}",
          "final_decoding=null", "final_tuning=null", "final_average=null", "logger=csv",
-         "trainer.enable_progress_bar=false", f"paths.output_dir={tmp_path / 'out'}", "name=smoke"],
+         "trainer.enable_progress_bar=false", f"paths.output_dir={tmp_path / 'out'}", "name=smoke",
+         *off_plateau_stop(PLATEAU_CER)],
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=840,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -43,4 +53,5 @@ def test_the_documented_command_leaves_the_blank_plateau_on_a_tiny_short_corpus(
     metrics = next((tmp_path / "out").rglob("metrics.csv"))
     curve = [(int(r["step"]), float(r["val/cer"])) for r in csv.DictReader(metrics.open()) if r.get("val/cer")]
     assert curve and curve[-1][0] <= UPDATES
-    assert min(cer for _, cer in curve) < PLATEAU_CER, f"dev CER by update: {curve}"
+    assert curve[-1][1] < PLATEAU_CER, f"dev CER by update: {curve}"  # stopped off the plateau
+    assert all(cer >= PLATEAU_CER for _, cer in curve[:-1]), curve  # and at the first validation off it
