@@ -652,7 +652,8 @@ def test_fused_centroid_attention_half_precision(dtype, tol, C, E):
     value gradients in the input dtype. The top keys are compared as the float64 reference
     picks them (half-precision rounding reorders near-ties)."""
     g = _gen(77)
-    centroids, k, v, lengths = _centroid_inputs(2, 2, C, 90, E, E, g, dtype=dtype)
+    centroids, k, v, _ = _centroid_inputs(2, 1, C, 90, E, E, g, dtype=dtype, padded=False)
+    lengths = torch.tensor([90, 61])  # a full and a padded sequence
     got = _centroid_and_grads(tcen.centroid_attention, [t.to(DEVICE).requires_grad_() for t in (centroids, k, v)],
                               lengths.to(DEVICE), 8, _gen(2))
     want = _centroid_and_grads(reference.centroid_attention,
