@@ -249,10 +249,12 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
 @pytest.mark.timeout(660)
 def test_gpu_step_cpu_plumbing(tmp_path):
     """benchmarks/gpu_step.py on the CPU: a step of each kind of variant (one with a kernel
-    switch set) and the floor ratios in the table, and the profile of one step."""
+    switch set) and the floor ratios in the table, and the profile of one step. The variants
+    share one step function; i-clustered's interpreted top-k over 1,200 centroid rows would
+    take most of this test's time, and test_clustering_gpu_cpu_plumbing runs its kernels."""
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--rounds", "1", "--variants", "full", "full, dense", "clustered-100", "floor",
-                      "i-clustered-100, torch centroids")
+                      "clustered-100, stored K-means signs")  # i-clustered's kernels: the test above
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
     assert row.count("× floor") == 4 and "failed" not in row, row
