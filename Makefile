@@ -61,7 +61,7 @@ lm: $(LM)  ## word 3-gram LM (ARPA, modified Kneser-Ney) of the built-in corpus'
 train: $(LM)  ## train the default model (CPU if no GPU), then beam-decode its test split with the LM; extra overrides: make train ARGS="model.layers=9"
 	$(PY) train.py $(ARGS)
 
-test: $(KERNELS)  ## the fast tier (3.5-4.5 min on 2 cores); CI runs it, then test-slow. No test collected = failure
+test: $(KERNELS)  ## the fast tier (4-5 min on 2 cores); CI runs it, then test-slow. No test collected = failure
 	$(PY) -m pytest -q
 
 test-slow: $(KERNELS)  ## the slow tier only: trainings, smoke matrix, subprocess re-runs, kernel compile/bench checks

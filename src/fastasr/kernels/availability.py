@@ -245,12 +245,11 @@ def _patch_language_once_a_launch(interpreter) -> None:
             launches.pop()
 
     def patch_once(fn):
-        if not launches:
-            return patch_lang(fn)
-        module = id(fn.__globals__)
-        if module in launches[-1]:
-            return scope_type()  # already patched in this launch: an empty scope
-        launches[-1].add(module)
+        if launches:
+            module = id(fn.__globals__)
+            if module in launches[-1]:
+                return scope_type()  # already patched in this launch: an empty scope
+            launches[-1].add(module)
         return patch_lang(fn)
 
     grid.__call__ = functools.wraps(run_grid)(launch)
