@@ -5,7 +5,7 @@ The checkpoint carries all decoding needs (lexicon and word LM included); conf/e
 composes no training data config. Prints the decoding that ran and where results.json went,
 then `PER=<x> WER=<y> (<n> utterances)` (percent; CER for character models) as its last line.
 A command whose checkpoint or manifest is missing stops before its run directory is made
-(:class:`fastasr.recognition.evaluation.EvaluatePreflight`); any other failure is written into the run
+(:class:`fastasr.cli.preflight.EvaluatePreflight`); any other failure is written into the run
 directory's evaluate.log.
 """
 
@@ -17,13 +17,15 @@ from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
 from fastasr.quiet import quiet_known_noise
-from fastasr.recognition.evaluation import decoding_label, evaluate, format_result_line
 
 log = logging.getLogger("evaluate")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
+    # torch and Lightning load here, after Hydra's composition and the preflight's check
+    from fastasr.recognition.evaluation import decoding_label, evaluate, format_result_line
+
     quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
     try:
         result = evaluate(cfg)

@@ -9,12 +9,15 @@ from omegaconf import DictConfig
 from fastasr.config import CONFIG_DIR
 from fastasr.distributed import hydra_overrides_for_rank
 from fastasr.quiet import quiet_known_noise
-from fastasr.recognition.evaluation import format_result_line
-from fastasr.training.fit import train
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="train")
 def main(cfg: DictConfig) -> None:
+    # torch and Lightning load here, after Hydra has composed the config and the preflight
+    # (fastasr.cli.preflight) has checked it: a refused command does not wait for them
+    from fastasr.recognition.evaluation import format_result_line
+    from fastasr.training.fit import train
+
     quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
     result = train(cfg)
     test = result.test

@@ -1,4 +1,4 @@
-"""Helpers of the tests that run ``train.py`` as a subprocess (DDP, kill-and-resume).
+"""Helpers of the tests that run ``train.py`` as a subprocess (DDP, kill-and-resume, refusals).
 
 ``RunProbe`` is a Lightning callback the subprocess tests (DDP, kill-and-resume) add to ``train.py`` runs with
 ``+callbacks.probe._target_=run_probe.RunProbe +callbacks.probe.out=DIR`` (``tests/`` on
@@ -128,6 +128,11 @@ def run_env(**extra: str) -> dict[str, str]:
     paths = [str(PROJECT_ROOT / "src"), str(TESTS), os.environ.get("PYTHONPATH", "")]
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p), OMP_NUM_THREADS="1",
                 PYTHONUNBUFFERED="1", MASTER_PORT=str(free_port()), **extra)
+
+
+def imported_modules(stderr: str) -> set[str]:
+    """The modules that ``python -X importtime`` reports on ``stderr``, top-level packages included."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
 
 
 def train_command(corpus: Path, out: Path, probe: Path, *overrides: str) -> list[str]:

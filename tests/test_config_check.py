@@ -10,7 +10,7 @@ import soundfile
 from omegaconf import OmegaConf
 from test_train_eval import compose_train
 
-from fastasr.training.config_check import ConfigError, check_train_config
+from fastasr.training.config_check import LIGHTNING_PRECISIONS, ConfigError, check_train_config
 from fastasr.training.fit import train
 
 
@@ -70,6 +70,17 @@ def test_a_bad_value_names_its_key(tiny_corpus, tmp_path, no_audio_reads, overri
         check_train_config(compose_train(tiny_corpus, tmp_path, *overrides))
     line = next(ln for ln in str(err.value).splitlines() if key in ln)
     assert re.search(expected, line), line
+
+
+def test_the_precisions_are_lightnings():
+    """``trainer.precision`` takes what Lightning's ``Trainer`` takes: the check's list, written out
+    so that it need not import Lightning, is Lightning's own."""
+    import typing
+
+    from lightning.fabric.connector import _PRECISION_INPUT_STR, _PRECISION_INPUT_STR_ALIAS
+
+    lightnings = set(typing.get_args(_PRECISION_INPUT_STR)) | set(typing.get_args(_PRECISION_INPUT_STR_ALIAS))
+    assert LIGHTNING_PRECISIONS == lightnings
 
 
 def test_missing_manifests_and_every_problem_at_once(tiny_corpus, tmp_path, no_audio_reads):

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_probe import imported_modules
 from test_train_eval import TINY_MODEL, compose_train, data_overrides
 
 from fastasr.config import PROJECT_ROOT
@@ -37,9 +38,9 @@ def snapshot(path: Path) -> dict[str, str]:
             for p in sorted(path.rglob("*")) if p.is_file()}
 
 
-def train_py(tiny_corpus: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
-    """``python train.py <the finished run's settings> <args>``: what a newcomer types next."""
-    command = [sys.executable, "train.py", *data_overrides(tiny_corpus), *TINY_MODEL, "logger=csv",
+def train_py(tiny_corpus: Path, out: Path, *args: str, python: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``python [python] train.py <the finished run's settings> <args>``: what a newcomer types next."""
+    command = [sys.executable, *python, "train.py", *data_overrides(tiny_corpus), *TINY_MODEL, "logger=csv",
                "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"paths.output_dir={out}",
                *FINISHED, *args]
     return subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
@@ -81,6 +82,23 @@ def test_a_rejected_config_leaves_no_trace(tiny_corpus, finished_run, args, key)
         assert done.returncode == 2 and key in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert snapshot(run.path) == before
     assert not (out / "runs" / "fresh").exists()
+
+
+def test_a_refusal_does_not_wait_for_the_training_stack(tiny_corpus, finished_run):
+    """A mistyped override is Hydra's refusal, before torch loads; a value the config check refuses
+    is refused with torch loaded (the check builds the attention) but not Lightning. Both exit
+    before ``train.py`` imports the training modules (the seconds a refusal took)."""
+    out, run = finished_run
+    before = snapshot(run.path)
+    mistyped = train_py(tiny_corpus, out, "attention=clusterd", python=("-X", "importtime"))
+    assert mistyped.returncode == 1 and "Could not find 'attention/clusterd'" in mistyped.stderr, mistyped.stderr
+    assert "clustered" in mistyped.stderr  # Hydra lists the options
+    assert {"hydra", "omegaconf"} <= imported_modules(mistyped.stderr)
+    assert "torch" not in imported_modules(mistyped.stderr)
+    refused = train_py(tiny_corpus, out, "model.layers=-1", python=("-X", "importtime"))
+    assert refused.returncode == 2 and "model.layers=-1; expected an integer ≥ 1" in refused.stderr, refused.stderr
+    assert "torch" in imported_modules(refused.stderr) and "lightning" not in imported_modules(refused.stderr)
+    assert snapshot(run.path) == before
 
 
 def test_continuing_a_finished_run_is_explicit(tiny_corpus, finished_run):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from recogniser_fixtures import phoneme_tokenizer, recogniser, save_checkpoint
+from run_probe import imported_modules
 
 from fastasr.config import PROJECT_ROOT
 from fastasr.data.manifest import read_manifest
@@ -65,9 +66,12 @@ def test_evaluate_lists_the_manifest_lines_it_could_not_score(words_ckpt, tiny_c
 
 
 def test_a_failed_evaluate_leaves_no_directory(words_ckpt, tmp_path):
-    done = run("evaluate.py", f"ckpt_path={tmp_path / 'nope.ckpt'}", f"paths.output_dir={tmp_path / 'outputs'}")
+    """A missing checkpoint is refused before the run directory is made, and before torch loads."""
+    done = run("-X", "importtime", "evaluate.py", f"ckpt_path={tmp_path / 'nope.ckpt'}",
+               f"paths.output_dir={tmp_path / 'outputs'}")
     assert done.returncode == 2 and "ckpt_path=" in done.stderr and "no such file" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "outputs").exists()
+    assert "omegaconf" in imported_modules(done.stderr) and "torch" not in imported_modules(done.stderr)
 
 
 def test_transcribing_with_a_phoneme_model_gives_words(words_ckpt, tiny_corpus, tmp_path):

@@ -3,15 +3,20 @@
 Before the ``Trainer`` exists, a process learns whether it is global rank 0 from the
 launcher's environment (``RANK`` from torchrun, ``SLURM_PROCID`` from srun, ``LOCAL_RANK``
 and ``NODE_RANK`` from Lightning's own launcher), so that only rank 0 writes the run's files.
+
+The module imports torch only in the functions that use ``torch.distributed``: ``train.py``
+reads the launcher's environment (:func:`hydra_overrides_for_rank`) before torch loads, so
+that Hydra refuses a mistyped override without the seconds of importing torch and Lightning.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 _RANK_VARIABLES = (
     "RANK",  # torchrun
@@ -31,6 +36,8 @@ def is_rank_zero_process() -> bool:
 
 def leave_process_group() -> None:
     """Destroy the default process group, if this process is in one (else nothing)."""
+    import torch
+
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
@@ -69,6 +76,8 @@ def loss_without_update(module: torch.nn.Module) -> torch.Tensor | None:
     skipped): None on one process (Lightning then skips backward and the update), and under
     DDP a zero that touches every trainable parameter, so this rank still joins the gradient
     all-reduce of the others (it contributes zero gradients)."""
+    import torch
+
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()
             and torch.distributed.get_world_size() > 1):
         return None
@@ -79,6 +88,8 @@ def loss_without_update(module: torch.nn.Module) -> torch.Tensor | None:
 def gather_objects(obj: Any) -> list[Any]:
     """``obj`` of every rank, in rank order (``[obj]`` outside torch.distributed). Collective:
     every rank must call it."""
+    import torch
+
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         out: list[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(out, obj)

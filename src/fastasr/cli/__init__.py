@@ -14,6 +14,12 @@ function and prints. Nothing in the library imports this package.
 ``python -m fastasr.cli.calibrate``  the ``attention=auto`` crossovers of this machine (:mod:`fastasr.attention.calibrate`)
 =================================  ==========================================================
 
+:mod:`fastasr.cli.preflight` holds the Hydra callbacks that refuse a ``train.py`` or
+``evaluate.py`` command before its run directory is made. ``train.py``, ``evaluate.py`` and
+``python -m fastasr.transcribe`` import the library inside ``main``, after Hydra has composed
+(and the preflight checked) the config, so that a refusal does not wait for torch and Lightning
+to load.
+
 ``python -m fastasr.transcribe`` and ``python -m fastasr.cross_eval`` are the names the
 project's outside contract (DESIGN.md) gives :mod:`fastasr.cli.transcribe` and
 :mod:`fastasr.cli.matrix`: two five-line modules at the top of the package run them.

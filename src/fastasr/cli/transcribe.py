@@ -33,11 +33,12 @@ from omegaconf import DictConfig
 
 from fastasr.config import CONFIG_DIR
 from fastasr.quiet import quiet_known_noise
-from fastasr.recognition.transcription import run_transcription, summary
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="transcribe")
 def main(cfg: DictConfig) -> None:
+    from fastasr.recognition.transcription import run_transcription, summary  # torch: after Hydra's checks
+
     quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
     report = run_transcription(cfg)
     print(summary(report), file=sys.stderr, flush=True)

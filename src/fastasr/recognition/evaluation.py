@@ -14,14 +14,11 @@ and scoring are :func:`fastasr.recognition.scoring.decode_manifest`'s.
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.progress import show_progress
@@ -83,22 +80,3 @@ def evaluate(cfg: DictConfig) -> DecodeResult:
     return replace(result, run_dir=str(run_dir.path))
 
 
-class EvaluatePreflight(Callback):
-    """Hydra callback of ``evaluate.py`` (conf/hydra/evaluate.yaml): before Hydra makes the
-    timestamped run directory, check that ``ckpt_path`` and ``data.test_manifest`` are files;
-    else print what is missing and exit with status 2, leaving no directory behind."""
-
-    def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        problems = []
-        for key, what in (("ckpt_path", "a checkpoint (.ckpt)"), ("data.test_manifest", "a manifest (.jsonl)")):
-            try:
-                value = OmegaConf.select(config, key, throw_on_missing=True)
-            except MissingMandatoryValue:
-                value = None
-            if value in (None, ""):
-                problems.append(f"{key} is not set; expected {what}")
-            elif not Path(str(value)).is_file():
-                problems.append(f"{key}={value}: no such file; expected {what}")
-        if problems:
-            print("evaluate.py: " + "; ".join(problems), file=sys.stderr)
-            raise SystemExit(2)

@@ -12,9 +12,7 @@ is left as it was). After the test it hands over to the final decoding of the ru
 
 from __future__ import annotations
 
-import copy
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +20,10 @@ from typing import Any
 
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.distributed import is_rank_zero_process, leave_process_group_at_exit
@@ -37,7 +34,7 @@ from fastasr.recognition.recogniser import Recogniser, with_decoding_data
 from fastasr.recognition.scoring import DecodeResult, decoding_options, training_manifest
 from fastasr.rundir import RunDir
 from fastasr.training.callbacks import dropout_decision, report_learning_warnings, reset_peak_memory
-from fastasr.training.config_check import ConfigError, check_run_dir, check_train_config
+from fastasr.training.config_check import check_run_dir, check_train_config
 from fastasr.training.lit import ASRLitModule
 from fastasr.training.loggers import build_loggers, finish_wandb
 
@@ -236,25 +233,3 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
         run_dir.add_to_results({"budget_dropout": result.dropout})
     finish_wandb()
     return result
-
-
-class TrainPreflight(Callback):
-    """Hydra callback of ``train.py`` (conf/hydra/default.yaml): before Hydra creates the run
-    directory and writes its ``.hydra/`` and ``train.log``, check the config
-    (:func:`fastasr.training.config_check.check_train_config`) and what it would do to the run directory
-    (:func:`fastasr.training.config_check.check_run_dir`). A refusal prints its message, without a
-    traceback, and exits with status 2: a rejected command leaves no trace in any run directory.
-    :func:`train` checks again (it is also called without Hydra)."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if not is_rank_zero_process():
-            return
-        cfg = copy.deepcopy(config)
-        with open_dict(cfg):
-            run_dir = Path(str(cfg.hydra.run.dir))
-            del cfg["hydra"]
-        try:
-            check_run_dir(check_train_config(cfg), RunDir(run_dir))
-        except (ConfigError, FileExistsError, FileNotFoundError) as err:
-            print(f"train.py: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
