@@ -17,6 +17,7 @@ import pytest
 import soundfile as sf
 import torch
 from hydra import compose, initialize_config_dir
+from run_probe import imported_modules
 from test_train_eval import compose_train
 from torch import nn
 
@@ -370,6 +371,27 @@ def test_bad_input_is_named_in_the_report_and_the_rest_transcribed(trained, tiny
     assert report["inputs"] == len(good) + len(expected) and report["transcribed"] == len(good)
     text = summary({**report, "run_dir": str(tmp_path / "run")})
     assert f"{len(good)} of {report['inputs']} input(s) transcribed" in text and "truncated.wav" in text
+
+
+def test_the_command_refuses_a_missing_checkpoint_or_no_audio_before_its_run_directory(tmp_path):
+    """One line naming the key and what is expected, exit status 2, no traceback, no run
+    directory, and no wait for torch (``fastasr.cli.preflight.TranscribePreflight``)."""
+    ckpt = tmp_path / "model.ckpt"
+    ckpt.write_bytes(b"")  # the check wants a file; reading it is the transcription's
+    cases = [
+        ((f"ckpt_path={tmp_path / 'nope.ckpt'}", "audio=a.wav"),
+         f"ckpt_path={tmp_path / 'nope.ckpt'}: no such file; expected a checkpoint (.ckpt)"),
+        (("audio=a.wav",), "ckpt_path is not set; expected a checkpoint (.ckpt)"),
+        ((f"ckpt_path={ckpt}",), "audio is not set; expected an audio file, a directory, a manifest"),
+        ((f"ckpt_path={ckpt}", "audio=[]"), "audio is not set"),
+    ]
+    for args, message in cases:
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "fastasr.transcribe", *args,
+                               f"paths.output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and f"transcribe: {message}" in done.stderr, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr and done.stdout == ""
+        assert "omegaconf" in imported_modules(done.stderr) and "torch" not in imported_modules(done.stderr)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow

@@ -1,14 +1,14 @@
 """Hydra callbacks that refuse a command before its run directory is made.
 
-``train.py`` and ``evaluate.py`` name them in their Hydra configs (``conf/hydra/default.yaml``,
-``conf/hydra/evaluate.yaml``). Hydra calls :meth:`~hydra.experimental.callback.Callback.on_run_start`
+``train.py``, ``evaluate.py`` and ``python -m fastasr.transcribe`` name them in their Hydra configs
+(``conf/hydra/default.yaml``, ``evaluate.yaml``, ``transcribe.yaml``). Hydra calls :meth:`~hydra.experimental.callback.Callback.on_run_start`
 after composing the config and before it creates the run directory and writes its ``.hydra/``
-and log, so a refused command leaves no trace in any run directory. A refusal prints one line,
-without a traceback, and exits with status 2.
+and log, so a refused command leaves no trace in any run directory (and no empty one). A
+refusal prints one line, without a traceback, and exits with status 2.
 
 This module imports neither torch nor Lightning, and the commands import their training and
 decoding modules inside ``main``: a mistyped override, group or key (Hydra's own composition
-error) is refused in about half a second, a config that :mod:`fastasr.training.config_check`
+error) and a missing checkpoint are refused in about half a second, a config that :mod:`fastasr.training.config_check`
 refuses in about two (torch, not Lightning, loaded), where importing the training stack first
 took five to six.
 """
@@ -27,7 +27,7 @@ from omegaconf.errors import MissingMandatoryValue
 from fastasr.distributed import is_rank_zero_process
 from fastasr.rundir import RunDir
 
-__all__ = ["TrainPreflight", "EvaluatePreflight"]
+__all__ = ["TrainPreflight", "EvaluatePreflight", "TranscribePreflight"]
 
 
 class TrainPreflight(Callback):
@@ -55,21 +55,44 @@ class TrainPreflight(Callback):
             raise SystemExit(2) from None
 
 
+def _problems(config: DictConfig, wanted: tuple[tuple[str, str, bool], ...]) -> list[str]:
+    """What is wrong with each ``(key, what is expected, whether it names a file)`` of ``config``:
+    unset, empty, or a file that does not exist."""
+    problems = []
+    for key, what, is_file in wanted:
+        try:
+            value = OmegaConf.select(config, key, throw_on_missing=True)
+        except MissingMandatoryValue:
+            value = None
+        if value is None or (OmegaConf.is_list(value) and len(value) == 0) or str(value) == "":
+            problems.append(f"{key} is not set; expected {what}")
+        elif is_file and not Path(str(value)).is_file():
+            problems.append(f"{key}={value}: no such file; expected {what}")
+    return problems
+
+
+def _refuse(command: str, problems: list[str]) -> None:
+    if problems:
+        print(f"{command}: " + "; ".join(problems), file=sys.stderr)
+        raise SystemExit(2)
+
+
+_CHECKPOINT = ("ckpt_path", "a checkpoint (.ckpt)", True)
+
+
 class EvaluatePreflight(Callback):
-    """``evaluate.py``'s check that ``ckpt_path`` and ``data.test_manifest`` are files; else it
-    prints what is missing."""
+    """``evaluate.py``'s check that ``ckpt_path`` and ``data.test_manifest`` are files."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        problems = []
-        for key, what in (("ckpt_path", "a checkpoint (.ckpt)"), ("data.test_manifest", "a manifest (.jsonl)")):
-            try:
-                value = OmegaConf.select(config, key, throw_on_missing=True)
-            except MissingMandatoryValue:
-                value = None
-            if value in (None, ""):
-                problems.append(f"{key} is not set; expected {what}")
-            elif not Path(str(value)).is_file():
-                problems.append(f"{key}={value}: no such file; expected {what}")
-        if problems:
-            print("evaluate.py: " + "; ".join(problems), file=sys.stderr)
-            raise SystemExit(2)
+        _refuse("evaluate.py", _problems(config, (_CHECKPOINT, ("data.test_manifest", "a manifest (.jsonl)", True))))
+
+
+class TranscribePreflight(Callback):
+    """``python -m fastasr.transcribe``'s check that ``ckpt_path`` is a file and ``audio`` is set.
+    The audio inputs themselves are checked one by one as they are read: one that is missing or
+    unreadable is reported and skipped (:mod:`fastasr.recognition.transcription`)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        audio = ("audio", "an audio file, a directory, a manifest (.jsonl), a list [a.wav,b.wav] or - (paths on stdin)",
+                 False)
+        _refuse("transcribe", _problems(config, (_CHECKPOINT, audio)))
