@@ -202,6 +202,26 @@ def test_num_workers_auto_is_the_cores_less_one_between_2_and_8():
     assert auto_workers() == max(2, min(8, len(os.sched_getaffinity(0)) - 1))
 
 
+def test_the_progress_bar_is_drawn_on_a_terminal_only(monkeypatch):
+    """trainer.enable_progress_bar=auto: Lightning's bar when stdout (its stream) is a terminal,
+    none in a file or a pipe (the epoch summary's lines stand in); true and false are kept."""
+    import io
+
+    assert compose_raw().trainer.enable_progress_bar == "auto"
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert compose_train().trainer.enable_progress_bar is False
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    assert compose_train().trainer.enable_progress_bar is True
+    assert compose_train("trainer.enable_progress_bar=false").trainer.enable_progress_bar is False
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert compose_train("trainer.enable_progress_bar=true").trainer.enable_progress_bar is True
+
+
 def test_num_workers_auto_is_derived_into_the_training_config():
     assert compose_raw().data.num_workers == "auto"
     cfg = compose_train()

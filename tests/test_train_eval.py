@@ -1,8 +1,10 @@
 """train.py / evaluate.py end to end on the tiny corpus: fast-dev-run, resume, evaluation."""
 
 import json
+import logging
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -114,13 +116,20 @@ def test_sigterm_stops_training_with_a_failure_status(tiny_corpus, tmp_path, mon
     assert "SIGTERM: training stopped at step" in caplog.text and "step-last.ckpt" in caplog.text
 
 
-def test_last_checkpoint_is_the_newest_epoch_even_without_a_new_best(tiny_corpus, tmp_path):
+def test_last_checkpoint_is_the_newest_epoch_even_without_a_new_best(tiny_corpus, tmp_path, caplog):
     """last.ckpt (what ``ckpt_path=auto`` resumes) holds the last epoch, not the best one: with a
     learning rate of 0 every epoch scores the same, so only the first saves a best checkpoint
-    (Lightning's own ``save_last`` would leave last.ckpt there and a killed run would lose the rest)."""
+    (Lightning's own ``save_last`` would leave last.ckpt there and a killed run would lose the rest).
+    Each validation logs its one-line summary (``callbacks.epoch_summary``), the sanity check none."""
     cfg = compose_train(tiny_corpus, tmp_path, "name=flat", "optim.lr=0", "trainer.max_epochs=3",
                         "+trainer.limit_train_batches=1", "test=false", "callbacks.attention_maps=null")
-    result = train(cfg)
+    with caplog.at_level(logging.INFO, logger="fastasr.training.callbacks.epoch_summary"):
+        result = train(cfg)
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastasr.training.callbacks.epoch_summary"]
+    assert [line.split(":")[0] for line in lines] == [f"epoch {e} (step {e + 1}, 0" for e in range(3)], lines
+    summary = re.compile(r"epoch \d \(step \d, 0:00:\d\d\): train/loss \d+\.\d{3}, val/loss \d+\.\d{3}, "
+                         r"val/per \d+\.\d\d, val/wer \d+\.\d\d; \d+\.\d\d updates/s")
+    assert all(summary.fullmatch(line) for line in lines), lines
     run = RunDir(result.run_dir)
     (best,) = run.checkpoints.glob("best-*.ckpt")
     assert best.name.startswith("best-epoch000-")

@@ -11,6 +11,7 @@
     LastCheckpoint        a resumable checkpoint of every epoch end (``last.ckpt``)
     LearningWatch         one warning when the run is not learning (CTC's blank plateau, a stalled dev loss)
     BudgetDropout         dropout where the training budget affords many epochs (decided after the first)
+    EpochSummary          one line a validation in the run's log (epoch, step, time, losses, error rates)
 
 Names are imported on first use, so importing one callback does not import the others.
 Where their files go in a run directory is :mod:`fastasr.rundir`'s business.
@@ -34,6 +35,7 @@ _EXPORTS = {
     "LastCheckpoint": "last_checkpoint",
     "LearningWatch": "not_learning",
     "BudgetDropout": "budget_dropout",
+    "EpochSummary": "epoch_summary",
     "dropout_decision": "budget_dropout",
     "learning_warnings": "not_learning",
     "report_learning_warnings": "not_learning",
