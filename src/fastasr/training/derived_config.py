@@ -26,9 +26,6 @@ what they compare and train is what ``python train.py`` runs:
   ``bf16-on-gpu`` (the built-in recipe's): the same on a GPU, ``32-true`` on a CPU.
 * ``data.num_workers`` ``auto``: :func:`auto_workers`, the machine's cores less one for the
   training process, at least 2 and at most 8.
-* ``trainer.enable_progress_bar`` ``auto``: Lightning's progress bar when its stream (stdout) is a
-  terminal, none when it is a file or a pipe (``nohup``, SLURM), where
-  :class:`fastasr.training.callbacks.EpochSummary`'s line a validation stands in for it.
 
 A value marked ``???`` is filled only while it is missing, so one given on the command line
 (``data.length_cost=linear``, ``callbacks.model_checkpoint.monitor=val/loss``) wins. Filling is
@@ -38,7 +35,6 @@ idempotent.
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 import torch
@@ -46,7 +42,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from fastasr.attention import build_attention, length_cost
 from fastasr.data.tokenizer import unit_metric
-from fastasr.progress import show_progress
 
 #: ``trainer.precision`` value that :func:`derive_train_config` replaces by :func:`auto_precision`'s.
 AUTO_PRECISION = "auto"
@@ -54,9 +49,6 @@ AUTO_PRECISION = "auto"
 GPU_BF16_PRECISION = "bf16-on-gpu"
 #: The ``trainer.precision`` values that :func:`derive_train_config` replaces.
 DERIVED_PRECISIONS = (AUTO_PRECISION, GPU_BF16_PRECISION)
-#: ``trainer.enable_progress_bar`` value that :func:`derive_train_config` replaces: whether stdout
-#: (where Lightning draws the bar) is a terminal.
-AUTO_PROGRESS_BAR = "auto"
 #: ``data.num_workers`` value that :func:`derive_train_config` replaces by :func:`auto_workers`'s.
 AUTO_WORKERS = "auto"
 #: The train spec of full attention on a model with one projection for queries and keys.
@@ -176,8 +168,6 @@ def derive_train_config(cfg: DictConfig) -> DictConfig:
     if isinstance(trainer, DictConfig) and trainer.get("precision") in DERIVED_PRECISIONS:
         trainer.precision = auto_precision(trainer.get("accelerator"),
                                            on_cpu=trainer.get("precision") == AUTO_PRECISION)
-    if isinstance(trainer, DictConfig) and trainer.get("enable_progress_bar") == AUTO_PROGRESS_BAR:
-        trainer.enable_progress_bar = show_progress("auto", sys.stdout)
     if isinstance(data, DictConfig) and data.get("num_workers") == AUTO_WORKERS:
         data.num_workers = auto_workers()
     return cfg

@@ -13,6 +13,7 @@ is left as it was). After the test it hands over to the final decoding of the ru
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,14 @@ def run_dir_of(cfg: DictConfig) -> Path:
     if HydraConfig.initialized():
         return Path(HydraConfig.get().runtime.output_dir)
     return Path(cfg.paths.run_dir)
+
+
+def progress_bar(cfg: DictConfig) -> bool:
+    """Lightning's ``enable_progress_bar`` for ``cfg.trainer.enable_progress_bar``: ``auto`` (the
+    default), whether stdout, where Lightning draws its bar, is a terminal (in a log file
+    ``callbacks.epoch_summary``'s line a validation stands in); true or false as given. Decided
+    where the trainer is built, by the process that draws it: ``config.yaml`` keeps ``auto``."""
+    return show_progress(cfg.trainer.get("enable_progress_bar", "auto"), sys.stdout)
 
 
 def build_callbacks(cfg: DictConfig, run_dir: RunDir) -> list[L.Callback]:
@@ -182,7 +191,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
     lit = build_module(cfg, datamodule, run_dir)
 
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers,
-                                     default_root_dir=str(run_dir.path))
+                                     default_root_dir=str(run_dir.path), enable_progress_bar=progress_bar(cfg))
     reset_peak_memory()  # this run's peak, not an earlier run's in the same process
     leave_process_group_at_exit()  # DDP: the process group Lightning is about to start ends with the process
     try:
