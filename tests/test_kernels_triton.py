@@ -648,22 +648,46 @@ def test_fused_centroid_attention_long_rows_by_torch_topk(monkeypatch):
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])
 def test_fused_centroid_attention_half_precision(dtype, tol, C, E):
     """fp16/bf16 keys and values (fp32 logits, softmax and accumulation): against the reference
-    in float64 on the same values, relative L2 error within ``tol``; values and the key and
-    value gradients in the input dtype. The top keys are compared as the float64 reference
-    picks them (half-precision rounding reorders near-ties)."""
+    in float64 on the same values and **the kernel's top keys**, relative L2 error within
+    ``tol``; values and the key and value gradients in the input dtype.
+
+    The kernel's logits are products of the centroids rounded to the keys' dtype, so where a
+    row's k-th and k+1-th logits lie within that rounding it may pick another k-th key than
+    float64 does, and the gradients of the top weights then go to that key. Here bf16 at
+    C = 130, E = 32: the 8th and 9th logits of 6 of the 260 rows are 1e-4 apart (relative),
+    bf16 rounds the centroids by up to 4e-3. A GPU rounds them to nearest and picks another key
+    than float64 in those 6 rows; float64 on those keys is 0.043 from float64 on its own in
+    ``dcentroids`` (0.038 in ``dk``), which is the whole of the compiled kernel's measured
+    distance, 0.0434 (the interpreter rounds toward zero and happens to agree everywhere). So
+    the arithmetic is compared on the kernel's selection, and the selection is checked apart:
+    most rows pick float64's keys, and every key a row picks where it does not lies within the
+    half-precision rounding of that row's k-th largest float64 logit."""
     g = _gen(77)
     centroids, k, v, _ = _centroid_inputs(2, 1, C, 90, E, E, g, dtype=dtype, padded=False)
     lengths = torch.tensor([90, 61])  # a full and a padded sequence
+    K = 8
     got = _centroid_and_grads(tcen.centroid_attention, [t.to(DEVICE).requires_grad_() for t in (centroids, k, v)],
-                              lengths.to(DEVICE), 8, _gen(2))
-    want = _centroid_and_grads(reference.centroid_attention,
-                               [t.double().requires_grad_() for t in (centroids, k, v)], lengths, 8, _gen(2))
+                              lengths.to(DEVICE), K, _gen(2))
+    picked = got[2].cpu()
+
+    def on_kernel_keys(c, kk, vv, lens, scale, topk):
+        return reference.centroid_attention(c, kk, vv, lens, scale, topk, select=lambda logits, n: picked.clone())
+
+    want = _centroid_and_grads(on_kernel_keys, [t.double().requires_grad_() for t in (centroids, k, v)],
+                               lengths, K, _gen(2))
     assert got[0].dtype == dtype and got[4].dtype == dtype and got[5].dtype == dtype
-    same = (got[2].cpu() == want[2]).all(-1)
-    assert float(same.float().mean()) > 0.9  # rows whose top keys agree with float64's
-    for i, name in ((0, "values"), (3, "dcentroids"), (4, "dk"), (5, "dv")):
+    for i, name in ((0, "values"), (1, "top_w"), (3, "dcentroids"), (4, "dk"), (5, "dv")):
         assert _rel(got[i].cpu(), want[i]) < tol, name
-    assert _rel(got[1].cpu()[same], want[1][same]) < tol, "top_w"
+    logits = reference.centroid_logits(centroids.double(), k.double(), lengths, E ** -0.5)
+    own = reference.topk_indices(logits, K).sort(-1).values
+    same = (picked == own).all(-1)
+    assert float(same.float().mean()) > 0.9  # rows whose top keys agree with float64's
+    kth = logits.topk(K, -1).values[..., -1:]  # each row's k-th largest float64 logit
+    chosen = logits.gather(-1, picked)
+    # what rounding the centroids (relative 2^-8 in bf16, 2^-11 in fp16) can move a logit by
+    rounding = 2.0 ** -8 if dtype == torch.bfloat16 else 2.0 ** -11
+    moved = rounding * E ** -0.5 * (centroids.double().abs() @ k.double().abs().transpose(-1, -2))
+    assert bool((kth - chosen <= 2 * moved.amax(-1, keepdim=True)).all()), "a key outside the k-th logit's rounding"
 
 
 def test_fused_centroid_attention_refuses_what_it_does_not_serve():
