@@ -138,6 +138,18 @@ def test_last_checkpoint_is_the_newest_epoch_even_without_a_new_best(tiny_corpus
     assert result.last_ckpt == run.read_fit_done()["last_ckpt"] == str(run.checkpoints / "last.ckpt")
 
 
+def test_epoch_summary_names_a_validation_before_the_epoch_end_by_its_batches(tiny_corpus, tmp_path, caplog):
+    """A validation before its epoch's last batch (here after every batch of 2; the same as the
+    last validation of an epoch cut short by ``trainer.max_time``) is summarised with the
+    batches done, not as a whole epoch; the epoch's end has no count."""
+    cfg = compose_train(tiny_corpus, tmp_path, "name=partial", "trainer.max_epochs=1", "+trainer.limit_train_batches=2",
+                        "+trainer.val_check_interval=1", "test=false", "callbacks.attention_maps=null")
+    with caplog.at_level(logging.INFO, logger="fastasr.training.callbacks.epoch_summary"):
+        train(cfg)
+    lines = [r.getMessage() for r in caplog.records if r.name == "fastasr.training.callbacks.epoch_summary"]
+    assert [line.split(", 0:")[0] for line in lines] == ["epoch 0 (1 of 2 batches, step 1", "epoch 0 (step 2"], lines
+
+
 @pytest.mark.slow
 def test_train_resume_and_evaluate(tiny_corpus, tmp_path):
     first = train(compose_train(tiny_corpus, tmp_path, "name=r", "trainer.max_epochs=1", "test=false"))

@@ -22,8 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class EpochSummary(L.Callback):
-    """After each validation (not Lightning's sanity check), on global rank 0: the epoch, the
-    optimiser step, the wall time since this process began fitting, the mean training loss of the
+    """After each validation (not Lightning's sanity check), on global rank 0: the epoch (and its
+    batches so far where the validation comes before the epoch's end: a mid-epoch validation,
+    or the partial epoch a time limit cut short), the optimiser step, the wall time since this process began fitting, the mean training loss of the
     updates since the last line, every ``val/*`` metric logged (the unit error rate, WER, loss),
     and the updates a second since the last line.
 
@@ -58,6 +59,16 @@ class EpochSummary(L.Callback):
         self._loss_sum, self._losses = None, 0
         self._since = (time.monotonic(), trainer.global_step)
 
+    @staticmethod
+    def progress(trainer: L.Trainer) -> str:
+        """``"120 of 199 batches, "`` where the validation comes before its epoch's last batch
+        (a mid-epoch validation, or training stopped by ``trainer.max_time``), else ``""``."""
+        total = trainer.num_training_batches
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.completed
+        if not isinstance(total, int) or done >= total:  # an iterable of unknown length: inf
+            return ""
+        return f"{done} of {total} batches, "
+
     def line(self, trainer: L.Trainer) -> str:
         """The summary of the updates since the last line and of the validation just run."""
         now = time.monotonic()
@@ -71,5 +82,5 @@ class EpochSummary(L.Callback):
             parts.append(f"{name} {value:.3f}" if name.endswith("loss") else f"{name} {value:.2f}")
         then, step = self._since
         rate = (trainer.global_step - step) / max(now - then, 1e-9)
-        return (f"epoch {trainer.current_epoch} (step {trainer.global_step}, {elapsed}): "
+        return (f"epoch {trainer.current_epoch} ({self.progress(trainer)}step {trainer.global_step}, {elapsed}): "
                 f"{', '.join(parts) or 'no metrics'}; {rate:.2f} updates/s")
