@@ -33,13 +33,13 @@ $(STAMP): pyproject.toml
 	  echo "error: 'make install' needs about $(INSTALL_NEEDS_GB) GB free on the disk of $$(pwd) (torch's CUDA build: ~5.2 GB in .venv, plus its wheels while pip installs them); $$free GB is free." >&2; exit 1; fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install -e '.[dev,slurm]'
 	touch $(STAMP)
 
 $(NATIVE_LIB): $(STAMP) $(NATIVE_SRC)
 	@$(PY) -m fastasr.kernels.native build || { echo "error: the C++ CPU attention kernels did not build (compiler output above). 'make install NATIVE=0' installs without them; CPU attention then runs the PyTorch reference." >&2; exit 1; }
 
-install: $(KERNELS)  ## create .venv, install fastasr with its dev extras, build the C++ CPU kernels
+install: $(KERNELS)  ## create .venv, install fastasr with its dev and slurm extras, build the C++ CPU kernels
 
 native: $(NATIVE_LIB)  ## (re)build the C++ CPU attention kernels after editing src/fastasr/kernels/csrc
 

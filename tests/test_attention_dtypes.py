@@ -119,7 +119,7 @@ def test_forward_draws_no_numpy_random_numbers():
     assert (np.random.get_state()[1] == state).all()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", list(SPECS))
 def test_cuda_matches_cpu(name, monkeypatch):
     attn = _build(name)

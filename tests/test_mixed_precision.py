@@ -70,7 +70,7 @@ def test_bf16_mixed_training_with_every_attention(tiny_corpus, tmp_path, variant
     assert ctc_dtypes and set(ctc_dtypes) == {torch.float32}
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="16-mixed (float16 + gradient scaling) needs a GPU")
+@pytest.mark.cuda  # 16-mixed (float16 + gradient scaling) needs a GPU
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_16_mixed_training_on_gpu_with_every_attention(tiny_corpus, tmp_path, variant, ctc_dtypes):
     result = train(compose_train(
