@@ -118,15 +118,7 @@ def measure_and_write(measure: Callable, write_table: Callable, args) -> None:
 #: The kernels' alternatives that a GPU times against their defaults: name -> (module,
 #: attribute, the value the switch sets, which is not the default).
 KERNEL_SWITCHES = {
-    "torch centroids": ("fastasr.kernels.ops", "TRITON_CENTROID_TOPK", False),
-    "key-major backward": ("fastasr.kernels.triton_clustered", "KEY_MAJOR_BACKWARD", True),
-    "radix top-k": ("fastasr.kernels.triton_topk", "RADIX_SELECT", True),
-    "split-key centroid values": ("fastasr.kernels.ops", "TRITON_CENTROID_VALUES_FROM", 0),
-    "Triton cluster rows": ("fastasr.kernels.ops", "TRITON_CLUSTER_ROWS", True),
-    "fused long rows": ("fastasr.kernels.triton_centroid", "LONG_ROWS", True),
-    "scattered top gradients": ("fastasr.kernels.triton_centroid", "SCATTERED_TOP_GRADIENTS", True),
-    "early-exit top-k": ("fastasr.kernels.triton_topk", "EARLY_EXIT", True),
-    "stored K-means signs": ("fastasr.kernels.triton_kmeans", "STORED_SIGNS", True),
+    "split-key centroid values": ("fastasr.kernels.ops", "SPLIT_KEY_VALUES_FROM", 0),
 }
 
 
@@ -153,7 +145,7 @@ def kernel_ms(events) -> float:
 
 
 def switched_label(spec: str, switches) -> str:
-    """``spec`` and the switches it runs with: ``i-clustered-100, torch centroids``."""
+    """``spec`` and the switches it runs with: ``clustered-100, split-key centroid values``."""
     return ", ".join((spec, *switches))
 
 

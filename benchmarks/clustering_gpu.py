@@ -6,19 +6,19 @@
         --repeats 1 --check-n 64 --clusters 4 --heads 1                  # the plumbing on the CPU
 
 1. **No synchronisation.** Forward and backward of each call of :data:`CALLS` (``clustered-100``,
-   ``i-clustered-100``, and i-clustered with each of the kernels' alternatives to its
-   defaults, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
+   ``i-clustered-100``, and clustered with its centroid values by the split-key kernels at
+   every N, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
    ``torch.cuda.set_sync_debug_mode("error")``, after one warm-up call (Triton compiles there):
    any ``.item()``, ``nonzero()`` or device-to-host copy in the path raises, and the row says where.
 2. **Hamming K-means** (``fastasr.kernels.triton_kmeans``) at 65,536 tokens a call (``B = 65536
    // N``, N = 800 has 81 sequences), 6 heads, C = 100, 10 iterations, random 63-bit codes, the
    last sequence at 3/4 N: the launcher's own choice of programs per sequence, and every iteration
    in one launch (``spans=1``) forced, and split over spans forced (:func:`split_kmeans`, at
-   least 2 a sequence), and the launcher's choice with the sweeps reading the codes' signs
-   stored by the first launch (``triton_kmeans.STORED_SIGNS``); ``--tiles`` other tiles, ``--kmeans-stages`` the launcher's tiles with
+   least 2 a sequence), and the launcher's choice with the sweeps unpacking the codes in every
+   sweep instead of reading the signs the one launch stores; ``--tiles`` other tiles, ``--kmeans-stages`` the launcher's tiles with
    software pipelining (the next tile's codes prefetched); ``--baseline FILE`` adds another
    implementation of the same signature, loaded from a file; and the launcher's choice (also with
-   stored signs), the one launch and the split again on clustered codes, whose centroids stop moving within the 10 iterations as a trained model's queries do
+   unpacked signs), the one launch and the split again on clustered codes, whose centroids stop moving within the 10 iterations as a trained model's queries do
    (:func:`clustered_codes`), where the one launch stops early and the split path's later
    launches exit at once. Each is first checked equal to the PyTorch reference. Median of
    ``--repeats`` CUDA-event timings.
@@ -26,25 +26,15 @@
    variants per N, clustered's again broadcasting its centroids' values by one ``index_select``
    of rows instead of a gather (:func:`broadcast_by_rows`; the profile's largest kernel after
    K-means), i-clustered's with the cluster order's block table built by its
-   PyTorch twin (what its one Triton launch saves the host) and with each switch (the
-   centroid attention in PyTorch rather than fused, ``ops.TRITON_CENTROID_TOPK``; fused also
-   for rows longer than the Triton top-k holds, ``triton_centroid.LONG_ROWS``; the sparse
-   part's key-major backward, ``triton_clustered.KEY_MAJOR_BACKWARD``; the top-k by radix
-   select, ``triton_topk.RADIX_SELECT``, or by a bisection that stops early,
-   ``triton_topk.EARLY_EXIT``; the centroid attention's backward reading its top
-   weights' gradients scattered by torch, ``triton_centroid.SCATTERED_TOP_GRADIENTS``), and
-   clustered's with its K-means sweeps reading stored signs (``triton_kmeans.STORED_SIGNS``),
-   with its centroid values by the split-key kernels
-   (``ops.TRITON_CENTROID_VALUES_FROM``) and with its centroid sums and broadcast by the Triton
-   kernels (``ops.TRITON_CLUSTER_ROWS``): a switch becomes the default where its column is faster.
+   PyTorch twin (what its one Triton launch saves the host), and clustered's with its centroid
+   values by the split-key kernels at every N (``ops.SPLIT_KEY_VALUES_FROM`` = 0): the
+   crossover of that rule.
 4. **The parts**, each against what it replaces, in the same run: i-clustered's fused sparse
-   part (also with its key-major backward, its dk and dv checked against the atomics', and
-   with ``--sparse-tiles``' other tiles) against the Triton products with torch around them;
-   the Triton top-k (also by radix select, stopping its bisection early, taking a row's
-   entries all at once rather than by chunks, ``triton_topk.STORE_ELEMENTS``, and with
-   ``--topk-tiles``) against ``torch.topk``;
-   i-clustered's centroid attention in torch and fused (also with 256 keys a program, and with
-   its top weights' gradients scattered), and clustered's centroid values by SDPA and by the
+   part (also with ``--sparse-tiles``' other tiles) against the Triton products with torch
+   around them; the Triton top-k (also taking a row's entries all at once rather than by
+   chunks, ``triton_topk.STORE_ELEMENTS``, and with ``--topk-tiles``) against ``torch.topk``;
+   i-clustered's centroid attention in torch (the reference's products and softmax) and fused
+   (also with 256 keys a program), and clustered's centroid values by SDPA and by the
    split-key kernels.
 5. torch.profiler's largest CUDA kernels of one clustered-100 and one i-clustered-100 call at
    N = 4,096 (where the rest of the time goes); and last each call of :data:`CALLS` replayed
@@ -83,13 +73,7 @@ HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10  # --heads, --clusters
 DEVICE = torch.device("cuda")
 #: The attention calls checked and timed: (kind, the kernels' switches set,
 #: ``bench_io.KERNEL_SWITCHES``); those with switches time the alternatives to the defaults.
-CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("stored K-means signs",)),
-         ("clustered", ("split-key centroid values",)),
-         ("clustered", ("Triton cluster rows",)),
-         ("i-clustered", ("torch centroids",)), ("i-clustered", ("fused long rows",)),
-         ("i-clustered", ("key-major backward",)), ("i-clustered", ("radix top-k",)),
-         ("i-clustered", ("scattered top gradients",)), ("i-clustered", ("Triton cluster rows",)),
-         ("i-clustered", ("early-exit top-k",)))
+CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centroid values",)))
 
 
 #: Untimed runs before a GPU timing (the kernels compile in the first).
@@ -189,7 +173,7 @@ def with_tile(block_n: int | None = None, warps: int | None = None, stages: int 
     """K-means with another tile than the launcher's, in one-launch and split sweeps alike:
     ``BLOCK_N`` positions, ``warps`` warps, ``stages`` software-pipeline stages (from 2 Triton
     prefetches the next tile's codes with ``cp.async``); None keeps the launcher's. ``kwargs``
-    go to ``hamming_kmeans`` (``stored_signs=True``: the launcher's tiles, signs stored)."""
+    go to ``hamming_kmeans`` (``stored_signs=False``: the launcher's tiles, the codes unpacked in every sweep)."""
     launcher = triton_kmeans.lloyd_tile
     given = {key: value for key, value in (("BLOCK_N", block_n), ("num_warps", warps), ("num_stages", stages))
              if value is not None}
@@ -202,7 +186,7 @@ def with_tile(block_n: int | None = None, warps: int | None = None, stages: int 
 
 
 #: The K-means table's implementations timed again on clustered codes.
-CLUSTERED_CODES_COLUMNS = ("auto", "auto, stored signs", "one launch", "split")
+CLUSTERED_CODES_COLUMNS = ("auto", "auto, unpacked signs", "one launch", "split")
 
 
 def split_kmeans(codes, lengths):
@@ -230,7 +214,7 @@ def clustered_codes(b: int, n: int, g: torch.Generator) -> torch.Tensor:
 def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path | None,
                  tiles: list[str], stages: list[int] = ()) -> None:
     impls = {"auto": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS),
-             "auto, stored signs": with_tile(stored_signs=True),  # the launcher's tiles
+             "auto, unpacked signs": with_tile(stored_signs=False),  # the launcher's tiles
              "one launch": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS, spans=1),
              "split": split_kmeans}
     for tile in tiles:
@@ -431,31 +415,35 @@ CENTROID_SPAN_ALTERNATIVE = 256
 
 
 def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]:
-    """The centroid attention alone (``ops.centroid_attention``, C = ``CLUSTERS``), forward +
-    backward: i-clustered's (top ``PARTS_TOPK`` keys; its values and top weights) in torch
-    (``TRITON_CENTROID_TOPK`` off), fused, fused with ``CENTROID_SPAN_ALTERNATIVE`` keys a
-    program instead of ``triton_centroid.SPLIT_KEYS``, and fused with the top weights'
-    gradients scattered (``SCATTERED_TOP_GRADIENTS``); clustered's (values alone) by one SDPA
-    call and by the split-key kernels (``TRITON_CENTROID_VALUES_FROM`` reached); ms, or why a
-    cell failed."""
+    """The centroid attention alone (C = ``CLUSTERS``), forward + backward: i-clustered's (top
+    ``PARTS_TOPK`` keys; its values and top weights) in torch (the reference's products and
+    softmax, the Triton top-k: what the fused kernels replace), fused (``ops.centroid_attention``),
+    and fused with ``CENTROID_SPAN_ALTERNATIVE`` keys a program instead of
+    ``triton_centroid.SPLIT_KEYS``; clustered's (values alone) by one SDPA call and by the
+    split-key kernels (``ops.SPLIT_KEY_VALUES_FROM`` reached); ms, or why a cell failed."""
     from fastasr.kernels import triton_centroid
 
     b = k.shape[0]
     centroids = torch.randn(b, HEADS, CLUSTERS, DIM, device=DEVICE, generator=g).requires_grad_()
 
-    def call(topk):
-        values, top_w, _ = ops.centroid_attention(centroids, k, v, lengths, DIM ** -0.5, topk)
+    def torch_path(*args):
+        return reference.centroid_attention(*args, select=ops.topk_indices)
+
+    def call(topk, fn=ops.centroid_attention):
+        values, top_w, _ = fn(centroids, k, v, lengths, DIM ** -0.5, topk)
         (values.float().sum() + top_w.sum()).backward()
 
-    settings = ((PARTS_TOPK, bench_io.switched_on(("torch centroids",))), (PARTS_TOPK, contextlib.nullcontext()),
-                (PARTS_TOPK, mock.patch.object(triton_centroid, "SPLIT_KEYS", CENTROID_SPAN_ALTERNATIVE)),
-                (PARTS_TOPK, bench_io.switched_on(("scattered top gradients",))),
-                (0, contextlib.nullcontext()), (0, bench_io.switched_on(("split-key centroid values",))))
+    settings = ((PARTS_TOPK, torch_path, contextlib.nullcontext()),
+                (PARTS_TOPK, ops.centroid_attention, contextlib.nullcontext()),
+                (PARTS_TOPK, ops.centroid_attention,
+                 mock.patch.object(triton_centroid, "SPLIT_KEYS", CENTROID_SPAN_ALTERNATIVE)),
+                (0, ops.centroid_attention, contextlib.nullcontext()),
+                (0, ops.centroid_attention, bench_io.switched_on(("split-key centroid values",))))
     cells = []
-    for topk, setting in settings:
+    for topk, fn, setting in settings:
         try:
             with setting:
-                cells.append(f"{device_ms(lambda topk=topk: call(topk), repeats):.3f}")
+                cells.append(f"{device_ms(lambda topk=topk, fn=fn: call(topk, fn), repeats):.3f}")
         except Exception as exc:  # noqa: BLE001 - the cell says why
             cells.append(f"failed: {bench_io.failure(exc)}")
     return cells
@@ -472,16 +460,15 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
     (:func:`centroid_cells`)."""
     lines += ["", f"## i-clustered's parts and clustered's centroid values, each against what it replaces "
               f"({HEADS} × {DIM}, C = {CLUSTERS}, K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
-              "| N × B | sparse part: products + torch | sparse part: fused | sparse part: fused, key-major backward |"
+              "| N × B | sparse part: products + torch | sparse part: fused |"
               + "".join(f" sparse part: fused, {t.replace(':', ' rows × ')} warps |" for t in sparse_tiles)
-              + " top-k: torch.topk | top-k: Triton | top-k: Triton, radix select | top-k: Triton, early exit |"
-              " top-k: Triton, whole-row stores |"
+              + " top-k: torch.topk | top-k: Triton | top-k: Triton, whole-row stores |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
               + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
-              f"{CENTROID_SPAN_ALTERNATIVE}-key spans | centroid attention: fused, scattered top gradients "
+              f"{CENTROID_SPAN_ALTERNATIVE}-key spans "
               "| clustered's centroid values: SDPA "
               "| clustered's centroid values: split-key |",
-              "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 8)]
+              "|---|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 8)]
     for n in ns:
         if BUDGET.spent(lines, f"the parts at N = {n}"):
             return
@@ -521,12 +508,6 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
         out.backward(torch.ones_like(out))
         return out.detach().float()
 
-    def key_grads():
-        """dk and dv of the fused part."""
-        k.grad = v.grad = None
-        forward_backward(tc.improved_sparse)
-        return torch.cat([k.grad.float().flatten(), v.grad.float().flatten()])
-
     def fused_cell(setting, result, default: torch.Tensor, note: str) -> str:
         """The fused part's ms within the context ``setting``, and ``note`` (formatted with the
         relative distance) where ``result()`` is further from ``default``, the default's, than
@@ -542,21 +523,13 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
     want, got = forward_backward(products), forward_backward(tc.improved_sparse)
     err = float((got - want).norm() / want.norm())
     cells = [f"{device_ms(lambda: forward_backward(products), repeats):.3f}",
-             f"{device_ms(lambda: forward_backward(tc.improved_sparse), repeats):.3f}",
-             fused_cell(bench_io.switched_on(("key-major backward",)), key_grads, key_grads(), "dk, dv {:.1e} apart")]
+             f"{device_ms(lambda: forward_backward(tc.improved_sparse), repeats):.3f}"]
     cells += [fused_cell(with_sparse_tile(*map(int, tile.split(":"))), lambda: forward_backward(tc.improved_sparse),
                          got, "output differs by {:.1e}") for tile in sparse_tiles]
     want_top = torch.topk(logits, K, -1).indices.sort(-1).values
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
     cells += [f"{device_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
               f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}"]
-    for switch in ("radix top-k", "early-exit top-k"):
-        try:
-            with bench_io.switched_on((switch,)):
-                same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
-                cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
-        except Exception as exc:  # noqa: BLE001 - the cell says why
-            cells.append(f"failed: {bench_io.failure(exc)}")
     with mock.patch.object(triton_topk, "STORE_ELEMENTS", None):  # a row's entries taken all at once
         same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
         cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")

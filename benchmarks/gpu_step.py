@@ -10,11 +10,12 @@ absolute positions, dropout 0.1; ``B = frames // N`` utterances, the last ``N //
 targets of ``N // 8`` units). A step: forward under bf16 autocast (Lightning's ``bf16-mixed``),
 CTC in fp32, backward, clipping at 10, RAdam (and, in a second table, the GPU's kernels of one step
 alone: the step without the host's share). Variants: ``full`` (the path
-``fastasr.attention.full`` chooses for the batch), ``full, key mask``, ``full, packed`` and
-``full, dense`` (that path forced, ``forced_padded_path``), the clustered variants, and the *floor* (the inner attention
-replaced by the identity), and last the clustered variants with each of the kernels' alternatives
-to their defaults (``bench_io.KERNEL_SWITCHES``). Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups,
-each variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
+``fastasr.attention.full`` chooses for the batch), ``full, key mask``, ``full, varlen``, ``full,
+packed`` and ``full, dense`` (that path forced, ``forced_padded_path``), the clustered variants,
+and the *floor* (the inner attention replaced by the identity), and last clustered-100 with its
+centroid values by the split-key kernels (``bench_io.KERNEL_SWITCHES``; the switch and the
+forced path hold for the whole step, forward and backward: a backward reads them when it runs).
+Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
 
 Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
 """
@@ -45,21 +46,14 @@ from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
 VARIANTS = {
     "full": ("full", None, ()),
     "full, key mask": ("full", "mask", ()),
+    "full, varlen": ("full", "varlen", ()),
     "full, packed": ("full", "packed", ()),
     "full, dense": ("full", "dense", ()),
     "clustered-100": ("clustered-100", None, ()),
     "i-clustered-100": ("i-clustered-100", None, ()),
     FLOOR: (FLOOR, None, ()),
     # last: the kernels' alternatives to the defaults
-    "clustered-100, stored K-means signs": ("clustered-100", None, ("stored K-means signs",)),
     "clustered-100, split-key centroid values": ("clustered-100", None, ("split-key centroid values",)),
-    "clustered-100, Triton cluster rows": ("clustered-100", None, ("Triton cluster rows",)),
-    "i-clustered-100, torch centroids": ("i-clustered-100", None, ("torch centroids",)),
-    "i-clustered-100, key-major backward": ("i-clustered-100", None, ("key-major backward",)),
-    "i-clustered-100, radix top-k": ("i-clustered-100", None, ("radix top-k",)),
-    "i-clustered-100, scattered top gradients": ("i-clustered-100", None, ("scattered top gradients",)),
-    "i-clustered-100, Triton cluster rows": ("i-clustered-100", None, ("Triton cluster rows",)),
-    "i-clustered-100, early-exit top-k": ("i-clustered-100", None, ("early-exit top-k",)),
 }
 
 
@@ -93,11 +87,12 @@ class GpuStepper:
         t0 = time.perf_counter()
         self.optim.zero_grad(set_to_none=True)
         forced = forced_padded_path(self.path) if self.path else contextlib.nullcontext()
-        with forced, bench_io.switched_on(self.switches), torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-            log_probs, out_lengths = self.model(feats, lengths)
-        loss = nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths, target_lengths,
-                                      blank=0, reduction="mean", zero_infinity=True)
-        loss.backward()
+        with forced, bench_io.switched_on(self.switches):  # the backward reads them too
+            with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+                log_probs, out_lengths = self.model(feats, lengths)
+            loss = nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths,
+                                          target_lengths, blank=0, reduction="mean", zero_infinity=True)
+            loss.backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
         self.optim.step()
         bench_io.synchronize(DEVICE)

@@ -261,16 +261,18 @@ def test_kmeans_one_launch_tile_by_length():
         (2, 1, 60, 9, 3, 3, 1, [60, 23]),  # 3 bits: ties broken as the reference's
     ],
 )
-def test_kmeans_stored_signs_equal_the_reference(B, H, N, C, iterations, bits, spans, lengths, monkeypatch):
-    """With ``STORED_SIGNS`` the sweeps read the codes' signs from the scratch the first
-    launch writes: the reference's assignments and counts, one launch or split."""
-    monkeypatch.setattr(tk, "STORED_SIGNS", True)  # the module's switch (stored_signs=None)
+def test_kmeans_stored_signs_equal_the_reference(B, H, N, C, iterations, bits, spans, lengths):
+    """With stored signs (the one launch's default) the sweeps read the codes' signs from the
+    scratch the first launch writes, and without (the split's) they unpack the codes: the
+    reference's assignments and counts either way, one launch or split."""
     g = _gen(N + C + bits)
     lengths = torch.tensor(lengths)
     codes = _codes(B, H, N, bits, g, lengths)
     ref_a, ref_c = reference.hamming_kmeans(codes, lengths, C, iterations, bits=bits)
-    got_a, got_c = tk.hamming_kmeans(*_dev(codes, lengths), C, iterations, bits=bits, spans=spans)
-    assert torch.equal(got_a.cpu(), ref_a) and torch.equal(got_c.cpu(), ref_c)
+    for stored in (None, True, False):
+        got_a, got_c = tk.hamming_kmeans(*_dev(codes, lengths), C, iterations, bits=bits, spans=spans,
+                                         stored_signs=stored)
+        assert torch.equal(got_a.cpu(), ref_a) and torch.equal(got_c.cpu(), ref_c), stored
 
 
 def test_kmeans_ignores_bits_above_bits_and_validates():
@@ -401,23 +403,10 @@ def test_clustered_products_reject_bad_inputs():
 
 
 # ------------------------------------------------------------------ top-k selection
-#: How the k-th largest key is found: 32 bisection steps, bisection stopping early
-#: (``EARLY_EXIT``), radix select (``RADIX_SELECT``).
-TOPK_METHODS = ("bisection", "early exit", "radix")
-
-
-def _use_topk(method: str, monkeypatch) -> None:
-    monkeypatch.setattr(tt, "RADIX_SELECT", method == "radix")
-    monkeypatch.setattr(tt, "EARLY_EXIT", method == "early exit")
-
-
 @pytest.mark.parametrize("shape,k", [((3, 5, 50), 7), ((2, 100), 32), ((4, 3, 33), 33), ((1, 7), 1),
                                      ((37, 1000), 32), ((2, 5000), 20)])
-@pytest.mark.parametrize("method", TOPK_METHODS)
-def test_topk_indices_equal_torch_topk_as_sets(shape, k, method, monkeypatch):
-    """Distinct scores: the same set of indices as ``torch.topk``, each row's ``k`` distinct,
-    with the k-th largest found by each method (:data:`TOPK_METHODS`)."""
-    _use_topk(method, monkeypatch)
+def test_topk_indices_equal_torch_topk_as_sets(shape, k):
+    """Distinct scores: the same set of indices as ``torch.topk``, each row's ``k`` distinct."""
     g = _gen(sum(shape) + k)
     x = torch.randn(*shape, generator=g)
     got = tt.topk_indices(x.to(DEVICE), k).cpu()
@@ -425,13 +414,11 @@ def test_topk_indices_equal_torch_topk_as_sets(shape, k, method, monkeypatch):
     assert torch.equal(got.sort(-1).values, x.topk(k, -1).indices.sort(-1).values)
 
 
-@pytest.mark.parametrize("early", [False, True], ids=["bisection", "early exit"])
 @pytest.mark.parametrize("tile", [(1, 1), (2, 2), (8, 4)])
-def test_topk_indices_equal_for_every_tile(tile, early, monkeypatch):
+def test_topk_indices_equal_for_every_tile(tile, monkeypatch):
     """The tiles a benchmark may time instead of the launcher's (rows a program, warps) select
     the keys ``torch.topk`` selects, with masked keys and rows beyond the last program, also
-    when a program's rows stop their bisection at different steps (``EARLY_EXIT``)."""
-    monkeypatch.setattr(tt, "EARLY_EXIT", early)
+    when a program's rows stop their bisection at different steps."""
     x = torch.randn(2, 3, 37, generator=_gen(sum(tile)))
     x[1, :, 30:] = float("-inf")
     want = x.topk(9, -1).indices.sort(-1).values
@@ -439,11 +426,9 @@ def test_topk_indices_equal_for_every_tile(tile, early, monkeypatch):
     assert torch.equal(tt.topk_indices(x.to(DEVICE), 9).cpu().sort(-1).values, want)
 
 
-@pytest.mark.parametrize("method", TOPK_METHODS)
-def test_topk_indices_masked_keys_ties_and_signed_zeros(method, monkeypatch):
+def test_topk_indices_masked_keys_ties_and_signed_zeros():
     """``-inf`` (masked keys) rank below every score and fill the slots only when the valid
     ones run out; equal scores at the boundary take the lowest positions; -0.0 equals 0.0."""
-    _use_topk(method, monkeypatch)
     x = torch.randn(3, 40, generator=_gen(5))
     x[:, 10:] = float("-inf")
     got = tt.topk_indices(x.to(DEVICE), 16).cpu().sort(-1).values
@@ -457,11 +442,9 @@ def test_topk_indices_masked_keys_ties_and_signed_zeros(method, monkeypatch):
     assert got.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
 
 
-@pytest.mark.parametrize("method", TOPK_METHODS)
-def test_topk_indices_come_in_increasing_position(method, monkeypatch):
+def test_topk_indices_come_in_increasing_position():
     """Each row's indices are written in increasing position (the centroid backward walks them
-    so: ``triton_centroid``), ties and masked keys included, whatever the method."""
-    _use_topk(method, monkeypatch)
+    so: ``triton_centroid``), ties and masked keys included."""
     x = torch.randn(4, 300, generator=_gen(31)).round()
     x[1, 100:] = float("-inf")
     idx = tt.topk_indices(x.to(DEVICE), 40).cpu()
@@ -489,12 +472,11 @@ def test_topk_stores_by_chunks_take_the_lowest_tied_positions_across_chunks(elem
         assert torch.allclose(w.cpu(), (x.gather(-1, idx.cpu()) - lse[:, None]).exp(), atol=1e-6), k
 
 
-def test_radix_select_and_early_exit_take_the_keys_bisection_takes():
-    """Rows where the radix select's digits and the bisection's last steps matter: scores that
-    share their high bytes (nearly equal floats, one int32 key apart), both signs, ±inf, many
-    ties at the k-th score, k = 1 and k = N: the same indices as the 32-step bisection from the
-    radix select and from the bisection that stops early (``EARLY_EXIT``), and the same sets as
-    ``torch.topk`` where no tie straddles k."""
+def test_topk_bisection_stops_on_the_keys_torch_topk_takes():
+    """Rows where the bisection's last steps matter (it stops once exactly k keys lie at or
+    above its lower bound): scores one int32 key apart, both signs, ±inf, many ties at the
+    k-th score, k = 1 and k = N: the same sets as ``torch.topk`` where no tie straddles k, and
+    of tied scores the lowest positions."""
     g = _gen(11)
     base = 1.0 + torch.arange(64, dtype=torch.float32) * 2.0 ** -20  # one exponent, low bits differ
     rows = torch.stack([
@@ -506,16 +488,11 @@ def test_radix_select_and_early_exit_take_the_keys_bisection_takes():
         torch.cat([torch.tensor([float("inf"), float("-inf")]), torch.randn(62, generator=g)]),
     ])
     for k in (1, 7, 32, 64):
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(tt, "RADIX_SELECT", True)
-            radix = tt.topk_indices(rows.to(DEVICE), k).cpu().sort(-1).values
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(tt, "EARLY_EXIT", True)
-            early = tt.topk_indices(rows.to(DEVICE), k).cpu().sort(-1).values
-        bisection = tt.topk_indices(rows.to(DEVICE), k).cpu().sort(-1).values
-        assert torch.equal(radix, bisection) and torch.equal(early, bisection), k
+        got = tt.topk_indices(rows.to(DEVICE), k).cpu().sort(-1).values
+        want = torch.tensor([sorted(range(64), key=lambda i, row=row: (-float(row[i]), i))[:k] for row in rows])
+        assert torch.equal(got, want.sort(-1).values), k
         for r in (0, 1, 2, 5):
-            assert torch.equal(radix[r], rows[r].topk(k).indices.sort().values), (r, k)
+            assert torch.equal(got[r], rows[r].topk(k).indices.sort().values), (r, k)
 
 
 def test_topk_indices_other_rows_go_to_torch_and_k_is_checked():
@@ -527,11 +504,9 @@ def test_topk_indices_other_rows_go_to_torch_and_k_is_checked():
         tt.topk_indices(x.float().to(DEVICE), 31)
 
 
-@pytest.mark.parametrize("method", TOPK_METHODS)
-def test_topk_softmax_takes_the_top_keys_and_their_softmax_weights(method, monkeypatch):
+def test_topk_softmax_takes_the_top_keys_and_their_softmax_weights():
     """One launch: the indices ``topk_indices`` takes and ``exp(logit - lse)`` at them, masked
     keys included when a row has fewer valid ones than ``k``; a row without keys weighs 0."""
-    _use_topk(method, monkeypatch)
     x = torch.randn(2, 3, 37, generator=_gen(8))
     x[1, :, 5:] = float("-inf")
     x[0, 2, :] = float("-inf")
@@ -588,15 +563,12 @@ CENTROID_CASES = [
 ]
 
 
-@pytest.mark.parametrize("B,H,C,N,E,EV,K,padded,scattered",
-                         [(*c, False) for c in CENTROID_CASES] + [(*c, True) for c in CENTROID_CASES if c[6]])
-def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded, scattered, monkeypatch):
+@pytest.mark.parametrize("B,H,C,N,E,EV,K,padded", CENTROID_CASES)
+def test_fused_centroid_attention_equals_reference(B, H, C, N, E, EV, K, padded):
     """Three launches forward, one backward: values, top keys, top weights and the gradients
-    of the centroids, keys and values equal the reference's (float32, the 1e-4 contract); also
-    with the top weights' gradients scattered (``SCATTERED_TOP_GRADIENTS``: read from the
-    ``(B, H, C, N)`` tile torch scatters them into instead of K compares a block), repeated and
-    masked top keys (every key a top key, the shorter sequence's padding among them) included."""
-    monkeypatch.setattr(tcen, "SCATTERED_TOP_GRADIENTS", scattered)
+    of the centroids, keys and values equal the reference's (float32, the 1e-4 contract),
+    repeated and masked top keys (every key a top key, the shorter sequence's padding among
+    them) included."""
     g = _gen(B + C + N + E + EV + K)
     centroids, k, v, lengths = _centroid_inputs(B, H, C, N, E, EV, g, padded=padded)
     want = _centroid_and_grads(reference.centroid_attention,
@@ -628,15 +600,13 @@ def test_fused_centroid_attention_backward_with_top_keys_crowded_into_blocks(K):
 
 
 def test_fused_centroid_attention_long_rows_by_torch_topk(monkeypatch):
-    """With ``LONG_ROWS``, rows longer than the Triton top-k holds (here ``MAX_N`` lowered to 32)
-    take ``torch.topk`` on the kernels' logits: the same values, top keys, weights and
-    gradients as the reference; without it they are refused."""
+    """Rows longer than the Triton top-k holds (here ``MAX_N`` lowered to 32) take
+    ``torch.topk`` on the kernels' logits: the same values, top keys, weights and gradients as
+    the reference."""
     monkeypatch.setattr(tcen, "MAX_N", 32)
     g = _gen(5)
     centroids, k, v, lengths = _centroid_inputs(2, 2, 6, 40, 16, 16, g)
     leaves = [t.to(DEVICE).requires_grad_() for t in (centroids, k, v)]
-    assert not tcen.applies(*leaves, 4)
-    monkeypatch.setattr(tcen, "LONG_ROWS", True)
     assert tcen.applies(*leaves, 4)
     want = _centroid_and_grads(reference.centroid_attention,
                                [t.clone().requires_grad_() for t in (centroids, k, v)], lengths, 4, _gen(1))
@@ -704,10 +674,8 @@ def test_fused_centroid_attention_refuses_what_it_does_not_serve():
     with pytest.raises(ValueError, match="must be"):
         tcen.centroid_attention(c, torch.zeros(1, 1, 5, 6, device=DEVICE), k, None, 1.0, 2)
     assert not tcen.applies(c, k.double(), k.double(), 2)
-    long_keys = torch.zeros(1, 1, tcen.MAX_N + 1, 8)  # top keys only of rows the top-k holds
-    assert tcen.applies(c, long_keys, long_keys, 0) and not tcen.applies(c, long_keys, long_keys, 1)
-    with pytest.raises(ValueError, match=f"N <= {tcen.MAX_N} with top keys"):
-        tcen.centroid_attention(c, long_keys.to(DEVICE), long_keys.to(DEVICE), None, 1.0, 1)
+    long_keys = torch.zeros(1, 1, tcen.MAX_N + 1, 8)  # rows the top-k cannot hold: torch.topk's keys
+    assert tcen.applies(c, long_keys, long_keys, 0) and tcen.applies(c, long_keys, long_keys, 1)
 
 
 # ------------------------------------------------------------------ clustered's broadcast
@@ -800,22 +768,17 @@ SPARSE_CASES = [
 ]
 
 
-# each case with atomics and key-major; one also with the other query rows a block that
-# ``make gpu-check`` times (``clustering_gpu.py --sparse-tiles``: more blocks a cluster)
-SPARSE_RUNS = ([(*case, key_major, None) for case in SPARSE_CASES for key_major in (False, True)]
-               + [(*SPARSE_CASES[1], False, rows) for rows in (16, 32)])
+# each case; one also with the other query rows a block that ``make gpu-check`` times
+# (``clustering_gpu.py --sparse-tiles``: more blocks a cluster)
+SPARSE_RUNS = [(*case, None) for case in SPARSE_CASES] + [(*SPARSE_CASES[1], rows) for rows in (16, 32)]
 
 
-@pytest.mark.parametrize("B,H,N,E,EV,C,K,noncontiguous,key_major,rows", SPARSE_RUNS)
-def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous, key_major, rows, monkeypatch):
+@pytest.mark.parametrize("B,H,N,E,EV,C,K,noncontiguous,rows", SPARSE_RUNS)
+def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous, rows, monkeypatch):
     """One launch forward, one backward: the output and the gradients of q, k, v, the
     centroid values and the top weights equal the reference's, padded rows 0; ``dk`` and
-    ``dv`` added at the top keys by atomics or key-major (``KEY_MAJOR_BACKWARD``; here in
-    chunks of 16 sorted rows, so that many keys' rows span several chunks); ``rows`` query rows
-    a block instead of the launcher's."""
-    monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", key_major)
-    key_sum_tile = tc.key_sum_tile
-    monkeypatch.setattr(tc, "key_sum_tile", lambda: {**key_sum_tile(), "CHUNK": 16})
+    ``dv`` added at the top keys by atomics; ``rows`` query rows a block instead of the
+    launcher's."""
     if rows is not None:
         blocks = tc._sparse_blocks
         monkeypatch.setattr(tc, "_sparse_blocks", lambda *a, **k: (rows, *blocks(*a, **k)[1:]))
@@ -833,12 +796,10 @@ def test_fused_sparse_part_equals_reference(B, H, N, E, EV, C, K, noncontiguous,
     assert bool((got[0].detach().cpu().transpose(1, 2)[padded] == 0).all())
 
 
-@pytest.mark.parametrize("key_major", [False, True], ids=["atomic", "key-major"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 1e-2), (torch.bfloat16, 2e-2)])
-def test_fused_sparse_part_half_precision(dtype, tol, key_major, monkeypatch):
+def test_fused_sparse_part_half_precision(dtype, tol):
     """fp16/bf16 inputs (fp32 scores, softmax and accumulation): relative L2 error to
     float64 within ``tol``, results and gradients in the input dtype."""
-    monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", key_major)
     g = _gen(98)
     inputs, topk_idx, assign, lengths = _sparse_inputs(2, 2, 70, 32, 32, 4, 16, g, dtype=dtype)
     grad = torch.randn(2, 2, 70, 32, generator=g)
@@ -943,20 +904,20 @@ def test_ops_dispatch_rules(monkeypatch):
         ops.hash_codes(torch.zeros(1, 1, 2, 3), torch.zeros(4, 8))
 
 
-@pytest.mark.parametrize("spec,switch,value", [
-    ("i-clustered-6", "TRITON_CENTROID_TOPK", False),  # torch's products and softmax, the Triton top-k
-    ("i-clustered-6", "TRITON_CENTROID_TOPK", True),  # fused
-    ("clustered-6", "TRITON_CENTROID_VALUES_FROM", 0),  # the split-key kernels without top keys
-    ("clustered-6", "TRITON_CLUSTER_ROWS", True),  # centroid sums and the broadcast by the Triton kernels
-    ("i-clustered-6", "TRITON_CLUSTER_ROWS", True),  # its centroid sums so
+@pytest.mark.parametrize("spec,split_from", [
+    ("i-clustered-6", None),  # the fused centroid attention, the Triton cluster sums
+    ("clustered-6", None),  # one SDPA call for the centroid values; sums and broadcast by Triton
+    ("clustered-6", 0),  # the split-key kernels for the centroid values
 ])
-def test_clustered_attention_through_triton_equals_reference(spec, switch, value, monkeypatch):
-    """End to end: (i-)clustered attention with every op on Triton vs on the reference, the
-    centroid attention taken as the switch of ``fastasr.kernels.ops`` says."""
+def test_clustered_attention_through_triton_equals_reference(spec, split_from, monkeypatch):
+    """End to end: (i-)clustered attention with every op on Triton vs on the reference
+    (clustered's centroid values by SDPA, or by the split-key kernels from
+    ``ops.SPLIT_KEY_VALUES_FROM`` keys)."""
     from fastasr.attention import build_attention
     from fastasr.kernels import ops
 
-    monkeypatch.setattr(ops, switch, value)
+    if split_from is not None:
+        monkeypatch.setattr(ops, "SPLIT_KEY_VALUES_FROM", split_from)
     g = _gen(21)
     B, H, N, E = 2, 2, 45, 16
     q, k, v = (torch.randn(B, H, N, E, generator=g) for _ in range(3))
@@ -1157,35 +1118,20 @@ class _LaunchProbe:
 # launch: every Lloyd iteration runs in it), and a ceiling on the torch kernels around them: the
 # counts today (benchmarks/gpu_notes.md, "Launches"), so a change that adds one fails here.
 _LAUNCHES = {
-    "clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1}, 44),
-    # with ops.TRITON_CENTROID_VALUES_FROM reached: the centroid values in two launches forward, one backward
+    # the centroids' sums of their queries and the broadcast of their values, each one launch
+    # forward and one backward (the other's kernel)
+    "clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 30),
+    # with ops.SPLIT_KEY_VALUES_FROM reached: the centroid values in two launches forward, one backward
     "clustered-10 split-key values": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
-                                       "_centroid_combine_kernel": 1, "_centroid_bwd_kernel": 1}, 31),
-    # with ops.TRITON_CLUSTER_ROWS: the centroids' sums of their queries and the broadcast of their
-    # values, each one launch forward and one backward (the other's kernel)
-    "clustered-10 Triton cluster rows": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_broadcast_kernel": 2,
-                                          "_cluster_sum_kernel": 2}, 30),
-    # two block tables: in float32 the sparse backward takes half the forward's rows a block
-    # (_sparse_blocks); half precision shares one table
-    "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
-                        "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1}, 52),
-    # with ops.TRITON_CENTROID_TOPK: the centroid attention in three launches forward, one backward
-    "i-clustered-10 fused": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
-                              "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
-                              "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_centroid_bwd_kernel": 1},
-                             35),
-    # and with triton_centroid.SCATTERED_TOP_GRADIENTS: the same launches, the top weights'
-    # gradients scattered by torch (its zeros and scatter_add_)
-    "i-clustered-10 fused scattered": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
-                                        "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
-                                        "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1,
-                                        "_centroid_bwd_kernel": 1}, 37),
-    # with triton_clustered.KEY_MAJOR_BACKWARD: dk and dv summed by key after one sort
-    "i-clustered-10 key-major": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
-                                  "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_key_sum_kernel": 1}, 53),
-    # with triton_topk.RADIX_SELECT: the same launches, the top-k by radix select
-    "i-clustered-10 radix": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
-                              "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1}, 52),
+                                       "_centroid_combine_kernel": 1, "_centroid_bwd_kernel": 1,
+                                       "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 16),
+    # the centroid attention in three launches forward, one backward; the centroids' sums as
+    # clustered's; two block tables: in float32 the sparse backward takes half the forward's rows
+    # a block (_sparse_blocks); half precision shares one table
+    "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
+                        "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
+                        "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_centroid_bwd_kernel": 1,
+                        "_cluster_sum_kernel": 1, "_broadcast_kernel": 1}, 27),
 }
 
 
@@ -1207,12 +1153,8 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     from fastasr.kernels import ops
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
-    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", spec.endswith((" fused", " fused scattered")))
-    monkeypatch.setattr(tcen, "SCATTERED_TOP_GRADIENTS", spec.endswith(" scattered"))
-    monkeypatch.setattr(ops, "TRITON_CENTROID_VALUES_FROM", 0 if spec.endswith(" split-key values") else None)
-    monkeypatch.setattr(ops, "TRITON_CLUSTER_ROWS", spec.endswith(" Triton cluster rows"))
-    monkeypatch.setattr(tc, "KEY_MAJOR_BACKWARD", spec.endswith(" key-major"))
-    monkeypatch.setattr(tt, "RADIX_SELECT", spec.endswith(" radix"))
+    if spec.endswith(" split-key values"):
+        monkeypatch.setattr(ops, "SPLIT_KEY_VALUES_FROM", 0)
     overrides = {"topk": 8} if spec.startswith("i-") else {}
     attn = build_attention(spec.split()[0], seed=0, iterations=3, **overrides)
     g = _gen(40)
@@ -1229,23 +1171,19 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
 
 def test_clustered_centroid_values_take_the_split_key_kernels_from_a_length(monkeypatch):
     """Without top keys the Triton centroid kernels serve sequences of at least
-    ``ops.TRITON_CENTROID_VALUES_FROM`` keys, none while it is None, and rows longer than the
-    top-k holds; with top keys ``ops.TRITON_CENTROID_TOPK`` alone decides."""
+    ``ops.SPLIT_KEY_VALUES_FROM`` keys; with top keys they serve every length (rows longer than
+    the Triton top-k holds by ``torch.topk``); with ``FASTASR_KERNELS=reference`` none."""
     from fastasr.kernels import ops
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     c = torch.zeros(1, 1, 3, 8, device=DEVICE)
     k, long_keys = torch.zeros(1, 1, 20, 8, device=DEVICE), torch.zeros(1, 1, tcen.MAX_N + 1, 8, device=DEVICE)
-    for threshold, taken in ((None, False), (21, False), (20, True), (0, True)):
-        monkeypatch.setattr(ops, "TRITON_CENTROID_VALUES_FROM", threshold)
+    assert ops.SPLIT_KEY_VALUES_FROM == 32768
+    assert ops._triton_centroid_kernels(c, k, k, 0) is None
+    for threshold, taken in ((21, False), (20, True), (0, True)):
+        monkeypatch.setattr(ops, "SPLIT_KEY_VALUES_FROM", threshold)
         assert (ops._triton_centroid_kernels(c, k, k, 0) is tcen) == taken, threshold
-    assert ops._triton_centroid_kernels(c, long_keys, long_keys, 0) is tcen
-    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", False)
-    assert ops._triton_centroid_kernels(c, k, k, 2) is None
-    monkeypatch.setattr(ops, "TRITON_CENTROID_TOPK", True)
     assert ops._triton_centroid_kernels(c, k, k, 2) is tcen
-    assert ops._triton_centroid_kernels(c, long_keys, long_keys, 2) is None  # the reference's products and topk
-    monkeypatch.setattr(tcen, "LONG_ROWS", True)
     assert ops._triton_centroid_kernels(c, long_keys, long_keys, 2) is tcen
     monkeypatch.setenv(ops.KERNELS_ENV, "reference")
     assert ops._triton_centroid_kernels(c, k, k, 0) is None

@@ -134,14 +134,15 @@ def _configs():
                                               (False, True, 16384), (False, False, 16384)):
             tile = tk.lloyd_tile(clusters, in_kernel, length)
             options = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
-            # the codes unpacked in every sweep, and (STORED_SIGNS) their signs written once and read
+            # the codes unpacked in every sweep (the split's default), and their signs written once
+            # and read (stored signs: the one launch's default)
             for stored in (False, True):
                 label = (f"kmeans lloyd C={clusters} in_kernel={in_kernel} accumulate={accumulate} "
                          f"tile {tile['BLOCK_N']}x{options['num_warps']}" + (" stored signs" if stored else ""))
                 if any(label == row[0] for row in out):  # C = 256 has one tile whatever the length
                     continue
                 # as launched: the one launch passes its int64 counts for the unused pointers, and
-                # the codes for the signs without STORED_SIGNS
+                # the codes for the signs without stored signs
                 counts = ({"ones_ptr": "*i64", "counts_ptr": "*i64", "moved_ptr": "*i64"} if in_kernel
                           else {"moved_ptr": "*i32"})
                 out.append((label, tk._lloyd_kernel, {**km_ptrs, **counts, "signs_ptr": "*fp16" if stored else "*i64"},
@@ -155,20 +156,11 @@ def _configs():
     for block_n in (1024, 4096, tt.MAX_N):  # N = 800, 3,200 and the longest held
         rows, warps = tt.topk_tile(block_n, 1 << 20)  # as launched on a batch's many rows
         for weights in (False, True):
-            for early in (False, True):  # EARLY_EXIT: the bisection's while loop
-                out.append((f"topk N<={block_n} rows={rows} warps={warps} weights={weights}"
-                            + (" early exit" if early else ""), tt._topk_kernel,
-                            {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
-                            {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights, "RADIX": False,
-                             "EARLY": early, "CHUNK": tt.store_chunk(block_n, rows, warps)},
-                            {"num_warps": warps}))
-            radix_rows, radix_warps = tt.radix_tile(block_n)
-            if block_n <= tt.RADIX_MAX_N:
-                out.append((f"topk radix N<={block_n} weights={weights}", tt._topk_kernel,
-                            {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
-                            {"BLOCK_N": block_n, "ROWS": radix_rows, "WEIGHTS": weights, "RADIX": True,
-                             "CHUNK": tt.store_chunk(block_n, radix_rows, radix_warps)},
-                            {"num_warps": radix_warps}))
+            out.append((f"topk N<={block_n} rows={rows} warps={warps} weights={weights}", tt._topk_kernel,
+                        {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
+                        {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights,
+                         "CHUNK": tt.store_chunk(block_n, rows, warps)},
+                        {"num_warps": warps}))
     for t in ("fp32", "bf16", "fp16"):
         dot_dtype, precision = tc.dot_config(
             {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
@@ -181,29 +173,27 @@ def _configs():
                                                     "part_l_ptr": "*fp32", "part_acc_ptr": "*fp32"}),
                 (tcen._centroid_bwd_kernel, True, {"lse_ptr": "*fp32", "values_ptr": "*fp32",
                                                    "dvalues_ptr": f"*{t}", "tw_ptr": "*fp32", "dtw_ptr": "*fp32",
-                                                   "idx_ptr": "*i64", "dtop_ptr": "*fp32", "dc_ptr": "*fp32",
+                                                   "idx_ptr": "*i64", "dc_ptr": "*fp32",
                                                    "dk_ptr": f"*{t}", "dv_ptr": f"*{t}"}),
             ):
                 name = "centroid_bwd" if backward else "centroid_fwd"
-                # with top keys (i-clustered), the backward also with their weights' gradients
-                # scattered (SCATTERED_TOP_GRADIENTS); without (clustered's split-key values: a
-                # subset of the code, compiled once, at the paper's shape)
-                # the top keys in increasing position as the Triton top-k writes them (sorted), or
-                # in torch.topk's order (rows past triton_topk.MAX_N with LONG_ROWS: at the paper's shape)
-                tops = [(True, False, True), (True, True, True)] if backward else [(True, False, True)]
+                # with top keys (i-clustered); without (clustered's split-key values: a subset of
+                # the code, compiled once, at the paper's shape); the backward's top keys in
+                # increasing position as the Triton top-k writes them (sorted), or in torch.topk's
+                # order (rows past triton_topk.MAX_N: at the paper's shape)
+                tops = [(True, True)]
                 if (t, clusters, E) == ("bf16", 100, 32):
-                    tops.append((False, False, True))
+                    tops.append((False, True))
                     if backward:
-                        tops.append((True, False, False))
-                for top, scattered, in_order in tops:
-                    tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward, scattered)
+                        tops.append((True, False))
+                for top, in_order in tops:
+                    tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward)
                     options = {"num_warps": tiles.pop("num_warps")}
                     consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": tcen.SPLIT_KEYS, **tiles}
-                    flags = ({"HAS_TOP": top, "TOP_SCATTERED": scattered, "BLOCK_K": 32, "TOP_SORTED": in_order}
+                    flags = ({"HAS_TOP": top, "BLOCK_K": 32, "TOP_SORTED": in_order}
                              if backward else {"LOGITS": top})
                     out.append((f"{name} {t} C={clusters} E={E} tile {tiles['BLOCK_C']}x{tiles['BLOCK_N']}"
-                                + ("" if top else " no top keys") + (" scattered top gradients" if scattered else "")
-                                + ("" if in_order else " top keys unordered"),
+                                + ("" if top else " no top keys") + ("" if in_order else " top keys unordered"),
                                 kernel, {**data, **ptrs}, {**consts, **flags}, options))
             if t == "fp32":  # the combine kernel reads fp32 partials whatever the inputs
                 continue
@@ -248,24 +238,15 @@ def _configs():
             qkv = {**idx, "q_ptr": f"*{t}", "k_ptr": f"*{t}", "v_ptr": f"*{t}", "len_ptr": "*i64",
                    "tw_ptr": "*fp32", "scale": "fp32"}  # top_w: fp32 from the centroid softmax
             bwd_ptrs = {"dout_ptr": f"*{t}", "dq_ptr": f"*{t}", "dk_ptr": "*fp32", "dv_ptr": "*fp32",
-                        "dtw_ptr": "*fp32", "dvalues_ptr": "*fp32", "part_k_ptr": "*fp32",
-                        "part_v_ptr": "*fp32", "sel_ptr": "*i32"}
-            for name, kernel, ptrs, extra in (
-                ("sparse_fwd", tc._sparse_fwd_kernel, {"values_ptr": f"*{t}", "out_ptr": f"*{t}"}, {}),
-                ("sparse_bwd", tc._sparse_bwd_kernel, bwd_ptrs, {"KEY_MAJOR": False}),
-                ("sparse_bwd key-major", tc._sparse_bwd_kernel, bwd_ptrs, {"KEY_MAJOR": True}),
+                        "dtw_ptr": "*fp32", "dvalues_ptr": "*fp32"}
+            for name, kernel, ptrs in (
+                ("sparse_fwd", tc._sparse_fwd_kernel, {"values_ptr": f"*{t}", "out_ptr": f"*{t}"}),
+                ("sparse_bwd", tc._sparse_bwd_kernel, bwd_ptrs),
             ):
                 blocks = tc._sparse_blocks(32, E, E, dot_dtype, kernel is tc._sparse_bwd_kernel)
-                sparse = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, **extra,
+                sparse = {"DOT_DTYPE": dot_dtype, "PRECISION": precision,
                           **dict(zip(("BLOCK_N", "BLOCK_K", "BLOCK_E", "BLOCK_V"), blocks))}
                 out.append((f"{name} {tag}", kernel, {**qkv, **ptrs}, sparse, {}))
-    for E in (32, 64):
-        tile = tc.key_sum_tile()
-        out.append((f"key_sum E={E}", tc._key_sum_kernel,
-                    {"keys_ptr": "*i32", "src_ptr": "*i64", "part_k_ptr": "*fp32", "part_v_ptr": "*fp32",
-                     "dk_ptr": "*fp32", "dv_ptr": "*fp32"},
-                    {"CHUNK": tile["CHUNK"], "BLOCK_E": E, "BLOCK_V": E, "PRECISION": tile["PRECISION"]},
-                    {"num_warps": tile["num_warps"]}))
     return out
 
 

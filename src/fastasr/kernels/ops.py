@@ -9,8 +9,8 @@ K-means rules). Three implementations:
   ``make install``): hashing, K-means, top-k selection and the fused per-query part
   of improved clustered attention;
 * ``triton``: the Triton kernels (``triton_hashing``, ``triton_kmeans``,
-  ``triton_clustered``, ``triton_topk``; ``triton_centroid`` and ``triton_broadcast`` as
-  their switches say) for CUDA tensors.
+  ``triton_clustered``, ``triton_topk``, ``triton_centroid``, ``triton_broadcast``) for CUDA
+  tensors, each for the shapes it serves.
 
 An op an implementation lacks runs the reference (the clustered products on CPU are
 fused into ``improved_sparse``; ``topk_indices`` on CUDA takes ``torch.topk`` for rows
@@ -50,9 +50,7 @@ __all__ = [
     "clustered_dot",
     "clustered_weighted_sum",
     "centroid_attention",
-    "TRITON_CENTROID_TOPK",
-    "TRITON_CENTROID_VALUES_FROM",
-    "TRITON_CLUSTER_ROWS",
+    "SPLIT_KEY_VALUES_FROM",
     "broadcast_clusters",
     "cluster_sums",
     "fused_centroid_attention_applies",
@@ -66,35 +64,17 @@ __all__ = [
 #: Environment variable that forces one implementation: auto | reference | native | triton.
 KERNELS_ENV = "FASTASR_KERNELS"
 
-#: i-clustered's centroid attention where the Triton kernels run: True, the fused Triton kernels
-#: of :mod:`fastasr.kernels.triton_centroid` (three launches forward, one backward, no (C, N)
-#: tensor but the logits) for the shapes they serve; False, PyTorch's products and softmax with
-#: the Triton top-k. Measured on an H100 (benchmarks/results/clustering_nvidia-h100-80gb-hbm3.md,
-#: bf16, 6 x 32, C = 100, 65,536 tokens, forward + backward): i-clustered-100 calls of 5.74 /
-#: 4.41 / 4.48 ms fused against 6.40 / 5.54 / 5.97 ms at N = 1,024 / 3,200 / 4,096, and the
-#: paper model's step 89.0 against 95.0 ms at N = 800. Fused is also the more precise in half
-#: precision: its logits stay float32 where PyTorch's product rounds them to bf16 (on bf16
-#: inputs, 5.5e-3 against 6.2e-2 relative distance to the float64 computation).
-TRITON_CENTROID_TOPK = True
-#: Rows moved between clusters and their members where the Triton kernels run: True,
-#: :mod:`fastasr.kernels.triton_broadcast` for :func:`cluster_sums` (the centroids' sums of their
-#: queries) and :func:`broadcast_clusters` (clustered attention's output), each the other's
-#: backward (whole rows copied; sums by one ``onehot^T @ rows`` product a tile, on chip); False,
-#: the reference's ``index_add`` and ``gather`` with indices expanded over the row (on an H100
-#: at N = 4,096 x 16 the gather took 238 us, the largest kernel of a clustered-100 call after
-#: K-means, the ``index_add`` 102 us). False until measured: ``make gpu-check``'s call table
-#: times clustered-100 both ways.
-TRITON_CLUSTER_ROWS = False
 #: Clustered attention's centroid values (no top keys) where the Triton kernels run: for sequences
 #: of at least this many keys (padded length), the split-key kernels of
 #: :mod:`fastasr.kernels.triton_centroid` (``cdiv(N, SPLIT_KEYS)`` programs a (batch, head), their
-#: partial outputs merged by a second launch; one launch backward); shorter ones, and all while
-#: None, one fused SDPA call (:func:`fused_centroid_values`), whose forward has one program a
-#: (batch, head) and 128 centroids: 6 programs for one 65,536-key sequence of 6 heads. None until
-#: measured: ``make gpu-check``'s call table times clustered-100 both ways at every N (the H100's
-#: CUDA-graph times of clustered-100 grow from 1.97 ms at N = 3,200 to 3.85 at 65,536 while its
-#: K-means takes 1.05 and 0.70, benchmarks/results/clustering_nvidia-h100-80gb-hbm3.md).
-TRITON_CENTROID_VALUES_FROM: int | None = None
+#: partial outputs merged by a second launch; one launch backward); shorter ones one fused SDPA
+#: call (:func:`fused_centroid_values`), whose forward has one program a (batch, head) and 128
+#: centroids: 6 programs for one 65,536-key sequence of 6 heads. Measured on an H200
+#: (benchmarks/gpu_notes.md "Decisions"; bf16, 6 x 32, C = 100, 65,536 tokens, forward +
+#: backward): clustered-100 at N = 65,536 2.52 against 3.31 ms as a CUDA graph (3.71 against 4.30
+#: issued kernel by kernel); at N = 16,384 the values alone 0.91 against SDPA's 0.79 and the
+#: call 4.02 against 3.26 (as a graph 2.11 against 2.24); at N <= 4,096 SDPA is as fast or faster.
+SPLIT_KEY_VALUES_FROM = 32768
 _CHOICES = ("auto", "reference", "native", "triton")
 
 # The ops each implementation has (the Triton ones: the module holding each kernel).
@@ -197,18 +177,22 @@ def clustered_weighted_sum(
 
 
 def _cluster_rows_backend(x: torch.Tensor, op: str, *shape):
-    """:mod:`fastasr.kernels.triton_broadcast` for ``op`` where :data:`TRITON_CLUSTER_ROWS` is
-    on, the Triton kernels run and they serve ``x`` (and ``shape``'s cluster count); else the
-    reference."""
-    backend = _backend(x, op) if TRITON_CLUSTER_ROWS else reference
+    """:mod:`fastasr.kernels.triton_broadcast` for ``op`` where the Triton kernels run and serve
+    ``x`` (and ``shape``'s cluster count); else the reference.
+
+    Measured on an H200 (benchmarks/gpu_notes.md "Decisions"; bf16, 6 x 32, C = 100, 65,536
+    tokens, forward + backward, as CUDA graphs): clustered-100 1.40-2.44 ms against 1.83-3.31
+    with the reference's ``index_add`` and gather, i-clustered-100 2.53-4.18 against 2.87-4.65, at
+    every N from 1,024 to 65,536."""
+    backend = _backend(x, op)
     return backend if backend is reference or backend.applies(x, *shape) else reference
 
 
 def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
     """``(B,H,C,D)`` per-cluster rows -> ``(B,H,N,D)`` per-position rows, zeros where padded (-1).
 
-    The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`) where they run, with
-    :data:`TRITON_CLUSTER_ROWS`, for the shapes they serve; otherwise the reference's gather.
+    The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`) where they run, for the shapes
+    they serve; otherwise the reference's gather.
     """
     return _cluster_rows_backend(x, "broadcast_clusters").broadcast_clusters(x, assignments)
 
@@ -217,8 +201,8 @@ def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -
     """``(B,H,N,D)`` rows -> ``(B,H,C,D)`` each cluster's sum of its members' rows (padded: none).
 
     The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`, float32 sums) where they run,
-    with :data:`TRITON_CLUSTER_ROWS`, for the shapes they serve; otherwise the reference's
-    ``index_add`` (float32, float64 for float64 rows).
+    for the shapes they serve; otherwise the reference's ``index_add`` (float32, float64 for
+    float64 rows).
     """
     return _cluster_rows_backend(rows, "cluster_sums", clusters).cluster_sums(rows, assignments, clusters)
 
@@ -234,8 +218,10 @@ def centroid_attention(
     """``(B,H,C,E)`` centroids -> centroid outputs ``(B,H,C,Ev)``, top weights and top keys ``(B,H,C,topk)``.
 
     Where the Triton kernels run, :func:`fastasr.kernels.triton_centroid.centroid_attention`
-    for the shapes it serves: with top keys when :data:`TRITON_CENTROID_TOPK` is set, without
-    (clustered attention) for sequences of at least :data:`TRITON_CENTROID_VALUES_FROM` keys.
+    for the shapes it serves: with top keys always (i-clustered-100 on an H200 2.53-4.65 ms a
+    call as a CUDA graph against 4.03-4.59 with torch's products and softmax at N = 1,024-4,096;
+    its logits stay float32 where torch's product rounds them to bf16), without (clustered
+    attention) for sequences of at least :data:`SPLIT_KEY_VALUES_FROM` keys.
     Otherwise, on CUDA without top keys, in half precision or float32 and unless
     ``FASTASR_KERNELS=reference``: one fused attention call, :func:`fused_centroid_values`.
     Where the reference runs (CUDA with top keys, or no C++ kernels), its top keys are chosen
@@ -259,11 +245,7 @@ def _triton_centroid_kernels(centroids, k, v, topk: int) -> ModuleType | None:
     this call (see there), else None."""
     if kernel_backend(k, "improved_sparse") != "triton":
         return None
-    if topk:
-        chosen = TRITON_CENTROID_TOPK
-    else:
-        chosen = TRITON_CENTROID_VALUES_FROM is not None and k.shape[2] >= TRITON_CENTROID_VALUES_FROM
-    if not chosen:
+    if not topk and k.shape[2] < SPLIT_KEY_VALUES_FROM:
         return None
     kernels = import_kernel_module("triton_centroid")
     return kernels if kernels.applies(centroids, k, v, topk) else None

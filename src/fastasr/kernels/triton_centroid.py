@@ -29,15 +29,17 @@ tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
   a row's top keys come from the Triton top-k in increasing position, so a block's are the next
   few of each row and the compares run as often as the most any row has in the block (4.6 on
   average at N = 800 and 2.1 at 4,096 for K = 32 on Gaussian logits, K at most), where keys in
-  another order (``torch.topk``'s, :data:`LONG_ROWS`) take K compares a block. Or, with
-  :data:`SCATTERED_TOP_GRADIENTS`, by one load of a block from a ``(B, H, C, N)`` float32 tile
-  that one torch ``scatter_add_`` filled (two torch kernels more: its zeros and the scatter).
+  another order (``torch.topk``'s, rows longer than ``triton_topk.MAX_N``) take K compares a
+  block.
 
 Products take the keys' dtype (fp16/bf16 on the tensor cores, fp32 in full precision) with
 fp32 accumulation; logits, softmax and its statistics are fp32, as in the reference. ``dcentroids``
 is summed with atomics over key spans, so it is reproducible to rounding, not bit for bit.
-Top keys of rows longer than ``triton_topk.MAX_N`` (unless :data:`LONG_ROWS`: ``torch.topk`` on the
-logits) and more centroids than :func:`max_centroids` are not served here (:func:`applies`);
+Top keys of rows longer than ``triton_topk.MAX_N``, which the Triton top-k cannot hold, are
+chosen by ``torch.topk`` on the logits these kernels write and their weights gathered (on an
+H200, i-clustered-100 at N = 16,384 and 65,536: 3.50 and 3.64 ms a call as a CUDA graph against
+4.27 and 4.65 with the reference's products there; benchmarks/gpu_notes.md "Decisions"). More
+centroids than :func:`max_centroids` are not served here (:func:`applies`);
 ``fastasr.kernels.ops`` sends them to the reference.
 """
 
@@ -58,28 +60,12 @@ from fastasr.kernels.triton_topk import MAX_N, topk_softmax
 
 prepare_interpreter()
 
-__all__ = ["centroid_attention", "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS",
-           "LONG_ROWS"]
+__all__ = ["centroid_attention", "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS"]
 
 #: Most centroids a sequence may have: all of them are one tile of a program.
 MAX_CENTROIDS = 256
 #: Keys a program covers, forward and backward (a multiple of every key block).
 SPLIT_KEYS = 512
-#: Top keys of rows longer than ``triton_topk.MAX_N`` (which the Triton top-k cannot hold):
-#: True, these kernels with the top keys chosen by ``torch.topk`` on the logits they write and
-#: their weights gathered; False, not served (``fastasr.kernels.ops`` runs the reference's
-#: products there). False until ``make gpu-check`` times it (the call table's
-#: "i-clustered-100, fused long rows" at N = 16,384 and 65,536).
-LONG_ROWS = False
-#: How the backward adds the top weights' gradients ``dtop_w`` to ``dP`` at their keys. False:
-#: for each top key in the block, a compare of its position with every column of the block (C ×
-#: BLOCK_N selects and 2 loads a trip; as many trips as the most top keys a row has in the block,
-#: K with unordered keys: once the kernel's largest cost by count, 0.77 ms of an i-clustered-100
-#: call at N = 4,096 on the H100 went to this kernel with K trips a block). True: torch scatters
-#: ``dtop_w`` into a zeroed ``(B, H, C, N)`` float32 tile (the size of the forward's logits)
-#: and the kernel reads a block of it once, the same sums. False until ``make gpu-check``
-#: times it (the call table's "i-clustered-100, scattered top gradients").
-SCATTERED_TOP_GRADIENTS = False
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -183,10 +169,10 @@ def _centroid_combine_kernel(
 
 @triton.jit
 def _centroid_bwd_kernel(
-    c_ptr, k_ptr, v_ptr, len_ptr, lse_ptr, values_ptr, dvalues_ptr, tw_ptr, dtw_ptr, idx_ptr, dtop_ptr,
+    c_ptr, k_ptr, v_ptr, len_ptr, lse_ptr, values_ptr, dvalues_ptr, tw_ptr, dtw_ptr, idx_ptr,
     dc_ptr, dk_ptr, dv_ptr,
     H, C, N, E, EV, K, scale,
-    HAS_TOP: tl.constexpr, TOP_SCATTERED: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
+    HAS_TOP: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr, TOP_SORTED: tl.constexpr = False,
 ):
@@ -212,7 +198,7 @@ def _centroid_bwd_kernel(
     dvals = dvals.to(DOT_DTYPE)
     dcent = tl.zeros((BLOCK_C, BLOCK_E), tl.float32)
     start = tl.program_id(1) * SPAN
-    if HAS_TOP and TOP_SORTED and not TOP_SCATTERED:
+    if HAS_TOP and TOP_SORTED:
         # Each row's top keys in increasing position: a block's are the next few of the row, so
         # the compares below run only as often as the most any row has in the block, not K times.
         # done: each row's top keys before the block; nxt: the position of its next one (none:
@@ -227,12 +213,8 @@ def _centroid_bwd_kernel(
         s = tl.dot(cent, tl.trans(keys), input_precision=PRECISION) * scale
         ok = c_ok[:, None] & (cols < length)[None, :]
         p = tl.where(ok, tl.exp(s - lse[:, None]), 0.0)
-        if HAS_TOP and TOP_SCATTERED:  # the top weights' gradients at their keys already: the product adds to them
-            dp = tl.dot(dvals, tl.trans(vals_n), tl.load(dtop_ptr + crow[:, None] * N + cols[None, :], mask=ok,
-                                                         other=0.0), input_precision=PRECISION)
-        else:
-            dp = tl.dot(dvals, tl.trans(vals_n), input_precision=PRECISION)
-        if HAS_TOP and not TOP_SCATTERED:  # the top weights' gradients at their keys, one compare a top key
+        dp = tl.dot(dvals, tl.trans(vals_n), input_precision=PRECISION)
+        if HAS_TOP:  # the top weights' gradients at their keys, one compare a top key
             # each top key as its lane in the block, compared with the lanes' constant indices in
             # 32 bits (out of the block, or no key: a lane that none has)
             lanes = tl.arange(0, BLOCK_N)
@@ -262,19 +244,16 @@ def _centroid_bwd_kernel(
     tl.atomic_add(dc_ptr + crow[:, None] * E + offs_e[None, :], dcent, mask=e_mask, sem="relaxed")
 
 
-def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool, scattered_top: bool = False) -> dict:
+def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool) -> dict:
     """Block sizes and warps of a launch: every centroid in one tile (at least 64 rows),
     fewer keys a block and more warps for wider tiles (fp32 operands, the backward's extra
-    tiles, ``C > 128``); the backward reading scattered top gradients (``scattered_top``) in
-    float32 takes 8 warps where 16 (128 registers a thread) would spill. Each configuration
-    compiles for sm_90 without spills (``python -m fastasr.kernels.compile_check``)."""
+    tiles, ``C > 128``). Each configuration compiles for sm_90 without spills
+    (``python -m fastasr.kernels.compile_check``)."""
     block_c = max(64, triton.next_power_of_2(C))  # fewer rows took more registers on sm_90
     block_e = max(16, triton.next_power_of_2(max(E, EV)))
     width = block_c * (4 if dot_dtype == tl.float32 else 1) * (2 if backward else 1) * max(1, block_e // 32)
     block_n = 64 if width <= 128 else (32 if width <= 256 and block_c <= 128 else 16)
     warps = 8 if width <= 128 or (backward and width <= 256) else 16
-    if scattered_top and dot_dtype == tl.float32:
-        warps = 8
     return {"BLOCK_C": block_c, "BLOCK_N": block_n, "BLOCK_E": max(16, triton.next_power_of_2(E)),
             "BLOCK_V": max(16, triton.next_power_of_2(EV)), "num_warps": warps}
 
@@ -291,18 +270,16 @@ def max_centroids(k: torch.Tensor, v: torch.Tensor) -> int:
 
 
 def applies(centroids: torch.Tensor, k: torch.Tensor, v: torch.Tensor, topk: int) -> bool:
-    """Whether :func:`centroid_attention` serves these shapes and dtypes (rows of at most
-    ``triton_topk.MAX_N`` keys where ``topk > 0``, which the top-k holds in registers, unless
-    :data:`LONG_ROWS`)."""
+    """Whether :func:`centroid_attention` serves these shapes and dtypes."""
     C, N = centroids.shape[2], k.shape[2]
     return (k.dtype in _SUPPORTED and v.dtype in _SUPPORTED and 1 <= C <= max_centroids(k, v)
-            and 1 <= N and (topk == 0 or N <= MAX_N or LONG_ROWS) and centroids.dtype in _SUPPORTED)
+            and 1 <= N and centroids.dtype in _SUPPORTED)
 
 
-def _launch_config(centroids, k, v, backward, scattered_top=False):
+def _launch_config(centroids, k, v, backward):
     interpreted = kernels_interpreted(_centroid_fwd_kernel)
     dot_dtype, precision = dot_config(torch.promote_types(k.dtype, v.dtype), interpreted)
-    tiles = centroid_tiles(centroids.shape[2], k.shape[3], v.shape[3], dot_dtype, backward, scattered_top)
+    tiles = centroid_tiles(centroids.shape[2], k.shape[3], v.shape[3], dot_dtype, backward)
     return {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": SPLIT_KEYS, **tiles}
 
 
@@ -329,7 +306,7 @@ class _CentroidAttention(torch.autograd.Function):
         ctx.top_sorted = bool(topk) and N <= MAX_N
         if ctx.top_sorted:
             top_idx, top_w = topk_softmax(logits, lse, topk)
-        elif topk:  # LONG_ROWS: torch.topk, and the weights exp(l - lse) (0 in a row without keys)
+        elif topk:  # rows the Triton top-k cannot hold: torch.topk, and the weights exp(l - lse) (0 in a row without keys)
             top_idx = reference.topk_indices(logits, topk)
             top_w = torch.exp(logits.gather(-1, top_idx) - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
         else:
@@ -348,15 +325,11 @@ class _CentroidAttention(torch.autograd.Function):
         dcent = torch.zeros((B, H, C, E), dtype=torch.float32, device=k.device)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         dtop_w = dtop_w.float().contiguous() if K else top_w
-        scattered = K > 0 and SCATTERED_TOP_GRADIENTS
-        dtop = (torch.zeros((B, H, C, N), dtype=torch.float32, device=k.device).scatter_add_(3, top_idx, dtop_w)
-                if scattered else dtop_w)  # scatter_add_: a repeated key's gradients add, as the compares do
         _centroid_bwd_kernel[(B * H, triton.cdiv(N, SPLIT_KEYS))](
-            centroids, k, v, lengths, lse, values32, dvalues.contiguous(), top_w, dtop_w, top_idx, dtop,
+            centroids, k, v, lengths, lse, values32, dvalues.contiguous(), top_w, dtop_w, top_idx,
             dcent, dk, dv, H, C, N, E, EV, K, ctx.scale,
-            HAS_TOP=K > 0, TOP_SCATTERED=scattered, BLOCK_K=max(16, triton.next_power_of_2(K)),
-            TOP_SORTED=ctx.top_sorted,
-            **_launch_config(centroids, k, v, backward=True, scattered_top=scattered))
+            HAS_TOP=K > 0, BLOCK_K=max(16, triton.next_power_of_2(K)), TOP_SORTED=ctx.top_sorted,
+            **_launch_config(centroids, k, v, backward=True))
         return dcent.to(centroids.dtype), dk, dv, None, None, None
 
 
@@ -397,7 +370,7 @@ def centroid_attention(
     if not applies(centroids, k, v, topk):
         raise ValueError(f"centroid_attention: needs fp32/fp16/bf16 k and v, 1 <= C <= "
                          f"{max_centroids(k, v)} (for heads of {k.shape[-1]}/{v.shape[-1]} in these "
-                         f"dtypes) and 1 <= N, N <= {MAX_N} with top keys (or LONG_ROWS); got C={C}, N={N}, "
+                         f"dtypes) and 1 <= N; got C={C}, N={N}, "
                          f"topk={topk}, k {k.dtype}, v {v.dtype}")
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=k.device)

@@ -37,9 +37,7 @@ on the same blocks: ``_sparse_fwd_kernel`` scores a block's queries against its 
 valid top keys, takes the softmax, weighs the values and adds the cluster's mass and rest
 (computed in the kernel from the centroid weights and output); ``_sparse_bwd_kernel``
 recomputes the softmax and produces every gradient. One launch each way, nothing of size
-``N × K`` or ``C × K × E`` in memory (with :data:`KEY_MAJOR_BACKWARD`, the backward instead
-stores each block's ``(K, E)`` tiles of ``dk``/``dv`` and :func:`_key_sum_kernel` adds them up
-by key after one ``torch.sort``: fewer atomics for two passes over the tiles). The three
+``N × K`` or ``C × K × E`` in memory. The three
 products above stay for :func:`clustered_dot` and :func:`clustered_weighted_sum`, the
 reference's building blocks.
 
@@ -268,31 +266,24 @@ def _sparse_fwd_kernel(
 @triton.jit
 def _sparse_bwd_kernel(
     q_ptr, k_ptr, v_ptr, idx_ptr, len_ptr, perm_ptr, blk_ptr, tw_ptr, dout_ptr,
-    dq_ptr, dk_ptr, dv_ptr, dtw_ptr, dvalues_ptr, part_k_ptr, part_v_ptr, sel_ptr,
+    dq_ptr, dk_ptr, dv_ptr, dtw_ptr, dvalues_ptr,
     H, N, S, K, E, EV, C, P, scale,
     s_qb, s_qh, s_qn, s_qe, s_kb, s_kh, s_ks, s_ke,
     s_vb, s_vh, s_vs, s_ve, s_ib, s_ih, s_ic, s_it,
     s_gb, s_gh, s_gn, s_ge,
     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
-    KEY_MAJOR: tl.constexpr,
 ):
     """The backward of :func:`_sparse_fwd_kernel` for one block: the softmax recomputed,
-    ``dq`` stored; ``dtop_w`` and ``dvalues`` (of the cluster) added into fp32 buffers, and
-    the ``(K, E)`` tiles of ``dk``, ``dv`` at the top keys either added there too or, with
-    ``KEY_MAJOR``, stored whole as the block's partials (``part_k``, ``part_v``: one
-    ``(BLOCK_K, BLOCK_E)`` tile a block slot) with the key each row belongs to (``sel``; ``S``
-    for invalid keys and unused slots), for :func:`_key_sum_kernel` to add up by key.
+    ``dq`` stored; ``dtop_w`` and ``dvalues`` (of the cluster) and the ``(K, E)`` tiles of
+    ``dk``, ``dv`` at the top keys added into fp32 buffers.
     With ``G = sum_rows dout`` and ``M = sum_rows dout . o`` (``o`` the softmax part before
     the mass): ``dvalues[c] += G``, ``dw_t += M - G . v_T[t]``,
     ``dv_T[t] += p^T (mass dout) - w_t G``."""
     pid_bh = tl.program_id(0)
-    slot = pid_bh.to(tl.int64) * P + tl.program_id(1)
     offs_t = tl.arange(0, BLOCK_K)
     c, rows, mask_p = _block_rows(perm_ptr, blk_ptr, pid_bh, tl.program_id(1), N, P, BLOCK_N)
     if c < 0:
-        if KEY_MAJOR:
-            tl.store(sel_ptr + slot * BLOCK_K + offs_t, tl.full((BLOCK_K,), S, tl.int32))
         return
     x, keys, vals, tw, p, idx, ok = _sparse_tiles(
         q_ptr, k_ptr, v_ptr, idx_ptr, len_ptr, tw_ptr, pid_bh, c, rows, mask_p, H, S, K, E, EV, C, scale,
@@ -320,51 +311,10 @@ def _sparse_bwd_kernel(
              dq.to(dq_ptr.dtype.element_ty), mask=mask_p[:, None] & (offs_e[None, :] < E))
     dk = tl.dot(tl.trans(ds.to(DOT_DTYPE)), x, input_precision=PRECISION)  # (BLOCK_K, BLOCK_E)
     dv = tl.dot(tl.trans(p.to(DOT_DTYPE)), go, input_precision=PRECISION) - tw[:, None] * g_sum[None, :]
-    if KEY_MAJOR:
-        part = slot * BLOCK_K + offs_t[:, None]
-        tl.store(part_k_ptr + part * BLOCK_E + offs_e[None, :], dk)
-        tl.store(part_v_ptr + part * BLOCK_V + offs_v[None, :], dv)
-        tl.store(sel_ptr + slot * BLOCK_K + offs_t, tl.where(ok, idx, S).to(tl.int32))
-    else:
-        tl.atomic_add(dk_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * E + offs_e[None, :], dk,
-                      mask=ok[:, None] & (offs_e[None, :] < E), sem="relaxed")
-        tl.atomic_add(dv_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * EV + offs_v[None, :], dv,
-                      mask=ok[:, None] & mask_v[None, :], sem="relaxed")
-
-
-@triton.jit
-def _key_rows_sum(part_ptr, out_ptr, src, key, end, pid_bh, S, D,
-                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
-    """Each key's rows of ``part`` (gathered in key order by ``src``) summed within the chunk,
-    and each sum added once into ``out`` at its key (by the key's last row in the chunk). The
-    sums are one product with the chunk's key-equality matrix."""
-    offs_d = tl.arange(0, BLOCK_D)
-    rows = tl.load(part_ptr + src[:, None] * BLOCK_D + offs_d[None, :], mask=(key < S)[:, None], other=0.0)
-    same = (key[:, None] == key[None, :]).to(tl.float32)  # (CHUNK, CHUNK) of 0 and 1
-    sums = tl.dot(same, rows, input_precision=PRECISION)
-    tl.atomic_add(out_ptr + (pid_bh.to(tl.int64) * S + key[:, None]) * D + offs_d[None, :], sums,
-                  mask=end[:, None] & (offs_d[None, :] < D), sem="relaxed")
-
-
-@triton.jit
-def _key_sum_kernel(keys_ptr, src_ptr, part_k_ptr, part_v_ptr, dk_ptr, dv_ptr, S, L, E, EV,
-                    CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, PRECISION: tl.constexpr):
-    """``dk[key] += sum of its rows of part_k`` (and ``dv`` of ``part_v``) for one chunk of a
-    (batch, head)'s ``L`` block rows sorted by key (``keys``; ``src``: each one's row in the
-    partials, ``S``: none). A key's rows are consecutive, so the last row of each key in the
-    chunk adds the sum of its rows: one atomic per (key, chunk, feature) instead of one per
-    (block, key, feature) in the backward."""
-    pid_bh = tl.program_id(0)
-    offs = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
-    row = pid_bh.to(tl.int64) * L + offs
-    inside = offs < L
-    key = tl.load(keys_ptr + row, mask=inside, other=S)
-    last = (tl.arange(0, CHUNK) == CHUNK - 1) | (offs + 1 >= L)
-    following = tl.load(keys_ptr + row + 1, mask=~last, other=-1)
-    end = (key != following) & (key < S)
-    src = pid_bh.to(tl.int64) * L + tl.load(src_ptr + row, mask=inside, other=0)
-    _key_rows_sum(part_k_ptr, dk_ptr, src, key, end, pid_bh, S, E, CHUNK, BLOCK_E, PRECISION)
-    _key_rows_sum(part_v_ptr, dv_ptr, src, key, end, pid_bh, S, EV, CHUNK, BLOCK_V, PRECISION)
+    tl.atomic_add(dk_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * E + offs_e[None, :], dk,
+                  mask=ok[:, None] & (offs_e[None, :] < E), sem="relaxed")
+    tl.atomic_add(dv_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * EV + offs_v[None, :], dv,
+                  mask=ok[:, None] & mask_v[None, :], sem="relaxed")
 
 
 # --- host side -------------------------------------------------------------------------
@@ -612,42 +562,6 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
     )
 
 
-#: How the fused sparse backward adds each block's ``(K, E)`` tiles of ``dk`` and ``dv`` at
-#: its cluster's top keys. False: with fp32 atomics straight into ``dk``/``dv``, one per
-#: (block, top key, feature). True, key-major: each block stores its tiles whole and the key
-#: of each row; the rows are sorted by key (one ``torch.sort`` a call) and
-#: :func:`_key_sum_kernel` adds each key's rows, one atomic per (key, chunk, feature). The
-#: top keys of a sequence's clusters are mostly the same few hundred keys (benchmarks/gpu_notes.md),
-#: so that is ~10x fewer atomics for two passes over the partials. Equal, but off: slower on
-#: an H100 at N <= 4,096 (benchmarks/results/clustering_nvidia-h100-80gb-hbm3.md: the sparse
-#: part 3.10 against 2.40 ms at N = 800, 1.73 against 1.41 at 3,200; faster at 16,384 in one
-#: run of two); ``make gpu-check`` times both again.
-KEY_MAJOR_BACKWARD = False
-
-
-def key_sum_tile() -> dict:
-    """Launch parameters of :func:`_key_sum_kernel`: ``CHUNK`` sorted rows a program, 8 warps,
-    and the precision of its sums: ``tf32x3`` (three tf32 tensor-core products; the 0/1 key
-    matrix is exact in tf32, so the sums keep ~22 bits of each row, near fp32's 24).
-
-    The key matrix is ``(CHUNK, CHUNK)``: 32 rows keep the kernel at 80-110 registers a thread
-    on sm_90 for rows of 32 and 64 features; 64 spill (``python -m fastasr.kernels.compile_check``)."""
-    return {"CHUNK": 32, "num_warps": 8, "PRECISION": "tf32x3"}
-
-
-def _add_by_key(sel, part_k, part_v, dk, dv) -> None:
-    """``dk[b, h, key] += part_k[row]`` for every row of every block, ``dv`` likewise: the
-    rows of each (batch, head) sorted by ``sel`` (their keys; ``S`` for none) and summed per key."""
-    BH, L = sel.shape
-    S, E, EV = dk.shape[2], dk.shape[3], dv.shape[3]
-    block_e, block_v = part_k.shape[-1], part_v.shape[-1]
-    tile = key_sum_tile()
-    keys, src = torch.sort(sel, dim=1)
-    _key_sum_kernel[(BH, triton.cdiv(L, tile["CHUNK"]))](
-        keys, src, part_k, part_v, dk, dv, S, L, E, EV, BLOCK_E=block_e, BLOCK_V=block_v, **tile,
-    )
-
-
 class _ImprovedSparse(torch.autograd.Function):
     """The fused sparse part: one launch forward, one backward (:func:`improved_sparse`)."""
 
@@ -672,17 +586,8 @@ class _ImprovedSparse(torch.autograd.Function):
         dk, dv = torch.zeros((B, H, S, E), **f32), torch.zeros((B, H, S, EV), **f32)
         dtop_w, dvalues = torch.zeros(top_w.shape, **f32), torch.zeros((B, H, C, EV), **f32)
         if grad.numel():
-            launch = _SparseLaunch.of(_sparse_bwd_kernel, q, v, top_idx, ctx.order)
-            key_major = KEY_MAJOR_BACKWARD
-            rows = launch.P * launch.block_k if key_major else 1  # a (batch, head)'s; 1: unused
-            part_k = torch.empty((B * H * rows, launch.block_e), **f32)
-            part_v = torch.empty((B * H * rows, launch.block_v), **f32)
-            sel = torch.empty((B * H, rows), dtype=torch.int32, device=q.device)
             _launch_sparse(_sparse_bwd_kernel, q, k, v, top_idx, lengths, ctx.order, ctx.scale,
-                           (top_w, grad, dq, dk, dv, dtop_w, dvalues, part_k, part_v, sel), grad.stride(),
-                           launch, KEY_MAJOR=key_major)
-            if key_major:
-                _add_by_key(sel, part_k, part_v, dk, dv)
+                           (top_w, grad, dq, dk, dv, dtop_w, dvalues), grad.stride())
         return (dq, dk.to(k.dtype), dv.to(v.dtype), dvalues.to(ctx.values_dtype),
                 dtop_w.to(top_w.dtype), None, None, None, None)
 

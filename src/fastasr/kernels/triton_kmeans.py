@@ -24,12 +24,16 @@ positions in one sweep, on chip:
   63 carries +1 and so counts the members; a bit's sum is ``2 * set - members``, so the
   strict majority is a positive sum.
 
-With :data:`STORED_SIGNS` the tiles' +-1 signs are unpacked from the codes once, into a
+In one launch (below) the tiles' +-1 signs are unpacked from the codes once, into a
 ``(B, H, N, 64)`` float16 scratch the kernel writes before its first sweep, and every sweep
 reads them (one 16-byte vector load a thread and row) instead of unpacking each bit of each
 code again: on sm_90, C = 100, 64 positions x 4 warps, a sweep's tile compiles to 403
 instructions a thread against 880 (the unpacking's shifts, masks and selects, and scalar loads
-of the codes), for 128 bytes read a position and sweep against 8.
+of the codes), for 128 bytes read a position and sweep against 8. Measured on an H200
+(benchmarks/gpu_notes.md "Decisions"): one launch 0.55-0.99 ms against 0.77-1.25 at
+N = 800-4,096 (65,536 tokens, 6 heads, C = 100; 0.42-0.88 against 0.58-1.17 on clustered
+codes). Split sweeps unpack the codes: there the scratch gained nothing (1.29 against 1.29 ms
+at N = 16,384, 0.82 against 0.76 at 65,536).
 
 When one program owns a whole sequence (``P = 1`` span per sequence) the program reads
 its initial centroids from the codes and runs
@@ -96,11 +100,6 @@ LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
 ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 1}), (128, {"num_warps": 8, "num_stages": 1}))
 WIDE_TILE_FROM = 1024
 UPDATE_BLOCK_C = 32
-#: Sweeps read the +-1 signs of the codes from a float16 scratch that the first launch writes,
-#: instead of unpacking the codes in every sweep (module docstring). Off until a GPU times it:
-#: fewer instructions a tile, 16 times the bytes a sweep (``clustering_gpu.py``'s K-means table,
-#: "stored signs").
-STORED_SIGNS = False
 
 
 @triton.jit
@@ -173,7 +172,7 @@ def _lloyd_kernel(
     vote's count): the sweep would repeat the last one, and the final assignment follows.
     ``WRITE_SIGNS``: first unpack the span's codes into their +-1 signs at ``signs_ptr``
     (``(B * H * N, 64)`` float16, column 63: +1); ``READ_SIGNS``: the sweeps read them there
-    instead of unpacking the codes (:data:`STORED_SIGNS`).
+    instead of unpacking the codes (in one launch: :func:`hamming_kmeans`).
     """
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -341,7 +340,8 @@ def hamming_kmeans(
         spans: programs per sequence (``None``: :func:`spans_per_sequence`); 1 runs
             every iteration in one launch. For tests and benchmarks.
         stored_signs: whether the sweeps read the codes' signs from a scratch the first launch
-            writes (``None``: :data:`STORED_SIGNS`). For tests and benchmarks.
+            writes (``None``: in one launch, not in split sweeps; module docstring). For tests
+            and benchmarks.
 
     Returns:
         ``assignments`` ``(B, H, N)`` int64 in ``[0, C)`` (``-1`` for padded
@@ -382,8 +382,8 @@ def hamming_kmeans(
     programs = triton.cdiv(N, span)
 
     assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
-    stored = STORED_SIGNS if stored_signs is None else stored_signs
-    # the codes' +-1 signs, written by the first launch (unused without STORED_SIGNS: the codes)
+    stored = programs == 1 if stored_signs is None else stored_signs
+    # the codes' +-1 signs, written by the first launch (unused without stored signs: the codes)
     signs = torch.empty((B, H, N, 64), dtype=torch.float16, device=device) if stored else codes
     if programs == 1:  # every pass in one launch, from the initial centroids it reads itself
         counts = torch.empty((B, H, C), dtype=torch.int64, device=device)

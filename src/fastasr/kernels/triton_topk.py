@@ -11,11 +11,14 @@ over global memory a row.
 Design. One program holds ``ROWS`` whole rows in registers. Each score becomes an int32
 key with the order of the floats (the bits, with the lower 31 flipped for negatives;
 ``-inf``, the masked keys, orders below every finite score). The ``k``-th largest key ``T`` is
-found by bisection over the int32 range, 32 steps of a compare and a count per row, all on
-chip (with :data:`EARLY_EXIT`, fewer: the bisection stops once exactly ``k`` keys lie at or
-above its lower bound, which then is a ``T`` that takes the same set; or, with
-:data:`RADIX_SELECT`, by radix select: four 256-bin histograms of one 8-bit digit of the row's
-remaining candidates, one row a program); then the entries above ``T``
+found by bisection over the int32 range, a compare and a count per row a step, all on chip;
+a row stops once exactly ``k`` keys lie at or above its lower bound, which then is a ``T``
+that takes the same set (about ``32 - log2`` of the distance between the ``k``-th and
+``k+1``-th largest keys: 15-16 steps on average, 11-25, for rows of 800 and 3,200 Gaussian
+float32 scores with k = 32; ties at the ``k``-th score and ``-inf`` padding take more, at most
+32), and a program once all its rows have. On an H200 this early exit takes the top-k of
+65,536 tokens' centroid logits (6 heads, C = 100) in 0.28-0.38 ms against 0.40-0.55 for 32
+steps at N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"); then the entries above ``T``
 are taken, and of those equal to ``T`` the lowest positions until ``k`` are taken: the row is
 read again a chunk at a time (:data:`STORE_ELEMENTS` a thread), and one running sum of both
 counts (packed in one int32) gives each taken entry its slot. ``k`` indices are written: no
@@ -41,8 +44,7 @@ from fastasr.kernels.availability import (
 
 prepare_interpreter()
 
-__all__ = ["topk_indices", "topk_softmax", "topk_tile", "radix_tile", "store_chunk", "MAX_N", "RADIX_SELECT",
-           "EARLY_EXIT", "STORE_ELEMENTS"]
+__all__ = ["topk_indices", "topk_softmax", "topk_tile", "store_chunk", "MAX_N", "STORE_ELEMENTS"]
 
 #: Longest row held in registers (one program, 8 warps, 32 scores a thread); longer rows: torch.topk.
 MAX_N = 8192
@@ -54,47 +56,6 @@ _ELEMENTS = 4096  # scores a program holds at most when several rows share it
 #: more instructions (the scores are read a second time, from cache). ``make gpu-check``'s
 #: parts table times the whole row ("top-k: Triton, whole-row stores").
 STORE_ELEMENTS: int | None = 4
-#: The k-th largest key of a row by radix select (four 256-bin histograms of an 8-bit digit, one
-#: row a program) instead of bisection (32 counts). Equal to it, but off: slower on an H100
-#: (benchmarks/results/clustering_nvidia-h100-80gb-hbm3.md: 1.20 against 0.54 ms at N = 800,
-#: 1.52 against 0.72 at 3,200); ``make gpu-check`` times both again.
-RADIX_SELECT = False
-#: Longest row the radix select takes (with the top weights, 8,192 scores spill on sm_90 at any
-#: warp count); longer rows keep the bisection.
-RADIX_MAX_N = 4096
-#: Stop a program's bisection once every row has exactly ``k`` keys at or above its lower bound
-#: (the same entries taken), instead of always 32 steps. The bound halves the remaining int32
-#: interval a step until the ``k``-th and ``k+1``-th largest keys are apart: about
-#: ``32 - log2(their distance)`` steps, 15-16 on average (11-25) for rows of 800 and 3,200
-#: Gaussian float32 scores with k = 32 (ties at the k-th score, bf16-rounded scores and ``-inf``
-#: padding take more, at most 32). A program stops when all its rows are done; the check costs
-#: one comparison a row a step. Off until ``make gpu-check`` times it (the call
-#: table's "i-clustered-100, early-exit top-k" and the parts table's top-k column of that name).
-EARLY_EXIT = False
-
-
-@triton.jit
-def _radix_kth(key, inside, K, BLOCK_N: tl.constexpr):
-    """The ``K``-th largest of one row's int32 ``key`` ``(1, BLOCK_N)`` (lanes outside ``inside``
-    excluded), as ``(1,)`` int32, by radix select: four passes of one 256-bin histogram of an
-    8-bit digit over the row's candidates, most significant first, each keeping the bin that
-    holds the ``K``-th largest."""
-    u = tl.reshape(key, (BLOCK_N,)).to(tl.uint32, bitcast=True) ^ 0x80000000  # unsigned, same order
-    candidate = tl.reshape(inside, (BLOCK_N,))
-    bins = tl.arange(0, 256)
-    rank = K  # the wanted entry's rank from the top among the candidates
-    prefix = tl.zeros((1,), tl.uint32)
-    for shift in tl.static_range(24, -1, -8):
-        digit = ((u >> shift) & 0xFF).to(tl.int32)
-        hist = tl.histogram(digit, 256, mask=candidate)
-        above = tl.sum(hist, 0) - tl.cumsum(hist, 0)  # candidates with a larger digit than each bin's
-        chosen = 256 - tl.sum((above < rank).to(tl.int32), 0)  # the bin holding the rank-th largest
-        rank -= tl.sum(tl.where(bins == chosen, above, 0), 0)
-        candidate = candidate & (digit == chosen)
-        prefix = prefix | (chosen.to(tl.uint32) << shift)
-    return (prefix ^ 0x80000000).to(tl.int32, bitcast=True)
-
-
 @triton.jit
 def _row_keys(x_ptr, rows, cols, R, N):
     """The scores of ``rows`` at ``cols`` (``(ROWS, COLS)``, -0.0 as 0.0), their int32 keys in
@@ -109,38 +70,26 @@ def _row_keys(x_ptr, rows, cols, R, N):
 
 @triton.jit
 def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
-                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, RADIX: tl.constexpr,
-                 CHUNK: tl.constexpr, EARLY: tl.constexpr = False):
+                 BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, CHUNK: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     _, key, inside = _row_keys(x_ptr, rows, tl.arange(0, BLOCK_N), R, N)
-    if RADIX:  # one row a program (ROWS = 1)
-        kth = _radix_kth(key, inside, K, BLOCK_N)[:, None]
-    elif EARLY:  # the same bisection, each row stopping once exactly K keys are >= lo
-        lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
-        hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K
-        at_lo = tl.full((ROWS,), BLOCK_N, tl.int32)  # count(key >= lo): every lane at first
+    # bisection, each row stopping once exactly K keys are >= lo
+    lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
+    hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K
+    at_lo = tl.full((ROWS,), BLOCK_N, tl.int32)  # count(key >= lo): every lane at first
+    open_rows = tl.sum(((at_lo != K) & (hi - lo > 1)).to(tl.int32), 0)
+    while open_rows > 0:
+        going = (at_lo != K) & (hi - lo > 1)
+        mid = lo + (hi - lo) // 2  # in [lo, hi): an int32 value
+        count = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), 1)
+        enough = count >= K
+        lo = tl.where(going & enough, mid, lo)
+        at_lo = tl.where(going & enough, count, at_lo)
+        hi = tl.where(going & ~enough, mid, hi)
         open_rows = tl.sum(((at_lo != K) & (hi - lo > 1)).to(tl.int32), 0)
-        while open_rows > 0:
-            going = (at_lo != K) & (hi - lo > 1)
-            mid = lo + (hi - lo) // 2
-            count = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), 1)
-            enough = count >= K
-            lo = tl.where(going & enough, mid, lo)
-            at_lo = tl.where(going & enough, count, at_lo)
-            hi = tl.where(going & ~enough, mid, hi)
-            open_rows = tl.sum(((at_lo != K) & (hi - lo > 1)).to(tl.int32), 0)
-        # exactly K keys >= lo, or lo the K-th largest key (hi = lo + 1): as the kth below
-        kth = lo.to(tl.int32)[:, None]
-    else:
-        lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
-        hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K
-        for _ in range(32):
-            mid = lo + (hi - lo) // 2  # in [lo, hi): an int32 value
-            count = tl.sum((key >= mid.to(tl.int32)[:, None]).to(tl.int32), 1)
-            enough = count >= K
-            lo = tl.where(enough, mid, lo)
-            hi = tl.where(enough, hi, mid)
-        kth = lo.to(tl.int32)[:, None]  # the k-th largest key of each row
+    # exactly K keys >= lo (a threshold that takes the same set as the K-th largest key), or lo
+    # the K-th largest key itself (hi = lo + 1)
+    kth = lo.to(tl.int32)[:, None]
     room = K - tl.sum((key > kth).to(tl.int32), 1)  # slots left for the ties, lowest positions first
     if WEIGHTS:  # the softmax at the taken entries: exp(score - the row's log-sum-exp)
         lse = tl.load(lse_ptr + rows, mask=rows < R, other=0.0)
@@ -215,16 +164,15 @@ def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
     N = scores.shape[-1]
     rows = scores.detach().reshape(-1, N).contiguous()
     R = rows.shape[0]
-    radix = RADIX_SELECT and N <= RADIX_MAX_N
-    per_program, warps = radix_tile(N) if radix else topk_tile(N, R)
+    per_program, warps = topk_tile(N, R)
     idx = torch.empty((R, k), dtype=torch.int64, device=scores.device)
     weights = None if lse is None else torch.empty((R, k), dtype=torch.float32, device=scores.device)
     if R:
         _topk_kernel[(triton.cdiv(R, per_program),)](  # without weights the scores stand in for both
             rows, idx, rows if lse is None else lse.detach().reshape(-1).contiguous(),
             rows if weights is None else weights, R, N, k,
-            BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None, RADIX=radix,
-            EARLY=EARLY_EXIT and not radix, CHUNK=store_chunk(N, per_program, warps), num_warps=warps,
+            BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None,
+            CHUNK=store_chunk(N, per_program, warps), num_warps=warps,
         )
     shape = (*scores.shape[:-1], k)
     return idx.view(shape), None if weights is None else weights.view(shape)
@@ -232,7 +180,7 @@ def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
 
 def topk_tile(n: int, rows: int) -> tuple[int, int]:
     """``(rows a program, warps)`` for ``rows`` rows of ``n`` scores: one row and one warp a
-    program for rows of up to 1,024 scores (no count crosses warps in the 32 bisection steps);
+    program for rows of up to 1,024 scores (no count crosses warps in the bisection steps);
     longer rows, as many whole rows as fit in ``_ELEMENTS`` scores a program, 8 warps from
     4,096 scores a program, else 4.
 
@@ -258,9 +206,3 @@ def store_chunk(n: int, rows: int, warps: int) -> int:
         return block_n
     return min(block_n, triton.next_power_of_2(max(1, STORE_ELEMENTS * 32 * warps // rows)))
 
-
-def radix_tile(n: int) -> tuple[int, int]:
-    """``(1, warps)`` for the radix select of rows of ``n`` scores: one row a program (a
-    histogram is of one row), a warp for every 256 scores, 1 to 16: 89-102 registers a thread
-    on sm_90 without spills for rows of up to :data:`RADIX_MAX_N`."""
-    return 1, max(1, min(16, triton.next_power_of_2(n) // 256))
