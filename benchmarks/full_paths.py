@@ -8,7 +8,10 @@ docstring): ``mask`` (SDPA with a key-padding mask), ``varlen`` (FlashAttention'
 kernel on the padded layout, half precision only), ``packed`` (jagged nested tensors) and
 ``dense`` (the unpadded kernel, padded keys pushed out by 8 appended feature columns). This
 script times each, forward + backward, on ``--tokens`` tokens a call (B = tokens / N, every
-sequence N long but the last, at 3/4 N, as in ``gpu_bench.py``), 6 heads × 32, beside the
+sequence N long but the last, at 3/4 N, as in ``gpu_bench.py``), 6 heads × 32, q, k and v in
+the model's layout (views of ``(B, N, H, E)`` projections, as the encoder's attention gets
+them; contiguous ``(B, H, N, E)`` inputs would charge varlen a copy to its ``(B·N, H, E)`` rows
+that the model never pays), beside the
 unpadded flash call on the same shape (no lengths: the floor no padded path can beat), and
 says which path :func:`fastasr.attention.full.padded_path` chooses and which was fastest. Before
 timing, every path is checked against the fp32 key-mask result (values and gradients,
@@ -105,6 +108,12 @@ def main(argv=None) -> None:
         return torch.randn(*shape, generator=g, device=device).to(dtype)
 
     H, E = args.heads, args.dim
+
+    def model_layout(b: int, n: int, dtype) -> torch.Tensor:
+        """``(b, H, n, E)`` as the model's projections give q, k and v: a view of a ``(b, n, H, E)``
+        leaf (varlen's ``(b·n, H, E)`` rows are then a view too, not a copy)."""
+        return randn(b, n, H, E, dtype=dtype).requires_grad_().transpose(1, 2)
+
     print(_check_packed(8, H, 1024, E, torch.full((8,), 1024, device=device).sub_(torch.arange(8, device=device) * 50),
                         randn), flush=True)
     rows: list[Row] = []
@@ -118,7 +127,7 @@ def main(argv=None) -> None:
             b = max(1, args.tokens // n)
             lengths = torch.full((b,), n, dtype=torch.int64, device=device)
             lengths[-1] = 3 * n // 4
-            inputs = [[randn(b, H, n, E, dtype=dtype).requires_grad_() for _ in range(3)] + [randn(b, H, n, E, dtype=dtype), lengths]
+            inputs = [[model_layout(b, n, dtype) for _ in range(3)] + [randn(b, H, n, E, dtype=dtype), lengths]
                       for _ in range(3)]
             chosen[(dtype_name, n)] = full.padded_path(inputs[0][0], inputs[0][2])
             for col, path in zip(COLUMNS, [None, *full.PADDED_PATHS]):

@@ -256,8 +256,10 @@ def test_packed_full_attention_runs_under_inference_mode():
 
 
 def test_full_attention_path_per_device_dtype_and_length():
-    """The measured choice (docs/BENCHMARKS.md): CPU key mask; on a GPU varlen in half precision,
-    in fp32 the key mask below pack_from and packing from it. (Decided on meta tensors.)"""
+    """The measured choice (benchmarks/gpu_notes.md "Decisions"): CPU key mask; on a GPU in half
+    precision the key mask below dense_from (2,048), dense below varlen_from (32,768), varlen
+    from there (dense where varlen cannot run); in fp32 the key mask below pack_from and
+    packing from it. (Decided on meta tensors.)"""
     from fastasr.attention.full import padded_path, varlen_attn
 
     def x(device, dtype, n, e=32):
@@ -275,10 +277,17 @@ def test_full_attention_path_per_device_dtype_and_length():
         big = x("meta", torch.float32, 8192)
         assert padded_path(big, big) == "packed"
         assert padded_path(big, big, None) == "mask"
-        bf = x("meta", torch.bfloat16, 800)
-        assert padded_path(bf, bf) == ("varlen" if varlen_attn is not None else "mask")
-        odd = x("meta", torch.bfloat16, 800, e=20)  # flash needs head sizes that are multiples of 8
-        assert padded_path(odd, odd) == "mask"
+        for dtype in (torch.bfloat16, torch.float16):
+            for n, path in ((800, "mask"), (2047, "mask"), (2048, "dense"), (16384, "dense"),
+                            (32768, "varlen" if varlen_attn is not None else "dense"), (65536, "varlen" if varlen_attn is not None else "dense")):
+                half = x("meta", dtype, n)
+                assert padded_path(half, half) == path, (dtype, n)
+        long = x("meta", torch.bfloat16, 32768)
+        odd = x("meta", torch.bfloat16, 32768, e=20)  # flash needs head sizes that are multiples of 8
+        assert padded_path(odd, odd) == "dense"
+        assert padded_path(long, long, dense_from=None) == "mask"
+        assert padded_path(long, long, varlen_from=None) == "dense"
+        assert padded_path(x("meta", torch.bfloat16, 800), x("meta", torch.bfloat16, 800), dense_from=512) == "dense"
 
 
 def test_full_attention_on_a_cpu_attends_short_half_precision_batches_in_float32(monkeypatch):

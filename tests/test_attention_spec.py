@@ -123,7 +123,7 @@ def test_config_files_cover_every_variant():
             {"topk": 5},
             r"'clustered': unknown parameter 'topk'; accepted parameters: bits, clusters, iterations, seed",
         ),
-        ("full", {"seed": 1}, r"'full': unknown parameter 'seed'; accepted parameters: pack_from"),
+        ("full", {"seed": 1}, r"'full': unknown parameter 'seed'; accepted parameters: dense_from, pack_from, varlen_from"),
         ("topk-3", {"k": 2.5}, r"k=2.5 \(float\); expected an integer >= 1"),
         ("topk-3", {"k": "4"}, r"k='4' \(str\)"),
         ("clustered-3", {"bits": True}, r"bits=True \(bool\)"),

@@ -19,7 +19,7 @@ rounding, padded queries output 0):
   copies: very long sequences in fp32 on a GPU.
 * ``dense``: SDPA without a mask on the padded batch itself (on a GPU the kernel of an
   unpadded batch: cuDNN's or FlashAttention's dense one, which the variable-length kernel
-  trails by 2.3x at N = 800 on an H100), the padding kept out by :data:`DENSE_COLUMNS` feature
+  trails by 1.2-2.3x at N = 800), the padding kept out by :data:`DENSE_COLUMNS` feature
   columns appended to every head: ``+DENSE_PUSH`` on every query, ``-DENSE_PUSH`` on a padded
   key, 0 on a valid one. A valid key's logit is unchanged (its extra products are exactly 0);
   a padded key's falls by ``DENSE_COLUMNS * DENSE_PUSH**2 * scale`` (92,682 for heads of 32),
@@ -27,11 +27,15 @@ rounding, padded queries output 0):
   that fall (30,894 for heads of 32). Heads grow by 8 features (32 -> 40); no host
   synchronisation, no gather.
 
-The choice, per device, dtype and N, is measured (``make gpu-check``'s full-attention table;
-docs/BENCHMARKS.md "Full attention on a GPU"): on a CPU ``mask``; on a GPU ``varlen`` in
-half precision, ``mask`` in fp32 below ``pack_from`` positions and ``packed`` from there.
-``dense`` is timed there beside them (and in the model step, ``gpu_step.py``'s "full, dense")
-and taken by no batch until a GPU's tables show where it wins.
+The choice, per device, dtype and N, is the fastest path of ``make gpu-check``'s full-attention
+table (``benchmarks/full_paths.py``; benchmarks/gpu_notes.md "Decisions"; forward + backward,
+65,536 tokens, 6 heads x 32): on a CPU ``mask``. On a GPU in half precision ``mask`` below
+``dense_from`` positions (2,048: on an H200 1.86 ms at N = 800 against dense 2.03 and varlen
+2.34; an H100 2.01 against varlen 2.52), ``dense`` from there below ``varlen_from`` (32,768:
+3.42 ms at N = 3,200 against varlen 3.82, 13.61 at 16,384 against 14.53), ``varlen`` from there
+(25.17 at 32,768 against dense 25.94, 37.25 at 65,536 against 50.27); ``dense`` where varlen
+cannot run. In float32 ``mask`` below ``pack_from`` positions (8,192) and ``packed`` from there
+(76.42 ms at 8,192 against mask 79.15; 344.47 at 65,536 against 649.23).
 
 On a CPU, half-precision inputs shorter than :data:`CPU_HALF_IN_FLOAT32_BELOW` positions attend
 in float32 (cast in, the output cast back): torch's CPU flash kernel is slower in bfloat16 than
@@ -61,15 +65,18 @@ except ImportError:  # pragma: no cover - older torch
 
 __all__ = ["FullAttention", "masked_attention", "packed_attention", "varlen_attention", "dense_attention",
            "padded_path", "forced_padded_path", "attends_in_float32", "PADDED_PATHS", "DEFAULT_PACK_FROM",
-           "CPU_HALF_IN_FLOAT32_BELOW", "DENSE_COLUMNS", "DENSE_PUSH"]
+           "DEFAULT_DENSE_FROM", "DEFAULT_VARLEN_FROM", "CPU_HALF_IN_FLOAT32_BELOW", "DENSE_COLUMNS", "DENSE_PUSH"]
 
 #: The exact paths of a padded batch, by name (:func:`padded_path` picks one).
 PADDED_PATHS = ("mask", "varlen", "packed", "dense")
 #: Feature columns :func:`dense_attention` appends to every head (flash kernels take head sizes
 #: in multiples of 8), and their magnitude (exact in fp16 and bf16; a product of two is 65,536).
 DENSE_COLUMNS, DENSE_PUSH = 8, 256.0
-#: N from which an fp32 padded batch on a GPU is packed: measured on an H200 (docs/BENCHMARKS.md).
+#: N from which an fp32 padded batch on a GPU is packed (module docstring).
 DEFAULT_PACK_FROM = 8192
+#: N from which a half-precision padded batch on a GPU takes ``dense`` instead of ``mask``, and
+#: from which it takes ``varlen`` instead of ``dense`` (module docstring).
+DEFAULT_DENSE_FROM, DEFAULT_VARLEN_FROM = 2048, 32768
 #: N below which half-precision inputs on a CPU attend in float32 (module docstring; measured by
 #: benchmarks/cpu_half_attention.py, docs/BENCHMARKS.md "Full attention on a CPU").
 CPU_HALF_IN_FLOAT32_BELOW = 1024
@@ -212,17 +219,25 @@ def forced_padded_path(path: str) -> Iterator[None]:
         _forced_path = saved
 
 
-def padded_path(q: torch.Tensor, v: torch.Tensor, pack_from: int | None = DEFAULT_PACK_FROM) -> str:
-    """The exact path :class:`FullAttention` takes for a padded batch (module docstring):
-    ``"mask"`` on a CPU; on a GPU ``"varlen"`` where :func:`varlen_available`, else ``"packed"``
-    from ``pack_from`` positions (None: never) and ``"mask"`` below."""
+def padded_path(q: torch.Tensor, v: torch.Tensor, pack_from: int | None = DEFAULT_PACK_FROM,
+                dense_from: int | None = DEFAULT_DENSE_FROM, varlen_from: int | None = DEFAULT_VARLEN_FROM) -> str:
+    """The exact path :class:`FullAttention` takes for a padded batch of ``N = q.shape[2]``
+    positions (module docstring): ``"mask"`` on a CPU. On a GPU in half precision ``"mask"``
+    below ``dense_from`` (None: never dense), ``"dense"`` below ``varlen_from`` (None: never
+    varlen) or where :func:`varlen_available` is false, ``"varlen"`` from there; in float32
+    ``"packed"`` from ``pack_from`` (None: never) and ``"mask"`` below."""
     if _forced_path is not None:
         return _forced_path
     if q.device.type != "cuda":
         return "mask"
-    if varlen_available(q, v):
-        return "varlen"
-    if pack_from is not None and q.shape[2] >= pack_from:
+    n = q.shape[2]
+    if q.dtype in (torch.float16, torch.bfloat16):
+        if dense_from is None or n < dense_from:
+            return "mask"
+        if varlen_from is not None and n >= varlen_from and varlen_available(q, v):
+            return "varlen"
+        return "dense"
+    if pack_from is not None and n >= pack_from:
         return "packed"
     return "mask"
 
@@ -249,11 +264,16 @@ class FullAttention(InnerAttention):
     name = "full"
     length_cost = "quadratic"
     params = (Param("pack_from", low=1, optional=True,
-                    doc="GPU, fp32: N from which a padded batch is packed (None: never)"),)
+                    doc="GPU, fp32: N from which a padded batch is packed (None: never)"),
+              Param("dense_from", low=1, optional=True,
+                    doc="GPU, fp16/bf16: N from which a padded batch takes the dense path, not the key mask (None: never)"),
+              Param("varlen_from", low=1, optional=True,
+                    doc="GPU, fp16/bf16: N from which a padded batch takes FlashAttention's varlen kernel (None: never)"))
 
-    def __init__(self, pack_from: int | None = DEFAULT_PACK_FROM) -> None:
+    def __init__(self, pack_from: int | None = DEFAULT_PACK_FROM, dense_from: int | None = DEFAULT_DENSE_FROM,
+                 varlen_from: int | None = DEFAULT_VARLEN_FROM) -> None:
         super().__init__()
-        self._set_hparams(pack_from=pack_from)
+        self._set_hparams(pack_from=pack_from, dense_from=dense_from, varlen_from=varlen_from)
 
     def _forward(self, q, k, v, lengths):
         dtype = q.dtype
@@ -262,7 +282,8 @@ class FullAttention(InnerAttention):
         if lengths is None:
             out = F.scaled_dot_product_attention(q, k, v)
         else:
-            out = _PATH_FUNCTIONS[padded_path(q, v, self.hparams["pack_from"])](q, k, v, lengths)
+            path = padded_path(q, v, self.hparams["pack_from"], self.hparams["dense_from"], self.hparams["varlen_from"])
+            out = _PATH_FUNCTIONS[path](q, k, v, lengths)
         return out.to(dtype)
 
     def _dense_weights(self, q, k, lengths):
