@@ -6,6 +6,7 @@
 #   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-6), 5-8 minutes; summary in
 #                                       # gpu_check_<gpu>_kernels.md
 #   GPU_CHECK_BUDGET_S=570 make gpu-check  # another time budget for the whole check (seconds)
+#   GPU_CHECK_TRAIN=0 GPU_CHECK_KERNELS=0 make gpu-check  # FSDD on the GPU alone (step 7, ~6.5 min)
 #
 # Runs with the machine's own Python (no venv: a GPU image brings torch, triton and lightning); the
 # project's other pure-Python dependencies are installed from wheels in .whl/ when that folder
@@ -14,15 +15,20 @@
 #      the machine's cores loading data), its greedy test and its final beam + LM decoding;
 #   2. the Triton compile check (every kernel configuration for sm_90, spills reported; one
 #      process a core);
-#   3. the Triton tests, compiled on CUDA, and the attention padding/inference-mode tests (spread
-#      over up to 8 processes where pytest-xdist is installed: the time is the kernels' compiling);
+#   3. the Triton tests, compiled on CUDA, the attention padding/inference-mode tests, and every
+#      test marked `cuda` (those that need a GPU and skip in CI: pytest -m cuda), spread over up to
+#      8 processes where pytest-xdist is installed (the time is the kernels' compiling);
 #   4. gpu_step.py: the paper model's training step, each attention against the floor and full's
 #      forced paths;
 #   5. gpu_bench.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
 #      full_paths.py: each exact path of padded full attention, and the one fastasr takes;
 #   6. the largest kernels of an i-clustered-100 step; clustering_gpu.py: no host synchronisation
-#      in the clustered variants, K-means and each call timed, with each kernel switch that is off
-#      until timed (benchmarks/bench_io.py KERNEL_SWITCHES).
+#      in the clustered variants, K-means and each call timed, and clustered's with its centroid
+#      values by the split-key kernels at every N (benchmarks/bench_io.py KERNEL_SWITCHES);
+#   7. where FSDD's recordings were carried (GPU_CHECK_FSDD, default data/fsdd_src: the folder
+#      holding FSDD's recordings/, docs/BENCHMARKS.md "GPU check"): the recorded-speech recipe on
+#      FSDD's speaker-disjoint split, the documented data=manifest command with a budget of
+#      GPU_CHECK_FSDD_MINUTES (default 4) minutes, then its dev and test error.
 # With make train, clustering_gpu.py has what is left of the budget (its first tables); the kernel
 # steps alone (GPU_CHECK_TRAIN=0) leave it about 4 minutes.
 # Each step has a time cap, cut to what is left of the whole check's budget (GPU_CHECK_BUDGET_S,
@@ -84,7 +90,8 @@ step() {  # step NAME CAP_SECONDS COMMAND...: run with a time cap, record status
 save_out() {  # the device tool brings back what is under $OUT, also from a call cut short
   [ -n "${OUT:-}" ] || return 0
   cp "$LOG" "$OUT/" 2>/dev/null
-  tar czf "$OUT/gpu_check_results.tgz" "$RESULTS"/*"$SLUG"* "$RUN"/*.json "$RUN"/*.yaml 2>/dev/null
+  tar czf "$OUT/gpu_check_results.tgz" "$RESULTS"/*"$SLUG"* "$RUN"/*.json "$RUN"/*.yaml \
+    outputs/runs/gpu-check-fsdd/*.json outputs/runs/gpu-check-fsdd/*.yaml outputs/runs/gpu-check-fsdd/train.log 2>/dev/null
   return 0
 }
 
@@ -98,20 +105,49 @@ train_builtin() {
 export -f train_builtin
 export PY RUN
 
+FSDD_SRC=${GPU_CHECK_FSDD:-data/fsdd_src}
+FSDD_RUN=outputs/runs/gpu-check-fsdd
+FSDD_MINUTES=${GPU_CHECK_FSDD_MINUTES:-4}
+# The documented command for a new corpus (README), its budget cut to FSDD_MINUTES; the final
+# tuning's vocabulary is the training words alone: wordfreq's 50,000 frequent words come in a
+# 57 MB wheel, which with FSDD's 27 MB would pass the device's 64 MiB carry, and FSDD's
+# vocabulary is its ten digit words.
+train_fsdd() {
+  "$PY" -m fastasr.corpora.digits "$FSDD_SRC" data/fsdd_speakers --split speakers || return 1
+  rm -rf "$FSDD_RUN"
+  "$PY" train.py data=manifest tokenizer=char data.train_manifest=data/fsdd_speakers/train.jsonl \
+    data.dev_manifest=data/fsdd_speakers/dev.jsonl data.test_manifest=data/fsdd_speakers/test.jsonl \
+    name=gpu-check-fsdd logger=csv "trainer.max_time=00:00:$(printf %02d "$FSDD_MINUTES"):00" \
+    "final_tuning.frequent_words=[0]"
+}
+export -f train_fsdd
+export FSDD_SRC FSDD_RUN FSDD_MINUTES
+
 CORES=$(nproc)
 XDIST=()  # the compiled tests spread over processes where pytest-xdist is installed (the GPU image has it)
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$((CORES < 8 ? CORES : 8))")
 
+KERNEL_STEPS=${GPU_CHECK_KERNELS:-1}
 [ "$TRAIN" = 0 ] || step "make train (3 min of training, test, beam + LM)" 300 bash -c train_builtin
-step "Triton compile check (sm_90)" 60 "$PY" -m fastasr.kernels.compile_check --jobs "$CORES" --loops
-step "tests compiled on CUDA" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
-  tests/test_kernels_triton.py tests/test_attention_padding.py
-step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
-step "gpu_bench.py (check, then a 30 s bf16 sweep)" 80 "$PY" benchmarks/gpu_bench.py --budget-s 30 \
-  --dtypes bfloat16 --ns 1024 4096 16384 65536
-step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
-step "gpu_step.py --profile i-clustered-100" 30 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
-step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --sparse-tiles 16:4 16:2 32:4 64:8
+if [ "$KERNEL_STEPS" != 0 ]; then
+  step "Triton compile check (sm_90)" 60 "$PY" -m fastasr.kernels.compile_check --jobs "$CORES" --loops
+  step "tests compiled on CUDA" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
+    tests/test_kernels_triton.py tests/test_attention_padding.py
+  step "tests that need a GPU (pytest -m cuda)" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider \
+    "${XDIST[@]}" -m cuda tests/
+  step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
+  step "gpu_bench.py (check, then a 30 s bf16 sweep)" 80 "$PY" benchmarks/gpu_bench.py --budget-s 30 \
+    --dtypes bfloat16 --ns 1024 4096 16384 65536
+  step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
+  step "gpu_step.py --profile i-clustered-100" 30 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
+  step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --sparse-tiles 16:4 16:2 32:4 64:8
+fi
+if [ -d "$FSDD_SRC/recordings" ]; then
+  # the budget, then the final tuning on dev and the beam + LM decoding of the best-5 mean
+  step "FSDD speaker-disjoint, the recorded-speech recipe ($FSDD_MINUTES min)" $((FSDD_MINUTES * 60 + 150)) bash -c train_fsdd
+else
+  STEPS+=("| FSDD speaker-disjoint | skipped: no $FSDD_SRC/recordings (carry FSDD's recordings/ there) | 0 |")
+fi
 
 {
   echo "# make gpu-check: $GPU"
@@ -128,6 +164,15 @@ step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks
     echo '```'
     grep -E "^test(:|, )|^Time limit|^GPU available|^Using bfloat16|Precision " "$LOG" | tail -n 8
     [ -f "$RUN/fit_done.json" ] && cat "$RUN/fit_done.json"
+    echo '```'
+    echo
+  fi
+  if [ -f "$FSDD_RUN/train.log" ]; then
+    echo "## FSDD speaker-disjoint on the GPU ($FSDD_RUN): the last validations, the test"
+    echo
+    echo '```'
+    grep -E "epoch_summary|^test|test(:|, )" "$FSDD_RUN/train.log" | sed -E 's/^\[[^]]*\]\[[^]]*\]\[INFO\] - //' | tail -n 8
+    [ -f "$FSDD_RUN/fit_done.json" ] && cat "$FSDD_RUN/fit_done.json"
     echo '```'
     echo
   fi

@@ -25,9 +25,9 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
 
     The interpreter checks values, not that the kernels compile: dtype rules, dot shapes
     and register spills only show here. With ``--loops``: K-means' sweeps reading stored
-    signs (``triton_kmeans.STORED_SIGNS``) issue at most 0.65 times the instructions a tile of
-    those unpacking the codes, in each tile the launcher uses (0.46-0.60 with Triton 3.6,
-    benchmarks/gpu_notes.md).
+    signs (the one launch's) issue at most 0.65 times the instructions a tile of those
+    unpacking the codes (the split's), in each tile the launcher uses (0.46-0.60 with Triton
+    3.6, benchmarks/gpu_notes.md).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
@@ -187,22 +187,16 @@ def test_kernel_switches_name_settings_they_change():
     used |= {s for *_, switches in gpu_step.VARIANTS.values() for s in switches}
     assert used == set(bench_io.KERNEL_SWITCHES)
     names = list(bench_io.KERNEL_SWITCHES)
-    assert names == ["torch centroids", "key-major backward", "radix top-k", "split-key centroid values",
-                     "Triton cluster rows", "fused long rows", "scattered top gradients", "early-exit top-k",
-                     "stored K-means signs"]
+    assert names == ["split-key centroid values"]
     settings = [(importlib.import_module(m), a) for m, a, _ in bench_io.KERNEL_SWITCHES.values()]
-    defaults = [True, False, False, None, False, False, False, False, False]
+    defaults = [32768]
     assert [getattr(m, a) for m, a in settings] == defaults
-    made = bench_io.switched_on(names[1:])  # made ahead of its `with` (as a table's settings are): nothing set yet
+    made = bench_io.switched_on(names)  # made ahead of its `with` (as a table's settings are): nothing set yet
     assert [getattr(m, a) for m, a in settings] == defaults
     with made:
-        assert [getattr(m, a) for m, a in settings] == [True, True, True, 0, True, True, True, True, True]
-    with bench_io.switched_on(names[:1]):
-        assert [getattr(m, a) for m, a in settings] == [False, False, False, None, False, False, False, False,
-                                                        False]
+        assert [getattr(m, a) for m, a in settings] == [0]
     assert [getattr(m, a) for m, a in settings] == defaults
-    assert bench_io.switched_label("i-clustered-100", names[:2]) == \
-        "i-clustered-100, torch centroids, key-major backward"
+    assert bench_io.switched_label("clustered-100", names) == "clustered-100, split-key centroid values"
 
 
 def _run_cpu_plumbing(script: str, tmp_path, *args) -> str:
@@ -220,8 +214,8 @@ def _run_cpu_plumbing(script: str, tmp_path, *args) -> str:
 @pytest.mark.timeout(660)
 def test_clustering_gpu_cpu_plumbing(tmp_path):
     """benchmarks/clustering_gpu.py end to end on the CPU (tiny sizes, 4 clusters): every
-    section written, every call with each kernel switch run, nothing failed or differing, so
-    that a GPU's few minutes are not lost to the script."""
+    section written, every call (and the one with the kernel switch) run, nothing failed or
+    differing, so that a GPU's few minutes are not lost to the script."""
     _run_cpu_plumbing("clustering_gpu.py", tmp_path, "--ns", "64", "--tokens", "128", "--repeats", "1",
                       "--check-n", "64", "--clusters", "4", "--heads", "1", "--topk-tiles", "1:1", "--kmeans-stages", "2", "--sparse-tiles", "16:2")
     md = (tmp_path / "clustering_cpu-interpreter.md").read_text()
@@ -229,17 +223,13 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
                     "Attention call as one CUDA graph"):
         assert section in md, section
-    assert md.count("ran (the CPU has no synchronisation check)") == 12
+    assert md.count("ran (the CPU has no synchronisation check)") == 3
     assert "| clustered-4, rows broadcast |" in md and "centroid attention: fused, 256-key spans |" in md
-    assert "| i-clustered-4, scattered top gradients |" in md
-    assert "centroid attention: fused, scattered top gradients |" in md
-    assert "| clustered-4, Triton cluster rows |" in md and "| clustered-4, split-key centroid values |" in md and "clustered's centroid values: split-key |" in md
-    assert "| i-clustered-4, radix top-k |" in md and "top-k: Triton, 1 rows × 1 warps" in md
-    assert "top-k: Triton, radix select" in md and "| split, clustered codes |" in md
-    assert "top-k: Triton, early exit |" in md and "| i-clustered-4, early-exit top-k |" in md
+    assert "| centroid attention: torch |" in md
+    assert "| clustered-4, split-key centroid values |" in md and "clustered's centroid values: split-key |" in md
+    assert "top-k: Triton, 1 rows × 1 warps" in md and "| split, clustered codes |" in md
     assert "top-k: Triton, whole-row stores |" in md
-    assert "| auto, stored signs |" in md and "| auto, stored signs, clustered codes |" in md
-    assert "| clustered-4, stored K-means signs |" in md
+    assert "| auto, unpacked signs |" in md and "| auto, unpacked signs, clustered codes |" in md
     assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md
     for bad in ("fail", "differ", "synchronises"):
         assert bad not in md.lower(), md
@@ -248,13 +238,13 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_gpu_step_cpu_plumbing(tmp_path):
-    """benchmarks/gpu_step.py on the CPU: a step of each kind of variant (one with a kernel
+    """benchmarks/gpu_step.py on the CPU: a step of each kind of variant (one with the kernel
     switch set) and the floor ratios in the table, and the profile of one step. The variants
     share one step function; i-clustered's interpreted top-k over 1,200 centroid rows would
     take most of this test's time, and test_clustering_gpu_cpu_plumbing runs its kernels."""
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--rounds", "1", "--variants", "full", "full, dense", "clustered-100", "floor",
-                      "clustered-100, stored K-means signs")  # i-clustered's kernels: the test above
+                      "clustered-100, split-key centroid values")  # i-clustered's kernels: the test above
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
     assert row.count("× floor") == 4 and "failed" not in row, row
@@ -375,28 +365,44 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     env = {**os.environ, "PYTHON": str(fake), "FAKE_LOG": str(log), "GPU_CHECK_TRAIN": "0",
            "GPU_CHECK_BUDGET_S": "41", "FAKE_COMPILE_S": "7"}
     env.pop("OUT", None)
-    proc = subprocess.run(["bash", str(tmp_path / "benchmarks" / "gpu_check.sh")], capture_output=True,
-                          text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def gpu_check() -> tuple[list[str], str]:
+        """The script's run: the stand-in's calls, a line each, and the summary."""
+        log.unlink(missing_ok=True)
+        proc = subprocess.run(["bash", str(tmp_path / "benchmarks" / "gpu_check.sh")], capture_output=True,
+                              text=True, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        summary = (tmp_path / "benchmarks" / "results" / "gpu_check_fake-gpu-80gb_kernels.md").read_text()
+        return log.read_text().splitlines(), summary
+
+    calls, summary = gpu_check()
     deadline, started = map(int, (tmp_path / "calls.log.deadline").read_text().split())
     assert 15 <= deadline - started <= 16  # cap 26 s, less 10
-    summary = (tmp_path / "benchmarks" / "results" / "gpu_check_fake-gpu-80gb_kernels.md").read_text()
     assert "| Triton compile check (sm_90) | ok |" in summary
     assert "| tests compiled on CUDA | skipped: the 41 s budget is spent | 0 |" in summary
-    assert summary.count("skipped: the 41 s budget is spent") == 6 and "budget 41 s" in summary
-    calls = log.read_text()
+    assert summary.count("skipped: the 41 s budget is spent") == 7 and "budget 41 s" in summary
+    assert "| FSDD speaker-disjoint | skipped: no data/fsdd_src/recordings" in summary
+    calls = "\n".join(calls)
     assert "compile_check --jobs" in calls and "pytest" not in calls and "clustering_gpu" not in calls
     env.update(GPU_CHECK_BUDGET_S="480", FAKE_COMPILE_S="0")
-    log.unlink()
-    proc = subprocess.run(["bash", str(tmp_path / "benchmarks" / "gpu_check.sh")], capture_output=True,
-                          text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    calls = log.read_text().splitlines()
+    calls, _ = gpu_check()
     pytest_call = next(c for c in calls if c.startswith("-m pytest"))
     assert " -n " in pytest_call and "tests/test_kernels_triton.py" in pytest_call
     assert [c.split()[0] for c in calls if c.startswith("benchmarks/")] == [
         "benchmarks/gpu_step.py", "benchmarks/gpu_bench.py", "benchmarks/full_paths.py",
         "benchmarks/gpu_step.py", "benchmarks/clustering_gpu.py"]
+    assert any(c.startswith("-m pytest") and "-m cuda tests/" in c for c in calls)
+    # FSDD carried: its step alone (no kernel steps) builds the speaker-disjoint split and trains
+    # with the documented data=manifest command, its budget cut to GPU_CHECK_FSDD_MINUTES
+    (tmp_path / "data" / "fsdd_src" / "recordings").mkdir(parents=True)
+    env.update(GPU_CHECK_KERNELS="0", GPU_CHECK_FSDD_MINUTES="3")
+    calls, summary = gpu_check()
+    assert not any(c.startswith(("benchmarks/", "-m pytest", "-m fastasr.kernels")) for c in calls), calls
+    assert "-m fastasr.corpora.digits data/fsdd_src data/fsdd_speakers --split speakers" in calls
+    train = next(c for c in calls if c.startswith("train.py"))
+    assert train.startswith("train.py data=manifest tokenizer=char data.train_manifest=data/fsdd_speakers/train.jsonl")
+    assert "trainer.max_time=00:00:03:00" in train and "name=gpu-check-fsdd" in train
+    assert "| FSDD speaker-disjoint, the recorded-speech recipe (3 min) | ok |" in summary
 
 
 def test_benchmark_tables_name_the_commit_and_changes(tmp_path, monkeypatch):
@@ -427,3 +433,17 @@ def test_benchmark_tables_name_the_commit_and_changes(tmp_path, monkeypatch):
     outside.mkdir()
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     assert bench_io.git_commit(outside) == "unknown"
+
+
+def test_tests_that_need_a_gpu_are_marked_cuda_and_run_by_the_gpu_check():
+    """No test skips itself on ``torch.cuda.is_available()``: those that need a GPU carry the
+    ``cuda`` marker (skipped in CI by conftest.py), and ``make gpu-check`` runs ``-m cuda``,
+    so no test skips both in CI and in the GPU check."""
+    marked, self_skip = [], "skipif(not torch.cuda" + ".is_available()"
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        text = path.read_text()
+        assert self_skip not in text, path.name
+        marked += [path.name] * text.count("@pytest.mark.cuda")
+    assert {"test_attention_dtypes.py", "test_mixed_precision.py"} <= set(marked), marked
+    check = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    assert '-m cuda tests/' in check
