@@ -37,7 +37,7 @@ LOG_RECORDS: list[tuple[str, str, str]] = [
       for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")),
     ("torch.fx._symbolic_trace", r"is_fx_tracing will return true for both fx.symbolic_trace and torch.export",
      "torch's note to code that calls is_fx_tracing, printed when FlashAttention's varlen op (full attention "
-     "on a GPU) first runs; seen on an H200"),
+     "on a GPU) first runs"),
 ]
 
 

@@ -28,14 +28,11 @@ rounding, padded queries output 0):
   synchronisation, no gather.
 
 The choice, per device, dtype and N, is the fastest path of ``make gpu-check``'s full-attention
-table (``benchmarks/full_paths.py``; benchmarks/gpu_notes.md "Decisions"; forward + backward,
-65,536 tokens, 6 heads x 32): on a CPU ``mask``. On a GPU in half precision ``mask`` below
-``dense_from`` positions (2,048: on an H200 1.86 ms at N = 800 against dense 2.03 and varlen
-2.34; an H100 2.01 against varlen 2.52), ``dense`` from there below ``varlen_from`` (32,768:
-3.42 ms at N = 3,200 against varlen 3.82, 13.61 at 16,384 against 14.53), ``varlen`` from there
-(25.17 at 32,768 against dense 25.94, 37.25 at 65,536 against 50.27); ``dense`` where varlen
-cannot run. In float32 ``mask`` below ``pack_from`` positions (8,192) and ``packed`` from there
-(76.42 ms at 8,192 against mask 79.15; 344.47 at 65,536 against 649.23).
+table (``benchmarks/full_paths.py``; the numbers behind each threshold are in
+benchmarks/gpu_notes.md "Decisions"): on a CPU ``mask``. On a GPU in half precision ``mask``
+below ``dense_from`` positions (2,048), ``dense`` from there below ``varlen_from`` (32,768),
+``varlen`` from there; ``dense`` where varlen cannot run. In float32 ``mask`` below
+``pack_from`` positions (8,192) and ``packed`` from there.
 
 On a CPU, half-precision inputs shorter than :data:`CPU_HALF_IN_FLOAT32_BELOW` positions attend
 in float32 (cast in, the output cast back): torch's CPU flash kernel is slower in bfloat16 than

@@ -21,7 +21,7 @@ function and prints. Nothing in the library imports this package.
 to load.
 
 ``python -m fastasr.transcribe`` and ``python -m fastasr.cross_eval`` are the names the
-project's outside contract (DESIGN.md) gives :mod:`fastasr.cli.transcribe` and
+project's outside contract (docs/ARCHITECTURE.md, "commands") gives :mod:`fastasr.cli.transcribe` and
 :mod:`fastasr.cli.matrix`: two five-line modules at the top of the package run them.
 
 The corpus builders (``python -m fastasr.corpora.<corpus>``) are commands of their own top

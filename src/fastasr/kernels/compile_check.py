@@ -1,6 +1,6 @@
 """Compile every Triton kernel for a CUDA architecture without a GPU.
 
-    python -m fastasr.kernels.compile_check            # sm_90 (H100/H200)
+    python -m fastasr.kernels.compile_check            # sm_90
     python -m fastasr.kernels.compile_check --arch 80 --verbose
     python -m fastasr.kernels.compile_check --only kmeans --loops   # + each hot loop's length
 
@@ -408,7 +408,7 @@ def occupancy(report: KernelReport) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90 = H100/H200)")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: sm_90)")
     parser.add_argument("--only", default=None, help="compile only configurations whose name contains this")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="configurations compiled at once, each in its own process (default: every core)")

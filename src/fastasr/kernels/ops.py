@@ -69,11 +69,8 @@ KERNELS_ENV = "FASTASR_KERNELS"
 #: :mod:`fastasr.kernels.triton_centroid` (``cdiv(N, SPLIT_KEYS)`` programs a (batch, head), their
 #: partial outputs merged by a second launch; one launch backward); shorter ones one fused SDPA
 #: call (:func:`fused_centroid_values`), whose forward has one program a (batch, head) and 128
-#: centroids: 6 programs for one 65,536-key sequence of 6 heads. Measured on an H200
-#: (benchmarks/gpu_notes.md "Decisions"; bf16, 6 x 32, C = 100, 65,536 tokens, forward +
-#: backward): clustered-100 at N = 65,536 2.52 against 3.31 ms as a CUDA graph (3.71 against 4.30
-#: issued kernel by kernel); at N = 16,384 the values alone 0.91 against SDPA's 0.79 and the
-#: call 4.02 against 3.26 (as a graph 2.11 against 2.24); at N <= 4,096 SDPA is as fast or faster.
+#: centroids: 6 programs for one 65,536-key sequence of 6 heads. The split-key kernels are the
+#: faster at 65,536 keys, SDPA at 16,384 and below (benchmarks/gpu_notes.md "Decisions").
 SPLIT_KEY_VALUES_FROM = 32768
 _CHOICES = ("auto", "reference", "native", "triton")
 
@@ -180,10 +177,9 @@ def _cluster_rows_backend(x: torch.Tensor, op: str, *shape):
     """:mod:`fastasr.kernels.triton_broadcast` for ``op`` where the Triton kernels run and serve
     ``x`` (and ``shape``'s cluster count); else the reference.
 
-    Measured on an H200 (benchmarks/gpu_notes.md "Decisions"; bf16, 6 x 32, C = 100, 65,536
-    tokens, forward + backward, as CUDA graphs): clustered-100 1.40-2.44 ms against 1.83-3.31
-    with the reference's ``index_add`` and gather, i-clustered-100 2.53-4.18 against 2.87-4.65, at
-    every N from 1,024 to 65,536."""
+    The Triton kernels take a clustered-100 call 20-26 % less time than the reference's
+    ``index_add`` and gather, an i-clustered-100 call 8-12 %, at every N from 1,024 to 65,536
+    (benchmarks/gpu_notes.md "Decisions")."""
     backend = _backend(x, op)
     return backend if backend is reference or backend.applies(x, *shape) else reference
 
@@ -218,10 +214,10 @@ def centroid_attention(
     """``(B,H,C,E)`` centroids -> centroid outputs ``(B,H,C,Ev)``, top weights and top keys ``(B,H,C,topk)``.
 
     Where the Triton kernels run, :func:`fastasr.kernels.triton_centroid.centroid_attention`
-    for the shapes it serves: with top keys always (i-clustered-100 on an H200 2.53-4.65 ms a
-    call as a CUDA graph against 4.03-4.59 with torch's products and softmax at N = 1,024-4,096;
-    its logits stay float32 where torch's product rounds them to bf16), without (clustered
-    attention) for sequences of at least :data:`SPLIT_KEY_VALUES_FROM` keys.
+    for the shapes it serves: with top keys always (faster than torch's products and softmax
+    at every N, benchmarks/gpu_notes.md "Decisions"; its logits stay float32 where torch's
+    product rounds them to bf16), without (clustered attention) for sequences of at least
+    :data:`SPLIT_KEY_VALUES_FROM` keys.
     Otherwise, on CUDA without top keys, in half precision or float32 and unless
     ``FASTASR_KERNELS=reference``: one fused attention call, :func:`fused_centroid_values`.
     Where the reference runs (CUDA with top keys, or no C++ kernels), its top keys are chosen

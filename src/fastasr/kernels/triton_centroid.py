@@ -36,9 +36,8 @@ Products take the keys' dtype (fp16/bf16 on the tensor cores, fp32 in full preci
 fp32 accumulation; logits, softmax and its statistics are fp32, as in the reference. ``dcentroids``
 is summed with atomics over key spans, so it is reproducible to rounding, not bit for bit.
 Top keys of rows longer than ``triton_topk.MAX_N``, which the Triton top-k cannot hold, are
-chosen by ``torch.topk`` on the logits these kernels write and their weights gathered (on an
-H200, i-clustered-100 at N = 16,384 and 65,536: 3.50 and 3.64 ms a call as a CUDA graph against
-4.27 and 4.65 with the reference's products there; benchmarks/gpu_notes.md "Decisions"). More
+chosen by ``torch.topk`` on the logits these kernels write and their weights gathered (18-22 %
+faster than the reference's products there, benchmarks/gpu_notes.md "Decisions"). More
 centroids than :func:`max_centroids` are not served here (:func:`applies`);
 ``fastasr.kernels.ops`` sends them to the reference.
 """

@@ -29,11 +29,9 @@ In one launch (below) the tiles' +-1 signs are unpacked from the codes once, int
 reads them (one 16-byte vector load a thread and row) instead of unpacking each bit of each
 code again: on sm_90, C = 100, 64 positions x 4 warps, a sweep's tile compiles to 403
 instructions a thread against 880 (the unpacking's shifts, masks and selects, and scalar loads
-of the codes), for 128 bytes read a position and sweep against 8. Measured on an H200
-(benchmarks/gpu_notes.md "Decisions"): one launch 0.55-0.99 ms against 0.77-1.25 at
-N = 800-4,096 (65,536 tokens, 6 heads, C = 100; 0.42-0.88 against 0.58-1.17 on clustered
-codes). Split sweeps unpack the codes: there the scratch gained nothing (1.29 against 1.29 ms
-at N = 16,384, 0.82 against 0.76 at 65,536).
+of the codes), for 128 bytes read a position and sweep against 8: 21-30 % faster a call of
+the one launch at N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"). Split sweeps unpack the
+codes: there the scratch gained nothing.
 
 When one program owns a whole sequence (``P = 1`` span per sequence) the program reads
 its initial centroids from the codes and runs
@@ -80,21 +78,22 @@ __all__ = ["hamming_kmeans", "spans_per_sequence", "MAX_CLUSTERS"]
 #: centroids' bit vectors live in registers. ``C = 100`` (the paper's) uses 128.
 MAX_CLUSTERS = 256
 #: With at least this many sequences (batch x heads) every sequence gets one program and all
-#: iterations run in one launch (measured on an H200: one launch is as fast or faster from 96
-#: sequences of N = 4,096, 1.67 against 2.05 ms at 120 of 3,200; 8.3 against 1.4 ms at 24 of 16,384).
+#: iterations run in one launch (measured by ``clustering_gpu.py``'s K-means table: one launch
+#: is as fast or faster from 96 sequences of N = 4,096, 1.67 against 2.05 ms at 120 of 3,200;
+#: 8.3 against 1.4 ms at 24 of 16,384; benchmarks/results/clustering_*.md).
 ONE_LAUNCH_FROM = 96
 #: Fewer sequences are split until about this many programs run.
 FILL_PROGRAMS = 256
 #: Shortest span when a sequence is split over several programs.
 MIN_SPAN = 512
 BLOCK_N = 32  # positions per tile
-#: Launch options of ``_lloyd_kernel``: 4 warps for C <= 128 (measured fastest on an H100 and an
-#: H200, benchmarks/results/clustering_*.md), 8 above so the 256-centroid tile does not spill.
+#: Launch options of ``_lloyd_kernel``: 4 warps for C <= 128 (measured fastest on two GPUs,
+#: benchmarks/results/clustering_*.md), 8 above so the 256-centroid tile does not spill.
 LLOYD_OPTIONS = {"num_warps": 4, "num_stages": 1}
 LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
 #: The tile of a one-launch sweep (one program a sequence, every iteration in it) for C <= 128,
 #: by sequence length: 64 positions x 4 warps below ``WIDE_TILE_FROM`` positions, 128 x 8 from
-#: there. Measured on an H100 in two runs (benchmarks/results/kmeans_tiles_nvidia-h100-80gb-hbm3.md),
+#: there. Measured in two runs (benchmarks/results/kmeans_tiles_*.md),
 #: ms a call against 32 x 4: N = 800: 1.06-1.10 against 1.15-1.23 (128 x 8: 1.15-1.37);
 #: N = 1,024-4,096: 1.00-1.48 against 1.30-2.30. Split sweeps keep 32 x 4 (no tile beat it in both runs).
 ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 1}), (128, {"num_warps": 8, "num_stages": 1}))

@@ -16,9 +16,8 @@ a row stops once exactly ``k`` keys lie at or above its lower bound, which then 
 that takes the same set (about ``32 - log2`` of the distance between the ``k``-th and
 ``k+1``-th largest keys: 15-16 steps on average, 11-25, for rows of 800 and 3,200 Gaussian
 float32 scores with k = 32; ties at the ``k``-th score and ``-inf`` padding take more, at most
-32), and a program once all its rows have. On an H200 this early exit takes the top-k of
-65,536 tokens' centroid logits (6 heads, C = 100) in 0.28-0.38 ms against 0.40-0.55 for 32
-steps at N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"); then the entries above ``T``
+32), and a program once all its rows have: 29-38 % faster than 32 steps a row at
+N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"); then the entries above ``T``
 are taken, and of those equal to ``T`` the lowest positions until ``k`` are taken: the row is
 read again a chunk at a time (:data:`STORE_ELEMENTS` a thread), and one running sum of both
 counts (packed in one int32) gives each taken entry its slot. ``k`` indices are written: no
@@ -184,7 +183,7 @@ def topk_tile(n: int, rows: int) -> tuple[int, int]:
     longer rows, as many whole rows as fit in ``_ELEMENTS`` scores a program, 8 warps from
     4,096 scores a program, else 4.
 
-    Measured on an H100 (benchmarks/results/clustering_nvidia-h100-80gb-hbm3.md, the parts
+    Measured by ``clustering_gpu.py`` (benchmarks/results/clustering_*.md, the parts
     table, 6 heads x 100 centroids, 65,536 tokens): at N = 800 and 1,024, 0.57 and 0.42 ms
     with a warp a row against 1.07 and 0.88 with 4 rows x 8 warps a program; at N = 3,200 to
     16,384 the two are within 6 % either way, so longer rows keep the shared program.
