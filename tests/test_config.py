@@ -226,6 +226,25 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only(monkeypatch):
     assert progress_bar(compose_train("trainer.enable_progress_bar=true")) is True
 
 
+def test_the_final_decoding_draws_its_bar_by_the_same_setting(monkeypatch):
+    """The final decoding's bar (on stderr) follows trainer.enable_progress_bar as training's
+    does: auto on a terminal, true and false as given (an explicit true draws it in a log too)."""
+    import io
+
+    from fastasr.training.fit import final_decoding_request
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert final_decoding_request(compose_train()).progress is False
+    assert final_decoding_request(compose_train("trainer.enable_progress_bar=true")).progress is True
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert final_decoding_request(compose_train()).progress is True
+    assert final_decoding_request(compose_train("trainer.enable_progress_bar=false")).progress is False
+
+
 def test_num_workers_auto_is_derived_into_the_training_config():
     assert compose_raw().data.num_workers == "auto"
     cfg = compose_train()

@@ -115,7 +115,8 @@ def final_decoding_request(cfg: DictConfig) -> FinalDecodingRequest:
         training_manifest=training_manifest(cfg.data),
         accelerator=accelerator if accelerator in ("cpu", "gpu", "cuda") else "auto",
         seed=cfg.get("seed"),
-        progress=bool(cfg.trainer.get("enable_progress_bar", True)) and show_progress("auto"),
+        # the same setting as training's bar, judged on stderr, where the decoding's bar goes
+        progress=show_progress(cfg.trainer.get("enable_progress_bar", "auto")),
     )
 
 
