@@ -1,5 +1,5 @@
 """Helpers that make a small recogniser and write its checkpoint as training does
-(shared by test_recogniser.py, test_scoring.py and test_checkpoint_migration.py)."""
+(shared by test_recogniser.py, test_scoring.py and test_bundle_format.py)."""
 
 from __future__ import annotations
 

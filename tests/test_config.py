@@ -177,7 +177,8 @@ class WideCTC(CTCModel):
 
 def test_the_model_is_the_class_the_config_names():
     """conf/model is a Hydra partial of its _target_; the recogniser stores it as plain data and
-    builds it again from a checkpoint's entry; entries that name no class build CTCModel."""
+    builds it again from a checkpoint's entry; a training model config that names no class builds
+    CTCModel, a checkpoint entry must name one."""
     cfg = compose_train(f"model._target_={__name__}.WideCTC", "model.layers=1")
     tokenizer = Tokenizer("char", ["<blank>", "a", "b", "|"])
     rec = Recogniser.from_model_config(OmegaConf.to_container(cfg.model, resolve=True), tokenizer,
@@ -186,9 +187,11 @@ def test_the_model_is_the_class_the_config_names():
     state = rec.to_dict()
     assert state["model"]["_target_"] == f"{__name__}.WideCTC" and "_partial_" not in state["model"]
     assert type(Recogniser.from_dict(state).build_model()) is WideCTC
-    del state["model"]["_target_"]  # a checkpoint written before the model entry named its class
-    old = Recogniser.from_dict({**state, "format": 1})
-    assert old.model_target == DEFAULT_MODEL_TARGET and type(old.build_model()) is CTCModel
+    with pytest.raises(ValueError, match="names no class"):
+        Recogniser.from_dict({**state, "model": {k: v for k, v in state["model"].items() if k != "_target_"}})
+    training = Recogniser.from_model_config({k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
+                                             if k != "_target_"}, tokenizer, FeatureConfig(num_mel_bins=40))
+    assert training.model_target == DEFAULT_MODEL_TARGET and type(training.build_model()) is CTCModel
     with pytest.raises(ValueError, match="is not a fastasr.model.CTCModel subclass"):
         Recogniser.from_dict({**state, "model": {**state["model"], "_target_": "torch.nn.Linear"}}, source="x.ckpt")
 

@@ -1,5 +1,5 @@
 """The recogniser bundle: plain data in the checkpoint, load_recogniser, the lexicon and LM it carries.
-(Scoring a manifest with it: test_scoring.py; checkpoints of earlier versions: test_checkpoint_migration.py.)"""
+(Scoring a manifest with it: test_scoring.py; the layout's version and older checkpoints refused: test_bundle_format.py.)"""
 
 from __future__ import annotations
 

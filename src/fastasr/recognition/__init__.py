@@ -1,8 +1,8 @@
 """Recognition: what a trained checkpoint is and does, without training code.
 
 Modules: :mod:`~fastasr.recognition.recogniser` (the bundle a checkpoint carries, loading, the
-decoder of a recogniser, transcription of waveforms), :mod:`~fastasr.recognition.checkpoint_migration`
-(checkpoints of earlier layouts), :mod:`~fastasr.recognition.checkpoint_averaging` (averaged
+decoder of a recogniser, transcription of waveforms), :mod:`~fastasr.recognition.bundle_format`
+(the entry's layout, its version and checks), :mod:`~fastasr.recognition.checkpoint_averaging` (averaged
 weights), :mod:`~fastasr.recognition.scoring` (a labelled manifest's error rates, the LM-weight
 search), :mod:`~fastasr.recognition.evaluation` (what evaluate.py runs),
 :mod:`~fastasr.recognition.transcription` (what ``python -m fastasr.transcribe`` runs),

@@ -12,16 +12,16 @@ buffers of the model, so they are in the checkpoint's weights and nowhere else.
   ``_target_`` names, ``fastasr.model.CTCModel`` or a subclass. :meth:`Recogniser.build_model`
   instantiates it with Hydra and completes it with ``vocab_size`` (the tokenizer's) and
   ``feat_in`` (the filterbank bins), in training and when a checkpoint is loaded alike, so a new
-  encoder is a config change. Checkpoints that name no class (format 1) build ``CTCModel``.
+  encoder is a config change.
 * Training makes the bundle at its start (``fastasr.training.fit.build_module``:
   :func:`with_decoding_data` adds the lexicon and the LM) and writes it into every checkpoint
   once, as plain data: ``checkpoint["recogniser"]`` (:meth:`Recogniser.to_dict`, by
-  ``ASRLitModule.on_save_checkpoint``). Checkpoints written before the lexicon and LM travelled
-  with the model load as before, without them (decoding then reads the training manifest, if given).
+  ``ASRLitModule.on_save_checkpoint``; its layout's version and checks:
+  :mod:`fastasr.recognition.bundle_format`).
 * :func:`load_recogniser` reads a checkpoint with ``torch.load(weights_only=True)`` and
   returns the bundle with its model (weights loaded, eval mode), optionally with another
-  attention (:meth:`fastasr.model.CTCModel.set_attention` swaps it later). Checkpoints written
-  before the bundle existed are read by ``fastasr.recognition.checkpoint_migration``.
+  attention (:meth:`fastasr.model.CTCModel.set_attention` swaps it later). A checkpoint of an
+  older layout gets a one-line error naming its version and how to replace it.
 * :meth:`Recogniser.transcribe` turns audio files or waveforms (no reference needed, any length,
   any rate, any channel count) into :class:`Transcription` s with timed :class:`Word` s: the API
   of ``python -m fastasr.transcribe`` (``fastasr.recognition.transcription``, docs/TRANSCRIBE.md).
@@ -70,13 +70,17 @@ from fastasr.lm.arpa import corpus_lm_path
 from fastasr.lm.bundled import BundledLM, ensure_corpus_lm
 from fastasr.model import CTCModel
 from fastasr.progress import progress_bar
-from fastasr.recognition.checkpoint_migration import legacy_recogniser_state, split_attention
+from fastasr.recognition.bundle_format import (
+    FORMAT,
+    check_checkpoint_entry,
+    check_format,
+    split_attention,
+)
 
 log = logging.getLogger(__name__)
 
 RECOGNISER_KEY = "recogniser"  # the checkpoint entry
-FORMAT = 2  # version of the plain-data layout below; 2: the model entry names its class (`_target_`)
-DEFAULT_MODEL_TARGET = "fastasr.model.CTCModel"  # the class of a model config that names none (format 1)
+DEFAULT_MODEL_TARGET = "fastasr.model.CTCModel"  # the class of a training model config that names none
 
 
 def model_class(target: str, where: str = "model._target_") -> type[CTCModel]:
@@ -190,7 +194,7 @@ class Recogniser:
         ``model``: the model config with its class, ``{"_target_", **model_config}``;
         ``lexicon``: ``{"source", "entries": ["word<TAB>units<TAB>count", ...]}`` or None;
         ``lm``: :meth:`fastasr.lm.BundledLM.to_dict` (path, sha256, size, the ARPA text when
-        embedded) or None. Both keys are optional on reading (older checkpoints lack them)."""
+        embedded) or None: None where the run had none."""
         lexicon = None
         if self.lexicon is not None:
             lexicon = {"source": self.lexicon_source, "entries": self.lexicon.lines(with_counts=True)}
@@ -210,10 +214,12 @@ class Recogniser:
         missing = [k for k in ("model", "attention", "tokenizer", "features") if k not in state]
         if missing:
             raise ValueError(f"{source}: recogniser entry lacks {missing}; expected the keys of Recogniser.to_dict()")
-        if state.get("format", FORMAT) > FORMAT:
-            raise ValueError(f"{source}: recogniser format {state['format']}; this fastasr reads up to {FORMAT}")
+        check_format(state, source)
         model_config = dict(state["model"])
-        target = str(model_config.pop("_target_", None) or DEFAULT_MODEL_TARGET)  # format 1: CTCModel
+        target = model_config.pop("_target_", None)
+        if not target:
+            raise ValueError(f"{source}: recogniser model entry names no class (_target_)")
+        target = str(target)
         model_config.pop("_partial_", None)
         model_class(target, f"{source}: recogniser model._target_")
         lm = None if state.get("lm") is None else BundledLM.from_dict(state["lm"], source)
@@ -578,9 +584,7 @@ def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, 
     if not path.is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
     checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    state = checkpoint.get(RECOGNISER_KEY) or legacy_recogniser_state(checkpoint.get("hyper_parameters"))
-    if state is None:
-        raise ValueError(f"{path}: no '{RECOGNISER_KEY}' entry; expected a checkpoint written by fastasr training")
+    state = check_checkpoint_entry(checkpoint, RECOGNISER_KEY, str(path))
     recogniser = Recogniser.from_dict(state, source=str(path))
     model = recogniser.build_model()
     weights = {k.removeprefix("model."): v for k, v in checkpoint.get("state_dict", {}).items()

@@ -27,7 +27,7 @@ from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.features import FeatureConfig
 from fastasr.data.phone_sets import folding
 from fastasr.data.tokenizer import KINDS
-from fastasr.recognition.checkpoint_migration import split_attention
+from fastasr.recognition.bundle_format import split_attention
 from fastasr.recognition.recogniser import DEFAULT_MODEL_TARGET, model_class
 from fastasr.rundir import RunDir
 from fastasr.training.derived_config import AUTO_WORKERS, DERIVED_PRECISIONS, derive_train_config
