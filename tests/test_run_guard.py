@@ -15,9 +15,9 @@ from test_train_eval import TINY_MODEL, compose_train, data_overrides
 
 from fastasr.config import PROJECT_ROOT
 from fastasr.rundir import RunDir
-from fastasr.training.config_check import RunRefused, check_run_dir
 from fastasr.training.derived_config import derive_train_config
 from fastasr.training.fit import train
+from fastasr.training.run_guard import RunRefused, check_run_dir
 
 FINISHED = ["trainer.max_epochs=1", "+trainer.limit_train_batches=1", "test=false", "callbacks.attention_maps=null"]
 

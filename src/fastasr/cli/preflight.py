@@ -32,17 +32,14 @@ __all__ = ["TrainPreflight", "EvaluatePreflight", "TranscribePreflight"]
 
 class TrainPreflight(Callback):
     """``train.py``'s check of the config (:func:`fastasr.training.config_check.check_train_config`)
-    and of what it would do to the run directory (:func:`fastasr.training.config_check.check_run_dir`).
+    and of what it would do to the run directory (:func:`fastasr.training.run_guard.check_run_dir`).
     :func:`fastasr.training.fit.train` checks again (it is also called without Hydra)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not is_rank_zero_process():
             return
-        from fastasr.training.config_check import (  # loads torch: here, after Hydra's own checks
-            ConfigError,
-            check_run_dir,
-            check_train_config,
-        )
+        from fastasr.training.config_check import ConfigError, check_train_config  # loads torch
+        from fastasr.training.run_guard import check_run_dir  # loads torch
 
         cfg = copy.deepcopy(config)
         with open_dict(cfg):

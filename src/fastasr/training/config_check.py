@@ -21,15 +21,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from fastasr.attention import build_attention
-from fastasr.config import max_time_seconds
 from fastasr.data.augment import AugmentConfig
 from fastasr.data.feature_cache import CacheConfig
 from fastasr.data.features import FeatureConfig
 from fastasr.data.phone_sets import folding
 from fastasr.data.tokenizer import KINDS
-from fastasr.recognition.bundle_format import split_attention
 from fastasr.recognition.recogniser import DEFAULT_MODEL_TARGET, model_class
-from fastasr.rundir import RunDir
 from fastasr.training.derived_config import AUTO_WORKERS, DERIVED_PRECISIONS, derive_train_config
 
 
@@ -47,12 +44,13 @@ LIGHTNING_PRECISIONS = frozenset({
 })
 
 
-def _container(node: Any) -> Any:
+def plain(node: Any) -> Any:
+    """A config node as plain containers (resolved); anything else as it is."""
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
 def _check_attention(cfg: DictConfig, errors: list[str]) -> None:
-    spec = _container(cfg.model.get("attention"))
+    spec = plain(cfg.model.get("attention"))
     if isinstance(spec, Mapping):
         # first the name alone, then each parameter, so the message names the faulty key
         try:
@@ -85,7 +83,7 @@ def _is_number(value: Any) -> bool:
 def _check_model_values(cfg: DictConfig, errors: list[str]) -> None:
     """The sizes every encoder has, judged one by one so that each error names its key (the
     model's own checks, run by :func:`_check_model`, see only what it was built with)."""
-    model = _container(cfg.model)
+    model = plain(cfg.model)
     for key, minimum in (("layers", 1), ("d_model", 1), ("heads", 1), ("ff_dim", 1)):
         if key not in model:
             continue
@@ -112,7 +110,7 @@ def _check_model(cfg: DictConfig, errors: list[str]) -> None:
     (:func:`_check_components` names a bad one)."""
     bins = OmegaConf.select(cfg, "data.features.num_mel_bins", default=None)
     feat_in = bins if _is_int(bins) and bins > 0 else FeatureConfig.num_mel_bins
-    config = _container(cfg.model)
+    config = plain(cfg.model)
     try:
         model_class(config.get("_target_") or DEFAULT_MODEL_TARGET)
         with torch.device("meta"):
@@ -135,11 +133,11 @@ def _check_components(cfg: DictConfig, model: bool, errors: list[str]) -> None:
             errors.append(f"data.phone_folding: {err}")
     for key, section in (("cache", CacheConfig), ("augment", AugmentConfig)):
         try:
-            section.from_dict(_container(data.get(key)))
+            section.from_dict(plain(data.get(key)))
         except (ValueError, TypeError) as err:  # their messages mostly name the key already
             errors.append(str(err) if f"data.{key}" in str(err) else f"data.{key}: {err}")
     try:
-        fc = FeatureConfig.from_dict(_container(cfg.data.features))
+        fc = FeatureConfig.from_dict(plain(cfg.data.features))
     except (ValueError, TypeError) as err:
         errors.append(f"data.features: {err}")
         return
@@ -228,7 +226,7 @@ def _check_callbacks(cfg: DictConfig, errors: list[str]) -> None:
     if step_ckpt and step_ckpt.get("every_n_train_steps") is not None and int(step_ckpt.every_n_train_steps) < 1:
         errors.append(f"callbacks.step_checkpoint.every_n_train_steps={step_ckpt.every_n_train_steps}; expected ≥ 1")
     dropout = callbacks.get("budget_dropout") or {}
-    rate, epochs = dropout.get("p"), _container(dropout.get("epochs"))
+    rate, epochs = dropout.get("p"), plain(dropout.get("epochs"))
     if rate is not None and not (_is_number(rate) and 0 <= rate < 1):
         errors.append(f"callbacks.budget_dropout.p={rate!r}; expected the dropout rate of a run with many epochs, "
                       "a number in [0, 1)")
@@ -244,7 +242,7 @@ def _check_final_tuning(cfg: DictConfig, errors: list[str]) -> None:
         return
     for key in ("lm_weight", "word_score"):
         if not list(tuning.get(key) or []):
-            errors.append(f"final_tuning.{key}={_container(tuning.get(key))}; expected a non-empty list of numbers")
+            errors.append(f"final_tuning.{key}={plain(tuning.get(key))}; expected a non-empty list of numbers")
     extend = tuning.get("extend_edges")
     if extend is not None and not (isinstance(extend, int) and not isinstance(extend, bool) and extend >= 0):
         errors.append(f"final_tuning.extend_edges={extend!r}; expected how many values each axis may grow past "
@@ -253,7 +251,7 @@ def _check_final_tuning(cfg: DictConfig, errors: list[str]) -> None:
     if beam is not None and not (isinstance(beam, int) and beam >= 1):
         errors.append(f"final_tuning.beam_size={beam!r}; expected a beam width ≥ 1 for the dev grid, or null (the "
                       "final decoding's own)")
-    sizes = _container(tuning.get("frequent_words")) or []
+    sizes = plain(tuning.get("frequent_words")) or []
     if not isinstance(sizes, list) or not all(isinstance(n, int) and n >= 0 for n in sizes):
         errors.append(f"final_tuning.frequent_words={sizes}; expected a list of word counts ≥ 0 (0: the training "
                       "words alone)")
@@ -295,159 +293,3 @@ def check_train_config(cfg: DictConfig) -> DictConfig:
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
     return cfg
-
-
-# ---------------------------------------------------------------------- the run directory
-class RunRefused(ConfigError):
-    """The command would resume or overwrite a run it does not belong to; nothing was written."""
-
-
-_NEW_NAME = "name=<new name>"
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {_describe(v)}" for k, v in value.items()) + "}"
-    return repr(value)
-
-
-def _diff(there: Any, here: Any, key: str, skip_none_here: bool = False) -> list[str]:
-    """``key: <there> in the run, <here> now`` for every leaf that differs."""
-    if isinstance(there, Mapping) and isinstance(here, Mapping):
-        out: list[str] = []
-        for k in sorted(set(there) | set(here), key=str):
-            out += _diff(there.get(k), here.get(k), f"{key}.{k}", skip_none_here)
-        return out
-    if there == here or (skip_none_here and here is None):
-        return []
-    return [f"{key}={_describe(here)} (the run has {_describe(there)})"]
-
-
-def _attention_diff(there: Any, here: Any) -> list[str]:
-    """``attention=<spec> (the run has <spec>)``, or the settings that differ under one spec."""
-    try:
-        a, b = build_attention(there), build_attention(here)
-    except (ValueError, TypeError):
-        return [] if there == here else [f"attention={_describe(here)} (the run has {_describe(there)})"]
-    if a.spec != b.spec or type(a) is not type(b):
-        return [f"attention={b.spec} (the run has {a.spec})"]
-    return _diff(dict(a.hparams), dict(b.hparams), "attention")
-
-
-def resume_differences(cfg: DictConfig, ckpt: Mapping[str, Any], saved: Mapping[str, Any] | None) -> list[str]:
-    """What the command's (derived) config ``cfg`` asks for that the checkpoint ``ckpt`` (its
-    ``recogniser`` entry: model, attention, output units, features) and the run's saved
-    ``config.yaml`` (``saved``: the training manifest) were not trained with, one
-    ``key=<here> (the run has <there>)`` each. A model key the checkpoint lacks counts only when
-    its value here is not the model class's default (a checkpoint older than the option)."""
-    import inspect
-
-    state = ckpt.get("recogniser") or {}
-    diffs: list[str] = []
-    if state.get("model") is not None:
-        there = dict(state["model"])
-        there.pop("_partial_", None)
-        here = dict(_container(cfg.model))
-        here.pop("_partial_", None)
-        attention_here = split_attention(here) if "attention" in here else None
-        there.setdefault("_target_", DEFAULT_MODEL_TARGET)
-        here.setdefault("_target_", DEFAULT_MODEL_TARGET)
-        try:
-            defaults = {name: p.default for name, p in
-                        inspect.signature(model_class(str(here["_target_"]))).parameters.items()
-                        if p.default is not inspect.Parameter.empty}
-        except (ValueError, TypeError):
-            defaults = {}
-        for key in [k for k in here if k not in there and k in defaults]:
-            if here[key] == defaults[key] or (isinstance(defaults[key], tuple) and here[key] == list(defaults[key])):
-                here.pop(key)
-        diffs += _diff(there, here, "model")
-        if "attention" in state and attention_here is not None:
-            diffs += _attention_diff(state["attention"], attention_here)
-    tokenizer = state.get("tokenizer") or {}
-    if tokenizer.get("kind") and cfg.data.get("tokenizer") and tokenizer["kind"] != cfg.data.tokenizer:
-        diffs.append(f"tokenizer={cfg.data.tokenizer} (the run has {tokenizer['kind']})")
-    if state.get("features") is not None and cfg.data.get("features") is not None:
-        try:
-            from dataclasses import asdict
-
-            here_features = asdict(FeatureConfig.from_dict(_container(cfg.data.features)))
-            diffs += _diff(dict(state["features"]), here_features, "features", skip_none_here=True)
-        except (ValueError, TypeError):
-            pass  # the config check names a bad features value
-    train_there = OmegaConf.select(OmegaConf.create(dict(saved)), "data.train_manifest", default=None) \
-        if saved else None
-    train_here = cfg.data.get("train_manifest") if "train_manifest" in cfg.data and \
-        not OmegaConf.is_missing(cfg.data, "train_manifest") else None
-    if train_there and train_here and Path(str(train_there)).resolve() != Path(str(train_here)).resolve():
-        diffs.append(f"data.train_manifest={train_here} (the run has {train_there})")
-    return diffs
-
-
-def _trained_for(saved: Mapping[str, Any] | None) -> dict[str, Any]:
-    trainer = (saved or {}).get("trainer") or {}
-    return {key: trainer.get(key) for key in ("max_epochs", "max_steps", "max_time")}
-
-
-def _asks_for_more(cfg: DictConfig, saved: Mapping[str, Any] | None) -> bool:
-    """Whether ``cfg`` trains longer than the run's saved config did: a larger
-    ``trainer.max_epochs``, ``max_steps`` or ``max_time``."""
-    before, now = _trained_for(saved), _trained_for(_container(cfg))
-
-    def seconds(value: Any) -> float | None:
-        try:
-            return None if value is None else max_time_seconds(value)
-        except ValueError:  # not a wall-clock budget this can compare
-            return None
-
-    for key in ("max_epochs", "max_steps"):
-        if now[key] is not None and before[key] is not None and int(now[key]) > int(before[key]) >= 0:
-            return True
-    after, earlier = seconds(now["max_time"]), seconds(before["max_time"])
-    return after is not None and earlier is not None and after > earlier
-
-
-def check_run_dir(cfg: DictConfig, run_dir: Any) -> str | None:
-    """The checkpoint this training resumes (``cfg.ckpt_path``: null | auto | last | PATH, see
-    :meth:`fastasr.rundir.RunDir.resolve_ckpt_path`, whose errors it passes on), or None for a fresh start, after making
-    sure that the command does not damage the run it would write into; reads, writes nothing.
-
-    ``cfg``: the derived training config. Refused (:class:`RunRefused`, one line saying what
-    differs and what to type instead):
-
-    * resuming a checkpoint whose model, attention, output units or features, or whose run's
-      training manifest, differ from the command's (the weights could not be loaded, or the run
-      would silently become another experiment);
-    * ``ckpt_path=auto`` in a finished run (``fit_done.json``) when the command does not train
-      longer than the run did (a larger ``trainer.max_epochs``, ``max_steps`` or ``max_time``):
-      it would only re-test the old model and overwrite its results. ``ckpt_path=last`` continues
-      a finished run explicitly.
-    """
-    import torch
-
-    run_dir = RunDir(run_dir)
-    requested = cfg.get("ckpt_path")
-    ckpt_path = run_dir.resolve_ckpt_path(requested)  # FileExistsError, FileNotFoundError: their own messages
-    if ckpt_path is None:
-        return None
-    saved = None
-    if run_dir.config_file.is_file():
-        try:
-            saved = _container(OmegaConf.load(run_dir.config_file))
-        except Exception:  # a torn config.yaml: the checkpoint still says what the model is
-            saved = None
-    state = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    diffs = resume_differences(cfg, state, saved)
-    own = requested in ("auto", "last")
-    if diffs:
-        fresh = _NEW_NAME if own else f"ckpt_path=null (or {_NEW_NAME})"
-        shown = "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
-        raise RunRefused(f"this command differs from the run it would resume ({ckpt_path}): {shown}. Nothing was "
-                         f"written; for a new run with these settings add {fresh}")
-    done = run_dir.read_fit_done()
-    if done is not None and requested == "auto" and not _asks_for_more(cfg, saved):
-        raise RunRefused(
-            f"run '{run_dir.name}' has finished training ({run_dir.fit_done_file}: epoch {done.get('epochs')}, "
-            f"step {done.get('global_step')}); nothing was written. For a new run add {_NEW_NAME}; to train this one "
-            "further raise trainer.max_epochs or trainer.max_time, or add ckpt_path=last")
-    return ckpt_path

@@ -35,9 +35,10 @@ from fastasr.recognition.recogniser import Recogniser, with_decoding_data
 from fastasr.recognition.scoring import DecodeResult, decoding_options, training_manifest
 from fastasr.rundir import RunDir
 from fastasr.training.callbacks import dropout_decision, report_learning_warnings, reset_peak_memory
-from fastasr.training.config_check import check_run_dir, check_train_config
+from fastasr.training.config_check import check_train_config
 from fastasr.training.lit import ASRLitModule
 from fastasr.training.loggers import build_loggers, finish_wandb
+from fastasr.training.run_guard import check_run_dir
 
 log = logging.getLogger(__name__)
 
