@@ -26,7 +26,7 @@ import torch
 from fastasr.attention import build_attention
 from fastasr.data.features import Fbank
 from fastasr.data.manifest import read_manifest
-from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.loading import load_recogniser
 
 
 def head_entropies(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from attention_entropy import batch_of  # noqa: E402
 
 from fastasr.attention import build_attention
 from fastasr.kernels import ops, reference
-from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.loading import load_recogniser
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -133,7 +133,7 @@ def child(spec: dict) -> dict:
     """One run: ``kind`` ``utterances`` (the baseline of every recording) or ``long`` (one recording, one mode)."""
     import torch
 
-    from fastasr.recognition.recogniser import load_recogniser
+    from fastasr.recognition.loading import load_recogniser
 
     torch.manual_seed(spec["seed"])
     rec = load_recogniser(spec["ckpt"], _attention(spec["attention"]))
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.ckpt:
         p.error("--ckpt is required")
 
-    from fastasr.recognition.recogniser import load_recogniser
+    from fastasr.recognition.loading import load_recogniser
 
     load_start = bench_io.load_average()
     rec = load_recogniser(args.ckpt)

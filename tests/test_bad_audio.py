@@ -196,7 +196,7 @@ def test_training_skips_bad_audio_and_reports_every_file(tiny_corpus, tmp_path, 
     assert result.val["val/per"] == result.val["val/per"]  # scored on the usable dev utterance
 
     # evaluate.py's decoding skips it as well, and names it in the result and the log
-    from fastasr.recognition.recogniser import load_recogniser
+    from fastasr.recognition.loading import load_recogniser
     from fastasr.recognition.scoring import decode_manifest
 
     caplog.clear()

@@ -9,7 +9,8 @@ from recogniser_fixtures import MODEL, phoneme_tokenizer, recogniser, save_check
 
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.recognition.bundle_format import FORMAT
-from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser, load_recogniser
+from fastasr.recognition.loading import load_recogniser
+from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser
 
 
 @pytest.fixture(scope="module")

@@ -335,7 +335,7 @@ def test_align_words_finds_the_words_of_stub_emissions():
 
 def test_short_shape_cuts_mid_gap_with_the_checkpoint_frame_period(tmp_path, char_checkpoint, capsys, monkeypatch):
     from fastasr.decoding import long_form
-    from fastasr.recognition.recogniser import load_recogniser
+    from fastasr.recognition.loading import load_recogniser
 
     tok = load_recogniser(char_checkpoint).tokenizer
     frames_seen = []
@@ -372,7 +372,7 @@ def test_short_shape_cuts_mid_gap_with_the_checkpoint_frame_period(tmp_path, cha
 
 def test_word_spans_on_a_tiny_checkpoint_s_own_emissions(tmp_path, char_checkpoint):
     from fastasr.corpora.shapes import word_spans
-    from fastasr.recognition.recogniser import load_recogniser
+    from fastasr.recognition.loading import load_recogniser
 
     rec = load_recogniser(char_checkpoint)
     utts = read_manifest(char_corpus(tmp_path / "src") / "train.jsonl")

@@ -21,12 +21,8 @@ from fastasr.data.lexicon import lexicon_from_manifests
 from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.lm import BundledLM, estimate, write_arpa
-from fastasr.recognition.recogniser import (
-    RECOGNISER_KEY,
-    Recogniser,
-    load_recogniser,
-    with_decoding_data,
-)
+from fastasr.recognition.loading import load_recogniser, with_decoding_data
+from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from recogniser_fixtures import copy_train_manifest, phoneme_tokenizer, recognis
 from fastasr.data.lexicon import lexicon_from_manifests
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.lm import BundledLM, estimate, write_arpa
-from fastasr.recognition.recogniser import load_recogniser, with_decoding_data
+from fastasr.recognition.loading import load_recogniser, with_decoding_data
 from fastasr.recognition.scoring import (
     DecodeResult,
     decode_manifest,

@@ -21,7 +21,7 @@ from fastasr.cli.tune import tune
 from fastasr.config import CONFIG_DIR, PROJECT_ROOT
 from fastasr.lm.build import build as lm_build
 from fastasr.recognition.evaluation import evaluate
-from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.loading import load_recogniser
 from fastasr.recognition.scoring import decode_manifest
 from fastasr.rundir import RunDir
 from fastasr.training.fit import train

@@ -15,7 +15,7 @@ from run_probe import imported_modules
 
 from fastasr.config import PROJECT_ROOT
 from fastasr.data.manifest import read_manifest
-from fastasr.recognition.recogniser import load_recogniser, with_decoding_data
+from fastasr.recognition.loading import load_recogniser, with_decoding_data
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 import matplotlib.image
 
 from fastasr.data.features import Fbank
-from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.loading import load_recogniser
 from fastasr.training.callbacks import AttentionMapLogger, mean_l1_distance, render_attention_maps
 
 runs = Path("outputs/matrix/default/runs")

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fastasr.config import CONFIG_DIR
 from fastasr.recognition.checkpoint_averaging import average_into
-from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.loading import load_recogniser
 from fastasr.recognition.scoring import (
     TuningResult,
     decoding_options,

@@ -516,7 +516,7 @@ def word_spans(recogniser: Any, utt: Utterance, seed: int = 0) -> list[tuple[int
 
 
 def _short(corpus, out, seed, skipped, *, align_ckpt, min_seconds=1.0, max_seconds=4.0):
-    from fastasr.recognition.recogniser import load_recogniser  # only this shape aligns
+    from fastasr.recognition.loading import load_recogniser  # only this shape aligns
 
     if not 0 < min_seconds <= max_seconds:
         raise ValueError(f"--min-seconds {min_seconds}, --max-seconds {max_seconds}; expected 0 < min <= max")

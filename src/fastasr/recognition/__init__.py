@@ -1,7 +1,9 @@
 """Recognition: what a trained checkpoint is and does, without training code.
 
-Modules: :mod:`~fastasr.recognition.recogniser` (the bundle a checkpoint carries, loading, the
-decoder of a recogniser, transcription of waveforms), :mod:`~fastasr.recognition.bundle_format`
+Modules: :mod:`~fastasr.recognition.recogniser` (the bundle a checkpoint carries and the decoder
+it chooses), :mod:`~fastasr.recognition.loading` (a checkpoint into a recogniser; the lexicon and
+LM of its training data), :mod:`~fastasr.recognition.transcribing` (the transcription loop and its
+timed words), :mod:`~fastasr.recognition.bundle_format`
 (the entry's layout, its version and checks), :mod:`~fastasr.recognition.checkpoint_averaging` (averaged
 weights), :mod:`~fastasr.recognition.scoring` (a labelled manifest's error rates, the LM-weight
 search), :mod:`~fastasr.recognition.evaluation` (what evaluate.py runs),

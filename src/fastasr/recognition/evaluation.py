@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.progress import show_progress
 from fastasr.recognition.checkpoint_averaging import average_into
-from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.loading import load_recogniser
 from fastasr.recognition.scoring import (
     DecodeResult,
     decode_manifest,

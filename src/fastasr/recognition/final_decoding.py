@@ -20,7 +20,8 @@ from typing import Any
 from fastasr.data.tokenizer import unit_metric
 from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.lm.build import build as build_lm
-from fastasr.recognition.recogniser import Recogniser, load_recogniser
+from fastasr.recognition.loading import load_recogniser
+from fastasr.recognition.recogniser import Recogniser
 from fastasr.recognition.scoring import (
     DecodeResult,
     TuningResult,

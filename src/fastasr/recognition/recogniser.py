@@ -14,17 +14,19 @@ buffers of the model, so they are in the checkpoint's weights and nowhere else.
   ``feat_in`` (the filterbank bins), in training and when a checkpoint is loaded alike, so a new
   encoder is a config change.
 * Training makes the bundle at its start (``fastasr.training.fit.build_module``:
-  :func:`with_decoding_data` adds the lexicon and the LM) and writes it into every checkpoint
+  ``fastasr.recognition.loading.with_decoding_data`` adds the lexicon and the LM) and writes it into every checkpoint
   once, as plain data: ``checkpoint["recogniser"]`` (:meth:`Recogniser.to_dict`, by
   ``ASRLitModule.on_save_checkpoint``; its layout's version and checks:
   :mod:`fastasr.recognition.bundle_format`).
-* :func:`load_recogniser` reads a checkpoint with ``torch.load(weights_only=True)`` and
-  returns the bundle with its model (weights loaded, eval mode), optionally with another
-  attention (:meth:`fastasr.model.CTCModel.set_attention` swaps it later). A checkpoint of an
-  older layout gets a one-line error naming its version and how to replace it.
+* ``fastasr.recognition.loading.load_recogniser`` reads a checkpoint with
+  ``torch.load(weights_only=True)`` and returns the bundle with its model (weights loaded, eval
+  mode), optionally with another attention (:meth:`fastasr.model.CTCModel.set_attention` swaps
+  it later). A checkpoint of an older layout gets a one-line error naming its version and how
+  to replace it.
 * :meth:`Recogniser.transcribe` turns audio files or waveforms (no reference needed, any length,
-  any rate, any channel count) into :class:`Transcription` s with timed :class:`Word` s: the API
-  of ``python -m fastasr.transcribe`` (``fastasr.recognition.transcription``, docs/TRANSCRIBE.md).
+  any rate, any channel count) into ``Transcription`` s with timed ``Word`` s
+  (:mod:`fastasr.recognition.transcribing`): the API of ``python -m fastasr.transcribe``
+  (``fastasr.recognition.transcription``, docs/TRANSCRIBE.md).
   :meth:`Recogniser.decoder` picks the decoder (greedy, beam, beam + LM).
 
 Scoring a labelled manifest (error rates against its transcripts) is the evaluation layer's:
@@ -39,43 +41,25 @@ A checkpoint and audio are all transcription needs, beam search and LM included:
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from hydra.utils import get_class, instantiate
-from torch.utils.data import DataLoader
 
-from fastasr.data.audio import BadAudioError
-from fastasr.data.bad_audio import SKIPPED_KEY
 from fastasr.data.features import FeatureConfig
 from fastasr.data.lexicon import Lexicon
-from fastasr.data.recordings import Recording, RecordingFeatures
-from fastasr.data.subword import WORD_START
 from fastasr.data.tokenizer import Tokenizer, unit_metric
-from fastasr.decoding.alignment import align_units, word_frames
 from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_lm, resolve_source
-from fastasr.decoding.emissions import decoding_device
-from fastasr.decoding.long_form import (
-    LongFormConfig,
-    long_form_log_probs,
-    output_frames,
-    resolve_mode,
-)
-from fastasr.lm.arpa import corpus_lm_path
-from fastasr.lm.bundled import BundledLM, ensure_corpus_lm
+from fastasr.lm.bundled import BundledLM
 from fastasr.model import CTCModel
-from fastasr.progress import progress_bar
 from fastasr.recognition.bundle_format import (
     FORMAT,
-    check_checkpoint_entry,
     check_format,
     split_attention,
 )
+from fastasr.recognition.transcribing import Transcription, iter_transcriptions
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +101,10 @@ class Recogniser:
         model_target: the model class, as the model config's ``_target_`` names it
             (``fastasr.model.CTCModel`` or a subclass).
         training_manifest: the manifest it was trained on, where it is known here
-            (:func:`load_recogniser`'s ``training_manifest``; not written into checkpoints):
+            (``load_recogniser``'s ``training_manifest``; not written into checkpoints):
             what the lexicon sources ``train`` and ``spelling`` read, and what a checkpoint
             that carries no lexicon took its lexicon and LM from at load.
-        model: the ``CTCModel`` with its weights (set by :func:`load_recogniser`, or by the
+        model: the ``CTCModel`` with its weights (set by ``load_recogniser``, or by the
             LightningModule during training); None in a bare configuration.
     """
 
@@ -354,72 +338,10 @@ class Recogniser:
                         seed: int | None = None) -> Iterator[Transcription]:
         """:meth:`transcribe`, yielding each :class:`Transcription` as soon as its batch is decoded
         (in input order): what ``python -m fastasr.transcribe`` prints and writes as it goes."""
-        if self.model is None:
-            raise ValueError("transcribe: the recogniser has no model; get one from load_recogniser(ckpt_path)")
-        if on_bad_audio not in ("skip", "raise"):
-            raise ValueError(f"on_bad_audio {on_bad_audio!r}; expected 'skip' or 'raise'")
-        single = isinstance(audio, (str, os.PathLike, torch.Tensor, np.ndarray, Recording))
-        recordings = [Recording.of(x, sample_rate, i) for i, x in enumerate([audio] if single else list(audio))]
-        decoder = self.decoder(decoding)
-        config = LongFormConfig.from_dict(long_form)
-        model = self.model
-        target = next(model.parameters()).device if device is None else decoding_device(device)
-        was_training = model.training
-        model.eval().to(target)
-        if seed is not None:
-            torch.manual_seed(seed)
-        items: Iterator[dict] = iter(DataLoader(RecordingFeatures(recordings, self.features), batch_size=None,
-                                                num_workers=num_workers, collate_fn=_as_is))
-        items = iter(progress_bar(items, enabled=progress, total=len(recordings), desc="transcribe", unit="file"))
-        batch_size = max(1, int(batch_size))
-        try:
-            while group := [item for _, item in zip(range(batch_size), items)]:
-                usable = [item for item in group if SKIPPED_KEY not in item]
-                log_probs = long_form_log_probs(model, [item["features"] for item in usable], config,
-                                                frame_shift_ms=self.features.frame_shift_ms, batch_size=batch_size,
-                                                device=target)
-                by_index = {item["index"]: lp for item, lp in zip(usable, log_probs)}
-                for item in group:
-                    rec = recordings[item["index"]]
-                    if SKIPPED_KEY in item:
-                        reason = item[SKIPPED_KEY].reason
-                        if on_bad_audio == "raise":
-                            raise BadAudioError(rec.name, reason)
-                        yield Transcription(rec.id, rec.audio_filepath, "", [], [], 0.0, error=reason)
-                        continue
-                    lp = by_index[item["index"]]
-                    mode = resolve_mode(config, model, output_frames(item["features"].shape[0], self.subsampling))
-                    yield self._transcription(rec, lp, item["seconds"], decoder, mode)
-        finally:
-            model.train(was_training)
+        return iter_transcriptions(self, audio, batch_size, sample_rate=sample_rate, decoding=decoding,
+                                   long_form=long_form, device=device, num_workers=num_workers, progress=progress,
+                                   on_bad_audio=on_bad_audio, seed=seed)
 
-    def _transcription(self, recording: Any, log_probs: torch.Tensor, seconds: float, decoder: Any,
-                       mode: str) -> Transcription:
-        """Decode one recording's ``(T', V)`` log-probabilities and time its words."""
-        tok = self.tokenizer
-        hyp = decoder(log_probs)
-        index = {u: i for i, u in enumerate(tok.vocab)}
-        spans = align_units(log_probs, [index[u] for u in hyp.units], blank=tok.blank_id, frames=hyp.frames,
-                            cut_before=[u == tok.word_boundary for u in hyp.units])
-        if spans is None and hyp.frames is not None:
-            spans = [(f, f + 1) for f in hyp.frames]  # no alignment: the frames the decoder emitted them at
-        subword = tok.kind in ("bpe", "unigram")
-        frames = None if spans is None else word_frames(hyp.units, spans, None if subword else tok.word_boundary,
-                                                        WORD_START if subword else None)
-        if frames is None or len(frames) != len(hyp.words):
-            log.warning("%s: no word times (%s); each word is given the whole recording", recording.name,
-                        "no alignment" if frames is None else f"{len(hyp.words)} words, {len(frames)} unit groups")
-            frames = [(0, log_probs.shape[0])] * len(hyp.words)
-        step = self.frame_seconds
-        words = []
-        for word, (a, b) in zip(hyp.words, frames):
-            end = round(min(b * step, seconds), 3)
-            words.append(Word(word, round(min(a * step, end), 3), end))
-        # real words: every word is a lexicon word (greedy decoding keeps a phonetic word it cannot look up)
-        lexicon = getattr(decoder, "lexicon", None)
-        real = bool(decoder.real_words) and (lexicon is None or all(w in lexicon for w in hyp.words))
-        return Transcription(recording.id, recording.audio_filepath, " ".join(hyp.words), words, list(hyp.units),
-                             round(seconds, 3), real_words=real, score=hyp.score, mode=mode)
 
 
 # Decoders by name (Recogniser.decoder), as conf/decoding/{greedy,beam,beam_lm}.yaml with their defaults.
@@ -430,131 +352,7 @@ DECODING_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _as_is(item: Any) -> Any:
-    return item  # DataLoader collate_fn: items as the dataset made them (picklable for workers)
 
-
-@dataclass
-class Word:
-    """A recognised word and where it was spoken: ``start`` / ``end`` in seconds from the
-    beginning of the recording (0 ≤ start ≤ end ≤ duration)."""
-
-    word: str
-    start: float
-    end: float
-
-
-@dataclass
-class Transcription:
-    """What :meth:`Recogniser.transcribe` gives for one input (and ``python -m fastasr.transcribe``
-    writes as one JSON line).
-
-    Attributes:
-        id: the input's name (a file's stem, a manifest's id, ``waveform-<i>``).
-        audio_filepath: the file; None for a waveform.
-        text: the words, space-separated ("" when nothing was recognised, or on error).
-        words: each word with its start and end time.
-        units: the recognised units (phonemes, characters or subwords; ``|`` between words).
-        duration: seconds of audio.
-        real_words: False when the words are a phoneme model's phonetic words (no lexicon).
-        score: the beam search's score (None for greedy decoding).
-        mode: how the model read it: ``one_pass`` or ``windowed`` (``fastasr.decoding.long_form``).
-        error: why the input could not be transcribed (unusable audio); None when it was.
-    """
-
-    id: str
-    audio_filepath: str | None
-    text: str
-    words: list[Word]
-    units: list[str]
-    duration: float
-    real_words: bool = True
-    score: float | None = None
-    mode: str | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the input was transcribed."""
-        return self.error is None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for a JSON line: ``id, audio_filepath, duration, text, words [{word, start,
-        end}], units`` (space-separated), ``real_words``, ``mode``, ``score`` (and ``error``)."""
-        out = {"id": self.id, "audio_filepath": self.audio_filepath, "duration": self.duration, "text": self.text,
-               "words": [asdict(w) for w in self.words], "units": " ".join(self.units),
-               "real_words": self.real_words, "mode": self.mode, "score": self.score}
-        if self.error is not None:
-            out["error"] = self.error
-        return out
-
-
-def _manifest_lexicon(tokenizer: Tokenizer, train_manifest: str | os.PathLike) -> tuple[Lexicon, str] | None:
-    """The lexicon decoding's ``lexicon.source=auto`` builds from ``train_manifest`` for a
-    recogniser that carries none, with what it was built from (``Recogniser.lexicon_source``,
-    e.g. ``train: /data/wsj/train.jsonl``); None where ``auto`` gives no lexicon (subword units)."""
-    source = resolve_source("auto", tokenizer, train_manifest)
-    if source == "none":
-        return None
-    return (build_lexicon({"source": source}, tokenizer, train_manifest),
-            f"{source}: {Path(train_manifest).resolve()}")
-
-
-def with_training_manifest(recogniser: Recogniser, train_manifest: str | os.PathLike | None) -> Recogniser:
-    """``recogniser`` knowing the manifest it was trained on (:attr:`Recogniser.training_manifest`).
-
-    A recogniser that carries no lexicon (a checkpoint written before lexicons travelled with
-    the model) gets here, once, what decoding's ``auto`` sources take from that manifest: the
-    lexicon (:func:`fastasr.decoding.builder.resolve_source`) and, when it carries no LM, the
-    corpus word LM beside the manifest if it exists (:func:`fastasr.lm.corpus_lm_path`; never
-    built here). A manifest that is not here attaches nothing."""
-    if not train_manifest:
-        return recogniser
-    recogniser = replace(recogniser, training_manifest=str(train_manifest))
-    built = _manifest_lexicon(recogniser.tokenizer, train_manifest) \
-        if recogniser.lexicon is None and Path(train_manifest).is_file() else None
-    if built is None:
-        return recogniser
-    lexicon, lexicon_source = built
-    corpus_lm = corpus_lm_path(train_manifest)
-    lm = recogniser.lm if recogniser.lm is not None or not corpus_lm.is_file() else BundledLM.from_file(corpus_lm)
-    log.info("the checkpoint carries no lexicon: %d words (%s)%s", len(lexicon), lexicon_source,
-             f", word LM {lm.path}" if lm is not None else "")
-    return replace(recogniser, lexicon=lexicon, lexicon_source=lexicon_source, lm=lm)
-
-
-def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike | None, *,
-                       lm_path: str | os.PathLike | None = None,
-                       lm_dir: str | os.PathLike | None = None) -> Recogniser:
-    """``recogniser`` with the lexicon and word LM of its training data (training calls this at
-    its start, so that checkpoints decode by beam search + LM without the training data).
-
-    The lexicon is what decoding's ``lexicon.source=auto`` builds from ``train_manifest``
-    (``fastasr.decoding.builder``: a phoneme model's pronunciations spoken in training, a char
-    model's training words spelt, CMUdict for ARPAbet units); none for a subword model. The LM
-    (only with a lexicon) is ``lm_path`` when given, else the corpus's word 3-gram
-    ``lm/words-3gram.arpa`` beside the manifest, estimated from its transcripts when it does
-    not exist (in ``lm_dir/lm/`` when the corpus directory is read-only:
-    :func:`fastasr.lm.ensure_corpus_lm`); embedded when small (:class:`fastasr.lm.BundledLM`).
-    An LM that cannot be had is left out with a warning (training goes on)."""
-    if not train_manifest:
-        return recogniser
-    built = _manifest_lexicon(recogniser.tokenizer, train_manifest)
-    if built is None:
-        log.info("no lexicon for this %s model: the recogniser carries no lexicon nor word LM",
-                 recogniser.tokenizer.kind)
-        return recogniser
-    lexicon, lexicon_source = built
-    lm = None
-    try:
-        lm = BundledLM.from_file(lm_path if lm_path else ensure_corpus_lm(train_manifest, lm_dir))
-    except (OSError, ValueError) as err:
-        log.warning("the recogniser carries no word LM (decoding=beam_lm will need decoding.lm.path): %s", err)
-    if lm is not None:
-        log.info("recogniser: lexicon of %d words (%s), word LM %s (%s)", len(lexicon), lexicon_source, lm.path,
-                 "embedded" if lm.embedded else f"{lm.size / 2**20:.0f} MiB, referenced by path and sha256")
-    return replace(recogniser, lexicon=lexicon, lexicon_source=lexicon_source, lm=lm,
-                   training_manifest=str(train_manifest))
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -566,33 +364,3 @@ def _plain(value: Any, where: str) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     raise ValueError(f"recogniser {where}: {type(value).__name__} {value!r}; expected plain data")
-
-
-# ---------------------------------------------------------------------- loading
-def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, Any] | None = None,
-                    map_location: str | torch.device = "cpu", *,
-                    training_manifest: str | os.PathLike | None = None) -> Recogniser:
-    """Read a training checkpoint (``torch.load(weights_only=True)``) into a :class:`Recogniser`
-    whose ``model`` carries the trained weights (CMVN included), in eval mode, on ``map_location``.
-
-    ``attention``: decode with another attention (spec string or mapping) instead of the
-    one the model was trained with; the weights are the same. ``training_manifest``: the
-    manifest it was trained on (``data.train_manifest``), for the lexicon sources that read it
-    and for checkpoints that carry no lexicon (:func:`with_training_manifest`).
-    """
-    path = Path(ckpt_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    state = check_checkpoint_entry(checkpoint, RECOGNISER_KEY, str(path))
-    recogniser = Recogniser.from_dict(state, source=str(path))
-    model = recogniser.build_model()
-    weights = {k.removeprefix("model."): v for k, v in checkpoint.get("state_dict", {}).items()
-               if k.startswith("model.")}
-    try:
-        model.load_state_dict(weights)
-    except RuntimeError as err:
-        raise ValueError(f"{path}: the weights do not fit the recogniser's model config: {err}") from err
-    if attention is not None:
-        model.set_attention(attention)
-    return with_training_manifest(recogniser, training_manifest).with_model(model.to(map_location).eval())

@@ -25,7 +25,7 @@ from fastasr.data.recordings import AUDIO_EXTENSIONS, Recording
 from fastasr.decoding.long_form import LongFormConfig
 from fastasr.progress import show_progress
 from fastasr.recognition.evaluation import decoding_label
-from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.loading import load_recogniser
 from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)

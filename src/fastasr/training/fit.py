@@ -31,7 +31,8 @@ from fastasr.distributed import is_rank_zero_process, leave_process_group_at_exi
 from fastasr.progress import show_progress
 from fastasr.recognition.checkpoint_averaging import write_averaged_checkpoint
 from fastasr.recognition.final_decoding import FinalDecodingRequest, final_decoding
-from fastasr.recognition.recogniser import Recogniser, with_decoding_data
+from fastasr.recognition.loading import with_decoding_data
+from fastasr.recognition.recogniser import Recogniser
 from fastasr.recognition.scoring import DecodeResult, decoding_options, training_manifest
 from fastasr.rundir import RunDir
 from fastasr.training.callbacks import dropout_decision, report_learning_warnings, reset_peak_memory

@@ -19,7 +19,7 @@ import torch
 
 from fastasr.data.manifest import read_manifest
 from fastasr.decoding.emissions import decoding_device
-from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.loading import load_recogniser
 from fastasr.recognition.scoring import decoding_loader, decoding_options
 
 

@@ -24,7 +24,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from fastasr.config import CONFIG_DIR
-from fastasr.recognition.recogniser import load_recogniser
+from fastasr.recognition.loading import load_recogniser
 from fastasr.recognition.scoring import (
     DecodeResult,
     decode_manifest,

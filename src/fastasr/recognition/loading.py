@@ -1,0 +1,128 @@
+"""Loading a recogniser from a training checkpoint, and attaching the decoding data of its
+training manifest (the lexicon and the word LM).
+
+:func:`load_recogniser` reads a checkpoint with ``torch.load(weights_only=True)`` and returns the
+bundle (``checkpoint["recogniser"]``: :class:`fastasr.recognition.recogniser.Recogniser`) with its
+model (weights loaded, eval mode), optionally with another attention. :func:`with_decoding_data`
+is what training calls at its start, so that checkpoints decode by beam search + LM without the
+training data; :func:`with_training_manifest` tells a loaded recogniser the manifest it was
+trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastasr.data.lexicon import Lexicon
+from fastasr.data.tokenizer import Tokenizer
+from fastasr.decoding.builder import build_lexicon, resolve_source
+from fastasr.lm.arpa import corpus_lm_path
+from fastasr.lm.bundled import BundledLM, ensure_corpus_lm
+from fastasr.recognition.bundle_format import check_checkpoint_entry
+from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser
+
+log = logging.getLogger(__name__)
+
+
+def _manifest_lexicon(tokenizer: Tokenizer, train_manifest: str | os.PathLike) -> tuple[Lexicon, str] | None:
+    """The lexicon decoding's ``lexicon.source=auto`` builds from ``train_manifest`` for a
+    recogniser that carries none, with what it was built from (``Recogniser.lexicon_source``,
+    e.g. ``train: /data/wsj/train.jsonl``); None where ``auto`` gives no lexicon (subword units)."""
+    source = resolve_source("auto", tokenizer, train_manifest)
+    if source == "none":
+        return None
+    return (build_lexicon({"source": source}, tokenizer, train_manifest),
+            f"{source}: {Path(train_manifest).resolve()}")
+
+
+def with_training_manifest(recogniser: Recogniser, train_manifest: str | os.PathLike | None) -> Recogniser:
+    """``recogniser`` knowing the manifest it was trained on (:attr:`Recogniser.training_manifest`).
+
+    A recogniser that carries no lexicon (a checkpoint written before lexicons travelled with
+    the model) gets here, once, what decoding's ``auto`` sources take from that manifest: the
+    lexicon (:func:`fastasr.decoding.builder.resolve_source`) and, when it carries no LM, the
+    corpus word LM beside the manifest if it exists (:func:`fastasr.lm.corpus_lm_path`; never
+    built here). A manifest that is not here attaches nothing."""
+    if not train_manifest:
+        return recogniser
+    recogniser = replace(recogniser, training_manifest=str(train_manifest))
+    built = _manifest_lexicon(recogniser.tokenizer, train_manifest) \
+        if recogniser.lexicon is None and Path(train_manifest).is_file() else None
+    if built is None:
+        return recogniser
+    lexicon, lexicon_source = built
+    corpus_lm = corpus_lm_path(train_manifest)
+    lm = recogniser.lm if recogniser.lm is not None or not corpus_lm.is_file() else BundledLM.from_file(corpus_lm)
+    log.info("the checkpoint carries no lexicon: %d words (%s)%s", len(lexicon), lexicon_source,
+             f", word LM {lm.path}" if lm is not None else "")
+    return replace(recogniser, lexicon=lexicon, lexicon_source=lexicon_source, lm=lm)
+
+
+def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike | None, *,
+                       lm_path: str | os.PathLike | None = None,
+                       lm_dir: str | os.PathLike | None = None) -> Recogniser:
+    """``recogniser`` with the lexicon and word LM of its training data (training calls this at
+    its start, so that checkpoints decode by beam search + LM without the training data).
+
+    The lexicon is what decoding's ``lexicon.source=auto`` builds from ``train_manifest``
+    (``fastasr.decoding.builder``: a phoneme model's pronunciations spoken in training, a char
+    model's training words spelt, CMUdict for ARPAbet units); none for a subword model. The LM
+    (only with a lexicon) is ``lm_path`` when given, else the corpus's word 3-gram
+    ``lm/words-3gram.arpa`` beside the manifest, estimated from its transcripts when it does
+    not exist (in ``lm_dir/lm/`` when the corpus directory is read-only:
+    :func:`fastasr.lm.ensure_corpus_lm`); embedded when small (:class:`fastasr.lm.BundledLM`).
+    An LM that cannot be had is left out with a warning (training goes on)."""
+    if not train_manifest:
+        return recogniser
+    built = _manifest_lexicon(recogniser.tokenizer, train_manifest)
+    if built is None:
+        log.info("no lexicon for this %s model: the recogniser carries no lexicon nor word LM",
+                 recogniser.tokenizer.kind)
+        return recogniser
+    lexicon, lexicon_source = built
+    lm = None
+    try:
+        lm = BundledLM.from_file(lm_path if lm_path else ensure_corpus_lm(train_manifest, lm_dir))
+    except (OSError, ValueError) as err:
+        log.warning("the recogniser carries no word LM (decoding=beam_lm will need decoding.lm.path): %s", err)
+    if lm is not None:
+        log.info("recogniser: lexicon of %d words (%s), word LM %s (%s)", len(lexicon), lexicon_source, lm.path,
+                 "embedded" if lm.embedded else f"{lm.size / 2**20:.0f} MiB, referenced by path and sha256")
+    return replace(recogniser, lexicon=lexicon, lexicon_source=lexicon_source, lm=lm,
+                   training_manifest=str(train_manifest))
+
+
+def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, Any] | None = None,
+                    map_location: str | torch.device = "cpu", *,
+                    training_manifest: str | os.PathLike | None = None) -> Recogniser:
+    """Read a training checkpoint (``torch.load(weights_only=True)``) into a :class:`Recogniser`
+    whose ``model`` carries the trained weights (CMVN included), in eval mode, on ``map_location``.
+
+    ``attention``: decode with another attention (spec string or mapping) instead of the
+    one the model was trained with; the weights are the same. ``training_manifest``: the
+    manifest it was trained on (``data.train_manifest``), for the lexicon sources that read it
+    and for checkpoints that carry no lexicon (:func:`with_training_manifest`).
+    """
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    state = check_checkpoint_entry(checkpoint, RECOGNISER_KEY, str(path))
+    recogniser = Recogniser.from_dict(state, source=str(path))
+    model = recogniser.build_model()
+    weights = {k.removeprefix("model."): v for k, v in checkpoint.get("state_dict", {}).items()
+               if k.startswith("model.")}
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as err:
+        raise ValueError(f"{path}: the weights do not fit the recogniser's model config: {err}") from err
+    if attention is not None:
+        model.set_attention(attention)
+    return with_training_manifest(recogniser, training_manifest).with_model(model.to(map_location).eval())
