@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from fastasr.data.audio import BadAudioError, load_audio
 from fastasr.data.bad_audio import AllAudioBadError
-from fastasr.data.datamodule import ASRDataset, collate
+from fastasr.data.dataset import ASRDataset, collate
 from fastasr.data.features import Fbank, compute_cmvn_stats
 from fastasr.data.manifest import Utterance, read_manifest
 

@@ -13,8 +13,8 @@ import torchaudio.compliance.kaldi as kaldi
 from omegaconf import OmegaConf
 
 from fastasr.data.audio import load_audio
-from fastasr.data.datamodule import ASRDataModule, ctc_min_frames
-from fastasr.data.tokenizer import Tokenizer
+from fastasr.data.datamodule import ASRDataModule
+from fastasr.data.tokenizer import Tokenizer, ctc_min_frames
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 

@@ -18,9 +18,9 @@ from fastasr.corpora.shape_source import (
 from fastasr.data.audio import BadAudioError, file_sample_rate, load_audio, write_wav
 from fastasr.data.features import Fbank
 from fastasr.data.manifest import Utterance
-from fastasr.data.tokenizer import UnknownUnitError, normalize_text
+from fastasr.data.tokenizer import UnknownUnitError, ctc_min_frames, normalize_text
 from fastasr.decoding import long_form
-from fastasr.decoding.alignment import align_units, ctc_min_frames, word_frames
+from fastasr.decoding.alignment import align_units, word_frames
 
 log = logging.getLogger(__name__)
 

@@ -248,3 +248,9 @@ def units_of(utt, kind: str) -> list[str]:
     if kind == "char":
         return list(normalize_text(_text_of(utt)).replace(" ", WORD_BOUNDARY))
     raise ValueError(f"tokenizer kind {kind!r}; expected 'phoneme' or 'char' here")
+
+
+def ctc_min_frames(ids: Sequence[int]) -> int:
+    """Fewest output frames a CTC path needs for the label ids ``ids``: one each, plus a blank
+    between equal neighbours."""
+    return len(ids) + sum(1 for a, b in zip(ids, ids[1:]) if a == b)

@@ -23,15 +23,12 @@ from collections.abc import Sequence
 import torch
 import torchaudio.functional as AF
 
+from fastasr.data.tokenizer import ctc_min_frames
+
 log = logging.getLogger(__name__)
 
 MAX_CELLS = 2**26  # T x (2L + 1) aligned in one piece (64 MB of back-pointers); above: cut into pieces
 PIECE_FRAMES = 2000  # frames of a piece when cut (20 s at 10 ms frames, 80 s at 40 ms)
-
-
-def ctc_min_frames(ids: Sequence[int]) -> int:
-    """Frames a CTC path needs for ``ids``: one each, plus a blank between equal neighbours."""
-    return len(ids) + sum(1 for a, b in zip(ids, ids[1:]) if a == b)
 
 
 def _align_piece(log_probs: torch.Tensor, ids: Sequence[int], blank: int) -> list[tuple[int, int]]:
