@@ -205,3 +205,16 @@ def test_imports_inside_functions_give_a_reason():
     unexplained = sorted({(m, line, text.strip()) for m, imports in all_imports().items()
                           for _, line, inside, text in imports if inside and "#" not in text})
     assert len(unexplained) <= UNEXPLAINED_FUNCTION_IMPORTS, "\n".join(map(str, unexplained))
+
+
+#: The most lines a source module outside ``kernels/`` holds: past it a module holds several
+#: concepts (kernels keep a kernel and its launcher together, whatever their length).
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_outside_the_kernels_is_over_the_line_limit():
+    src = Path(__file__).resolve().parents[1] / "src" / "fastasr"
+    long = sorted((str(p.relative_to(src)), n) for p in src.rglob("*.py")
+                  if "kernels" not in p.relative_to(src).parts
+                  and (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES)
+    assert long == []
