@@ -10,7 +10,7 @@ This module imports neither torch nor Lightning, and the commands import their t
 decoding modules inside ``main``: on a 2-core CPU a mistyped override, group or key (Hydra's own
 composition error) and a missing checkpoint are refused in 0.6 s, a config that
 :mod:`fastasr.training.config_check` refuses in 3.7 s (torch loaded for the check, not
-Lightning), where importing the training stack first took 6.5-7 s (docs/CONFIGURATION.md).
+Lightning; docs/CONFIGURATION.md).
 """
 
 from __future__ import annotations
