@@ -540,15 +540,13 @@ class _SparseLaunch(NamedTuple):
         return cls(dot_dtype, precision, *blocks, *order.blocks(blocks[0]), SPARSE_WARPS)
 
 
-def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, extra_strides=(),
-                   launch: _SparseLaunch | None = None, **constexprs):
+def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, extra_strides=()):
     """Launch a fused sparse kernel over every block of ``order``.
 
     ``tensors``: the kernel's pointer arguments after ``blk_ptr`` (mass, ..., the outputs),
-    in its order; ``extra_strides``: the strides of the backward's incoming gradient;
-    ``launch``: its :class:`_SparseLaunch` when the caller has it.
+    in its order; ``extra_strides``: the strides of the backward's incoming gradient.
     """
-    launch = launch or _SparseLaunch.of(kernel, q, v, top_idx, order)
+    launch = _SparseLaunch.of(kernel, q, v, top_idx, order)
     B, H, N, E = q.shape
     S, EV, K = k.shape[2], v.shape[3], top_idx.shape[3]
     C = top_idx.shape[2]
@@ -558,7 +556,6 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
         *q.stride(), *k.stride(), *v.stride(), *top_idx.stride(), *extra_strides,
         DOT_DTYPE=launch.dot_dtype, PRECISION=launch.precision, BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, BLOCK_E=launch.block_e, BLOCK_V=launch.block_v, num_warps=launch.warps,
-        **constexprs,
     )
 
 

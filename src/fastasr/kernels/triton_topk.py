@@ -71,7 +71,7 @@ def _row_keys(x_ptr, rows, cols, R, N):
 def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
                  BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, CHUNK: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    _, key, inside = _row_keys(x_ptr, rows, tl.arange(0, BLOCK_N), R, N)
+    _, key, _ = _row_keys(x_ptr, rows, tl.arange(0, BLOCK_N), R, N)
     # bisection, each row stopping once exactly K keys are >= lo
     lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
     hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K

@@ -24,9 +24,10 @@ log = logging.getLogger(__name__)
 class EpochSummary(L.Callback):
     """After each validation (not Lightning's sanity check), on global rank 0: the epoch (and its
     batches so far where the validation comes before the epoch's end: a mid-epoch validation,
-    or the partial epoch a time limit cut short), the optimiser step, the wall time since this process began fitting, the mean training loss of the
-    updates since the last line, every ``val/*`` metric logged (the unit error rate, WER, loss),
-    and the updates a second since the last line.
+    or the partial epoch a time limit cut short), the optimiser step, the wall time since this
+    process began fitting, the mean training loss of the updates since the last line, every
+    ``val/*`` metric logged (the unit error rate, WER, loss), and the updates a second since the
+    last line.
 
     The training losses are summed on the device as they come and read once a line, so the
     callback adds no host synchronisation to a training step."""
