@@ -40,7 +40,7 @@ from fastasr.config import CONFIG_DIR  # noqa: E402
 from fastasr.data.feature_cache import CacheConfig, open_feature_cache  # noqa: E402
 from fastasr.data.features import FeatureConfig, with_native_rate  # noqa: E402
 from fastasr.data.manifest import read_manifest  # noqa: E402
-from fastasr.training.derived_config import derive_train_config  # noqa: E402
+from fastasr.training.derived_config import resolve_train_config  # noqa: E402
 
 
 def time_epochs(datamodule, epochs: int) -> list[dict]:
@@ -64,7 +64,7 @@ def time_epochs(datamodule, epochs: int) -> list[dict]:
 def run(overrides: list[str], epochs: int) -> dict:
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
-    derive_train_config(cfg)  # tokenizer, batch price: the values training works out
+    resolve_train_config(cfg)  # tokenizer, batch price: the values training works out
     data = OmegaConf.to_container(cfg.data, resolve=True)
     cache = CacheConfig.from_dict({**data["cache"], "mode": "build"})
     utterances = read_manifest(data["train_manifest"], on_error=data.get("on_bad_utterance", "skip"))

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 import fastasr.cli.redecode as redecode
 import fastasr.training.fit as fit
 from fastasr.config import CONFIG_DIR
-from fastasr.training.derived_config import derive_train_config
+from fastasr.training.derived_config import resolve_train_config
 
 
 def _finished_run(tmp_path):
@@ -23,7 +23,7 @@ def _finished_run(tmp_path):
         cfg = compose("train", overrides=["data=manifest", "tokenizer=char", "data.train_manifest=c/train.jsonl",
                                           "data.dev_manifest=c/dev.jsonl", "data.test_manifest=c/test.jsonl",
                                           "trainer.accelerator=cpu"])
-    derive_train_config(cfg)  # as training saves it
+    resolve_train_config(cfg)  # as training saves it
     del cfg.final_tuning.extend_edges  # a run from before the option
     OmegaConf.save(cfg, run / "config.yaml", resolve=True)
     averaged = run / "checkpoints" / "averaged.ckpt"

@@ -1,5 +1,5 @@
 """Every config group option composes, and the composed objects instantiate; the values a config
-derives from others are worked out in Python (fastasr.training.derived_config), not by resolvers."""
+derives from others are ``auto`` until one step fills them in (fastasr.training.derived_config)."""
 
 import os
 import re
@@ -18,7 +18,7 @@ from fastasr.data.features import FeatureConfig
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.model import CTCModel
 from fastasr.recognition.recogniser import DEFAULT_MODEL_TARGET, Recogniser
-from fastasr.training.derived_config import derive_train_config
+from fastasr.training.derived_config import resolve_train_config
 
 GROUPS = ["data", "features", "model", "attention", "optim", "scheduler", "trainer", "logger", "recipe",
           "callbacks", "experiment", "debug"]
@@ -29,14 +29,14 @@ def options(group: str) -> list[str]:
 
 
 def compose_raw(*overrides: str):
-    """train.yaml as Hydra composes it: the derived values still unset (``???``)."""
+    """train.yaml as Hydra composes it: the derived values still ``auto``."""
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("train", overrides=list(overrides), return_hydra_config=False)
 
 
 def compose_train(*overrides: str):
     """train.yaml as training runs it: composed, then its derived values filled in."""
-    return derive_train_config(compose_raw(*overrides))
+    return resolve_train_config(compose_raw(*overrides))
 
 
 @pytest.mark.parametrize("group", GROUPS)
@@ -118,18 +118,39 @@ def test_evaluate_config_composes():
 
 
 # ----------------------------------------------------------------------------- derived values
-def test_no_resolvers_and_config_imports_nothing_above_it():
-    """config.py is the bottom layer: it imports no other fastasr module and registers no
-    resolver; the YAML uses only OmegaConf's own (oc.*) and Hydra's (now)."""
+def test_one_resolver_chooses_the_recipe_and_config_imports_nothing_above_it():
+    """config.py is the bottom layer: it imports no other fastasr module and registers one resolver,
+    the recipe of a corpus, which only train.yaml's defaults list uses; values are derived by
+    fastasr.training.derived_config, and the YAML uses otherwise only OmegaConf's (oc.*) and Hydra's (now)."""
     code = ("import sys; from omegaconf import OmegaConf; import fastasr.config; "
             "mods = sorted(m for m in sys.modules if m.startswith('fastasr') and m not in ('fastasr', 'fastasr.config')); "
             "names = [n for n in ('unit_metric', 'matrix_attention', 'matrix_shared_qk', 'fallback', 'corpus_lm', "
-            "'attention_length_cost') if OmegaConf.has_resolver(n)]; sys.exit(f'{mods} {names}' if mods or names else 0)")
+            "'attention_length_cost') if OmegaConf.has_resolver(n)]; "
+            "names += [] if OmegaConf.has_resolver('fastasr.recipe_of_data') else ['no recipe resolver']; "
+            "sys.exit(f'{mods} {names}' if mods or names else 0)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    used = {m.group(1) for path in CONFIG_DIR.rglob("*.yaml")
+    used = {(path.relative_to(CONFIG_DIR).as_posix(), m.group(1)) for path in CONFIG_DIR.rglob("*.yaml")
             for m in re.finditer(r"\$\{([\w.]+):", path.read_text())}
-    assert used <= {"oc.select", "oc.env", "now"}, used
+    assert {name for _, name in used} <= {"oc.select", "oc.env", "now", "fastasr.recipe_of_data"}, used
+    assert {where for where, name in used if name == "fastasr.recipe_of_data"} == {"train.yaml"}
+
+
+def test_the_recipe_is_the_datas_unless_named_and_no_data_config_selects_one():
+    """Unless the command names a recipe, the built-in corpora (data=synthetic*) train with builtin and
+    every other corpus with real_speech (fastasr.config.recipe_of_data); conf/data/*.yaml choose no
+    recipe, model, trainer or scheduler setting; the composed config names its recipe."""
+    from fastasr.config import recipe_of_data
+
+    assert [recipe_of_data(d) for d in ("synthetic", "synthetic_long", "manifest", "digits", "my_corpus")] == [
+        "builtin", "builtin", "real_speech", "real_speech", "real_speech"]
+    for data in options("data"):
+        text = (CONFIG_DIR / "data" / f"{data}.yaml").read_text()
+        assert not re.search(r"^\s*-\s*override\s", text, re.M), data  # no other group chosen
+        assert not re.search(r"^(model|trainer|scheduler|optim|recipe|callbacks|final_\w+):", text, re.M), data
+        assert compose_raw(f"data={data}").recipe == recipe_of_data(data), data
+    assert compose_raw("data=manifest", "recipe=builtin").recipe == "builtin"  # named, it wins
+    assert compose_raw("data=synthetic", "recipe=real_speech").model.layers == 6
 
 
 def test_the_tokenizer_a_top_level_choice_or_the_data_configs_own():
@@ -145,7 +166,7 @@ def test_the_tokenizer_a_top_level_choice_or_the_data_configs_own():
 
 def test_batch_price_and_monitor_follow_the_config_unless_given():
     raw = compose_raw()
-    assert OmegaConf.is_missing(raw.data, "length_cost") and OmegaConf.is_missing(raw.callbacks.model_checkpoint, "monitor")
+    assert raw.data.length_cost == "auto" and raw.callbacks.model_checkpoint.monitor == "auto"
     cfg = compose_train()
     assert cfg.data.length_cost == "quadratic" and cfg.callbacks.model_checkpoint.monitor == "val/per"
     assert cfg.callbacks.epoch_checkpoint.filename == "epoch{epoch:03d}-score{val/per:.4f}"
@@ -156,7 +177,7 @@ def test_batch_price_and_monitor_follow_the_config_unless_given():
     assert given.callbacks.epoch_checkpoint.filename == "epoch{epoch:03d}-score{val/loss:.4f}"
     char = compose_train("tokenizer=char")
     assert char.callbacks.epoch_checkpoint.filename == "epoch{epoch:03d}-score{val/cer:.4f}"
-    assert derive_train_config(char.copy()) == char  # idempotent
+    assert resolve_train_config(char.copy()) == char  # idempotent
 
 
 def test_the_builtin_corpus_is_a_manifest_corpus_with_its_own_recipe():

@@ -8,10 +8,16 @@ import re
 import pytest
 import soundfile
 from omegaconf import OmegaConf
-from test_train_eval import compose_train
+from test_train_eval import compose_train as compose_raw
 
 from fastasr.training.config_check import LIGHTNING_PRECISIONS, ConfigError, check_train_config
+from fastasr.training.derived_config import resolve_train_config
 from fastasr.training.fit import train
+
+
+def compose_train(corpus, out, *overrides):
+    """A training config as train() checks it: composed, then resolved."""
+    return resolve_train_config(compose_raw(corpus, out, *overrides))
 
 
 @pytest.fixture
@@ -108,20 +114,54 @@ def test_a_phoneme_model_needs_phonemes_in_the_manifest(tiny_corpus, tmp_path, n
     check_train_config(compose_train(tiny_corpus, tmp_path, f"data.train_manifest={manifest}", "tokenizer=char"))
 
 
-def test_the_config_is_checked_with_its_derived_values(tiny_corpus, tmp_path, no_audio_reads):
-    """The check sees what training runs (fastasr.training.derived_config), on a copy of the config,
-    and returns that copy (what train() runs)."""
-    raw = compose_train(tiny_corpus, tmp_path)
-    checked = check_train_config(raw)
-    assert OmegaConf.is_missing(raw.data, "length_cost")  # the caller's config is not changed
-    assert checked is not raw and checked.data.length_cost == "quadratic"  # full attention's batch price
+def test_the_check_reports_and_changes_nothing(tiny_corpus, tmp_path, no_audio_reads):
+    """The check judges a resolved config (fastasr.training.derived_config) and leaves it as it is;
+    an unresolved one is refused where a derived value is still auto; a matrix member that is no
+    train spec is refused by the resolving."""
+    resolved = compose_train(tiny_corpus, tmp_path)
+    before = OmegaConf.to_container(resolved)
+    assert check_train_config(resolved) is None and OmegaConf.to_container(resolved) == before
+    assert resolved.data.length_cost == "quadratic"  # full attention's batch price
+    with pytest.raises(ConfigError, match=r"data.length_cost='auto'; expected quadratic or linear"):
+        check_train_config(compose_raw(tiny_corpus, tmp_path))
     with pytest.raises(ConfigError, match=r"member='fulll': unknown attention spec 'fulll'"):
-        check_train_config(compose_train(tiny_corpus, tmp_path, "experiment=matrix_member", "member=fulll"))
+        compose_train(tiny_corpus, tmp_path, "experiment=matrix_member", "member=fulll")
     with pytest.raises(ConfigError, match=r"model: model._target_ 'torch.nn.Linear' is not a fastasr.model.CTCModel "):
         check_train_config(compose_train(tiny_corpus, tmp_path, "model._target_=torch.nn.Linear"))
 
 
 def test_train_checks_the_config_first(tiny_corpus, tmp_path, no_audio_reads):
     with pytest.raises(ConfigError, match="attention.clusters=0"):
-        train(compose_train(tiny_corpus, tmp_path, "name=cfg", "attention=clustered", "attention.clusters=0"))
+        train(compose_raw(tiny_corpus, tmp_path, "name=cfg", "attention=clustered", "attention.clusters=0"))
     assert not (tmp_path / "runs" / "cfg").exists()
+
+
+def test_the_preflight_resolves_and_checks_once_and_refuses_in_one_line(tiny_corpus, tmp_path, monkeypatch, capsys):
+    """train.py's preflight (a Hydra callback, before the run directory exists) resolves the config
+    once and checks it once; a refused config is one line on stderr and exit status 2."""
+    from hydra import compose, initialize_config_dir
+    from test_train_eval import TINY_MODEL, data_overrides
+
+    import fastasr.training.config_check
+    import fastasr.training.derived_config
+    from fastasr.cli.preflight import TrainPreflight
+    from fastasr.config import CONFIG_DIR
+
+    calls = []
+    for module, name in ((fastasr.training.derived_config, "resolve_train_config"),
+                         (fastasr.training.config_check, "check_train_config")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda cfg, real=real, name=name: (calls.append(name), real(cfg))[1])
+
+    def compose_with_hydra(*overrides):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return compose("train", overrides=[*data_overrides(tiny_corpus), *TINY_MODEL, f"paths.output_dir={tmp_path}",
+                                               *overrides], return_hydra_config=True)
+
+    TrainPreflight().on_run_start(compose_with_hydra())
+    assert calls == ["resolve_train_config", "check_train_config"]
+    with pytest.raises(SystemExit) as refused:
+        TrainPreflight().on_run_start(compose_with_hydra("attention=clustered", "attention.clusters=0"))
+    assert refused.value.code == 2
+    assert capsys.readouterr().err.startswith("train.py: invalid config:")
+    assert not (tmp_path / "runs").exists()

@@ -132,14 +132,14 @@ def test_hydra_configs_instantiate(tiny_corpus):
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    from fastasr.training.derived_config import derive_train_config
+    from fastasr.training.derived_config import resolve_train_config
 
     # the data options are composed (they inherit conf/data/manifest.yaml through their defaults)
     overrides = [f"paths.data_dir={tiny_corpus.parent}", "features=fbank40", "data.num_workers=0",
                  *(f"data.{split}_manifest={tiny_corpus / f'{split}.jsonl'}" for split in ("train", "dev", "test"))]
     for name in ("synthetic", "manifest"):
         with initialize_config_dir(str(CONF), version_base="1.3"):
-            cfg = derive_train_config(compose("train", overrides=[f"data={name}", *overrides]))
+            cfg = resolve_train_config(compose("train", overrides=[f"data={name}", *overrides]))
         dm = instantiate(cfg.data)
         assert isinstance(dm, ASRDataModule)
         assert dm.feature_dim == 40 and dm.subsampling_factor == 1 and dm.tokenizer_kind == "phoneme"

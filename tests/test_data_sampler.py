@@ -164,12 +164,12 @@ def test_pricing_is_validated_and_configured_by_the_attention():
     from hydra import compose, initialize_config_dir
 
     from fastasr.config import CONFIG_DIR
-    from fastasr.training.derived_config import derive_train_config
+    from fastasr.training.derived_config import resolve_train_config
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         for attention, cost in (("full", "quadratic"), ("topk", "quadratic"), ("clustered", "linear"),
                                 ("i_clustered", "linear"), ("lsh", "linear")):
-            cfg = derive_train_config(compose("train", overrides=[f"attention={attention}"]))
+            cfg = resolve_train_config(compose("train", overrides=[f"attention={attention}"]))
             assert cfg.data.length_cost == cost, attention
 
 

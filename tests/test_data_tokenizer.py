@@ -160,11 +160,11 @@ def test_tokenizer_options_reach_the_datamodule_through_the_config(tiny_corpus):
     from hydra.utils import instantiate
 
     from fastasr.config import CONFIG_DIR
-    from fastasr.training.derived_config import derive_train_config
+    from fastasr.training.derived_config import resolve_train_config
 
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        default = derive_train_config(compose("train"))
-        cfg = derive_train_config(compose("train", overrides=["tokenizer=unigram", "data.vocab_size=48",
+        default = resolve_train_config(compose("train"))
+        cfg = resolve_train_config(compose("train", overrides=["tokenizer=unigram", "data.vocab_size=48",
                                                               f"data.train_manifest={tiny_corpus / 'train.jsonl'}",
                                                               f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}"]))
     assert default.data.tokenizer == "phoneme"  # top-level null: the data config's own default

@@ -53,4 +53,4 @@ def test_help_lists_the_groups_and_the_most_used_keys(script, config, expected):
     if script == "train.py":
         assert re.search(r"^  model.layers +encoder depth \(now: 4;", text, re.M)
         assert "(now: i-clustered)" in text  # values are this command's, overrides included
-        assert "filled in at start" in text
+        assert "filled in at start" in text and "(now: builtin)" in text  # the recipe this command trains with

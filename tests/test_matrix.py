@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from fastasr.config import CONFIG_DIR
 from fastasr.studies import matrix as mx
 from fastasr.studies.matrix.cells import ordered
-from fastasr.training.derived_config import derive_train_config
+from fastasr.training.derived_config import resolve_train_config
 
 DEFAULT_TRAIN = ["full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "i-clustered-100"]
 DEFAULT_EVAL = ["full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200",
@@ -26,7 +26,7 @@ def compose_cfg(name: str, *overrides: str):
     """A composed config; train.yaml as training runs it, its derived values filled in."""
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(name, overrides=list(overrides))
-    return derive_train_config(cfg) if name == "train" else cfg
+    return resolve_train_config(cfg) if name == "train" else cfg
 
 
 # ----------------------------------------------------------------------------- rules

@@ -114,6 +114,7 @@ def test_precision_auto_is_filled_in_and_other_values_stay(monkeypatch, tiny_cor
     from test_train_eval import compose_train as compose_on
 
     from fastasr.training.config_check import ConfigError, check_train_config
+    from fastasr.training.derived_config import resolve_train_config
 
     monkeypatch.setattr("fastasr.training.derived_config.native_bf16", lambda device_type: device_type == "cpu")
     assert compose_train("trainer.precision=auto", "trainer.accelerator=cpu").trainer.precision == "bf16-mixed"
@@ -121,6 +122,6 @@ def test_precision_auto_is_filled_in_and_other_values_stay(monkeypatch, tiny_cor
     assert compose_train("trainer.precision=auto", "trainer.accelerator=cpu").trainer.precision == "32-true"
     assert compose_train("trainer.precision=bf16-mixed").trainer.precision == "bf16-mixed"
     assert compose_train().trainer.precision == "32-true"  # the built-in recipe: float32
-    check_train_config(compose_on(tiny_corpus, tmp_path, "trainer.precision=auto"))  # accepted before it is filled in
+    check_train_config(resolve_train_config(compose_on(tiny_corpus, tmp_path, "trainer.precision=auto")))
     with pytest.raises(ConfigError, match=r"trainer.precision='bf17'.*'auto'"):
-        check_train_config(compose_on(tiny_corpus, tmp_path, "trainer.precision=bf17"))
+        check_train_config(resolve_train_config(compose_on(tiny_corpus, tmp_path, "trainer.precision=bf17")))

@@ -94,9 +94,9 @@ def test_the_builtin_corpus_and_the_paper_presets_keep_their_own_recipe():
     assert builtin.model.xscaling is False  # make train's model as it was measured
     # bf16 mixed precision on a GPU, float32 on a CPU (where make train's numbers were measured)
     assert builtin.trainer.precision == "bf16-on-gpu"
-    from fastasr.training.derived_config import auto_precision, derive_train_config
+    from fastasr.training.derived_config import auto_precision, resolve_train_config
 
-    assert derive_train_config(_compose("trainer.accelerator=cpu")).trainer.precision == "32-true"
+    assert resolve_train_config(_compose("trainer.accelerator=cpu")).trainer.precision == "32-true"
     assert auto_precision("cpu", on_cpu=False) == "32-true"
     assert builtin.data.cache.mode == "auto"  # make train computes its features on the fly unless `make features` ran
     assert builtin.callbacks.get("budget_dropout") is None  # make train trains as it is

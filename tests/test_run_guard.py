@@ -15,7 +15,7 @@ from test_train_eval import TINY_MODEL, compose_train, data_overrides
 
 from fastasr.config import PROJECT_ROOT
 from fastasr.rundir import RunDir
-from fastasr.training.derived_config import derive_train_config
+from fastasr.training.derived_config import resolve_train_config
 from fastasr.training.fit import train
 from fastasr.training.run_guard import RunRefused, check_run_dir
 
@@ -107,7 +107,7 @@ def test_continuing_a_finished_run_is_explicit(tiny_corpus, finished_run):
     last = str(run.checkpoints / "last.ckpt")
 
     def check(*overrides: str):
-        return check_run_dir(derive_train_config(compose_train(tiny_corpus, out, *FINISHED, *overrides)), run)
+        return check_run_dir(resolve_train_config(compose_train(tiny_corpus, out, *FINISHED, *overrides)), run)
 
     with pytest.raises(RunRefused, match="has finished training"):
         check()
@@ -121,6 +121,6 @@ def test_continuing_a_finished_run_is_explicit(tiny_corpus, finished_run):
     with pytest.raises(RunRefused, match=r"features.num_mel_bins=80 \(the run has 40\)"):
         check("ckpt_path=last", "features.num_mel_bins=80")
     with pytest.raises(RunRefused, match=r"ckpt_path=null \(or name=<new name>\)"):  # another run's checkpoint
-        check_run_dir(derive_train_config(compose_train(tiny_corpus, out, "name=other", f"ckpt_path={last}",
+        check_run_dir(resolve_train_config(compose_train(tiny_corpus, out, "name=other", f"ckpt_path={last}",
                                                         "model.layers=2")), RunDir(out / "runs" / "other"))
-    assert check_run_dir(derive_train_config(compose_train(tiny_corpus, out, "name=new")), RunDir(out / "runs" / "new")) is None
+    assert check_run_dir(resolve_train_config(compose_train(tiny_corpus, out, "name=new")), RunDir(out / "runs" / "new")) is None

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from fastasr.config import CONFIG_DIR
 from fastasr.rundir import RunDir
-from fastasr.training.derived_config import derive_train_config
+from fastasr.training.derived_config import resolve_train_config
 from fastasr.training.loggers import build_loggers, finish_wandb
 
 
@@ -94,7 +94,7 @@ def test_rundir_imports_no_torch():
 def test_build_loggers_puts_them_in_the_run_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        cfg = derive_train_config(compose("train", overrides=["logger=default", f"paths.output_dir={tmp_path}"]))
+        cfg = resolve_train_config(compose("train", overrides=["logger=default", f"paths.output_dir={tmp_path}"]))
     run = RunDir(tmp_path / "r").create()
     csv_logger, tb_logger, wandb_logger = build_loggers(cfg, run)
     assert csv_logger.save_dir == tb_logger.save_dir == str(run.path)

@@ -65,11 +65,24 @@ def compose_train(corpus: Path, out: Path, *overrides: str):
         )
 
 
-def test_fast_dev_run(tiny_corpus, tmp_path):
+def test_fast_dev_run(tiny_corpus, tmp_path, monkeypatch, caplog):
     """debug=fast: one training step and one validation batch, with the configured attention,
-    in the run directory given to ``train`` (not ``paths.run_dir``), and no test pass."""
+    in the run directory given to ``train`` (not ``paths.run_dir``), and no test pass. The config
+    is resolved once and checked once, and the run's first lines say what it trains."""
+    import fastasr.training.fit
+
+    calls = []
+    for name in ("resolve_train_config", "check_train_config"):
+        real = getattr(fastasr.training.fit, name)
+        monkeypatch.setattr(fastasr.training.fit, name, lambda cfg, real=real, name=name: (calls.append(name), real(cfg))[1])
     cfg = compose_train(tiny_corpus, tmp_path, "debug=fast", "attention=i_clustered", "attention.clusters=4")
-    result = train(cfg, run_dir=tmp_path / "given")
+    with caplog.at_level(logging.INFO, logger="fastasr.training.fit"):
+        result = train(cfg, run_dir=tmp_path / "given")
+    assert calls == ["resolve_train_config", "check_train_config"]
+    started = [r.getMessage() for r in caplog.records if r.name == "fastasr.training.fit"][:3]
+    assert started[0].startswith("recipe builtin (conf/recipe/builtin.yaml)")
+    assert "depth 1, 2 heads x 16" in started[1] and started[1].endswith("attention i-clustered-4")
+    assert "linear price" in started[2]  # the batch price the resolving chose for clustered attention
     assert result.run_dir == str(tmp_path / "given")
     assert not Path(cfg.paths.run_dir).exists()
     assert OmegaConf.load(tmp_path / "given" / "config.yaml").model.attention.clusters == 4

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from fastasr.config import CONFIG_DIR
 from fastasr.data.feature_cache import build_for_config
-from fastasr.training.derived_config import derive_train_config
+from fastasr.training.derived_config import resolve_train_config
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
-    derive_train_config(cfg)  # tokenizer, batch price: the values training works out
+    resolve_train_config(cfg)  # tokenizer, batch price: the values training works out
     for cache in build_for_config(cfg.data):
         print(f"{cache.directory}: {len(cache)} utterances, {cache.num_frames} frames, {cache.nbytes() / 1e6:.1f} MB"
               + (f", {len(cache.skipped)} skipped" if cache.skipped else ""))

@@ -31,14 +31,17 @@ __all__ = ["TrainPreflight", "EvaluatePreflight", "TranscribePreflight"]
 
 
 class TrainPreflight(Callback):
-    """``train.py``'s check of the config (:func:`fastasr.training.config_check.check_train_config`)
-    and of what it would do to the run directory (:func:`fastasr.training.run_guard.check_run_dir`).
-    :func:`fastasr.training.fit.train` checks again (it is also called without Hydra)."""
+    """``train.py``'s check of the resolved config (:func:`fastasr.training.derived_config.resolve_train_config`,
+    then :func:`fastasr.training.config_check.check_train_config`, once each) and of what it would do
+    to the run directory (:func:`fastasr.training.run_guard.check_run_dir`).
+    :func:`fastasr.training.fit.train` resolves and checks once more, in the training process (it is
+    also called without Hydra)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not is_rank_zero_process():
             return
         from fastasr.training.config_check import ConfigError, check_train_config  # loads torch
+        from fastasr.training.derived_config import resolve_train_config  # loads torch
         from fastasr.training.run_guard import check_run_dir  # loads torch
 
         cfg = copy.deepcopy(config)
@@ -46,7 +49,9 @@ class TrainPreflight(Callback):
             run_dir = Path(str(cfg.hydra.run.dir))
             del cfg["hydra"]
         try:
-            check_run_dir(check_train_config(cfg), RunDir(run_dir))
+            resolve_train_config(cfg)
+            check_train_config(cfg)
+            check_run_dir(cfg, RunDir(run_dir))
         except (ConfigError, FileExistsError, FileNotFoundError) as err:
             print(f"train.py: {err}", file=sys.stderr)
             raise SystemExit(2) from None

@@ -1,6 +1,7 @@
 """Start-up check of a training config: every mistake found at once, before any audio is read.
 
-``train()`` calls :func:`check_train_config` first, so a typo in an attention name, a
+``train()`` calls :func:`check_train_config` on the resolved config
+(:func:`fastasr.training.derived_config.resolve_train_config`) before anything else, so a typo in an attention name, a
 parameter out of range, a missing manifest or a phoneme model over a manifest without
 ``phonemes`` fails in a second with a message naming the config key, not minutes later
 (after the manifest's audio headers and the CMVN pass) or hours later (at the first
@@ -9,7 +10,6 @@ validation). Manifests are read as JSON lines only.
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,11 +27,12 @@ from fastasr.data.features import FeatureConfig
 from fastasr.data.phone_sets import folding
 from fastasr.data.tokenizer import KINDS
 from fastasr.recognition.recogniser import DEFAULT_MODEL_TARGET, model_class
-from fastasr.training.derived_config import AUTO_WORKERS, DERIVED_PRECISIONS, derive_train_config
+from fastasr.training.derived_config import AUTO, AUTO_WORKERS, DERIVED_PRECISIONS, ConfigError
 
+__all__ = ["ConfigError", "LIGHTNING_PRECISIONS", "check_train_config", "plain"]
 
-class ConfigError(ValueError):
-    """One or more config values are unusable; the message lists each with its key."""
+#: The batch prices ``data.length_cost`` takes (:func:`fastasr.attention.length_cost`'s).
+LENGTH_COSTS = ("quadratic", "linear")
 
 
 #: The ``trainer.precision`` strings Lightning's ``Trainer`` takes (``lightning.fabric.connector``'s
@@ -264,10 +265,9 @@ def _check_final_tuning(cfg: DictConfig, errors: list[str]) -> None:
                           f"{', '.join(sorted(wordfreq.available_languages()))}")
 
 
-def check_train_config(cfg: DictConfig) -> DictConfig:
-    """Check a composed training config without reading audio: the config training runs, i.e.
-    with its derived values (:func:`fastasr.training.derived_config.derive_train_config`, on a copy:
-    ``cfg`` is not changed). Returns that derived copy, checked.
+def check_train_config(cfg: DictConfig) -> None:
+    """Check a resolved training config (:func:`fastasr.training.derived_config.resolve_train_config`)
+    without reading audio or changing it: it only reports.
 
     The values are judged first, then each section is given to the class that reads it
     (:func:`_check_components`).
@@ -276,14 +276,14 @@ def check_train_config(cfg: DictConfig) -> DictConfig:
         ConfigError: listing every problem found, each with its config key, the value and
             what was expected.
     """
-    try:
-        cfg = derive_train_config(copy.deepcopy(cfg))
-    except ValueError as err:  # a matrix member that is no train spec: nothing else can be derived
-        raise ConfigError(f"invalid config:\n  {err}") from None
     errors: list[str] = []
     _check_attention(cfg, errors)
     if not errors:
         _check_model_values(cfg, errors)
+        length_cost = cfg.data.get("length_cost")
+        if length_cost not in LENGTH_COSTS:  # auto stays only where the attention is unknown
+            errors.append(f"data.length_cost={length_cost!r}; expected {' or '.join(LENGTH_COSTS)}, or {AUTO!r} "
+                          "(the attention's) before the config is resolved")
     model = not errors  # the model check repeats attention and size errors less clearly
     _check_data(cfg, errors)
     _check_trainer(cfg, errors)
@@ -292,4 +292,3 @@ def check_train_config(cfg: DictConfig) -> DictConfig:
     _check_components(cfg, model, errors)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))
-    return cfg

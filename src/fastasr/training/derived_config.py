@@ -1,11 +1,15 @@
-"""The values of a training config that follow from other values, worked out in Python.
+"""The one step that fills in the values of a training config that follow from other values.
 
-The YAML under ``conf/`` holds plain values and ``${}`` references; a value that follows from
-others by a rule is filled in here, by :func:`derive_train_config`. :func:`fastasr.training.fit.train`
-gets it where training starts, from :func:`fastasr.training.config_check.check_train_config` (which derives
-a copy and checks it), before the config is saved as the run's ``config.yaml`` and instantiated, and the matrix and the budget study
-call it on every member they compose (``fastasr.studies.matrix.members``, ``fastasr.studies.budget.members``), so
-what they compare and train is what ``python train.py`` runs:
+The YAML under ``conf/`` holds plain values and ``${}`` references; a value that follows from others
+by a rule is marked ``auto`` there and filled in here, by :func:`resolve_train_config`, before
+anything reads it. :func:`fastasr.training.fit.train` resolves and then checks
+(:func:`fastasr.training.config_check.check_train_config`) once, before the config is saved as the
+run's ``config.yaml`` and instantiated; ``train.py``'s preflight does the same once before the run
+directory exists (:mod:`fastasr.cli.preflight`); the matrix and the budget study resolve every member
+they compose (``fastasr.studies.matrix.members``, ``fastasr.studies.budget.members``), so what they
+compare and train is what ``python train.py`` runs. ``python train.py ... --cfg job`` shows the
+composed config with these keys as ``auto``; the run's first log lines (:func:`run_summary`) and
+its ``config.yaml`` hold their values.
 
 * ``data.tokenizer``: the top-level ``tokenizer`` when it is set (``python train.py tokenizer=char``;
   it wins over ``data.tokenizer``), else the data config's own (``conf/data/*.yaml``).
@@ -14,10 +18,10 @@ what they compare and train is what ``python train.py`` runs:
   :func:`train_member`, the one home of the shared-Q/K rule (``shared-full`` → full attention
   with shared Q/K; LSH → shared Q/K; the matrix's eval rules build on it, ``fastasr.studies.matrix.rules``). A value given instead is kept (the matrix refuses a member whose
   values contradict its spec: ``fastasr.studies.matrix.members.compose_member``).
-* ``data.length_cost`` (``???`` in ``conf/data/manifest.yaml``): the batch price of the model's
+* ``data.length_cost`` ``auto`` (``conf/data/manifest.yaml``): the batch price of the model's
   attention, :func:`fastasr.attention.length_cost` (``quadratic``: full, top-k; ``linear``:
   clustered, i-clustered, LSH).
-* ``callbacks.model_checkpoint.monitor`` (``???`` in ``conf/callbacks/default.yaml``):
+* ``callbacks.model_checkpoint.monitor`` ``auto`` (``conf/callbacks/default.yaml``):
   ``val/<unit metric>`` of ``data.tokenizer``, :func:`fastasr.data.tokenizer.unit_metric`
   (``val/per`` for phonemes, ``val/cer`` for characters and subwords); the epoch checkpoints' file
   name refers to it (``${callbacks.model_checkpoint.monitor}``).
@@ -27,9 +31,8 @@ what they compare and train is what ``python train.py`` runs:
 * ``data.num_workers`` ``auto``: :func:`auto_workers`, the machine's cores less one for the
   training process, at least 2 and at most 8.
 
-A value marked ``???`` is filled only while it is missing, so one given on the command line
-(``data.length_cost=linear``, ``callbacks.model_checkpoint.monitor=val/loss``) wins. Filling is
-idempotent.
+A value given on the command line instead of ``auto`` (``data.length_cost=linear``,
+``callbacks.model_checkpoint.monitor=val/loss``) is kept. Resolving is idempotent.
 """
 
 from __future__ import annotations
@@ -43,16 +46,22 @@ from omegaconf import DictConfig, OmegaConf
 from fastasr.attention import build_attention, length_cost
 from fastasr.data.tokenizer import unit_metric
 
-#: ``trainer.precision`` value that :func:`derive_train_config` replaces by :func:`auto_precision`'s.
-AUTO_PRECISION = "auto"
+#: The value of a key that :func:`resolve_train_config` fills in by its rule.
+AUTO = "auto"
+#: ``trainer.precision`` value that :func:`resolve_train_config` replaces by :func:`auto_precision`'s.
+AUTO_PRECISION = AUTO
 #: ``trainer.precision`` value: :func:`auto_precision`'s choice on a GPU, ``32-true`` on a CPU.
 GPU_BF16_PRECISION = "bf16-on-gpu"
-#: The ``trainer.precision`` values that :func:`derive_train_config` replaces.
+#: The ``trainer.precision`` values that :func:`resolve_train_config` replaces.
 DERIVED_PRECISIONS = (AUTO_PRECISION, GPU_BF16_PRECISION)
-#: ``data.num_workers`` value that :func:`derive_train_config` replaces by :func:`auto_workers`'s.
-AUTO_WORKERS = "auto"
+#: ``data.num_workers`` value that :func:`resolve_train_config` replaces by :func:`auto_workers`'s.
+AUTO_WORKERS = AUTO
 #: The train spec of full attention on a model with one projection for queries and keys.
 SHARED_FULL = "shared-full"
+
+
+class ConfigError(ValueError):
+    """One or more config values are unusable; the message lists each with its key."""
 
 
 def needs_shared_qk(spec: str) -> bool:
@@ -125,12 +134,12 @@ def _plain(node: Any) -> Any:
     return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
-def derive_train_config(cfg: DictConfig) -> DictConfig:
+def resolve_train_config(cfg: DictConfig) -> DictConfig:
     """Fill in the derived values of a composed ``train.yaml`` config (in place; returns ``cfg``).
 
     Raises:
-        ValueError: ``member`` is not a train spec (the message names it). Other bad values
-            (an unknown attention, tokenizer kind) leave what follows from them unset, for
+        ConfigError: ``member`` is not a train spec (the message names it). Other bad values
+            (an unknown attention, tokenizer kind) leave what follows from them ``auto``, for
             :func:`fastasr.training.config_check.check_train_config` to report with its key.
     """
     data = cfg.get("data")
@@ -143,13 +152,13 @@ def derive_train_config(cfg: DictConfig) -> DictConfig:
         try:
             attention, shared_qk = train_member(str(cfg.member))
         except ValueError as err:
-            raise ValueError(f"member={cfg.member!r}: {err}") from None
+            raise ConfigError(f"invalid config:\n  member={cfg.member!r}: {err}") from None
         if _missing(cfg, "attention"):
             cfg.attention = attention
         if qk_unset:
             model.shared_qk = shared_qk
 
-    if _missing(data, "length_cost"):
+    if isinstance(data, DictConfig) and data.get("length_cost") == AUTO:
         spec = _plain(OmegaConf.select(cfg, "model.attention", default=None,
                                         throw_on_missing=False, throw_on_resolution_failure=False))
         try:
@@ -158,7 +167,8 @@ def derive_train_config(cfg: DictConfig) -> DictConfig:
             pass  # an unknown attention: check_train_config names it
 
     checkpoint = OmegaConf.select(cfg, "callbacks.model_checkpoint", default=None)
-    if _missing(checkpoint, "monitor") and isinstance(data, DictConfig) and not _missing(data, "tokenizer"):
+    if (isinstance(checkpoint, DictConfig) and checkpoint.get("monitor") == AUTO and isinstance(data, DictConfig)
+            and not _missing(data, "tokenizer")):
         try:
             checkpoint.monitor = f"val/{unit_metric(str(data.tokenizer))}"
         except ValueError:
@@ -171,3 +181,34 @@ def derive_train_config(cfg: DictConfig) -> DictConfig:
     if isinstance(data, DictConfig) and data.get("num_workers") == AUTO_WORKERS:
         data.num_workers = auto_workers()
     return cfg
+
+
+def run_summary(cfg: DictConfig, choices: dict[str, Any] | None = None) -> str:
+    """What a resolved config trains, in the lines a run starts with: the recipe (and the
+    experiment preset, from Hydra's ``choices`` when given), the data, the model, its attention,
+    the optimiser and schedule, the budget, the precision and the batches."""
+    choices = choices or {}
+    recipe = cfg.get("recipe") or "none"
+    experiment = choices.get("experiment")
+    model, trainer, data = cfg.get("model") or {}, cfg.get("trainer") or {}, cfg.get("data") or {}
+    spec = _plain(model.get("attention"))
+    try:
+        attention = build_attention(spec).spec
+    except (ValueError, KeyError, TypeError):
+        attention = str(spec)
+    scheduler = str((cfg.get("scheduler") or {}).get("_target_", "none")).rsplit(".", 1)[-1]
+    optimiser = str((cfg.get("optim") or {}).get("_target_", "?")).rsplit(".", 1)[-1]
+    budget = ", ".join(f"{k} {trainer.get(k)}" for k in ("max_time", "max_epochs", "max_steps")
+                       if trainer.get(k) not in (None, -1))
+    lines = [
+        f"recipe {recipe} (conf/recipe/{recipe}.yaml)" + (f", experiment {experiment}" if experiment else "")
+        + f"; data {choices.get('data', '')}".rstrip() + f": train {data.get('train_manifest')}",
+        f"model: depth {model.get('layers')}, {model.get('heads')} heads x "
+        f"{int(model.get('d_model', 0)) // max(int(model.get('heads', 1)), 1)}, feed-forward {model.get('ff_dim')}, "
+        f"conv kernel {model.get('conv_kernel')}, positions {model.get('positions')}, dropout {model.get('dropout')}, "
+        f"attention {attention}",
+        f"training: {optimiser} lr {(cfg.get('optim') or {}).get('lr')}, {scheduler}; {budget or 'no budget'}; "
+        f"precision {trainer.get('precision')}; {data.get('tokenizer')} units; batches of "
+        f"{data.get('max_frames_per_batch')} frames ({data.get('length_cost')} price)",
+    ]
+    return "\n".join(lines)

@@ -1,17 +1,19 @@
-"""Training entry: compose config → derive its computed values → instantiate data, model,
-trainer → fit → test.
+"""Training entry: composed config → resolve its ``auto`` values → check → instantiate data,
+model, trainer → fit → test.
 
-``python train.py`` (Hydra) calls :func:`train`; tests call it with a composed config. The values
-a config derives from others (``data.tokenizer`` from a top-level ``tokenizer=``, the batch price
-of the attention, the checkpoint monitor, a matrix member's attention) are filled in by
-:func:`fastasr.training.derived_config.derive_train_config` at its start, on the copy that
-:func:`fastasr.training.config_check.check_train_config` checks and returns (the caller's config
-is left as it was). After the test it hands over to the final decoding of the run directory
-(:func:`decode_run`), which reads the run's ``config.yaml``.
+``python train.py`` (Hydra) calls :func:`train`; tests call it with a composed config. :func:`train`
+resolves a copy of it once (:func:`fastasr.training.derived_config.resolve_train_config`: the
+tokenizer a top-level ``tokenizer=`` names, the batch price of the attention, the checkpoint monitor,
+the precision, a matrix member's attention), checks that once
+(:func:`fastasr.training.config_check.check_train_config`), logs what it trains
+(:func:`fastasr.training.derived_config.run_summary`) and saves it as the run's ``config.yaml``; the
+caller's config is left as it was. After the test it hands over to the final decoding of the run
+directory (:func:`decode_run`), which reads that ``config.yaml``.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 from collections.abc import Sequence
@@ -37,6 +39,7 @@ from fastasr.recognition.scoring import DecodeResult, decoding_options, training
 from fastasr.rundir import RunDir
 from fastasr.training.callbacks import dropout_decision, report_learning_warnings, reset_peak_memory
 from fastasr.training.config_check import check_train_config
+from fastasr.training.derived_config import resolve_train_config, run_summary
 from fastasr.training.lit import ASRLitModule
 from fastasr.training.loggers import build_loggers, finish_wandb
 from fastasr.training.run_guard import check_run_dir
@@ -174,9 +177,14 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
     ``run_dir``: where the run lives (checkpoints, logs, config.yaml); None: the running
     Hydra job's output directory, else ``cfg.paths.run_dir`` (:func:`run_dir_of`).
     """
-    # config mistakes fail here, naming the key, before any audio is read; the values that follow
-    # from others are filled in before config.yaml is written
-    cfg = check_train_config(cfg)
+    # the values that follow from others are filled in before config.yaml is written; config
+    # mistakes fail here, naming the key, before any audio is read
+    cfg = resolve_train_config(copy.deepcopy(cfg))
+    check_train_config(cfg)
+    if is_rank_zero_process():
+        choices = dict(HydraConfig.get().runtime.choices) if HydraConfig.initialized() else {}
+        for line in run_summary(cfg, choices).splitlines():
+            log.info(line)
     L.seed_everything(cfg.seed, workers=True)
     run_dir = RunDir(run_dir if run_dir is not None else run_dir_of(cfg))
     if is_rank_zero_process():  # a resumed checkpoint must be this config's; a finished run is kept as it is

@@ -25,7 +25,7 @@ from fastasr.rundir import RunDir
 from fastasr.studies.budget.clock import TrainingClock
 from fastasr.studies.matrix.members import Member, train_member_model
 from fastasr.studies.matrix.rules import MatrixError, train_member
-from fastasr.training.derived_config import derive_train_config
+from fastasr.training.derived_config import resolve_train_config
 
 CLOCK_CALLBACK = "training_clock"  # key of TrainingClock in a member's callbacks
 _CLOCK_TARGET = f"{TrainingClock.__module__}.{TrainingClock.__qualname__}"
@@ -160,7 +160,7 @@ def compose_budget_member(cfg: DictConfig, spec: MemberSpec) -> BudgetMember:
     when the composed run would not be the member asked for (attention, depth, budget, clock)."""
     attention, shared_qk = train_member(spec.attention)
     overrides = member_overrides(cfg, spec)
-    composed = derive_train_config(hydra.compose(config_name="train", overrides=overrides))
+    composed = resolve_train_config(hydra.compose(config_name="train", overrides=overrides))
     wanted_s = max_time_seconds(cfg.budget.max_time)
     problems = []
     if str(composed.model.get("attention")) != attention:

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fastasr.rundir import RunDir
 from fastasr.studies.matrix.rules import MatrixError, train_member
-from fastasr.training.derived_config import derive_train_config
+from fastasr.training.derived_config import resolve_train_config
 from fastasr.training.fit import train
 from fastasr.training.loggers import finish_wandb
 
@@ -117,7 +117,7 @@ def member_overrides(cfg: DictConfig, spec: str) -> list[str]:
 
 def compose_member(cfg: DictConfig, spec: str) -> Member:
     """Compose train.yaml for one member with Hydra, its derived values filled in
-    (:func:`fastasr.training.derived_config.derive_train_config`): the config ``train.py`` would run.
+    (:func:`fastasr.training.derived_config.resolve_train_config`): the config ``train.py`` would run.
 
     ``cfg`` is the composed ``cross_eval`` config; Hydra must be initialised with the
     project's config directory. Raises :class:`MatrixError` when the experiment does not
@@ -125,7 +125,7 @@ def compose_member(cfg: DictConfig, spec: str) -> Member:
     """
     attention, shared_qk = train_member(spec)
     overrides = member_overrides(cfg, spec)
-    composed = derive_train_config(hydra.compose(config_name="train", overrides=overrides))
+    composed = resolve_train_config(hydra.compose(config_name="train", overrides=overrides))
     run_dir = Path(composed.paths.run_dir)
     expected = Path(cfg.matrix_dir) / "runs" / spec
     if run_dir.resolve() != expected.resolve():

@@ -14,7 +14,7 @@ on a shared-Q/K model. A pair whose eval spec needs shared Q/K on a model traine
 it is ``n/a``, with the reason.
 
 ``conf/experiment/matrix_member_base.yaml`` leaves ``attention`` and ``model.shared_qk`` to this
-rule (``???``): :func:`fastasr.training.derived_config.derive_train_config` fills them in from ``member``
+rule (``???``): :func:`fastasr.training.derived_config.resolve_train_config` fills them in from ``member``
 where training starts, so ``python train.py experiment=matrix_member member=lsh-4`` and
 multirun jobs build the model the matrix expects.
 """
