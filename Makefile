@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	  echo "error: 'make install' needs about $(INSTALL_NEEDS_GB) GB free on the disk of $$(pwd) (torch's CUDA build: ~5.2 GB in .venv, plus its wheels while pip installs them); $$free GB is free." >&2; exit 1; fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install -e '.[dev,slurm]'
+	$(PY) -m pip install -e '.[dev,slurm,deploy]'
 	touch $(STAMP)
 
 $(NATIVE_LIB): $(STAMP) $(NATIVE_SRC)

@@ -11,6 +11,7 @@ Sub-packages, from the ground up (docs/ARCHITECTURE.md "Layers"):
     recognition  the recogniser (the bundle a checkpoint carries, the inference object), scoring,
                  evaluation, transcription, checkpoint averaging and migration, the final decoding
     training     fit, the LightningModule, schedules, loggers, checkpoint I/O, config checks, callbacks
+    deploy, onnx the ONNX export, and the runtime that runs it without PyTorch
     studies      the approximation matrix, the budget study, reports
     corpora      offline corpus builders: the built-in synthetic corpus, converters, corpus shapes
     cli          the commands (python -m fastasr.cli.<command>): compose, call the library, print

@@ -24,6 +24,7 @@ import torch
 import torchaudio.functional as AF
 
 from fastasr.data.tokenizer import ctc_min_frames
+from fastasr.decoding.hypothesis import word_frames, word_unit_groups  # noqa: F401  (this module's API too)
 
 log = logging.getLogger(__name__)
 
@@ -106,24 +107,3 @@ def align_units(log_probs: torch.Tensor, ids: Sequence[int], *, blank: int = 0,
             return None
         spans.extend((f0 + a, f0 + b) for a, b in piece)
     return spans
-
-
-def word_unit_groups(units: Sequence[str], boundary: str | None = "|", word_start: str | None = None) -> list[list[int]]:
-    """The indices of each word's units: the runs between ``boundary`` units (phoneme and
-    char models), or, for subword units, runs each starting at a unit that begins with
-    ``word_start`` (sentencepiece's ``▁``). Empty runs are dropped."""
-    groups: list[list[int]] = [[]]
-    for i, u in enumerate(units):
-        if boundary is not None and u == boundary:
-            groups.append([])
-            continue
-        if word_start is not None and u.startswith(word_start) and groups[-1]:
-            groups.append([])
-        groups[-1].append(i)
-    return [g for g in groups if g]
-
-
-def word_frames(units: Sequence[str], spans: Sequence[tuple[int, int]], boundary: str | None = "|",
-                word_start: str | None = None) -> list[tuple[int, int]]:
-    """``[start, end)`` frames of each word: from its first unit's start to its last unit's end."""
-    return [(spans[g[0]][0], spans[g[-1]][1]) for g in word_unit_groups(units, boundary, word_start)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fastasr.data.tokenizer import WORD_BOUNDARY
@@ -52,3 +53,24 @@ def word_groups(units: list[str], boundary: str = WORD_BOUNDARY) -> list[list[st
         else:
             groups[-1].append(u)
     return [g for g in groups if g]
+
+
+def word_unit_groups(units: Sequence[str], boundary: str | None = "|", word_start: str | None = None) -> list[list[int]]:
+    """The indices of each word's units: the runs between ``boundary`` units (phoneme and
+    char models), or, for subword units, runs each starting at a unit that begins with
+    ``word_start`` (sentencepiece's ``▁``). Empty runs are dropped."""
+    groups: list[list[int]] = [[]]
+    for i, u in enumerate(units):
+        if boundary is not None and u == boundary:
+            groups.append([])
+            continue
+        if word_start is not None and u.startswith(word_start) and groups[-1]:
+            groups.append([])
+        groups[-1].append(i)
+    return [g for g in groups if g]
+
+
+def word_frames(units: Sequence[str], spans: Sequence[tuple[int, int]], boundary: str | None = "|",
+                word_start: str | None = None) -> list[tuple[int, int]]:
+    """``[start, end)`` frames of each word: from its first unit's start to its last unit's end."""
+    return [(spans[g[0]][0], spans[g[-1]][1]) for g in word_unit_groups(units, boundary, word_start)]

@@ -32,13 +32,17 @@ def _frequencies(dim: int, device: torch.device) -> torch.Tensor:
 
 class _AngleTable:
     """cos and sin of the (length, dim / 2) angles position × frequency, cached and grown on
-    demand (any length), so a forward pass computes no trigonometry."""
+    demand (any length), so a forward pass computes no trigonometry; while a model is exported to
+    ONNX, computed from the length in the graph instead (no table of a fixed size is baked in)."""
 
     def __init__(self, dim: int):
         self.dim = dim
         self._cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __call__(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if torch.onnx.is_in_onnx_export():  # the exported graph computes the angles of any length
+            angles = torch.arange(length, device=device, dtype=torch.float32)[:, None] * _frequencies(self.dim, device)
+            return angles.cos(), angles.sin()
         cached = self._cos_sin
         if cached is None or cached[0].shape[0] < length or cached[0].device != device:
             size = max(length, 1024 if cached is None else 2 * cached[0].shape[0])

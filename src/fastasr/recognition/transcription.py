@@ -1,6 +1,6 @@
 """Transcribe audio files with a trained checkpoint: what ``python -m fastasr.transcribe``
-runs (:func:`run_transcription`), its inputs (:func:`resolve_inputs`), its output formats
-(:func:`srt_text`, :func:`ctm_lines`) and its closing lines (:func:`summary`). The command's
+runs (:func:`run_transcription`), its inputs (:func:`resolve_inputs`) and its closing lines
+(:func:`summary`); the output formats are :mod:`fastasr.decoding.transcript_formats`'. The command's
 usage is in :mod:`fastasr.cli.transcribe`.
 """
 
@@ -11,7 +11,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
@@ -22,7 +22,8 @@ import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
 from fastasr.data.bad_audio import SkippedUtterance, describe_skipped
 from fastasr.data.manifest import ManifestError, read_manifest
 from fastasr.data.recordings import AUDIO_EXTENSIONS, Recording
-from fastasr.decoding.long_form import LongFormConfig
+from fastasr.decoding.transcript_formats import ctm_lines, srt_text
+from fastasr.decoding.windows import LongFormConfig
 from fastasr.progress import show_progress
 from fastasr.recognition.evaluation import decoding_label
 from fastasr.recognition.loading import load_recogniser
@@ -31,9 +32,6 @@ from fastasr.rundir import RunDir
 log = logging.getLogger(__name__)
 
 MANIFEST_SUFFIXES = (".jsonl", ".json")
-SRT_MAX_WORDS = 12  # words per subtitle
-SRT_MAX_SECONDS = 6.0  # a subtitle's longest span
-SRT_PAUSE_SECONDS = 1.0  # a pause this long between two words starts a new subtitle
 
 
 # ---------------------------------------------------------------------- inputs
@@ -82,32 +80,6 @@ def resolve_inputs(specs: Sequence[str] | str, stdin: IO[str] | None = None) -> 
         unique.append(rec if seen[rec.id] == 1 else Recording(f"{rec.id}-{seen[rec.id]}", rec.audio_filepath,
                                                                duration=rec.duration))
     return unique, problems
-
-
-# ---------------------------------------------------------------------- outputs
-def _timestamp(seconds: float) -> str:
-    ms = int(round(seconds * 1000))
-    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d},{ms % 1000:03d}"
-
-
-def srt_text(words: Iterable[Any]) -> str:
-    """SubRip subtitles of timed words (``.word``, ``.start``, ``.end``): a cue holds at most
-    ``SRT_MAX_WORDS`` words over at most ``SRT_MAX_SECONDS``; a pause of ``SRT_PAUSE_SECONDS`` ends one."""
-    cues: list[list[Any]] = []
-    for w in words:
-        cue = cues[-1] if cues else None
-        if (cue is None or len(cue) >= SRT_MAX_WORDS or w.end - cue[0].start > SRT_MAX_SECONDS
-                or w.start - cue[-1].end >= SRT_PAUSE_SECONDS):
-            cues.append([w])
-        else:
-            cue.append(w)
-    return "".join(f"{i}\n{_timestamp(c[0].start)} --> {_timestamp(c[-1].end)}\n{' '.join(w.word for w in c)}\n\n"
-                   for i, c in enumerate(cues, start=1))
-
-
-def ctm_lines(transcription: Any) -> str:
-    """NIST CTM lines of a transcription: ``<id> 1 <start> <duration> <word>`` (seconds)."""
-    return "".join(f"{transcription.id} 1 {w.start:.3f} {w.end - w.start:.3f} {w.word}\n" for w in transcription.words)
 
 
 # ---------------------------------------------------------------------- the command

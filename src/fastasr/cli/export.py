@@ -1,0 +1,52 @@
+"""``python -m fastasr.export ckpt_path=CKPT [out=DIR] [int8=true] [check=true]``: write a trained
+checkpoint as an exported folder (:func:`fastasr.deploy.export.export_recogniser`; docs/DEPLOY.md).
+
+``out`` defaults to ``<the checkpoint's run directory>/export`` (``exported`` beside a checkpoint
+outside a run). Prints the files written, the attention the graph holds (and, for a fast attention,
+why it is full attention there), and the largest difference between PyTorch's and onnxruntime's
+log-probabilities on two test batches. Exit status 2 for a bad key or a missing checkpoint.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+DEFAULTS = {"ckpt_path": None, "out": None, "int8": "true", "check": "true"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = dict(DEFAULTS)
+    for arg in sys.argv[1:] if argv is None else argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in DEFAULTS:
+            raise SystemExit(f"fastasr.export: {arg!r}; expected key=value with a key of {sorted(DEFAULTS)}")
+        args[key] = value
+    ckpt = Path(args["ckpt_path"] or "")
+    if not args["ckpt_path"] or not ckpt.is_file():
+        print(f"fastasr.export: ckpt_path={args['ckpt_path']}: no such checkpoint file; expected "
+              "python -m fastasr.export ckpt_path=CKPT [out=DIR]", file=sys.stderr)
+        raise SystemExit(2)
+    flags = {}
+    for key in ("int8", "check"):
+        if args[key].lower() not in ("true", "false"):
+            print(f"fastasr.export: {key}={args[key]!r}; expected true or false", file=sys.stderr)
+            raise SystemExit(2)
+        flags[key] = args[key].lower() == "true"
+    run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
+    out = Path(args["out"]) if args["out"] else (run / "export" if run is not None else ckpt.parent / "exported")
+
+    from fastasr.deploy.export import export_recogniser  # loads torch: after the arguments are checked
+    from fastasr.quiet import quiet_known_noise  # (with torch: its noise)
+    from fastasr.recognition.loading import load_recogniser  # loads torch
+
+    quiet_known_noise()
+    result = export_recogniser(load_recogniser(ckpt), out, source=str(ckpt), int8=flags["int8"], check=flags["check"])
+    for name in result.files:
+        size = (result.out / name).stat().st_size
+        print(f"{result.out / name}\t{size / 1e6:.2f} MB")
+    if result.swapped:
+        print(f"fastasr.export: {result.swapped}", file=sys.stderr)
+    if result.max_abs_diff is not None:
+        print(f"fastasr.export: attention {result.attention}; onnxruntime against PyTorch: largest log-probability "
+              f"difference {result.max_abs_diff:.2e}", file=sys.stderr)

@@ -1,0 +1,239 @@
+"""A trained recogniser as a folder that runs without PyTorch: ONNX models, units, features, lexicon, LM.
+
+:func:`export_recogniser` writes, for a checkpoint's :class:`~fastasr.recognition.recogniser.Recogniser`:
+
+* ``model.onnx``: filterbank features ``x`` ``(N, T, F)`` float32 and their lengths ``x_lens``
+  ``(N,)`` int64 in; log-probabilities ``log_probs`` ``(N, T', V)`` float32 and their lengths
+  ``log_probs_len`` ``(N,)`` int64 out. The model's own global and per-utterance CMVN and its
+  subsampling are inside; the batch and time axes are dynamic; sinusoidal and rotary positions
+  are computed in the graph for any length (no table cut at a maximum). The input and output
+  names are icefall's CTC export's, so sherpa-onnx's offline CTC recogniser (``zipformer_ctc``)
+  loads it.
+* ``model.int8.onnx``: the same graph with its matrix weights quantised to int8 by
+  onnxruntime's dynamic quantisation (activations quantised per call).
+* ``tokens.txt``: ``symbol id`` per line, sherpa-onnx's unit table (``<blk>`` for the blank, ``▁``
+  for the word boundary ``|``; a phoneme model's phonemes as ``▁PH``, so that sherpa-onnx's text
+  is the phonemes separated by spaces).
+* ``recogniser.json``: :meth:`Recogniser.to_dict` (units, features, lexicon; the LM as a path)
+  plus ``export``: the attention exported, the input and output names, the subsampling factor,
+  the seconds per output frame, the opset and the checkpoint it came from.
+* ``lm.arpa``: the word LM the checkpoint carries, when it carries one.
+
+Full attention exports as it is (its key-mask path, one graph for every length). The fast
+attentions (clustered, i-clustered, LSH, top-k, and ``auto``, which switches between full and
+i-clustered by length) decide with data-dependent control flow on the host — K-means iteration
+counts, sorting and gathering by cluster, C++ and Triton kernels — that an ONNX graph cannot hold
+as one exact computation; they export with the attention swapped to full, the swap
+``evaluate.py attention=full`` and the approximation matrix measure (:data:`SWAP_NOTE`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from fastasr.attention import build_attention
+from fastasr.recognition.recogniser import Recogniser
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ExportResult", "OnnxCTC", "export_recogniser", "exported_attention", "INPUT_NAMES", "OUTPUT_NAMES"]
+
+#: The graph's inputs and outputs (icefall's CTC export's names, which sherpa-onnx reads by position).
+INPUT_NAMES = ("x", "x_lens")
+OUTPUT_NAMES = ("log_probs", "log_probs_len")
+#: The ONNX opset the graph is written in.
+OPSET = 17
+#: The attentions that export as they are.
+EXPORTABLE = ("full",)
+#: What the swap to full attention costs, and where it is measured.
+SWAP_NOTE = ("the fast attentions choose clusters and keys with host-side control flow that an ONNX graph cannot "
+             "hold; exported with full attention instead: the same weights, the swap the approximation matrix "
+             "measures (docs/MATRIX.md; evaluate.py ckpt_path=... attention=full gives this model's number)")
+#: Sherpa-onnx's name of the blank, and its word-start mark (shown as a space in its text).
+SHERPA_BLANK, SHERPA_WORD_START = "<blk>", "\u2581"
+
+
+class OnnxCTC(nn.Module):
+    """The exported computation: ``(x (N, T, F), x_lens (N,))`` → ``(log_probs (N, T', V), log_probs_len (N,))``,
+    lengths as int64."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor, x_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs, lengths = self.model(x, x_lens)
+        return log_probs, lengths.to(torch.int64)
+
+
+def exported_attention(trained: str | dict[str, Any]) -> tuple[str, str | None]:
+    """``(attention spec the graph holds, why it is not the trained one or None)`` for a model
+    trained with ``trained``."""
+    spec = build_attention(trained).spec
+    if build_attention(trained).name in EXPORTABLE:
+        return spec, None
+    return "full", f"attention {spec}: {SWAP_NOTE}"
+
+
+@dataclass
+class ExportResult:
+    """What :func:`export_recogniser` wrote: the folder, its files, and the attention the graph
+    holds (``swapped``: why it is not the trained one, or None)."""
+
+    out: Path
+    files: list[str]
+    attention: str
+    trained_attention: str
+    swapped: str | None
+    max_abs_diff: float | None = None
+
+
+def tokens_txt(recogniser: Recogniser) -> str:
+    """sherpa-onnx's ``tokens.txt`` of the recogniser's units (module docstring)."""
+    tok = recogniser.tokenizer
+    lines = []
+    for i, unit in enumerate(tok.vocab):
+        if i == tok.blank_id:
+            symbol = SHERPA_BLANK
+        elif unit == tok.word_boundary:
+            symbol = SHERPA_WORD_START if tok.kind != "phoneme" else SHERPA_WORD_START + unit
+        elif tok.kind == "phoneme":
+            symbol = SHERPA_WORD_START + unit
+        else:
+            symbol = unit
+        if not symbol or any(c.isspace() for c in symbol):
+            raise ValueError(f"unit {i} ({unit!r}) has no sherpa-onnx symbol: tokens.txt takes units without spaces")
+        lines.append(f"{symbol} {i}\n")
+    return "".join(lines)
+
+
+def _example(recogniser: Recogniser, lengths: tuple[int, ...] = (160, 97)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded utterances of random filterbank frames of ``lengths`` (lengths that differ, so the
+    padding mask is traced)."""
+    generator = torch.Generator().manual_seed(len(lengths))
+    x = torch.randn(len(lengths), max(lengths), recogniser.feat_in, generator=generator) * 3.0 + 10.0
+    return x, torch.tensor(lengths, dtype=torch.int64)
+
+
+#: The batches :func:`export_recogniser` checks the graph on: the traced shape, and another batch
+#: size and a length over six times the traced one (dynamic axes, positions past the example's).
+CHECK_LENGTHS = ((160, 97), (1003, 640, 31))
+
+
+def max_difference(wrapper: nn.Module, session: Any, recogniser: Recogniser) -> float:
+    """The largest absolute difference between PyTorch's and onnxruntime's log-probabilities over
+    the valid frames of :data:`CHECK_LENGTHS`' batches."""
+    worst = 0.0
+    for lengths in CHECK_LENGTHS:
+        x, x_lens = _example(recogniser, lengths)
+        with torch.no_grad():
+            expected, out_lengths = wrapper(x, x_lens)
+        got = session.run([OUTPUT_NAMES[0]], {INPUT_NAMES[0]: x.numpy(), INPUT_NAMES[1]: x_lens.numpy()})[0]
+        for b, n in enumerate(out_lengths.tolist()):
+            worst = max(worst, float((torch.from_numpy(got[b, :n]) - expected[b, :n]).abs().max()))
+    return worst
+
+
+def export_recogniser(recogniser: Recogniser, out: str | os.PathLike, *, source: str = "", int8: bool = True,
+                      check: bool = True) -> ExportResult:
+    """Write ``recogniser`` (with its model loaded) to the folder ``out`` (module docstring).
+
+    ``check``: run the example batch through PyTorch and onnxruntime and record the largest
+    absolute difference of the log-probabilities (``ExportResult.max_abs_diff``).
+
+    Raises:
+        ValueError: the recogniser has no model, or a unit has no sherpa-onnx symbol.
+    """
+    if recogniser.model is None:
+        raise ValueError("export_recogniser: the recogniser has no model loaded (load_recogniser(ckpt_path))")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    trained = build_attention(recogniser.attention).spec
+    attention, swapped = exported_attention(recogniser.attention)
+    model = recogniser.model
+    model.set_attention(attention)
+    model.eval()
+    wrapper = OnnxCTC(model).eval()
+    example = _example(recogniser, CHECK_LENGTHS[0])
+    onnx_path = out / "model.onnx"
+    # TorchScript tracing (dynamo=False): the shape checks of the attention run on the example
+    # and stay out of the graph; every tensor computation, the masks from x_lens included, is traced
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            wrapper, example, str(onnx_path), input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
+            dynamic_axes={"x": {0: "N", 1: "T"}, "x_lens": {0: "N"}, "log_probs": {0: "N", 1: "T_out"},
+                          "log_probs_len": {0: "N"}},
+            opset_version=OPSET, dynamo=False,
+        )
+    _add_metadata(onnx_path, recogniser, attention)
+    files = ["model.onnx"]
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quiet = logging.getLogger()  # onnxruntime suggests a pre-processing pass on the root logger
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            quantize_dynamic(str(onnx_path), str(out / "model.int8.onnx"), weight_type=QuantType.QInt8)
+        finally:
+            quiet.setLevel(level)
+        files.append("model.int8.onnx")
+    (out / "tokens.txt").write_text(tokens_txt(recogniser), encoding="utf-8")
+    files.append("tokens.txt")
+    state = recogniser.to_dict()
+    lm = state.get("lm")
+    if lm is not None:
+        text = lm.get("arpa")
+        if text is None and Path(lm["path"]).is_file():
+            shutil.copyfile(lm["path"], out / "lm.arpa")
+        elif text is not None:
+            (out / "lm.arpa").write_text(text, encoding="utf-8")
+        state["lm"] = {**{k: v for k, v in lm.items() if k != "arpa"}, "path": "lm.arpa"}
+        files.append("lm.arpa")
+    state["export"] = {
+        "attention": attention, "trained_attention": trained, "swapped": swapped,
+        "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES), "opset": OPSET,
+        "subsampling": recogniser.subsampling, "frame_seconds": recogniser.frame_seconds,
+        "source": source, "int8": int8,
+    }
+    (out / "recogniser.json").write_text(json.dumps(state, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    files.append("recogniser.json")
+    result = ExportResult(out, files, attention, trained, swapped)
+    if check:
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        result.max_abs_diff = max_difference(wrapper, session, recogniser)
+    return result
+
+
+def _add_metadata(path: Path, recogniser: Recogniser, attention: str) -> None:
+    """The model's metadata (``onnx`` ``metadata_props``): what a runtime needs besides the
+    graph, for tools that read only the ONNX file (sherpa-onnx prints them with ``debug``)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    features = recogniser.features
+    meta = {
+        "model_type": "fastasr_ctc", "model_author": "fastasr", "attention": attention,
+        "vocab_size": recogniser.vocab_size, "subsampling_factor": recogniser.subsampling,
+        "sample_rate": features.sample_rate, "feature_dim": features.num_mel_bins,
+        "frame_length_ms": features.frame_length_ms, "frame_shift_ms": features.frame_shift_ms,
+        "units": recogniser.tokenizer.kind,
+    }
+    for key, value in meta.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, str(value)
+    onnx.save(model, str(path))

@@ -1,0 +1,252 @@
+"""An exported recogniser (:mod:`fastasr.deploy.export`'s folder) run by onnxruntime, without PyTorch.
+
+:class:`OnnxRecogniser` reads the folder: ``model.onnx`` (or ``model.int8.onnx``), the units
+and feature settings of ``recogniser.json``, and the lexicon it carries. It computes the
+training's Kaldi filterbanks with kaldi-native-fbank (:func:`fbank`: the same settings as
+``fastasr.data.features.Fbank``, int16-scaled samples, no dither), runs the model over a
+recording in one pass or in the same overlapping windows as ``python -m fastasr.transcribe``
+(:func:`fastasr.decoding.windows.plan_windows`), and decodes greedily by the same rules as
+``fastasr.decoding.greedy.GreedyDecoder``: the argmax path, repeats merged, blanks dropped, a
+phoneme model's phonetic words looked up in the lexicon. A word's time spans its units' argmax
+runs on that path (``python -m fastasr.transcribe`` times words by a forced alignment of the
+same units instead: the two agree within a few output frames).
+
+Imports: numpy, onnxruntime, kaldi-native-fbank, soundfile, sentencepiece (subword units) and
+fastasr's PyTorch-free modules (units, lexicon, word grouping, windows); a test holds that
+importing it loads no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kaldi_native_fbank as knf
+import numpy as np
+import onnxruntime
+import soundfile as sf
+
+from fastasr.data.lexicon import Lexicon
+from fastasr.data.subword import WORD_START
+from fastasr.data.tokenizer import Tokenizer
+from fastasr.decoding.hypothesis import tidy_boundary_indices, word_frames, word_groups
+from fastasr.decoding.windows import LongFormConfig, output_frames, plan_windows
+
+__all__ = ["OnnxRecogniser", "OnnxTranscription", "OnnxWord", "fbank", "INT16_SCALE"]
+
+INT16_SCALE = 32768.0  # Kaldi works on int16-scaled samples (as fastasr.data.features)
+
+
+@dataclass
+class OnnxWord:
+    """A recognised word and where it was spoken (seconds from the start of the recording)."""
+
+    word: str
+    start: float
+    end: float
+
+
+@dataclass
+class OnnxTranscription:
+    """One recording's result, with the fields and JSON line of ``python -m fastasr.transcribe``'s
+    ``Transcription`` (``score`` is None: greedy decoding)."""
+
+    id: str
+    audio_filepath: str | None
+    text: str
+    words: list[OnnxWord]
+    units: list[str]
+    duration: float
+    real_words: bool = True
+    score: float | None = None
+    mode: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"id": self.id, "audio_filepath": self.audio_filepath, "duration": self.duration, "text": self.text,
+               "words": [asdict(w) for w in self.words], "units": " ".join(self.units),
+               "real_words": self.real_words, "mode": self.mode, "score": self.score}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def fbank(waveform: np.ndarray, features: dict[str, Any]) -> np.ndarray:
+    """``(frames, num_mel_bins)`` float32 log-mel filterbanks of a mono ``waveform`` in [-1, 1] at
+    ``features["sample_rate"]``: Kaldi's, as training computed them (``fastasr.data.features.Fbank``:
+    povey window, pre-emphasis 0.97, DC removal, power spectrum, edges snipped, no dither; input
+    shorter than one window zero-padded to one)."""
+    opts = knf.FbankOptions()
+    opts.frame_opts.samp_freq = float(features["sample_rate"])
+    opts.frame_opts.frame_length_ms = float(features["frame_length_ms"])
+    opts.frame_opts.frame_shift_ms = float(features["frame_shift_ms"])
+    opts.frame_opts.dither = 0.0
+    opts.frame_opts.snip_edges = True
+    opts.mel_opts.num_bins = int(features["num_mel_bins"])
+    opts.mel_opts.high_freq = 0.0  # Kaldi's default (the Nyquist frequency), as torchaudio's
+    opts.energy_floor = 0.0
+    window = int(features["sample_rate"] * features["frame_length_ms"] / 1000)
+    samples = np.asarray(waveform, dtype=np.float32).reshape(-1) * INT16_SCALE
+    if samples.shape[0] < window:
+        samples = np.pad(samples, (0, window - samples.shape[0]))
+    computer = knf.OnlineFbank(opts)
+    computer.accept_waveform(float(features["sample_rate"]), samples.tolist())
+    computer.input_finished()
+    frames = computer.num_frames_ready
+    return np.stack([computer.get_frame(i) for i in range(frames)]).astype(np.float32)
+
+
+def read_audio(path: str | os.PathLike, sample_rate: int, channels: int | None = None) -> np.ndarray:
+    """A mono float32 waveform of an audio file at ``sample_rate``. Raises ``ValueError`` naming the
+    file for unreadable or empty audio, another channel count than ``channels``, or another rate
+    (this runtime does not resample: ``sox in.wav -r RATE out.wav`` first)."""
+    try:
+        data, rate = sf.read(str(path), dtype="float32", always_2d=True)
+    except (RuntimeError, OSError, EOFError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable ({str(err).strip()}); expected audio soundfile can decode") from None
+    if data.shape[0] == 0:
+        raise ValueError(f"{path}: 0 samples; expected non-empty audio")
+    if channels is not None and data.shape[1] != channels:
+        raise ValueError(f"{path}: {data.shape[1]} channels; expected {channels} (the model's features.channels)")
+    if rate != sample_rate:
+        raise ValueError(f"{path}: {rate} Hz; the model reads {sample_rate} Hz audio and this runtime does not "
+                         f"resample (sox in.wav -r {sample_rate} out.wav)")
+    if not np.isfinite(data).all():
+        raise ValueError(f"{path}: NaN or infinite samples")
+    return data.mean(axis=1)
+
+
+@dataclass
+class OnnxRecogniser:
+    """An exported folder loaded for decoding (module docstring).
+
+    ``OnnxRecogniser.load(folder, int8=False, threads=None)``; :meth:`transcribe` gives an
+    :class:`OnnxTranscription` per input, :meth:`log_probs` the model's output per recording.
+    """
+
+    folder: Path
+    session: Any
+    tokenizer: Tokenizer
+    features: dict[str, Any]
+    subsampling: int
+    frame_seconds: float
+    lexicon: Lexicon | None = None
+    export: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike, *, int8: bool = False, threads: int | None = None) -> OnnxRecogniser:
+        """Read an exported folder; ``int8``: its quantised model. Raises ``FileNotFoundError``
+        naming a missing file."""
+        folder = Path(folder)
+        model = folder / ("model.int8.onnx" if int8 else "model.onnx")
+        for path in (model, folder / "recogniser.json"):
+            if not path.is_file():
+                raise FileNotFoundError(f"{path}: no such file; expected a folder written by "
+                                        "python -m fastasr.export ckpt_path=CKPT out=DIR")
+        state = json.loads((folder / "recogniser.json").read_text(encoding="utf-8"))
+        options = onnxruntime.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = int(threads)
+        session = onnxruntime.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        lexicon = None
+        if state.get("lexicon"):
+            lexicon = Lexicon.from_lines(state["lexicon"]["entries"], where=f"{folder}/recogniser.json lexicon")
+        export = state.get("export") or {}
+        return cls(folder, session, Tokenizer.from_state_dict(state["tokenizer"]), dict(state["features"]),
+                   int(export["subsampling"]), float(export["frame_seconds"]), lexicon, export)
+
+    # ------------------------------------------------------------------ the model
+    def run(self, features: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """``(T'_i, V)`` log-probabilities of a batch of ``(frames_i, bins)`` filterbanks."""
+        lengths = np.array([f.shape[0] for f in features], dtype=np.int64)
+        padded = np.zeros((len(features), int(lengths.max()), features[0].shape[1]), np.float32)
+        for i, f in enumerate(features):
+            padded[i, :f.shape[0]] = f
+        log_probs, out_lengths = self.session.run(None, {"x": padded, "x_lens": lengths})
+        return [log_probs[i, :n] for i, n in enumerate(out_lengths.tolist())]
+
+    def log_probs(self, features: np.ndarray, long_form: LongFormConfig | None = None,
+                  batch_size: int = 8) -> tuple[np.ndarray, str]:
+        """A recording's ``(T', V)`` log-probabilities and how it was read: ``one_pass``, or
+        ``windowed`` as :func:`fastasr.decoding.long_form.long_form_log_probs` cuts it (``auto``:
+        windows, the exported graph's full attention being quadratic in length)."""
+        config = long_form or LongFormConfig()
+        mode = "one_pass" if config.mode == "one_pass" else "windowed"
+        frames = features.shape[0]
+        total = output_frames(frames, self.subsampling)
+        if mode == "one_pass":
+            return self.run([features])[0], mode
+        shift = float(self.features["frame_shift_ms"])
+        windows = plan_windows(frames, self.subsampling, int(round(config.window_s * 1000.0 / shift)),
+                               int(round(config.overlap_s * 1000.0 / shift)))
+        out = None
+        for first in range(0, len(windows), max(1, batch_size)):
+            batch = windows[first:first + max(1, batch_size)]
+            for w, lp in zip(batch, self.run([features[w.start:w.end] for w in batch])):
+                if out is None:
+                    out = np.empty((total, lp.shape[-1]), np.float32)
+                out[w.to:w.to + w.keep_end - w.keep_start] = lp[w.keep_start:w.keep_end]
+        return out, mode
+
+    # ------------------------------------------------------------------ decoding
+    def decode(self, log_probs: np.ndarray, seconds: float) -> tuple[list[str], list[str], list[OnnxWord], bool]:
+        """Greedy decoding of ``(T', V)`` log-probabilities: ``(units, words, timed words, real
+        words)`` (module docstring)."""
+        tok = self.tokenizer
+        best = log_probs.argmax(axis=-1)
+        changes = np.nonzero(best[1:] != best[:-1])[0] + 1  # where an argmax run starts (past frame 0)
+        run_ends = np.append(changes, best.shape[0])
+        starts = np.zeros_like(best, dtype=bool)
+        starts[0], starts[changes] = best.shape[0] > 0, True
+        starts &= best != tok.blank_id
+        frames = np.nonzero(starts)[0].tolist()
+        ends = [int(run_ends[np.searchsorted(run_ends, f, side="right")]) for f in frames]  # each unit's run end
+        raw = tok.decode(best[frames].tolist())
+        kept = tidy_boundary_indices(raw, tok.word_boundary)
+        units = [raw[i] for i in kept]
+        spans = [(frames[i], ends[i]) for i in kept]
+        inverse = self.lexicon.inverse() if self.lexicon is not None and tok.kind == "phoneme" else None
+        if inverse is None:
+            words = tok.units_to_words(units)
+        else:
+            words = [inverse.get(tuple(g), "".join(g)) for g in word_groups(units, tok.word_boundary)]
+        subword = tok.kind in ("bpe", "unigram")
+        groups = word_frames(units, spans, None if subword else tok.word_boundary, WORD_START if subword else None)
+        if len(groups) != len(words):
+            groups = [(0, log_probs.shape[0])] * len(words)
+        timed = []
+        for word, (a, b) in zip(words, groups):
+            end = round(min(b * self.frame_seconds, seconds), 3)
+            timed.append(OnnxWord(word, round(min(a * self.frame_seconds, end), 3), end))
+        real = tok.kind != "phoneme" or (inverse is not None and all(w in self.lexicon for w in words))
+        return units, words, timed, real
+
+    def transcribe_waveform(self, waveform: np.ndarray, *, id: str = "waveform-0", audio_filepath: str | None = None,
+                            long_form: LongFormConfig | None = None, batch_size: int = 8) -> OnnxTranscription:
+        """One recording at the model's sample rate, in [-1, 1]."""
+        seconds = waveform.shape[0] / float(self.features["sample_rate"])
+        log_probs, mode = self.log_probs(fbank(waveform, self.features), long_form, batch_size)
+        units, words, timed, real = self.decode(log_probs, seconds)
+        return OnnxTranscription(id, audio_filepath, " ".join(words), timed, units, round(seconds, 3),
+                                 real_words=real, mode=mode)
+
+    def transcribe(self, paths: Sequence[str | os.PathLike], *, long_form: LongFormConfig | None = None,
+                   batch_size: int = 8) -> Iterator[OnnxTranscription]:
+        """Each audio file's transcription, in order; an unusable file gives one with ``error`` set."""
+        for path in paths:
+            name = Path(path).stem
+            try:
+                waveform = read_audio(path, int(self.features["sample_rate"]), self.features.get("channels"))
+            except ValueError as err:
+                yield OnnxTranscription(name, str(path), "", [], [], 0.0, error=str(err))
+                continue
+            yield self.transcribe_waveform(waveform, id=name, audio_filepath=str(path), long_form=long_form,
+                                           batch_size=batch_size)

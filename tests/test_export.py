@@ -1,0 +1,204 @@
+"""Export → onnxruntime → the same words: a recogniser exported to ONNX (fastasr.deploy.export) gives
+PyTorch's log-probabilities, and the PyTorch-free runtime (fastasr.onnx) the transcription command's
+greedy words; sherpa-onnx decodes the exported folder to the same units."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+onnxruntime = pytest.importorskip("onnxruntime", reason="the deploy extra (pip install -e .[deploy]; make install has it)")
+
+from fastasr.data.features import Fbank, FeatureConfig  # noqa: E402
+from fastasr.data.manifest import read_manifest  # noqa: E402
+from fastasr.data.tokenizer import Tokenizer  # noqa: E402
+from fastasr.decoding.windows import LongFormConfig  # noqa: E402
+from fastasr.deploy.export import (  # noqa: E402
+    SHERPA_BLANK,
+    SHERPA_WORD_START,
+    SWAP_NOTE,
+    export_recogniser,
+    tokens_txt,
+)
+from fastasr.onnx.recogniser import OnnxRecogniser, fbank  # noqa: E402
+from fastasr.recognition.loading import with_decoding_data  # noqa: E402
+from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser  # noqa: E402
+
+TINY = {"d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2, "subsampling": 4, "conv_kernel": 5}
+
+
+def tiny_recogniser(corpus: Path, kind: str = "phoneme", attention: str = "full", seed: int = 0, **model) -> Recogniser:
+    """An untrained model (random weights, a CMVN near the corpus's filterbanks) with the units,
+    lexicon and LM of ``corpus``: its argmax path is arbitrary but fixed, which is all a
+    comparison of two runtimes needs."""
+    utterances = read_manifest(corpus / "train.jsonl")
+    tokenizer = Tokenizer.build(utterances, kind)
+    recogniser = Recogniser.from_model_config({**TINY, **model, "attention": attention}, tokenizer,
+                                              FeatureConfig(num_mel_bins=40))
+    recogniser = with_decoding_data(recogniser, corpus / "train.jsonl", lm_dir=corpus)
+    torch.manual_seed(seed)
+    network = recogniser.build_model().eval()
+    network.set_cmvn(torch.full((40,), 9.0), torch.full((40,), 3.5))
+    return recogniser.with_model(network)
+
+
+@pytest.fixture(scope="module")
+def recordings(tiny_corpus, tmp_path_factory) -> list[Path]:
+    """The tiny corpus's test utterances and a 26-second recording of them joined with pauses (the
+    transcription command reads it in windows)."""
+    paths = [tiny_corpus / u.audio_filepath if not Path(u.audio_filepath).is_absolute() else Path(u.audio_filepath)
+             for u in read_manifest(tiny_corpus / "test.jsonl")]
+    pieces, rate = [], 16000
+    for p in paths + [tiny_corpus / u.audio_filepath for u in read_manifest(tiny_corpus / "dev.jsonl")] * 3:
+        audio, rate = sf.read(str(p), dtype="float32")
+        pieces += [audio, np.zeros(rate // 2, np.float32)]
+    long = tmp_path_factory.mktemp("long") / "joined.wav"
+    joined = np.concatenate(pieces)
+    while joined.shape[0] < 26 * rate:
+        joined = np.concatenate([joined, joined])
+    sf.write(str(long), joined[:26 * rate], rate)
+    return [*paths, long]
+
+
+@pytest.mark.parametrize("attention, model", [
+    ("full", {"positions": "absolute", "utterance_cmvn": True}),
+    ("full", {"positions": "rotary"}),
+    ("clustered-4", {"positions": "none"}),
+    ("i-clustered-4", {"positions": "absolute"}),
+    ("lsh-1", {"positions": "absolute", "shared_qk": True}),
+    ("topk-8", {"positions": "absolute"}),
+])
+def test_the_graph_gives_pytorchs_log_probabilities_at_any_length(tiny_corpus, tmp_path, attention, model):
+    """Every attention exports: full as it is, the fast ones swapped to full (the reason printed);
+    onnxruntime's log-probabilities equal PyTorch's (with full attention) on another batch size and
+    a length six times the traced one (dynamic axes, positions computed in the graph)."""
+    recogniser = tiny_recogniser(tiny_corpus, attention=attention, **model)
+    result = export_recogniser(recogniser, tmp_path / "out", int8=False)
+    assert result.attention == "full" and result.max_abs_diff < 1e-4
+    assert (result.swapped is None) == (attention == "full")
+    if result.swapped:
+        assert result.swapped.startswith(f"attention {attention}: ") and SWAP_NOTE in result.swapped
+    state = json.loads((tmp_path / "out" / "recogniser.json").read_text())
+    assert state["export"]["trained_attention"] == attention and state["export"]["attention"] == "full"
+    assert state["export"]["subsampling"] == 4 and state["lexicon"]["entries"]
+    assert (tmp_path / "out" / "lm.arpa").read_text().startswith("\\data\\") and state["lm"]["path"] == "lm.arpa"
+
+
+def test_the_runtime_gives_the_transcription_commands_greedy_words(tiny_corpus, tmp_path, recordings):
+    """Short utterances and a 26-second recording (read in windows by both): the same units,
+    words and reading mode as Recogniser.transcribe with greedy decoding, word times within two
+    output frames of its forced alignment; the int8 model runs and keeps the length."""
+    recogniser = tiny_recogniser(tiny_corpus, kind="phoneme")
+    export_recogniser(recogniser, tmp_path / "out")
+    expected = recogniser.transcribe([str(p) for p in recordings], decoding="greedy")
+    runtime = OnnxRecogniser.load(tmp_path / "out")
+    got = list(runtime.transcribe(recordings))
+    assert [t.mode for t in expected] == ["windowed"] * len(recordings) == [t.mode for t in got]
+    assert recordings[-1].stat().st_size > 26 * 16000 * 2  # the long one: several windows of 10 s
+    for e, g in zip(expected, got):
+        assert g.units == e.units and g.text == e.text and g.real_words == e.real_words, e.id
+        assert len(g.words) == len(e.words) and g.duration == e.duration
+        step = runtime.frame_seconds
+        assert all(abs(a.start - b.start) <= 2 * step + 1e-6 and abs(a.end - b.end) <= 2 * step + 1e-6
+                   for a, b in zip(g.words, e.words)), (g.words, e.words)
+    assert sum(len(t.units) for t in got) > 20  # an arbitrary model still says something
+    int8 = list(OnnxRecogniser.load(tmp_path / "out", int8=True).transcribe(recordings[-1:]))[0]
+    assert int8.ok and int8.duration == got[-1].duration
+    one_pass = runtime.transcribe_waveform(sf.read(str(recordings[0]), dtype="float32")[0],
+                                           long_form=LongFormConfig(mode="one_pass"))
+    assert one_pass.mode == "one_pass" and one_pass.units == got[0].units  # a short one fits one window
+
+
+def test_word_times_span_each_words_argmax_runs(tiny_corpus):
+    """Greedy decoding of crafted log-probabilities: units from the argmax path (repeats merged,
+    blanks dropped, leading and doubled boundaries tidied), a word from its first unit's run to its
+    last unit's run end."""
+    tok = Tokenizer("char", ["<blank>", "a", "b", "|"])
+    runtime = OnnxRecogniser(Path("."), None, tok, {"sample_rate": 16000}, 4, 0.04)
+    path = [3, 1, 1, 0, 2, 3, 3, 0, 0, 2, 2, 2, 0]  # | a a _ b | | _ _ b b b _
+    log_probs = np.log(np.full((len(path), 4), 0.01))
+    log_probs[np.arange(len(path)), path] = 0.0
+    units, words, timed, real = runtime.decode(log_probs, seconds=len(path) * 0.04)
+    assert units == ["a", "b", "|", "b"] and words == ["ab", "b"] and real
+    assert [(w.word, w.start, w.end) for w in timed] == [("ab", 0.04, 0.2), ("b", 0.36, 0.48)]
+
+
+@pytest.mark.parametrize("rate, seconds", [(16000, 1.7), (8000, 0.9), (16000, 0.01)])
+def test_the_runtimes_filterbank_is_trainings(rate, seconds):
+    """kaldi-native-fbank with the runtime's settings against training's torchaudio filterbank
+    (fastasr.data.features.Fbank): the same frames, within 1e-3 in log-mel (a clip shorter than
+    one window padded to one, as training pads it)."""
+    waveform = (np.random.default_rng(rate).standard_normal(int(rate * seconds)) * 0.1).astype(np.float32)
+    config = FeatureConfig(sample_rate=rate, num_mel_bins=40)
+    expected = Fbank(config)(torch.from_numpy(waveform)).numpy()
+    got = fbank(waveform, {"sample_rate": rate, "num_mel_bins": 40, "frame_length_ms": 25.0, "frame_shift_ms": 10.0})
+    assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-3
+
+
+def test_the_runtime_loads_no_torch():
+    code = ("import sys, fastasr.onnx.transcribe, fastasr.onnx.recogniser, fastasr.onnx.sherpa; "
+            "sys.exit('torch' in sys.modules or 'lightning' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["char", "phoneme"])
+def test_sherpa_onnx_decodes_the_same_units(tiny_corpus, tmp_path, recordings, kind):
+    """sherpa-onnx's offline CTC recogniser (the zipformer_ctc convention, training's filterbank)
+    gives the runtime's greedy units: a char model's words, a phoneme model's phonemes."""
+    sherpa = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
+    from fastasr.onnx.sherpa import sherpa_recognizer
+
+    recogniser = tiny_recogniser(tiny_corpus, kind=kind, utterance_cmvn=False)
+    export_recogniser(recogniser, tmp_path / "out", int8=False, check=False)
+    tokens = (tmp_path / "out" / "tokens.txt").read_text().splitlines()
+    assert tokens[0] == f"{SHERPA_BLANK} 0" and len(tokens) == len(recogniser.tokenizer.vocab)
+    assert tokens_txt(recogniser).count(SHERPA_WORD_START) == (1 if kind == "char" else len(tokens) - 1)
+    runtime, decoder = OnnxRecogniser.load(tmp_path / "out"), sherpa_recognizer(tmp_path / "out")
+    assert isinstance(decoder, sherpa.OfflineRecognizer)
+    for path in recordings[:-1]:  # sherpa-onnx reads a recording in one pass
+        audio, rate = sf.read(str(path), dtype="float32")
+        stream = decoder.create_stream()
+        stream.accept_waveform(rate, audio)
+        decoder.decode_stream(stream)
+        ours = runtime.transcribe_waveform(audio, long_form=LongFormConfig(mode="one_pass"))
+        if kind == "char":
+            assert stream.result.text.split() == ours.text.split()
+        else:
+            assert stream.result.text.split() == ours.units
+
+
+def test_the_commands_export_and_transcribe(tiny_corpus, tmp_path, recordings):
+    """python -m fastasr.export writes the folder beside the checkpoint's run and says what it
+    exported; python -m fastasr.onnx.transcribe prints path<TAB>text and writes the JSON lines, CTM
+    and SRT; a missing checkpoint or an unknown key is one line and exit status 2."""
+    recogniser = tiny_recogniser(tiny_corpus, attention="i-clustered-4")
+    ckpt = tmp_path / "run" / "checkpoints" / "best.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({RECOGNISER_KEY: recogniser.to_dict(),
+                "state_dict": {f"model.{k}": v for k, v in recogniser.model.state_dict().items()}}, ckpt)
+    done = subprocess.run([sys.executable, "-m", "fastasr.export", f"ckpt_path={ckpt}", "int8=false"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "run" / "export"
+    assert f"{out / 'model.onnx'}\t" in done.stdout and "attention i-clustered-4: " in done.stderr
+    assert "largest log-probability difference" in done.stderr and not (out / "model.int8.onnx").exists()
+    done = subprocess.run([sys.executable, "-m", "fastasr.onnx.transcribe", f"model={out}", f"audio={recordings[0]}",
+                           f"out={tmp_path / 't'}", "ctm=true", "srt=true"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = json.loads((tmp_path / "t" / "transcripts.jsonl").read_text())
+    assert done.stdout == f"{recordings[0]}\t{line['text']}\n" and "1 of 1 input(s) transcribed" in done.stderr
+    assert (tmp_path / "t" / "transcripts.ctm").read_text().count("\n") == len(line["words"])
+    assert (tmp_path / "t" / "srt" / f"{recordings[0].stem}.srt").is_file()
+    refused = subprocess.run([sys.executable, "-m", "fastasr.export", f"ckpt_path={tmp_path / 'none.ckpt'}"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "no such checkpoint file" in refused.stderr
+    refused = subprocess.run([sys.executable, "-m", "fastasr.onnx.transcribe", f"model={out}", "audio=x.wav", "beam=5"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "'beam=5'" in refused.stderr
