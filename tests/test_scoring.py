@@ -142,21 +142,23 @@ def test_decoding_uses_the_recognisers_lexicon_and_lm(tokenizer, tiny_corpus, tm
     assert other.decoding["lm"] == str(lm_file) and "lm_sha256" not in other.decoding
 
 
-def test_a_recogniser_without_lexicon_or_lm_decodes_as_before(tokenizer, tiny_corpus, tmp_path):
-    """Checkpoints written before the lexicon and LM travelled with the model: ``auto`` builds
-    the lexicon from the training manifest and takes the corpus LM beside it, when given."""
+def test_a_recogniser_without_lexicon_or_lm_takes_its_lexicon_from_the_manifest_and_needs_an_lm_path(
+        tokenizer, tiny_corpus, tmp_path):
+    """A recogniser that carries no lexicon nor LM: loading attaches nothing (only the manifest it
+    was trained on); ``lexicon.source=auto`` builds the lexicon from that manifest at decoding; the
+    corpus LM beside it is not taken: ``lm.source=auto`` is refused, naming decoding.lm.path."""
     corpus = copy_train_manifest(tiny_corpus, tmp_path / "corpus")
     write_arpa(estimate([["a", "b"]], 2), corpus / "lm" / "words-3gram.arpa")
-    save_checkpoint(recogniser(tokenizer), tmp_path / "old.ckpt")
-    bare = load_recogniser(tmp_path / "old.ckpt", attention="full")
-    assert bare.lexicon is None and bare.lm is None and bare.training_manifest is None
-    old = load_recogniser(tmp_path / "old.ckpt", attention="full", training_manifest=corpus / "train.jsonl")
+    save_checkpoint(recogniser(tokenizer), tmp_path / "bare.ckpt")
+    loaded = load_recogniser(tmp_path / "bare.ckpt", attention="full", training_manifest=corpus / "train.jsonl")
+    assert loaded.lexicon is None and loaded.lm is None and loaded.training_manifest == str(corpus / "train.jsonl")
     lexicon, _ = lexicon_from_manifests([corpus / "train.jsonl"], tokenizer)
-    assert old.lexicon is not None and len(old.lexicon) == len(lexicon)  # attached once, at load
-    assert old.lm is not None and old.lm.path == str((corpus / "lm" / "words-3gram.arpa").resolve())
-    beam_lm = {"name": "beam", "beam_size": 4, "lm": {"source": "auto"}}
-    result = decode_manifest(old, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm)
+    beam = {"name": "beam", "beam_size": 4, "lm": {"source": "none"}}
+    result = decode_manifest(loaded, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam)
     assert result.words == "real" and result.decoding["lexicon_words"] == len(lexicon)
-    assert result.decoding["lm"] == str((corpus / "lm" / "words-3gram.arpa").resolve())
-    with pytest.raises(FileNotFoundError, match="carries no word LM"):
-        decode_manifest(bare, tiny_corpus / "test.jsonl", accelerator="cpu", decoding=beam_lm)
+    with pytest.raises(FileNotFoundError, match="carries no word LM.*decoding.lm.path"):
+        decode_manifest(loaded, tiny_corpus / "test.jsonl", accelerator="cpu",
+                        decoding={"name": "beam", "beam_size": 4, "lm": {"source": "auto"}})
+    given = decode_manifest(loaded, tiny_corpus / "test.jsonl", accelerator="cpu",
+                            decoding={"name": "beam", "beam_size": 4, "lm": {"path": str(corpus / "lm" / "words-3gram.arpa")}})
+    assert given.decoding["lm"] == str(corpus / "lm" / "words-3gram.arpa")

@@ -13,14 +13,14 @@ it is copied. The builders take them as ``bundled_lexicon`` / ``bundled_lm``.
 Lexicon sources: ``recogniser`` (the recogniser's own lexicon), ``train`` (pronunciations
 spoken in the training manifest, phoneme models), ``cmudict`` (ARPAbet phoneme models),
 ``spelling`` (the training words spelt, char models), ``none``, or ``auto``: ``recogniser``
-when it has a lexicon, else (checkpoints written before lexicons travelled with them) ``train``
+when it has a lexicon, else (a recogniser trained without one: subword units) ``train``
 for a phoneme model whose training manifest has phonemes, ``cmudict`` for a phoneme model whose
 units are ARPAbet, ``spelling`` for a char model with a training manifest, else ``none``.
 ``lexicon.path`` adds a user lexicon file over the source (its words replace the source's entries).
 
 LM sources: ``recogniser`` (the recogniser's own word LM), ``none``, or ``auto``: the
-recogniser's LM, else (older checkpoints) ``lm/words-3gram.arpa`` beside the training manifest
-(:func:`fastasr.lm.corpus_lm_path`). ``lm.path`` (an ARPA or KenLM binary file) overrides the source.
+recogniser's LM (a recogniser without one needs ``lm.path``). ``lm.path`` (an ARPA or KenLM binary
+file) overrides the source.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import BLANK, WORD_BOUNDARY, Tokenizer
 from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
 from fastasr.decoding.greedy import GreedyDecoder
-from fastasr.lm.arpa import corpus_lm_path
 from fastasr.lm.bundled import BundledLM
 
 log = logging.getLogger(__name__)
@@ -108,9 +107,9 @@ def build_lexicon(spec: Mapping[str, Any] | None, tokenizer: Tokenizer, train_ma
     source = resolve_source(spec.get("source", DEFAULT_LEXICON_SOURCE), tokenizer, train_manifest, bundled_lexicon)
     user = spec.get("path")
     if source == "recogniser" and bundled_lexicon is None:
-        raise ValueError("decoding.lexicon.source=recogniser: this recogniser carries no lexicon (its checkpoint "
-                         "was written before lexicons travelled with the model); use source=auto with "
-                         "data.train_manifest=<its training manifest>, or a lexicon file (decoding.lexicon.path)")
+        raise ValueError("decoding.lexicon.source=recogniser: this recogniser carries no lexicon (it was trained "
+                         "without one: subword units); use source=auto with data.train_manifest=<its training "
+                         "manifest>, or a lexicon file (decoding.lexicon.path)")
     if source in ("train", "spelling") and train_manifest and not Path(train_manifest).is_file():
         raise FileNotFoundError(f"decoding.lexicon.source={source}: training manifest {train_manifest} not found")
     if source in ("train", "spelling") and not train_manifest:
@@ -151,15 +150,9 @@ def resolve_lm(spec: Mapping[str, Any] | None, train_manifest: str | Path | None
         return None
     if bundled_lm is not None:
         return bundled_lm
-    if source == "auto" and train_manifest:  # a checkpoint written before LMs travelled with the model
-        corpus = corpus_lm_path(train_manifest)
-        if corpus.is_file():
-            log.info("decoding.lm.source=auto: the recogniser carries no LM; using %s", corpus)
-            return str(corpus)
-    beside = f" and {corpus_lm_path(train_manifest)} does not exist" if train_manifest and source == "auto" else ""
     raise FileNotFoundError(
-        f"decoding.lm.source={source}: this recogniser carries no word LM (its checkpoint was written before "
-        f"LMs travelled with the model, or it has no lexicon){beside}; give decoding.lm.path=ARPA "
+        f"decoding.lm.source={source}: this recogniser carries no word LM (it was trained without a lexicon: "
+        "subword units, or a corpus no lexicon source spells); give decoding.lm.path=ARPA "
         "(`python -m fastasr.cli.lm build --manifest TRAIN.jsonl`), or decode without an LM (decoding=beam)")
 
 

@@ -46,8 +46,8 @@ class FinalDecodingRequest:
             ``extend_edges``, ``frequent_words``, ``language``, ``beam_size``); None or empty: no tuning.
         loader: the decoding loader's batching (:func:`fastasr.recognition.scoring.decoding_loader`'s
             keyword arguments: frame budget, batch cap, workers, bad-utterance policy).
-        training_manifest: attached to a checkpoint that carries no lexicon or LM of its own
-            (:func:`fastasr.recognition.recogniser.load_recogniser`); None: none.
+        training_manifest: the manifest the model was trained on, for the lexicon sources that read
+            it (:func:`fastasr.recognition.loading.load_recogniser`); None: none.
         accelerator: where to decode (``cpu``, ``gpu``/``cuda`` or ``auto``).
         seed: the decoding's seed (hashing attentions).
         progress: a progress bar over the test utterances.

@@ -1,5 +1,5 @@
-"""Loading a recogniser from a training checkpoint, and attaching the decoding data of its
-training manifest (the lexicon and the word LM).
+"""Loading a recogniser from a training checkpoint, and the decoding data of its training manifest
+(the lexicon and the word LM) that training attaches.
 
 :func:`load_recogniser` reads a checkpoint with ``torch.load(weights_only=True)`` and returns the
 bundle (``checkpoint["recogniser"]``: :class:`fastasr.recognition.recogniser.Recogniser`) with its
@@ -23,7 +23,6 @@ import torch
 from fastasr.data.lexicon import Lexicon
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.builder import build_lexicon, resolve_source
-from fastasr.lm.arpa import corpus_lm_path
 from fastasr.lm.bundled import BundledLM, ensure_corpus_lm
 from fastasr.recognition.bundle_format import check_checkpoint_entry
 from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser
@@ -43,26 +42,12 @@ def _manifest_lexicon(tokenizer: Tokenizer, train_manifest: str | os.PathLike) -
 
 
 def with_training_manifest(recogniser: Recogniser, train_manifest: str | os.PathLike | None) -> Recogniser:
-    """``recogniser`` knowing the manifest it was trained on (:attr:`Recogniser.training_manifest`).
-
-    A recogniser that carries no lexicon (a checkpoint written before lexicons travelled with
-    the model) gets here, once, what decoding's ``auto`` sources take from that manifest: the
-    lexicon (:func:`fastasr.decoding.builder.resolve_source`) and, when it carries no LM, the
-    corpus word LM beside the manifest if it exists (:func:`fastasr.lm.corpus_lm_path`; never
-    built here). A manifest that is not here attaches nothing."""
+    """``recogniser`` knowing the manifest it was trained on (:attr:`Recogniser.training_manifest`),
+    which the lexicon sources ``train`` and ``spelling`` read (``decoding.lexicon.source``); the
+    lexicon and LM it carries are unchanged."""
     if not train_manifest:
         return recogniser
-    recogniser = replace(recogniser, training_manifest=str(train_manifest))
-    built = _manifest_lexicon(recogniser.tokenizer, train_manifest) \
-        if recogniser.lexicon is None and Path(train_manifest).is_file() else None
-    if built is None:
-        return recogniser
-    lexicon, lexicon_source = built
-    corpus_lm = corpus_lm_path(train_manifest)
-    lm = recogniser.lm if recogniser.lm is not None or not corpus_lm.is_file() else BundledLM.from_file(corpus_lm)
-    log.info("the checkpoint carries no lexicon: %d words (%s)%s", len(lexicon), lexicon_source,
-             f", word LM {lm.path}" if lm is not None else "")
-    return replace(recogniser, lexicon=lexicon, lexicon_source=lexicon_source, lm=lm)
+    return replace(recogniser, training_manifest=str(train_manifest))
 
 
 def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike | None, *,
@@ -108,7 +93,7 @@ def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, 
     ``attention``: decode with another attention (spec string or mapping) instead of the
     one the model was trained with; the weights are the same. ``training_manifest``: the
     manifest it was trained on (``data.train_manifest``), for the lexicon sources that read it
-    and for checkpoints that carry no lexicon (:func:`with_training_manifest`).
+    (:func:`with_training_manifest`).
     """
     path = Path(ckpt_path)
     if not path.is_file():

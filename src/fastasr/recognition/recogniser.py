@@ -95,7 +95,7 @@ class Recogniser:
         features: the filterbank settings (``feat_in = features.num_mel_bins``).
         lexicon: the words and their unit spellings that decoding's ``lexicon.source=auto``
             uses (phoneme models: the pronunciations spoken in training; char models: the
-            training words spelt); None: none (subword models; checkpoints written before).
+            training words spelt); None: none (subword models).
         lexicon_source: what the lexicon was built from, e.g. ``train: /data/wsj/train.jsonl``.
         lm: the word LM that ``lm.source=auto`` (``decoding=beam_lm``) decodes with; None: none.
         model_target: the model class, as the model config's ``_target_`` names it

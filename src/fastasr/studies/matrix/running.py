@@ -73,8 +73,8 @@ class MatrixResult:
 # ----------------------------------------------------------------------------- decoding
 def load_checkpoint(ckpt: Path, member: Member):
     """The recogniser of a member's checkpoint (:func:`fastasr.recognition.recogniser.load_recogniser`),
-    on the CPU, in eval mode; the member's training manifest serves only checkpoints that
-    carry no lexicon or LM (written before they travelled with the model)."""
+    on the CPU, in eval mode, knowing the member's training manifest (for the lexicon sources that
+    read it)."""
     return load_recogniser(ckpt, training_manifest=training_manifest(member.cfg.data))
 
 
