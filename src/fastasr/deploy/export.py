@@ -9,8 +9,8 @@
   are computed in the graph for any length (no table cut at a maximum). The input and output
   names are icefall's CTC export's, so sherpa-onnx's offline CTC recogniser (``zipformer_ctc``)
   loads it.
-* ``model.int8.onnx``: the same graph with its matrix weights quantised to int8 by
-  onnxruntime's dynamic quantisation (activations quantised per call).
+* ``model.int8.onnx``: the same graph with the weights of its matrix products quantised to int8
+  by onnxruntime's dynamic quantisation (activations quantised per call; :data:`INT8_OPS`).
 * ``tokens.txt``: ``symbol id`` per line, sherpa-onnx's unit table (``<blk>`` for the blank, ``▁``
   for the word boundary ``|``; a phoneme model's phonemes as ``▁PH``, so that sherpa-onnx's text
   is the phonemes separated by spaces).
@@ -53,6 +53,11 @@ INPUT_NAMES = ("x", "x_lens")
 OUTPUT_NAMES = ("log_probs", "log_probs_len")
 #: The ONNX opset the graph is written in.
 OPSET = 17
+#: The operators whose weights ``model.int8.onnx`` holds in int8: the matrix products. onnxruntime's
+#: integer convolutions (``ConvInteger``) are slower on a CPU than its float ones: with them the
+#: built-in model ran 1.6x slower than fp32, without them 1.3-1.4x faster (2026-11-29, 2-core Xeon,
+#: docs/results/export/RESULTS.md).
+INT8_OPS = ("MatMul",)
 #: The attentions that export as they are.
 EXPORTABLE = ("full",)
 #: What the swap to full attention costs, and where it is measured.
@@ -186,7 +191,8 @@ def export_recogniser(recogniser: Recogniser, out: str | os.PathLike, *, source:
         level = quiet.level
         quiet.setLevel(logging.ERROR)
         try:
-            quantize_dynamic(str(onnx_path), str(out / "model.int8.onnx"), weight_type=QuantType.QInt8)
+            quantize_dynamic(str(onnx_path), str(out / "model.int8.onnx"), weight_type=QuantType.QInt8,
+                             op_types_to_quantize=list(INT8_OPS))
         finally:
             quiet.setLevel(level)
         files.append("model.int8.onnx")
