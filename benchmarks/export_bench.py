@@ -15,7 +15,9 @@ Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
    log-probability difference, and each one's WER (and PER / CER) against the references.
 3. A recording of ``--minutes`` made of the manifest's utterances joined with 0.3 s pauses, read
    in the transcription command's windows (10 s, 4 s overlap, 8 a call) by each runtime.
-4. Speed: the model's wall time (features → log-probabilities; the same features for all three)
+4. sherpa-onnx (where installed) decodes each utterance of the same fp32 folder: how many give
+   the runtime's greedy units (a char model's words, a phoneme model's phonemes).
+5. Speed: the model's wall time (features → log-probabilities; the same features for all three)
    over the audio's duration, the real-time factor, on ``--threads`` threads for torch and
    onnxruntime alike; the filterbank's own RTF for training's (torchaudio) and the runtime's
    (kaldi-native-fbank). Best of ``--repeats`` passes.
@@ -135,13 +137,29 @@ def main(argv: list[str] | None = None) -> dict:
         long_rtf[name] = best_of(args.repeats, lambda: fp32.log_probs(long_features, window, batch_size=8))[0] / long_seconds
     fp32.run = runtimes["onnxruntime fp32"]
 
+    sherpa_same = None
+    try:  # sherpa-onnx on the same folder: its greedy units against the runtime's (one pass per utterance)
+        from fastasr.onnx.sherpa import sherpa_recognizer
+
+        sherpa = sherpa_recognizer(work / "export", threads=args.threads)
+        sherpa_same = 0
+        for w in waves:
+            stream = sherpa.create_stream()
+            stream.accept_waveform(int(fp32.features["sample_rate"]), w)
+            sherpa.decode_stream(stream)
+            ours = fp32.transcribe_waveform(w, long_form=LongFormConfig(mode="one_pass"))
+            sherpa_same += stream.result.text.split() == (ours.text.split() if fp32.tokenizer.kind != "phoneme"
+                                                          else ours.units)
+    except ImportError:
+        pass
+
     info = machine_info("cpu")
     sizes = {f: (exported.out / f).stat().st_size / 1e6 for f in ("model.onnx", "model.int8.onnx")}
     result = {"date": datetime.date.today().isoformat(), "machine": info, "load": load_average(), "ckpt": args.ckpt,
               "manifest": args.manifest, "utterances": len(utterances), "seconds": round(seconds, 1),
               "trained_attention": trained, "exported_attention": exported.attention, "sizes_mb": sizes,
               "identical_greedy": same, "max_logprob_diff": max_diff, "fbank_rtf": fbank_rtf,
-              "long_seconds": long_seconds, "long_rtf": long_rtf,
+              "long_seconds": long_seconds, "long_rtf": long_rtf, "sherpa_identical_units": sherpa_same,
               "rows": {k: {kk: vv for kk, vv in v.items() if kk != "hyps"} for k, v in rows.items()}}
     unit = "PER" if fp32.tokenizer.kind == "phoneme" else "CER"
     lines = [f"# Export: {args.ckpt}", "",
@@ -154,6 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
     for name, row in rows.items():
         lines.append(f"| {name} | {size_of[name]:.1f} | {same[name]} / {len(utterances)} | {max_diff[name]:.1e} | "
                      f"{row['wer']:.2f} | {row['unit_er']:.2f} | {row['rtf']:.4f} | {long_rtf[name]:.4f} |")
+    if sherpa_same is not None:
+        lines += ["", f"sherpa-onnx (the same folder, fp32, one pass each): greedy units identical to the runtime's for "
+                      f"{sherpa_same} / {len(utterances)} utterances."]
     lines += ["", "Filterbank RTF: " + ", ".join(f"{k} {v:.4f}" for k, v in fbank_rtf.items()), "",
               f"Speed-up of int8 over PyTorch eager: {rows['PyTorch eager']['rtf'] / rows['onnxruntime int8']['rtf']:.2f}x "
               f"(utterances), {long_rtf['PyTorch eager'] / long_rtf['onnxruntime int8']:.2f}x (recording); "
