@@ -137,13 +137,12 @@ def test_auto_sources_take_the_recognisers_lexicon_and_lm(lexicon, xa_lm, tmp_pa
     assert no_lm(emissions).words == ["xb"] and no_lm.describe()["lm"] is None
     assert resolve_lm({"source": "auto", "path": "/my/lm.arpa"}, None, own_lm) == "/my/lm.arpa"
     assert resolve_lm({"path": None}, None, own_lm) is None  # a spec without a source: no LM, as before
-    # a checkpoint without an LM of its own: the corpus LM beside the training manifest, else an error
+    # a recogniser without an LM of its own: an error naming decoding.lm.path, even with a corpus LM
+    # beside its training manifest (no fallback to it)
     (tmp_path / "lm").mkdir()
-    corpus_lm = tmp_path / "lm" / "words-3gram.arpa"
-    corpus_lm.write_bytes(xa_lm.read_bytes())
-    assert resolve_lm({"source": "auto"}, tmp_path / "train.jsonl", None) == str(corpus_lm)
+    (tmp_path / "lm" / "words-3gram.arpa").write_bytes(xa_lm.read_bytes())
     with pytest.raises(FileNotFoundError, match="carries no word LM.*decoding.lm.path"):
-        resolve_lm({"source": "auto"}, tmp_path / "elsewhere" / "train.jsonl", None)
+        resolve_lm({"source": "auto"}, tmp_path / "train.jsonl", None)
     with pytest.raises(FileNotFoundError, match="carries no word LM"):
         resolve_lm({"source": "recogniser"}, tmp_path / "train.jsonl", None)
     with pytest.raises(ValueError, match="decoding.lm.source='kenlm'"):

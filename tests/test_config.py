@@ -62,7 +62,7 @@ def test_default_config_values():
 
 # conf/attention option -> the spec its defaults stand for (the paper's defaults)
 ATTENTION_OPTIONS = {"full": "full", "lsh": "lsh-1", "clustered": "clustered-100",
-                     "i_clustered": "i-clustered-100", "oracle_top": "topk-32", "topk": "topk-32", "auto": "auto-384"}
+                     "i_clustered": "i-clustered-100", "oracle_top": "topk-32", "topk": "topk-32", "auto": "auto-512"}
 
 
 def test_every_attention_option_is_listed():

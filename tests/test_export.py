@@ -189,7 +189,7 @@ def test_the_commands_export_and_transcribe(tiny_corpus, tmp_path, recordings):
     out = tmp_path / "run" / "export"
     assert f"{out / 'model.onnx'}\t" in done.stdout and "attention i-clustered-4: " in done.stderr
     assert "largest log-probability difference" in done.stderr and not (out / "model.int8.onnx").exists()
-    done = subprocess.run([sys.executable, "-m", "fastasr.onnx.transcribe", f"model={out}", f"audio={recordings[0]}",
+    done = subprocess.run([sys.executable, "-m", "fastasr.onnx.transcribe", f"model_dir={out}", f"audio={recordings[0]}",
                            f"out={tmp_path / 't'}", "ctm=true", "srt=true"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     line = json.loads((tmp_path / "t" / "transcripts.jsonl").read_text())
@@ -199,6 +199,6 @@ def test_the_commands_export_and_transcribe(tiny_corpus, tmp_path, recordings):
     refused = subprocess.run([sys.executable, "-m", "fastasr.export", f"ckpt_path={tmp_path / 'none.ckpt'}"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "no such checkpoint file" in refused.stderr
-    refused = subprocess.run([sys.executable, "-m", "fastasr.onnx.transcribe", f"model={out}", "audio=x.wav", "beam=5"],
+    refused = subprocess.run([sys.executable, "-m", "fastasr.onnx.transcribe", f"model_dir={out}", "audio=x.wav", "beam=5"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "'beam=5'" in refused.stderr

@@ -36,9 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
     out = Path(args["out"]) if args["out"] else (run / "export" if run is not None else ckpt.parent / "exported")
 
-    from fastasr.deploy.export import (
-        export_recogniser,  # loads torch: after the arguments are checked
-    )
+    from fastasr.deploy.export import export_recogniser  # loads torch: after the checks
     from fastasr.quiet import quiet_known_noise  # (with torch: its noise)
     from fastasr.recognition.loading import load_recogniser  # loads torch
 

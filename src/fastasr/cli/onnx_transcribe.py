@@ -1,9 +1,9 @@
-"""``python -m fastasr.onnx.transcribe model=DIR audio=PATH [key=value ...]``: transcribe audio with
+"""``python -m fastasr.onnx.transcribe model_dir=DIR audio=PATH [key=value ...]``: transcribe audio with
 an exported recogniser (``python -m fastasr.export``), without PyTorch: this module and what it
 imports load no torch (:mod:`fastasr.onnx.recogniser`).
 
 Keys (docs/DEPLOY.md):
-    model=DIR          the exported folder
+    model_dir=DIR      the exported folder
     audio=PATH         an audio file, a directory (its audio files, recursively) or a manifest (.jsonl);
                        several: audio=[a.wav,b.wav]
     int8=false         true: the int8 model (model.int8.onnx)
@@ -30,7 +30,7 @@ from fastasr.decoding.transcript_formats import ctm_lines, srt_text
 from fastasr.decoding.windows import LongFormConfig
 from fastasr.onnx.recogniser import OnnxRecogniser
 
-DEFAULTS = {"model": None, "audio": None, "int8": "false", "out": None, "ctm": "false", "srt": "false",
+DEFAULTS = {"model_dir": None, "audio": None, "int8": "false", "out": None, "ctm": "false", "srt": "false",
             "mode": "auto", "window_s": "10", "overlap_s": "4", "batch_size": "8", "threads": None}
 
 
@@ -48,9 +48,9 @@ def parse(argv: list[str]) -> dict[str, str | None]:
         if not sep or key not in DEFAULTS:
             refuse(f"{arg!r}; expected key=value with a key of {sorted(DEFAULTS)}")
         args[key] = value
-    for key in ("model", "audio"):
+    for key in ("model_dir", "audio"):
         if not args[key]:
-            refuse(f"{key} is not set; expected {key}=... (python -m fastasr.onnx.transcribe model=DIR audio=PATH)")
+            refuse(f"{key} is not set; expected {key}=... (python -m fastasr.onnx.transcribe model_dir=DIR audio=PATH)")
     return args
 
 
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             refuse(f"{key}={args[key]!r}; expected true or false")
         flags[key] = truthy[str(args[key]).lower()]
     try:
-        recogniser = OnnxRecogniser.load(args["model"], int8=flags["int8"],
+        recogniser = OnnxRecogniser.load(args["model_dir"], int8=flags["int8"],
                                          threads=int(args["threads"]) if args["threads"] else None)
     except (FileNotFoundError, ValueError) as err:
         refuse(str(err))

@@ -1,4 +1,4 @@
-"""``python -m fastasr.onnx.transcribe model=DIR audio=PATH [key=value ...]``: transcription with an
+"""``python -m fastasr.onnx.transcribe model_dir=DIR audio=PATH [key=value ...]``: transcription with an
 exported recogniser, without PyTorch, under the name docs/DEPLOY.md gives it; the command is
 :mod:`fastasr.cli.onnx_transcribe` (usage there)."""
 
