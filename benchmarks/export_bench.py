@@ -22,7 +22,7 @@ Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
    onnxruntime alike; the filterbank's own RTF for training's (torchaudio) and the runtime's
    (kaldi-native-fbank). Best of ``--repeats`` passes.
 
-Writes ``--out-dir``/export_<machine>.md and .json. Time it on a quiet machine.
+Writes ``--out-dir``/export_<corpus directory>_<machine>.md and .json. Time it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -180,8 +180,9 @@ def main(argv: list[str] | None = None) -> dict:
               f"(utterances), {long_rtf['PyTorch eager'] / long_rtf['onnxruntime int8']:.2f}x (recording); "
               f"fp32: {rows['PyTorch eager']['rtf'] / rows['onnxruntime fp32']['rtf']:.2f}x, "
               f"{long_rtf['PyTorch eager'] / long_rtf['onnxruntime fp32']:.2f}x."]
-    (out_dir / f"export_{info['slug']}.md").write_text("\n".join(lines) + "\n")
-    (out_dir / f"export_{info['slug']}.json").write_text(json.dumps(result, indent=1) + "\n")
+    stem = f"export_{Path(args.manifest).resolve().parent.name}_{info['slug']}"  # the corpus, the machine
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join(lines))
     return result
 
