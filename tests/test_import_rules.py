@@ -9,7 +9,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: The outside contract's names of two commands (docs/ARCHITECTURE.md, "commands"): five-line modules that run fastasr.cli's.
-CONTRACT_COMMANDS = ("fastasr.transcribe", "fastasr.cross_eval", "fastasr.export", "fastasr.onnx.transcribe")
+CONTRACT_COMMANDS = ("fastasr.transcribe", "fastasr.cross_eval", "fastasr.export")
 #: The layers, from the ground up: a module may import its own layer and those below it.
 LAYERS = [
     ("shared", ("fastasr.config", "fastasr.distributed", "fastasr.progress", "fastasr.quiet", "fastasr.rundir")),

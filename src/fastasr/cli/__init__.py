@@ -5,7 +5,6 @@ function and prints. Nothing in the library imports this package.
 ``train.py``, ``evaluate.py``            training and scoring (at the repository's root)
 ``python -m fastasr.transcribe``         transcribe audio with a checkpoint (:mod:`fastasr.recognition.transcription`)
 ``python -m fastasr.export``             a checkpoint as an ONNX folder (:func:`fastasr.deploy.export.export_recogniser`)
-``python -m fastasr.onnx.transcribe``    transcription without PyTorch (:mod:`fastasr.onnx.recogniser`)
 ``python -m fastasr.cli.tune``           the beam search's LM weight and word score on dev (:func:`fastasr.recognition.scoring.tune_recogniser`)
 ``python -m fastasr.cli.redecode``       a finished run's final decoding again (:func:`fastasr.recognition.final_decoding.final_decoding`)
 ``python -m fastasr.cross_eval``         the train-with-X / decode-with-Y matrix (:func:`fastasr.studies.matrix.run_matrix`)
@@ -22,10 +21,11 @@ function and prints. Nothing in the library imports this package.
 (and the preflight checked) the config, so that a refusal does not wait for torch and Lightning
 to load.
 
-``python -m fastasr.transcribe``, ``python -m fastasr.cross_eval``, ``python -m fastasr.export`` and
-``python -m fastasr.onnx.transcribe`` are the names the project's outside contract
-(docs/ARCHITECTURE.md, "commands") gives :mod:`fastasr.cli.transcribe`, :mod:`fastasr.cli.matrix`,
-:mod:`fastasr.cli.export` and :mod:`fastasr.cli.onnx_transcribe`: five-line modules run them.
+``python -m fastasr.transcribe``, ``python -m fastasr.cross_eval`` and ``python -m fastasr.export`` are
+the names the project's outside contract (docs/ARCHITECTURE.md, "commands") gives
+:mod:`fastasr.cli.transcribe`, :mod:`fastasr.cli.matrix` and :mod:`fastasr.cli.export`: five-line
+modules run them. The PyTorch-free runtime's command, ``python -m fastasr.onnx.transcribe``, lives
+in its package (:mod:`fastasr.onnx.transcribe`), which imports nothing of this one.
 
 The corpus builders (``python -m fastasr.corpora.<corpus>``) are commands of their own top
 layer, :mod:`fastasr.corpora`, which nothing of training imports; the kernels' build and
