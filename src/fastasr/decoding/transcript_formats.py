@@ -1,11 +1,70 @@
-"""The files a transcription writes besides its JSON lines, from timed words: SubRip subtitles
-(:func:`srt_text`) and NIST CTM (:func:`ctm_lines`). No PyTorch: ``python -m fastasr.transcribe``
-and the ONNX runtime (:mod:`fastasr.onnx`) write the same files."""
+"""A transcription and its files, without PyTorch: :class:`Transcription` with its timed
+:class:`Word` s (one JSON line each), SubRip subtitles (:func:`srt_text`) and NIST CTM
+(:func:`ctm_lines`). ``python -m fastasr.transcribe`` (``Recogniser.transcribe``) and the ONNX
+runtime (:mod:`fastasr.onnx`) give the same objects and write the same files."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import asdict, dataclass
 from typing import Any
+
+
+@dataclass
+class Word:
+    """A recognised word and where it was spoken: ``start`` / ``end`` in seconds from the
+    beginning of the recording (0 ≤ start ≤ end ≤ duration)."""
+
+    word: str
+    start: float
+    end: float
+
+
+@dataclass
+class Transcription:
+    """What ``Recogniser.transcribe`` and the ONNX runtime's ``OnnxRecogniser.transcribe`` give for
+    one input (and ``python -m fastasr.transcribe`` / ``python -m fastasr.onnx.transcribe`` write
+    as one JSON line).
+
+    Attributes:
+        id: the input's name (a file's stem, a manifest's id, ``waveform-<i>``).
+        audio_filepath: the file; None for a waveform.
+        text: the words, space-separated ("" when nothing was recognised, or on error).
+        words: each word with its start and end time.
+        units: the recognised units (phonemes, characters or subwords; ``|`` between words).
+        duration: seconds of audio.
+        real_words: False when the words are a phoneme model's phonetic words (no lexicon).
+        score: the beam search's score (None for greedy decoding).
+        mode: how the model read it: ``one_pass`` or ``windowed`` (``fastasr.decoding.long_form``).
+        error: why the input could not be transcribed (unusable audio); None when it was.
+    """
+
+    id: str
+    audio_filepath: str | None
+    text: str
+    words: list[Word]
+    units: list[str]
+    duration: float
+    real_words: bool = True
+    score: float | None = None
+    mode: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the input was transcribed."""
+        return self.error is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for a JSON line: ``id, audio_filepath, duration, text, words [{word, start,
+        end}], units`` (space-separated), ``real_words``, ``mode``, ``score`` (and ``error``)."""
+        out = {"id": self.id, "audio_filepath": self.audio_filepath, "duration": self.duration, "text": self.text,
+               "words": [asdict(w) for w in self.words], "units": " ".join(self.units),
+               "real_words": self.real_words, "mode": self.mode, "score": self.score}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
 
 SRT_MAX_WORDS = 12  # words per subtitle
 SRT_MAX_SECONDS = 6.0  # a subtitle's longest span

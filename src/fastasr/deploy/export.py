@@ -84,10 +84,10 @@ class OnnxCTC(nn.Module):
 def exported_attention(trained: str | dict[str, Any]) -> tuple[str, str | None]:
     """``(attention spec the graph holds, why it is not the trained one or None)`` for a model
     trained with ``trained``."""
-    spec = build_attention(trained).spec
-    if build_attention(trained).name in EXPORTABLE:
-        return spec, None
-    return "full", f"attention {spec}: {SWAP_NOTE}"
+    inner = build_attention(trained)
+    if inner.name in EXPORTABLE:
+        return inner.spec, None
+    return "full", f"attention {inner.spec}: {SWAP_NOTE}"
 
 
 @dataclass
@@ -163,7 +163,7 @@ def export_recogniser(recogniser: Recogniser, out: str | os.PathLike, *, source:
         raise ValueError("export_recogniser: the recogniser has no model loaded (load_recogniser(ckpt_path))")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    trained = build_attention(recogniser.attention).spec
+    trained = build_attention(recogniser.attention).spec  # what recogniser.json records
     attention, swapped = exported_attention(recogniser.attention)
     model = recogniser.model
     model.set_attention(attention)

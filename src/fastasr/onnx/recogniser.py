@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,49 +34,12 @@ from fastasr.data.lexicon import Lexicon
 from fastasr.data.subword import WORD_START
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.hypothesis import tidy_boundary_indices, word_frames, word_groups
+from fastasr.decoding.transcript_formats import Transcription, Word
 from fastasr.decoding.windows import LongFormConfig, output_frames, plan_windows
 
-__all__ = ["OnnxRecogniser", "OnnxTranscription", "OnnxWord", "fbank", "INT16_SCALE"]
+__all__ = ["OnnxRecogniser", "fbank", "INT16_SCALE"]
 
 INT16_SCALE = 32768.0  # Kaldi works on int16-scaled samples (as fastasr.data.features)
-
-
-@dataclass
-class OnnxWord:
-    """A recognised word and where it was spoken (seconds from the start of the recording)."""
-
-    word: str
-    start: float
-    end: float
-
-
-@dataclass
-class OnnxTranscription:
-    """One recording's result, with the fields and JSON line of ``python -m fastasr.transcribe``'s
-    ``Transcription`` (``score`` is None: greedy decoding)."""
-
-    id: str
-    audio_filepath: str | None
-    text: str
-    words: list[OnnxWord]
-    units: list[str]
-    duration: float
-    real_words: bool = True
-    score: float | None = None
-    mode: str | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {"id": self.id, "audio_filepath": self.audio_filepath, "duration": self.duration, "text": self.text,
-               "words": [asdict(w) for w in self.words], "units": " ".join(self.units),
-               "real_words": self.real_words, "mode": self.mode, "score": self.score}
-        if self.error is not None:
-            out["error"] = self.error
-        return out
 
 
 def fbank(waveform: np.ndarray, features: dict[str, Any]) -> np.ndarray:
@@ -128,8 +91,9 @@ def read_audio(path: str | os.PathLike, sample_rate: int, channels: int | None =
 class OnnxRecogniser:
     """An exported folder loaded for decoding (module docstring).
 
-    ``OnnxRecogniser.load(folder, int8=False, threads=None)``; :meth:`transcribe` gives an
-    :class:`OnnxTranscription` per input, :meth:`log_probs` the model's output per recording.
+    ``OnnxRecogniser.load(folder, int8=False, threads=None)``; :meth:`transcribe` gives a
+    :class:`~fastasr.decoding.transcript_formats.Transcription` per input (the transcription
+    command's), :meth:`log_probs` the model's output per recording.
     """
 
     folder: Path
@@ -140,6 +104,11 @@ class OnnxRecogniser:
     frame_seconds: float
     lexicon: Lexicon | None = None
     export: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # a phoneme model's words: each pronunciation's most frequent word, built once (GreedyDecoder's rule)
+        self._words = (self.lexicon.inverse() if self.lexicon is not None and self.tokenizer.kind == "phoneme"
+                       else None)
 
     @classmethod
     def load(cls, folder: str | os.PathLike, *, int8: bool = False, threads: int | None = None) -> OnnxRecogniser:
@@ -197,7 +166,7 @@ class OnnxRecogniser:
         return out, mode
 
     # ------------------------------------------------------------------ decoding
-    def decode(self, log_probs: np.ndarray, seconds: float) -> tuple[list[str], list[str], list[OnnxWord], bool]:
+    def decode(self, log_probs: np.ndarray, seconds: float) -> tuple[list[str], list[str], list[Word], bool]:
         """Greedy decoding of ``(T', V)`` log-probabilities: ``(units, words, timed words, real
         words)`` (module docstring)."""
         tok = self.tokenizer
@@ -213,7 +182,7 @@ class OnnxRecogniser:
         kept = tidy_boundary_indices(raw, tok.word_boundary)
         units = [raw[i] for i in kept]
         spans = [(frames[i], ends[i]) for i in kept]
-        inverse = self.lexicon.inverse() if self.lexicon is not None and tok.kind == "phoneme" else None
+        inverse = self._words
         if inverse is None:
             words = tok.units_to_words(units)
         else:
@@ -225,28 +194,28 @@ class OnnxRecogniser:
         timed = []
         for word, (a, b) in zip(words, groups):
             end = round(min(b * self.frame_seconds, seconds), 3)
-            timed.append(OnnxWord(word, round(min(a * self.frame_seconds, end), 3), end))
+            timed.append(Word(word, round(min(a * self.frame_seconds, end), 3), end))
         real = tok.kind != "phoneme" or (inverse is not None and all(w in self.lexicon for w in words))
         return units, words, timed, real
 
     def transcribe_waveform(self, waveform: np.ndarray, *, id: str = "waveform-0", audio_filepath: str | None = None,
-                            long_form: LongFormConfig | None = None, batch_size: int = 8) -> OnnxTranscription:
+                            long_form: LongFormConfig | None = None, batch_size: int = 8) -> Transcription:
         """One recording at the model's sample rate, in [-1, 1]."""
         seconds = waveform.shape[0] / float(self.features["sample_rate"])
         log_probs, mode = self.log_probs(fbank(waveform, self.features), long_form, batch_size)
         units, words, timed, real = self.decode(log_probs, seconds)
-        return OnnxTranscription(id, audio_filepath, " ".join(words), timed, units, round(seconds, 3),
-                                 real_words=real, mode=mode)
+        return Transcription(id, audio_filepath, " ".join(words), timed, units, round(seconds, 3),
+                             real_words=real, mode=mode)
 
     def transcribe(self, paths: Sequence[str | os.PathLike], *, long_form: LongFormConfig | None = None,
-                   batch_size: int = 8) -> Iterator[OnnxTranscription]:
+                   batch_size: int = 8) -> Iterator[Transcription]:
         """Each audio file's transcription, in order; an unusable file gives one with ``error`` set."""
         for path in paths:
             name = Path(path).stem
             try:
                 waveform = read_audio(path, int(self.features["sample_rate"]), self.features.get("channels"))
             except ValueError as err:
-                yield OnnxTranscription(name, str(path), "", [], [], 0.0, error=str(err))
+                yield Transcription(name, str(path), "", [], [], 0.0, error=str(err))
                 continue
             yield self.transcribe_waveform(waveform, id=name, audio_filepath=str(path), long_form=long_form,
                                            batch_size=batch_size)

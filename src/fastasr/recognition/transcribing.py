@@ -1,5 +1,6 @@
 """Transcribing recordings with a recogniser: the loop behind ``Recogniser.transcribe`` and what
-it gives, one :class:`Transcription` a recording with its timed :class:`Word` s.
+it gives, one :class:`~fastasr.decoding.transcript_formats.Transcription` a recording with its
+timed words (defined without PyTorch, so the ONNX runtime gives the same objects).
 
 The recording's features are computed by ``DataLoader`` workers, batches of them (or of windows
 of long ones: :mod:`fastasr.decoding.long_form`) go through the model, each recording is decoded
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -32,64 +32,10 @@ from fastasr.decoding.long_form import (
     output_frames,
     resolve_mode,
 )
+from fastasr.decoding.transcript_formats import Transcription, Word
 from fastasr.progress import progress_bar
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Word:
-    """A recognised word and where it was spoken: ``start`` / ``end`` in seconds from the
-    beginning of the recording (0 ≤ start ≤ end ≤ duration)."""
-
-    word: str
-    start: float
-    end: float
-
-
-@dataclass
-class Transcription:
-    """What ``Recogniser.transcribe`` gives for one input (and ``python -m fastasr.transcribe``
-    writes as one JSON line).
-
-    Attributes:
-        id: the input's name (a file's stem, a manifest's id, ``waveform-<i>``).
-        audio_filepath: the file; None for a waveform.
-        text: the words, space-separated ("" when nothing was recognised, or on error).
-        words: each word with its start and end time.
-        units: the recognised units (phonemes, characters or subwords; ``|`` between words).
-        duration: seconds of audio.
-        real_words: False when the words are a phoneme model's phonetic words (no lexicon).
-        score: the beam search's score (None for greedy decoding).
-        mode: how the model read it: ``one_pass`` or ``windowed`` (``fastasr.decoding.long_form``).
-        error: why the input could not be transcribed (unusable audio); None when it was.
-    """
-
-    id: str
-    audio_filepath: str | None
-    text: str
-    words: list[Word]
-    units: list[str]
-    duration: float
-    real_words: bool = True
-    score: float | None = None
-    mode: str | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the input was transcribed."""
-        return self.error is None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain data for a JSON line: ``id, audio_filepath, duration, text, words [{word, start,
-        end}], units`` (space-separated), ``real_words``, ``mode``, ``score`` (and ``error``)."""
-        out = {"id": self.id, "audio_filepath": self.audio_filepath, "duration": self.duration, "text": self.text,
-               "words": [asdict(w) for w in self.words], "units": " ".join(self.units),
-               "real_words": self.real_words, "mode": self.mode, "score": self.score}
-        if self.error is not None:
-            out["error"] = self.error
-        return out
 
 
 def _as_is(item: Any) -> Any:
