@@ -1,5 +1,6 @@
 """Helpers that make a small recogniser and write its checkpoint as training does
-(shared by test_recogniser.py, test_scoring.py and test_bundle_format.py)."""
+(shared by test_recogniser.py, test_scoring.py, test_bundle_format.py, test_export.py and
+test_streaming.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import torch
 
+from fastasr.data.features import FeatureConfig
 from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import Tokenizer
+from fastasr.recognition.loading import with_decoding_data
 from fastasr.recognition.recogniser import Recogniser
 from fastasr.training.lit import ASRLitModule
 
@@ -44,3 +47,21 @@ def save_checkpoint(rec: Recogniser, path, seed: int = 0):
     lit.on_save_checkpoint(checkpoint)
     torch.save(checkpoint, path)
     return lit
+
+
+TINY = {"d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2, "subsampling": 4, "conv_kernel": 5}
+
+
+def tiny_recogniser(corpus: Path, kind: str = "phoneme", attention: str = "full", seed: int = 0, **model) -> Recogniser:
+    """An untrained model (random weights, a CMVN near the corpus's filterbanks) with the units,
+    lexicon and LM of ``corpus``: its argmax path is arbitrary but fixed, which is all a
+    comparison of two runtimes needs."""
+    utterances = read_manifest(corpus / "train.jsonl")
+    tokenizer = Tokenizer.build(utterances, kind)
+    recogniser = Recogniser.from_model_config({**TINY, **model, "attention": attention}, tokenizer,
+                                              FeatureConfig(num_mel_bins=40))
+    recogniser = with_decoding_data(recogniser, corpus / "train.jsonl", lm_dir=corpus)
+    torch.manual_seed(seed)
+    network = recogniser.build_model().eval()
+    network.set_cmvn(torch.full((40,), 9.0), torch.full((40,), 3.5))
+    return recogniser.with_model(network)

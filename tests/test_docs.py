@@ -306,6 +306,8 @@ def compose_error(conf: Path, name: str, overrides: tuple[str, ...]) -> str | No
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    import fastasr.config  # noqa: F401  (registers the resolver conf/train.yaml's defaults list uses)
+
     with initialize_config_dir(str(conf), version_base="1.3"):
         try:
             compose(name, overrides=list(overrides))

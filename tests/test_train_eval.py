@@ -81,7 +81,7 @@ def test_fast_dev_run(tiny_corpus, tmp_path, monkeypatch, caplog):
     assert calls == ["resolve_train_config", "check_train_config"]
     started = [r.getMessage() for r in caplog.records if r.name == "fastasr.training.fit"][:3]
     assert started[0].startswith("recipe builtin (conf/recipe/builtin.yaml)")
-    assert "depth 1, 2 heads x 16" in started[1] and started[1].endswith("attention i-clustered-4")
+    assert "depth 1, 2 heads x 16" in started[1] and started[1].endswith("attention i-clustered-4, full context")
     assert "linear price" in started[2]  # the batch price the resolving chose for clustered attention
     assert result.run_dir == str(tmp_path / "given")
     assert not Path(cfg.paths.run_dir).exists()

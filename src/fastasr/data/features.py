@@ -158,11 +158,46 @@ class Fbank:
             sample_frequency=c.sample_rate,
         )
 
+    def stream(self) -> FbankStream:
+        """A :class:`FbankStream`: the same frames, computed as the samples arrive."""
+        return FbankStream(self)
+
     def from_file(self, path: str | Path, train: bool = False) -> torch.Tensor:
         """Load (mono, resampled) and compute features: ``(frames, num_mel_bins)``.
 
         Raises ``fastasr.data.audio.BadAudioError`` for unusable audio (see ``load_audio``)."""
         return self(load_audio(path, self.config.sample_rate, self.config.channels), train=train)
+
+
+class FbankStream:
+    """Filterbank frames of a recording that arrives in pieces: ``accept(samples)`` returns the
+    frames whose window is complete (``(T, F)``, maybe none), ``finish()`` what the end of the
+    recording adds. Together they are :class:`Fbank`'s frames of the whole recording (without
+    dither): each frame depends on its own window's samples only."""
+
+    def __init__(self, fbank: Fbank) -> None:
+        self.fbank = fbank
+        self.buffer = torch.zeros(0)
+        self.frames = 0  # frames given so far
+
+    def accept(self, samples: torch.Tensor) -> torch.Tensor:
+        """``samples (T,)`` in [-1, 1] at the features' rate → the new frames ``(T', F)``."""
+        self.buffer = torch.cat([self.buffer, torch.as_tensor(samples, dtype=torch.float32).reshape(-1)])
+        c = self.fbank.config
+        if self.buffer.shape[0] < c.window_samples:
+            return torch.zeros(0, self.fbank.dim)
+        n = self.fbank.num_frames(self.buffer.shape[0])
+        frames = self.fbank(self.buffer[:(n - 1) * c.shift_samples + c.window_samples])
+        self.buffer = self.buffer[n * c.shift_samples:]
+        self.frames += n
+        return frames
+
+    def finish(self) -> torch.Tensor:
+        """The frames the end adds: one padded frame for a recording shorter than a window, else none."""
+        if self.frames or not self.buffer.shape[0]:
+            return torch.zeros(0, self.fbank.dim)
+        self.frames = 1
+        return self.fbank(self.buffer)
 
 
 def load_utterance_audio(utt, config: FeatureConfig) -> torch.Tensor:

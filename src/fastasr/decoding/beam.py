@@ -1,4 +1,5 @@
-"""CTC beam search with torchaudio's ``ctc_decoder`` (flashlight-text): lexicon-constrained
+"""CTC beam search with flashlight-text's decoders (what torchaudio's ``ctc_decoder`` wraps, used
+here directly so that the search needs no PyTorch: the ONNX runtime decodes with it too): lexicon-constrained
 word decoding (phoneme and char models) or lexicon-free decoding, with an optional KenLM
 n-gram LM (ARPA or KenLM binary).
 
@@ -23,12 +24,24 @@ import contextlib
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-import torch
+import numpy as np
+from flashlight.lib.text.decoder import (
+    CriterionType,
+    KenLM,
+    LexiconDecoder,
+    LexiconDecoderOptions,
+    LexiconFreeDecoder,
+    LexiconFreeDecoderOptions,
+    SmearingMode,
+    Trie,
+    ZeroLM,
+)
+from flashlight.lib.text.dictionary import Dictionary, create_word_dict
 
 from fastasr.data.lexicon import Lexicon
 from fastasr.data.tokenizer import BLANK, Tokenizer
@@ -43,7 +56,7 @@ UNK_WORD = "<unk>"
 
 @dataclass
 class BeamSearchOptions:
-    """Search settings (the ``decoding=beam`` config; names follow torchaudio's ``ctc_decoder``)."""
+    """Search settings (the ``decoding=beam`` config; names follow flashlight's decoder options)."""
 
     beam_size: int = 500                # hypotheses kept after each frame (wav2letter's LibriSpeech width)
     beam_size_token: int | None = None  # units tried per frame (None: all)
@@ -89,8 +102,6 @@ class BeamSearchDecoder:
 
     def __init__(self, tokenizer: Tokenizer, lexicon: Lexicon | None = None,
                  lm_path: str | Path | BundledLM | None = None, options: BeamSearchOptions | None = None) -> None:
-        from torchaudio.models.decoder import ctc_decoder  # needs flashlight-text
-
         self.tokenizer = tokenizer
         self.vocab = list(tokenizer.vocab)
         boundary = tokenizer.word_boundary
@@ -116,28 +127,54 @@ class BeamSearchDecoder:
             if self.lm_path is None:  # homophones tie exactly: one word a spelling, by a fixed rule
                 self.lexicon = self.lexicon.one_word_per_pronunciation()
         self._boundary_id = self.vocab.index(boundary)
-        with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as files:
+        self._blank_id = self.vocab.index(BLANK)
+        with contextlib.ExitStack() as files:
             lm_file = None if self.lm_path is None else (
                 files.enter_context(self.bundled_lm.file()) if self.bundled_lm else self.lm_path)
-            lexicon_file = None
-            if self.lexicon is not None:
-                lexicon_file = Path(tmp) / "lexicon.txt"
-                lexicon_file.write_text("".join(
-                    f"{w} {' '.join(p)} {boundary}\n" for w in sorted(self.lexicon.entries)
-                    for p in self.lexicon.pronunciations(w)), encoding="utf-8")
-            opts = asdict(self.options)
             try:
                 with _quiet_stderr() if self.lm_path else contextlib.nullcontext():
-                    self._decoder = ctc_decoder(
-                        lexicon=None if lexicon_file is None else str(lexicon_file),
-                        tokens=self.vocab,
-                        lm=None if lm_file is None else str(lm_file),
-                        blank_token=BLANK, sil_token=boundary, unk_word=UNK_WORD, nbest=1, **opts)
+                    self._search = self._build_search(lm_file)
             except RuntimeError as err:
                 if self.lm_path is None:
                     raise
                 raise ValueError(f"decoding.lm.path={self.lm_path}: KenLM cannot read it as an ARPA or "
                                  f"KenLM binary file: {err}") from None
+
+    def _build_search(self, lm_file: Path | None):
+        """flashlight's lexicon (or lexicon-free) CTC decoder over our units, with KenLM or no LM.
+        The LM, the trie and the dictionaries stay referenced by ``self``: the decoder holds them
+        by reference only."""
+        o = self.options
+        self._tokens = Dictionary(self.vocab)
+        beam_size_token = o.beam_size_token or len(self.vocab)
+        if self.lexicon is not None:
+            spellings = {w: [[*p, self.boundary] for p in self.lexicon.pronunciations(w)]
+                         for w in sorted(self.lexicon.entries)}
+            self._words = create_word_dict({UNK_WORD: [], **spellings})  # flashlight's lexicons hold <unk>
+            self._lm = ZeroLM() if lm_file is None else KenLM(str(lm_file), self._words)
+            self._trie = Trie(len(self.vocab), self._boundary_id)
+            start = self._lm.start(False)
+            for word, spelt in spellings.items():
+                index = self._words.get_index(word)
+                _, score = self._lm.score(start, index)
+                for spelling in spelt:
+                    self._trie.insert([self._tokens.get_index(u) for u in spelling], index, score)
+            self._trie.smear(SmearingMode.MAX)
+            options = LexiconDecoderOptions(
+                beam_size=o.beam_size, beam_size_token=beam_size_token, beam_threshold=o.beam_threshold,
+                lm_weight=o.lm_weight, word_score=o.word_score, unk_score=o.unk_score, sil_score=o.sil_score,
+                log_add=o.log_add, criterion_type=CriterionType.CTC)
+            return LexiconDecoder(options, self._trie, self._lm, self._boundary_id, self._blank_id,
+                                  self._words.get_index(UNK_WORD), [], False)
+        self._words = None
+        self._lm = ZeroLM()
+        if lm_file is not None:  # an LM over units: its words are the units
+            self._words = create_word_dict({u: [[u]] for u in [*self.vocab, UNK_WORD]})
+            self._lm = KenLM(str(lm_file), self._words)
+        options = LexiconFreeDecoderOptions(
+            beam_size=o.beam_size, beam_size_token=beam_size_token, beam_threshold=o.beam_threshold,
+            lm_weight=o.lm_weight, sil_score=o.sil_score, log_add=o.log_add, criterion_type=CriterionType.CTC)
+        return LexiconFreeDecoder(options, self._lm, self._boundary_id, self._blank_id, [])
 
     @property
     def real_words(self) -> bool:
@@ -153,20 +190,76 @@ class BeamSearchDecoder:
             lm.update(lm_sha256=self.bundled_lm.sha256, lm_embedded=self.bundled_lm.embedded)
         return {"name": "beam", "lexicon_words": len(self.lexicon) if self.lexicon else None, **lm, **options}
 
-    def __call__(self, log_probs: torch.Tensor) -> Hypothesis:
-        """Decode one utterance's ``(T, V)`` log-probabilities (any float dtype/device)."""
+    def __call__(self, log_probs: Any) -> Hypothesis:
+        """Decode one utterance's ``(T, V)`` log-probabilities (a numpy array or a torch tensor of any
+        float dtype and device)."""
+        emissions = self._emissions(log_probs)
+        emissions = np.ascontiguousarray(np.concatenate([emissions, self._closing()]))
+        results = self._search.decode(emissions.ctypes.data, emissions.shape[0], emissions.shape[1])
+        return self._hypothesis(results[0], emissions.shape[0] - 1)
+
+    def _emissions(self, log_probs: Any) -> np.ndarray:
+        """``(T, V)`` float32 C-contiguous numpy log-probabilities, checked."""
+        if hasattr(log_probs, "detach"):  # a torch tensor (this module imports no torch)
+            log_probs = log_probs.detach().float().cpu().numpy()
+        log_probs = np.ascontiguousarray(log_probs, dtype=np.float32)
         if log_probs.ndim != 2 or log_probs.shape[1] != len(self.vocab):
             raise ValueError(f"log_probs of shape {tuple(log_probs.shape)}; expected (T, {len(self.vocab)})")
-        closing = torch.full((1, len(self.vocab)), IMPOSSIBLE)
+        return log_probs
+
+    def _closing(self) -> np.ndarray:
+        """The frame appended after the last: ``|`` certain, so the last word can close."""
+        closing = np.full((1, len(self.vocab)), IMPOSSIBLE, np.float32)
         closing[0, self._boundary_id] = 0.0
-        emissions = torch.cat([log_probs.detach().float().cpu(), closing]).unsqueeze(0).contiguous()
-        best = self._decoder(emissions)[0][0]
-        raw = [self.vocab[i] for i in best.tokens.tolist()]
+        return closing
+
+    def _hypothesis(self, result, frames_total: int) -> Hypothesis:
+        """Our :class:`Hypothesis` of flashlight's ``DecodeResult`` over ``frames_total`` frames: its
+        path's units (repeats merged, blanks dropped), the frame each starts at, its words."""
+        path = list(result.tokens)
+        starts = [t for t, unit in enumerate(path) if unit != self._blank_id and (t == 0 or unit != path[t - 1])]
+        raw = [self.vocab[path[t]] for t in starts]
         kept = tidy_boundary_indices(raw, self.boundary)
         units = [raw[i] for i in kept]
-        frames = None
-        if len(best.timesteps) == len(raw):  # flashlight's path starts with a start token: step t is frame t - 1
-            last = log_probs.shape[0] - 1
-            frames = [min(max(int(best.timesteps[i]) - 1, 0), last) for i in kept]
-        words = list(best.words) if self.lexicon is not None else self.tokenizer.units_to_words(units)
-        return Hypothesis(units=units, words=words, score=float(best.score), frames=frames)
+        last = max(frames_total - 1, 0)
+        frames = [min(max(starts[i] - 1, 0), last) for i in kept]  # the path starts with a start token
+        if self.lexicon is not None:
+            words = [self._words.get_entry(w) for w in result.words if w >= 0]
+        else:
+            words = self.tokenizer.units_to_words(units)
+        return Hypothesis(units=units, words=words, score=float(result.score), frames=frames)
+
+    def stream(self) -> BeamStream:
+        """Search over log-probabilities that arrive chunk by chunk, with the LM state carried
+        across chunks (:class:`BeamStream`). One stream at a time per decoder: the search's
+        state lives in the decoder."""
+        return BeamStream(self)
+
+
+class BeamStream:
+    """The beam search of a stream (flashlight's incremental decoding): ``accept(log_probs)`` per
+    chunk, ``partial()`` the best hypothesis so far, ``finish()`` the final one, which equals the
+    decoder's over the whole ``(T, V)`` (the same search, fed in pieces). The search keeps every
+    frame's hypotheses until ``finish``: memory grows with the stream's length."""
+
+    def __init__(self, decoder: BeamSearchDecoder) -> None:
+        self.decoder = decoder
+        self.frames = 0
+        decoder._search.decode_begin()
+
+    def accept(self, log_probs: Any) -> None:
+        emissions = self.decoder._emissions(log_probs)
+        if emissions.shape[0]:
+            self.decoder._search.decode_step(emissions.ctypes.data, emissions.shape[0], emissions.shape[1])
+            self.frames += emissions.shape[0]
+
+    def partial(self) -> Hypothesis:
+        if not self.frames:
+            return Hypothesis(units=[], words=[], frames=[])
+        return self.decoder._hypothesis(self.decoder._search.get_best_hypothesis(), self.frames)
+
+    def finish(self) -> Hypothesis:
+        search, closing = self.decoder._search, self.decoder._closing()
+        search.decode_step(closing.ctypes.data, 1, closing.shape[1])
+        search.decode_end()
+        return self.decoder._hypothesis(search.get_all_final_hypothesis()[0], self.frames)

@@ -58,8 +58,11 @@ class GreedyDecoder:
     def __call__(self, log_probs: torch.Tensor) -> Hypothesis:
         """Decode one utterance's ``(T, V)`` log-probabilities (``frames``: where each unit's
         argmax run starts)."""
+        return self.decode_path(log_probs.detach().argmax(dim=-1).cpu())  # (T,): ctc_greedy's path
+
+    def decode_path(self, best: torch.Tensor) -> Hypothesis:
+        """The :class:`Hypothesis` of a best path ``(T,)`` of unit ids (one argmax a frame)."""
         tok = self.tokenizer
-        best = log_probs.detach().argmax(dim=-1).cpu()  # (T,): ctc_greedy's path, with its frames
         starts = torch.ones_like(best, dtype=torch.bool)
         starts[1:] = best[1:] != best[:-1]
         starts &= best != tok.blank_id
@@ -71,3 +74,25 @@ class GreedyDecoder:
             return Hypothesis(units=units, words=tok.units_to_words(units), frames=frames)
         words = [self._words.get(tuple(g), "".join(g)) for g in word_groups(units, tok.word_boundary)]
         return Hypothesis(units=units, words=words, frames=frames)
+
+    def stream(self) -> GreedyStream:
+        """Decoding of log-probabilities that arrive chunk by chunk (:class:`GreedyStream`)."""
+        return GreedyStream(self)
+
+
+class GreedyStream:
+    """Greedy decoding of a stream: ``accept(log_probs)`` per chunk, ``partial()`` the hypothesis
+    so far, ``finish()`` the final one, equal to the decoder's over the whole ``(T, V)``."""
+
+    def __init__(self, decoder: GreedyDecoder) -> None:
+        self.decoder = decoder
+        self.path: list[torch.Tensor] = []
+
+    def accept(self, log_probs: torch.Tensor) -> None:
+        self.path.append(log_probs.detach().argmax(dim=-1).cpu())
+
+    def partial(self) -> Hypothesis:
+        return self.decoder.decode_path(torch.cat(self.path) if self.path else torch.zeros(0, dtype=torch.long))
+
+    def finish(self) -> Hypothesis:
+        return self.partial()

@@ -17,9 +17,11 @@ import torch
 from torch import nn
 
 from fastasr.kernels.dropout import Dropout
+from fastasr.model.chunking import ChunkContext, ChunkTraining
 from fastasr.model.encoder import AttentionLayer, AttentionSpec, TransformerEncoder
 from fastasr.model.frontend import ConvSubsampling, GlobalCMVN, SpecAugment
 from fastasr.model.positional import SinusoidalPositionalEncoding, check_positions
+from fastasr.model.streaming import ModelStream
 from fastasr.model.utterance_cmvn import UtteranceCMVN
 
 
@@ -70,6 +72,10 @@ class CTCModel(nn.Module):
         inter_ctc_weight: the weight ``w`` of their mean loss in training,
             ``(1 - w) * final + w * mean(intermediate)``; 0 with no layers, in (0, 1) with some.
             Decoding never computes them.
+        streaming: train for chunk-by-chunk recognition (:class:`fastasr.model.chunking.ChunkTraining`:
+            ``chunk_sizes``, ``full_context``, ``left_frames``): each training batch runs in a
+            chunked context drawn from it, or in full context; None: always full context.
+            Decoding chooses its own context (``forward``'s ``chunk``, :meth:`start_stream`).
 
     The global CMVN statistics are buffers of this module (``cmvn``), so they travel
     inside every checkpoint; :meth:`set_cmvn` fills them from the training set's statistics.
@@ -95,8 +101,11 @@ class CTCModel(nn.Module):
         inter_ctc_layers: Sequence[int] = (),
         inter_ctc_weight: float = 0.0,
         xscaling: bool = False,
+        streaming: Mapping[str, Any] | None = None,
     ):
         super().__init__()
+        self.chunk_training = ChunkTraining.from_config(streaming)
+        self.decoding_context: ChunkContext | None = None  # set_decoding_context
         self.inter_ctc_layers, self.inter_ctc_weight = check_inter_ctc(inter_ctc_layers, inter_ctc_weight, layers)
         self.vocab_size = vocab_size
         self.position_kind = check_positions(positions)
@@ -170,25 +179,52 @@ class CTCModel(nn.Module):
             handle.remove()
 
     def forward(
-        self, features: torch.Tensor, lengths: torch.Tensor
+        self, features: torch.Tensor, lengths: torch.Tensor, chunk: ChunkContext | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """features: (B, T, F) raw filterbanks, lengths: (B,) → (log_probs (B, T', V) float32, lengths (B,))."""
-        x, lengths = self._encoder_input(features, lengths)
-        return self._log_probs(self.encoder(x, lengths)), lengths
+        """features: (B, T, F) raw filterbanks, lengths: (B,) → (log_probs (B, T', V) float32, lengths (B,)).
+
+        ``chunk``: run in that chunked context (:class:`fastasr.model.chunking.ChunkContext`, in
+        encoder frames): what chunk-by-chunk decoding (:meth:`start_stream`) computes, for the
+        whole batch at once. None: in training, a context drawn from ``streaming`` (full context
+        without it); in eval mode, :meth:`set_decoding_context`'s (full context by default)."""
+        chunk = self._context(chunk)
+        x, lengths = self._encoder_input(features, lengths, chunk)
+        return self._log_probs(self.encoder(x, lengths, chunk)), lengths
 
     def forward_with_intermediate(
-        self, features: torch.Tensor, lengths: torch.Tensor
+        self, features: torch.Tensor, lengths: torch.Tensor, chunk: ChunkContext | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """As :meth:`forward`, plus the log-probabilities of each ``inter_ctc_layers`` layer
         (same shape and lengths; an empty list with none): what intermediate CTC trains on."""
-        x, lengths = self._encoder_input(features, lengths)
-        x, tapped = self.encoder.forward_with_taps(x, lengths, self.inter_ctc_layers)
+        chunk = self._context(chunk)
+        x, lengths = self._encoder_input(features, lengths, chunk)
+        x, tapped = self.encoder.forward_with_taps(x, lengths, self.inter_ctc_layers, chunk)
         return self._log_probs(x), lengths, [self._log_probs(t) for t in tapped]
 
-    def _encoder_input(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def start_stream(self, chunk: ChunkContext) -> ModelStream:
+        """A :class:`fastasr.model.streaming.ModelStream`: feed it filterbank frames as they come
+        and it returns the log-probabilities of each finished chunk, equal to :meth:`forward`'s
+        with ``chunk`` over the whole recording."""
+        return ModelStream(self, chunk)
+
+    def set_decoding_context(self, chunk: ChunkContext | None) -> None:
+        """Decode (in eval mode) in this chunked context, what streaming with these chunks gives,
+        when ``forward`` is given none; None: full context. Parameters are unchanged."""
+        self.decoding_context = chunk
+
+    def _context(self, chunk: ChunkContext | None) -> ChunkContext | None:
+        if chunk is not None:
+            return chunk
+        if self.training:
+            return None if self.chunk_training is None else self.chunk_training.draw()
+        return self.decoding_context
+
+    def _encoder_input(self, features: torch.Tensor, lengths: torch.Tensor,
+                       chunk: ChunkContext | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.cmvn(features, lengths)
         if self.utterance_cmvn is not None:
-            x = self.utterance_cmvn(x, lengths)
+            ends = None if chunk is None else chunk.prefix_ends(x.shape[1], self.subsampling_factor, x.device)
+            x = self.utterance_cmvn(x, lengths, ends)
         if self.spec_augment is not None and self.training:
             x = self.spec_augment(x, lengths)
         x, lengths = self.frontend(x, lengths)

@@ -15,6 +15,7 @@ from torch import nn
 
 from fastasr.attention import build_attention
 from fastasr.kernels.dropout import Dropout
+from fastasr.model.chunking import ChunkContext
 from fastasr.model.positional import RotaryPositions
 
 AttentionSpec = str | Mapping[str, Any]
@@ -72,14 +73,26 @@ class AttentionLayer(nn.Module):
         b, n, d = x.shape
         return x.view(b, n, self.heads, d // self.heads).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-        """x: (B, N, D), lengths: (B,) or None -> (B, N, D)."""
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, chunk: ChunkContext | None = None,
+                offset: int = 0) -> torch.Tensor:
+        """x: (B, N, D), lengths: (B,) or None -> (B, N, D).
+
+        ``chunk``: each chunk's queries attend in their window (:meth:`ChunkContext.windows`);
+        None: every query sees every key. ``offset``: the position of ``x``'s first frame in its
+        recording (rotary positions; a streamed window is not at 0)."""
         q = self._split(self.q_proj(x))
         k = q if self.k_proj is None else self._split(self.k_proj(x))
         v = self._split(self.v_proj(x))
         if self.rotary is not None:
-            q, k = (self.rotary(q),) * 2 if k is q else (self.rotary(q), self.rotary(k))
-        out = self.inner(q, k, v, lengths)  # (B, H, N, E); observed by CTCModel.capture_attention
+            q, k = ((self.rotary(q, offset),) * 2 if k is q
+                    else (self.rotary(q, offset), self.rotary(k, offset)))
+        if chunk is None:
+            out = self.inner(q, k, v, lengths)  # (B, H, N, E); observed by CTCModel.capture_attention
+        else:
+            n = x.shape[1]
+            qw, window_lengths = chunk.windows(q, lengths)
+            kw = qw if k is q else chunk.windows(k, lengths)[0]
+            out = chunk.unwindow(self.inner(qw, kw, chunk.windows(v, lengths)[0], window_lengths), n)
         b, h, n, e = out.shape
         return self.dropout(self.out_proj(out.transpose(1, 2).reshape(b, n, h * e)))
 
@@ -101,14 +114,39 @@ class ConvolutionModule(nn.Module):
         self.pointwise_out = nn.Linear(d_model, d_model)
         self.dropout = Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-        y = nn.functional.glu(self.pointwise_in(x), dim=-1)
+    @property
+    def half_kernel(self) -> int:
+        """Frames the kernel reaches on each side."""
+        return self.depthwise.kernel_size[0] // 2
+
+    def gate(self, x: torch.Tensor) -> torch.Tensor:
+        """The depthwise convolution's input: pointwise conv and GLU, ``(B, T, d)``."""
+        return nn.functional.glu(self.pointwise_in(x), dim=-1)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, chunk: ChunkContext | None = None) -> torch.Tensor:
+        """``chunk``: a frame's kernel sees its chunk and the frames before it, zeros after
+        (:meth:`ChunkContext.limit_conv`); None: the whole sequence."""
+        y = self.gate(x)
         if lengths is not None:
             valid = torch.arange(x.shape[1], device=x.device)[None, :] < lengths.to(x.device)[:, None]
             y = y * valid[..., None].to(y.dtype)
-        y = self.depthwise(y.transpose(1, 2)).transpose(1, 2)
-        y = nn.functional.silu(self.norm(y))
-        return self.dropout(self.pointwise_out(y))
+        y = y.transpose(1, 2)
+        y = (self.depthwise(y) if chunk is None else chunk.limit_conv(y, self.depthwise)).transpose(1, 2)
+        return self.finish(y)
+
+    def finish(self, y: torch.Tensor) -> torch.Tensor:
+        """What follows the depthwise convolution: LayerNorm, SiLU, pointwise conv, dropout."""
+        return self.dropout(self.pointwise_out(nn.functional.silu(self.norm(y))))
+
+    def stream(self, x: torch.Tensor, left: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One chunk ``x (B, C, d)`` of a stream, with ``left (B, half_kernel, d)``: the gated
+        frames before it (zeros at the stream's start). Returns the chunk's output and the
+        next chunk's ``left``. The same numbers as :meth:`forward` with a chunk context."""
+        y = torch.cat([left, self.gate(x)], 1)
+        h = self.half_kernel
+        window = nn.functional.pad(y.transpose(1, 2), (0, h))  # zeros after the chunk's end
+        out = nn.functional.conv1d(window, self.depthwise.weight, self.depthwise.bias, groups=self.depthwise.groups)
+        return self.finish(out.transpose(1, 2)), y[:, y.shape[1] - h:]
 
 
 class EncoderLayer(nn.Module):
@@ -146,14 +184,48 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.norm_first = norm_first
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, chunk: ChunkContext | None = None) -> torch.Tensor:
+        """``x (B, N, d)`` → ``(B, N, d)``; ``chunk``: a chunked context (:class:`ChunkContext`)."""
         if self.norm_first:
-            x = x + self.attn(self.norm1(x), lengths)
+            x = x + self.attn(self.norm1(x), lengths, chunk)
             if self.conv is not None:
-                x = x + self.conv(self.norm_conv(x), lengths)
+                x = x + self.conv(self.norm_conv(x), lengths, chunk)
             return x + self.ff(self.norm2(x))
-        x = self.norm1(x + self.attn(x, lengths))
+        x = self.norm1(x + self.attn(x, lengths, chunk))
         return self.norm2(x + self.ff(x))
+
+    def stream(self, x: torch.Tensor, state: LayerStream) -> torch.Tensor:
+        """One chunk ``x (B, C, d)`` of a stream → ``(B, C, d)``; ``state`` holds the left context
+        and is advanced. The same numbers as :meth:`forward` with ``state.chunk``."""
+        window = torch.cat([state.left, x], 1)
+        c = x.shape[1]
+        offset = state.position - state.left.shape[1]
+        if self.norm_first:
+            x = x + self.attn(self.norm1(window), None, offset=offset)[:, -c:]
+            if self.conv is not None:
+                out, state.conv_left = self.conv.stream(self.norm_conv(x), state.conv_left)
+                x = x + out
+            x = x + self.ff(self.norm2(x))
+        else:
+            x = self.norm1(x + self.attn(window, None, offset=offset)[:, -c:])
+            x = self.norm2(x + self.ff(x))
+        left_frames = state.chunk.left_frames
+        state.left = window if left_frames is None else window[:, max(0, window.shape[1] - left_frames):]
+        state.position += c
+        return x
+
+
+class LayerStream:
+    """What one encoder layer keeps between the chunks of a stream: its input over the left
+    context (``left``, ``(B, ≤ left_frames, d)``), the convolution module's gated frames before
+    the chunk (``conv_left``), and the position of the next chunk's first frame."""
+
+    def __init__(self, layer: EncoderLayer, chunk: ChunkContext, batch: int, like: torch.Tensor):
+        d = layer.norm1.normalized_shape[0]
+        self.chunk = chunk
+        self.left = like.new_zeros(batch, 0, d)
+        self.conv_left = None if layer.conv is None else like.new_zeros(batch, layer.conv.half_kernel, d)
+        self.position = 0
 
 
 class TransformerEncoder(nn.Module):
@@ -184,16 +256,27 @@ class TransformerEncoder(nn.Module):
         for layer in self.layers:
             layer.attn.set_attention(attention)
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None) -> torch.Tensor:
-        return self.forward_with_taps(x, lengths)[0]
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, chunk: ChunkContext | None = None) -> torch.Tensor:
+        return self.forward_with_taps(x, lengths, chunk=chunk)[0]
 
-    def forward_with_taps(self, x: torch.Tensor, lengths: torch.Tensor | None,
-                          taps: tuple[int, ...] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def forward_with_taps(self, x: torch.Tensor, lengths: torch.Tensor | None, taps: tuple[int, ...] = (),
+                          chunk: ChunkContext | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The encoded sequence and the outputs of the ``taps`` layers (1-based numbers), each
-        through the final norm as the last layer's is: ``(x, [x_tap, ...])``."""
+        through the final norm as the last layer's is: ``(x, [x_tap, ...])``. ``chunk``: every
+        layer in that chunked context."""
         tapped: list[torch.Tensor] = []
         for number, layer in enumerate(self.layers, start=1):
-            x = layer(x, lengths)
+            x = layer(x, lengths, chunk)
             if number in taps:
                 tapped.append(self.final_norm(x))
         return self.final_norm(x), tapped
+
+    def start_stream(self, chunk: ChunkContext, batch: int, like: torch.Tensor) -> list[LayerStream]:
+        """Empty left contexts for a stream of ``batch`` sequences (``like``: device and dtype)."""
+        return [LayerStream(layer, chunk, batch, like) for layer in self.layers]
+
+    def stream(self, x: torch.Tensor, states: list[LayerStream]) -> torch.Tensor:
+        """One chunk ``(B, C, d)`` through every layer, advancing ``states``."""
+        for layer, state in zip(self.layers, states):
+            x = layer.stream(x, state)
+        return self.final_norm(x)

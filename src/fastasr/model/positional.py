@@ -71,8 +71,9 @@ class SinusoidalPositionalEncoding(nn.Module):
         cos, sin = self._angles(length, device)
         return torch.stack((sin, cos), dim=-1).flatten(-2).to(dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(x + self.table(x.shape[1], x.device, x.dtype))
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``x`` plus the positions ``offset .. offset + T - 1`` (a streamed chunk starts past 0)."""
+        return self.dropout(x + self.table(offset + x.shape[1], x.device, x.dtype)[offset:])
 
 
 class RotaryPositions(nn.Module):
@@ -89,8 +90,9 @@ class RotaryPositions(nn.Module):
             raise ValueError(f"rotary positions need an even head dimension, got {head_dim}")
         self._angles = _AngleTable(head_dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cos, sin = (t.to(x.dtype) for t in self._angles(x.shape[-2], x.device))
+    def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``x`` turned by the positions ``offset .. offset + N - 1``."""
+        cos, sin = (t[offset:].to(x.dtype) for t in self._angles(offset + x.shape[-2], x.device))
         even, odd = x[..., 0::2], x[..., 1::2]
         return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 

@@ -70,13 +70,18 @@ def evaluate(cfg: DictConfig) -> DecodeResult:
                  "a lexicon and a word LM" if recogniser.words_decoding == "beam_lm" else
                  "a lexicon, no word LM" if recogniser.words_decoding == "beam" else "no lexicon")
     averaged = average_into(recogniser.model, cfg.ckpt_path, **(cfg.get("average") or {}))
+    if cfg.get("chunk") is not None:
+        recogniser.set_chunked_decoding(cfg.chunk, cfg.get("left", "auto"))
+        log.info("decoding in a chunked context: %s", recogniser.model.decoding_context.describe(recogniser.frame_seconds))
     run_dir = RunDir(HydraConfig.get().runtime.output_dir if HydraConfig.initialized()
                      else Path(cfg.paths.output_dir) / "eval").create()
     result = decode_manifest(recogniser, cfg.data.test_manifest, accelerator=cfg.accelerator, seed=cfg.seed,
                              decoding=decoding, out_dir=run_dir.path,
                              progress=show_progress(cfg.get("progress", "auto")), **decoding_options(cfg.data))
     result = replace(result, ckpt_path=str(cfg.ckpt_path), averaged_checkpoints=[str(p) for p in averaged])
-    run_dir.write_results(result.to_dict())
+    context = recogniser.model.decoding_context
+    run_dir.write_results({**result.to_dict(), "context": "full" if context is None else
+                           context.describe(recogniser.frame_seconds)})
     return replace(result, run_dir=str(run_dir.path))
 
 

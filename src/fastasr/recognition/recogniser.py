@@ -59,6 +59,7 @@ from fastasr.recognition.bundle_format import (
     check_format,
     split_attention,
 )
+from fastasr.recognition.streaming import RecognitionStream, chunk_context
 from fastasr.recognition.transcribing import Transcription, iter_transcriptions
 
 log = logging.getLogger(__name__)
@@ -342,6 +343,30 @@ class Recogniser:
                                    long_form=long_form, device=device, num_workers=num_workers, progress=progress,
                                    on_bad_audio=on_bad_audio, seed=seed)
 
+
+    def stream(self, chunk: float = 0.64, left: float | str | None = "auto",
+               decoding: str | Mapping[str, Any] | Any | None = None, stream_id: str = "stream") -> RecognitionStream:
+        """Recognise audio as it arrives, ``chunk`` seconds at a time (a
+        :class:`fastasr.recognition.streaming.RecognitionStream`)::
+
+            stream = rec.stream(chunk=0.64, decoding="beam_lm")
+            for piece in microphone():                  # (T,) float at rec.features.sample_rate
+                if (partial := stream.accept(piece)):
+                    print(partial.text)
+            print(stream.finish().text)                 # the final words, timed
+
+        ``left``: seconds of left context (rounded up to whole chunks); ``"auto"``: the model's
+        training left context when it trained with chunks, else all; None: all
+        (:func:`fastasr.recognition.streaming.chunk_context`). The final words equal the
+        simulated chunked decoding's (:meth:`set_chunked_decoding`)."""
+        return RecognitionStream(self, chunk_context(self, chunk, left), decoding, stream_id)
+
+    def set_chunked_decoding(self, chunk: float | None, left: float | str | None = "auto") -> None:
+        """Decode whole recordings as a stream of ``chunk`` seconds would see them, batched
+        (``CTCModel.set_decoding_context``): what ``evaluate.py chunk=...`` scores; None: full context."""
+        if self.model is None:
+            raise ValueError("set_chunked_decoding: the recogniser has no model; get one from load_recogniser(ckpt_path)")
+        self.model.set_decoding_context(None if chunk is None else chunk_context(self, chunk, left))
 
 
 # Decoders by name (Recogniser.decoder), as conf/decoding/{greedy,beam,beam_lm}.yaml with their defaults.

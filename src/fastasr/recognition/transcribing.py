@@ -90,11 +90,12 @@ def iter_transcriptions(recogniser: Any, audio: Any, batch_size: int = 4, *, sam
 
 
 def transcription_of(recogniser: Any, recording: Any, log_probs: torch.Tensor, seconds: float, decoder: Any,
-                      mode: str) -> Transcription:
+                      mode: str, hyp: Any = None) -> Transcription:
     """Decode one recording's ``(T', V)`` log-probabilities with ``recogniser``'s units and time
-    its words (a forced alignment of the hypothesis' units: :mod:`fastasr.decoding.alignment`)."""
+    its words (a forced alignment of the hypothesis' units: :mod:`fastasr.decoding.alignment`);
+    ``hyp``: the decoder's hypothesis when it is already known (a stream's)."""
     tok = recogniser.tokenizer
-    hyp = decoder(log_probs)
+    hyp = decoder(log_probs) if hyp is None else hyp
     index = {u: i for i, u in enumerate(tok.vocab)}
     spans = align_units(log_probs, [index[u] for u in hyp.units], blank=tok.blank_id, frames=hyp.frames,
                         cut_before=[u == tok.word_boundary for u in hyp.units])

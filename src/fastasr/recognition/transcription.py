@@ -16,17 +16,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 import fastasr.config  # noqa: F401  (PROJECT_ROOT for conf/paths)
+from fastasr.data.audio import BadAudioError
 from fastasr.data.bad_audio import SkippedUtterance, describe_skipped
 from fastasr.data.manifest import ManifestError, read_manifest
 from fastasr.data.recordings import AUDIO_EXTENSIONS, Recording
-from fastasr.decoding.transcript_formats import ctm_lines, srt_text
+from fastasr.decoding.transcript_formats import Transcription, ctm_lines, srt_text
 from fastasr.decoding.windows import LongFormConfig
 from fastasr.progress import show_progress
 from fastasr.recognition.evaluation import decoding_label
 from fastasr.recognition.loading import load_recogniser
+from fastasr.recognition.streaming import stream_recording
 from fastasr.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -125,9 +128,15 @@ def run_transcription(cfg: DictConfig, stdin: IO[str] | None = None, stdout: IO[
     with contextlib.ExitStack() as stack:
         jsonl = stack.enter_context(open(run.transcripts_file, "w", encoding="utf-8"))
         ctm = stack.enter_context(open(run.ctm_file, "w", encoding="utf-8")) if output.get("ctm") else None
-        for t in recogniser.iter_transcribe(recordings, int(cfg.batch_size), decoding=decoder, long_form=long_form,
-                                            device=cfg.device, num_workers=int(cfg.num_workers), progress=show_progress(cfg.get("progress", "auto")),
-                                            seed=cfg.get("seed")):
+        streaming = bool(cfg.get("stream", False))
+        if streaming:
+            transcriptions = streamed_transcriptions(recogniser, recordings, decoder, cfg)
+        else:
+            transcriptions = recogniser.iter_transcribe(
+                recordings, int(cfg.batch_size), decoding=decoder, long_form=long_form, device=cfg.device,
+                num_workers=int(cfg.num_workers), progress=show_progress(cfg.get("progress", "auto")),
+                seed=cfg.get("seed"))
+        for t in transcriptions:
             if not t.ok:
                 failed.append(SkippedUtterance(t.id, t.audio_filepath or t.id, t.error))
                 continue
@@ -153,12 +162,36 @@ def run_transcription(cfg: DictConfig, stdin: IO[str] | None = None, stdout: IO[
         "attention": recogniser.model.attention_spec,
         "decoding": decoder.describe(),
         "long_form": asdict(long_form),
+        "stream": ({"chunk": recogniser.model.decoding_context.describe(recogniser.frame_seconds)}
+                   if streaming else None),
         "device": str(cfg.device),
         "files": files,
     }
     run.write_transcribe_report(report)
     report["run_dir"] = str(run.path)
     return report
+
+
+def streamed_transcriptions(recogniser: Any, recordings: Sequence[Recording], decoder: Any,
+                            cfg: DictConfig) -> Any:
+    """``stream=true``: each recording fed chunk by chunk (``cfg.chunk`` seconds, ``cfg.left`` of left
+    context) through :func:`fastasr.recognition.streaming.stream_recording`, its partial words printed
+    on stderr as each chunk completes (``id [seconds] words``); an unusable recording gives a
+    Transcription whose ``error`` says why. The model's decoding context is set to the stream's, so
+    the report names it."""
+    if cfg.get("seed") is not None:
+        torch.manual_seed(int(cfg.seed))
+    chunk, left = cfg.get("chunk", 0.64), cfg.get("left", "auto")
+    recogniser.set_chunked_decoding(chunk, left)
+    log.info("streaming: %s", recogniser.model.decoding_context.describe(recogniser.frame_seconds))
+    for rec in recordings:
+        def show(partial, rec=rec):
+            print(f"{rec.id} [{partial.seconds:.2f} s] {partial.text}", file=sys.stderr, flush=True)
+
+        try:
+            yield stream_recording(recogniser, rec, chunk, left, decoder, on_partial=show).transcription
+        except BadAudioError as err:
+            yield Transcription(rec.id, rec.audio_filepath, "", [], [], 0.0, error=err.reason)
 
 
 def summary(report: dict[str, Any]) -> str:

@@ -198,6 +198,10 @@ def run_summary(cfg: DictConfig, choices: dict[str, Any] | None = None) -> str:
         attention = str(spec)
     scheduler = str((cfg.get("scheduler") or {}).get("_target_", "none")).rsplit(".", 1)[-1]
     optimiser = str((cfg.get("optim") or {}).get("_target_", "?")).rsplit(".", 1)[-1]
+    streaming = model.get("streaming") or {}
+    chunks = list(streaming.get("chunk_sizes") or [])
+    context = (f"streaming: chunks of {chunks} frames, left {streaming.get('left_frames')}, full context "
+               f"{streaming.get('full_context')}" if chunks else "full context")
     budget = ", ".join(f"{k} {trainer.get(k)}" for k in ("max_time", "max_epochs", "max_steps")
                        if trainer.get(k) not in (None, -1))
     lines = [
@@ -206,7 +210,7 @@ def run_summary(cfg: DictConfig, choices: dict[str, Any] | None = None) -> str:
         f"model: depth {model.get('layers')}, {model.get('heads')} heads x "
         f"{int(model.get('d_model', 0)) // max(int(model.get('heads', 1)), 1)}, feed-forward {model.get('ff_dim')}, "
         f"conv kernel {model.get('conv_kernel')}, positions {model.get('positions')}, dropout {model.get('dropout')}, "
-        f"attention {attention}",
+        f"attention {attention}, {context}",
         f"training: {optimiser} lr {(cfg.get('optim') or {}).get('lr')}, {scheduler}; {budget or 'no budget'}; "
         f"precision {trainer.get('precision')}; {data.get('tokenizer')} units; batches of "
         f"{data.get('max_frames_per_batch')} frames ({data.get('length_cost')} price)",

@@ -1,0 +1,123 @@
+"""Streaming recognition (fastasr.recognition.streaming): audio in pieces → the simulated chunked
+decoding's words, greedy and beam + LM, for full and clustered attention."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from recogniser_fixtures import tiny_recogniser
+
+from fastasr.data.features import Fbank, FeatureConfig
+from fastasr.data.manifest import read_manifest
+from fastasr.recognition.streaming import chunk_context
+
+
+@pytest.fixture(scope="module")
+def waveform(tiny_corpus) -> np.ndarray:
+    """Three test utterances joined (about 6-9 s)."""
+    pieces = []
+    for u in read_manifest(tiny_corpus / "test.jsonl")[:3]:
+        path = Path(u.audio_filepath)
+        audio, rate = sf.read(str(path if path.is_absolute() else tiny_corpus / path), dtype="float32")
+        assert rate == 16000
+        pieces += [audio, np.zeros(4000, np.float32)]
+    return np.concatenate(pieces)
+
+
+def test_fbank_stream_gives_the_whole_recordings_frames():
+    wave = torch.randn(16000 * 2 + 123) * 0.1
+    fbank = Fbank(FeatureConfig(num_mel_bins=40))
+    stream = fbank.stream()
+    pieces = [stream.accept(wave[i:i + 997]) for i in range(0, wave.shape[0], 997)] + [stream.finish()]
+    torch.testing.assert_close(torch.cat(pieces), fbank(wave), atol=1e-4, rtol=1e-5)
+    short = fbank.stream()
+    assert short.accept(wave[:100]).shape == (0, 40)
+    torch.testing.assert_close(short.finish(), fbank(wave[:100]))
+
+
+def simulated(rec, wave, decoding, chunk, left):
+    """The simulated chunked decoding: the whole recording through forward(chunk), then decoded."""
+    rec.set_chunked_decoding(chunk, left)
+    try:
+        return rec.transcribe(torch.from_numpy(wave), sample_rate=16000, decoding=decoding,
+                              long_form={"mode": "one_pass"}, seed=0)[0]
+    finally:
+        rec.set_chunked_decoding(None)
+
+
+@pytest.mark.parametrize("attention", ["full", {"name": "i-clustered", "clusters": 4, "topk": 3, "seed": 2}],
+                         ids=["full", "i-clustered"])
+@pytest.mark.parametrize("decoding", ["greedy", "beam_lm"])
+def test_streamed_words_equal_the_simulated_chunked_decoding(tiny_corpus, waveform, attention, decoding):
+    rec = tiny_recogniser(tiny_corpus, attention=attention, positions="absolute", utterance_cmvn=True, seed=1)
+    expected = simulated(rec, waveform, decoding, 0.32, 0.64)
+    stream = rec.stream(chunk=0.32, left=0.64, decoding=decoding)
+    partials = [p for i in range(0, waveform.shape[0], 1234) if (p := stream.accept(waveform[i:i + 1234]))]
+    final = stream.finish()
+    assert final.text == expected.text and final.units == expected.units
+    assert [w.start for w in final.words] == [w.start for w in expected.words]
+    assert final.text.strip(), "the untrained model should still say something for the comparison to mean anything"
+    # a partial after (nearly) every chunk: the audio heard and the chunks encoded growing
+    chunks = waveform.shape[0] / 16000 / 0.32
+    assert chunks - 2 <= len(partials) <= chunks
+    assert all(a.seconds < b.seconds and a.chunks < b.chunks for a, b in zip(partials, partials[1:]))
+    assert partials[0].compute_seconds > 0
+
+
+def test_full_context_decoding_differs_from_chunked(tiny_corpus, waveform):
+    """The chunked decoding is not full context in disguise (this untrained model's path changes)."""
+    rec = tiny_recogniser(tiny_corpus, positions="absolute", utterance_cmvn=True, seed=1)
+    chunked = simulated(rec, waveform, "greedy", 0.32, 0.64)
+    full = rec.transcribe(torch.from_numpy(waveform), sample_rate=16000, long_form={"mode": "one_pass"})[0]
+    assert chunked.units != full.units
+
+
+def test_chunk_context_in_seconds(tiny_corpus):
+    rec = tiny_recogniser(tiny_corpus)  # 4 x 10 ms a frame
+    assert chunk_context(rec, 0.64, None).size == 16 and chunk_context(rec, 0.64, None).left_chunks is None
+    assert chunk_context(rec, 0.3, 1.0).size == 8 and chunk_context(rec, 0.3, 1.0).left_chunks == 4  # 25 frames
+    assert chunk_context(rec, 0.01, 0).size == 1
+    assert chunk_context(rec, 0.64, "auto").left_chunks is None  # trained without chunks: all
+    trained = tiny_recogniser(tiny_corpus, streaming={"chunk_sizes": [8], "full_context": 0.5, "left_frames": 32})
+    assert chunk_context(trained, 0.64, "auto").left_chunks == 2
+    for bad, key in ((0, "chunk="), ("x", "chunk="), (float("nan"), "chunk=")):
+        with pytest.raises(ValueError, match=key):
+            chunk_context(rec, bad, None)
+    with pytest.raises(ValueError, match="left="):
+        chunk_context(rec, 0.64, -1)
+
+
+def test_the_command_streams_and_prints_partials(tiny_corpus, tmp_path, capsys):
+    """``python -m fastasr.transcribe ... stream=true chunk=0.32``: partial lines on stderr, the final
+    words on stdout equal to the chunked decoding's, a missing file reported, the context in the report."""
+    import io
+
+    from hydra import compose, initialize_config_dir
+    from recogniser_fixtures import save_checkpoint
+
+    from fastasr.config import CONFIG_DIR
+    from fastasr.recognition.transcription import run_transcription
+
+    rec = tiny_recogniser(tiny_corpus, positions="absolute", seed=1)
+    save_checkpoint(rec, tmp_path / "m.ckpt", seed=1)
+    path = Path(read_manifest(tiny_corpus / "test.jsonl")[0].audio_filepath)
+    path = path if path.is_absolute() else tiny_corpus / path
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose("transcribe", overrides=["device=cpu", f"ckpt_path={tmp_path / 'm.ckpt'}", "stream=true",
+                                               "chunk=0.32", "left=null", "decoding=greedy",
+                                               f"audio=[{path},{tmp_path / 'missing.wav'}]"])
+    stdout = io.StringIO()
+    report = run_transcription(cfg, stdout=stdout, run_dir=tmp_path / "run")
+    partial_lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith(f"{path.stem} [")]
+    assert len(partial_lines) >= 3
+    from fastasr.recognition.loading import load_recogniser
+
+    again = load_recogniser(tmp_path / "m.ckpt")
+    expected = simulated(again, sf.read(str(path), dtype="float32")[0], "greedy", 0.32, None)
+    assert stdout.getvalue() == f"{path}\t{expected.text}\n"
+    assert report["transcribed"] == 1 and report["failed"][0]["path"].endswith("missing.wav")
+    assert report["stream"] == {"chunk": "chunks of 0.32 s (8 frames), left context every earlier frame"}
