@@ -16,9 +16,12 @@ import torch
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the deploy extra (pip install -e .[deploy]; make install has it)")
 
+from recogniser_fixtures import tiny_recogniser  # noqa: E402
+
 from fastasr.data.features import Fbank, FeatureConfig  # noqa: E402
 from fastasr.data.manifest import read_manifest  # noqa: E402
 from fastasr.data.tokenizer import Tokenizer  # noqa: E402
+from fastasr.decoding.beam import BeamSearchOptions  # noqa: E402
 from fastasr.decoding.windows import LongFormConfig  # noqa: E402
 from fastasr.deploy.export import (  # noqa: E402
     SHERPA_BLANK,
@@ -28,25 +31,7 @@ from fastasr.deploy.export import (  # noqa: E402
     tokens_txt,
 )
 from fastasr.onnx.recogniser import OnnxRecogniser, fbank  # noqa: E402
-from fastasr.recognition.loading import with_decoding_data  # noqa: E402
-from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser  # noqa: E402
-
-TINY = {"d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2, "subsampling": 4, "conv_kernel": 5}
-
-
-def tiny_recogniser(corpus: Path, kind: str = "phoneme", attention: str = "full", seed: int = 0, **model) -> Recogniser:
-    """An untrained model (random weights, a CMVN near the corpus's filterbanks) with the units,
-    lexicon and LM of ``corpus``: its argmax path is arbitrary but fixed, which is all a
-    comparison of two runtimes needs."""
-    utterances = read_manifest(corpus / "train.jsonl")
-    tokenizer = Tokenizer.build(utterances, kind)
-    recogniser = Recogniser.from_model_config({**TINY, **model, "attention": attention}, tokenizer,
-                                              FeatureConfig(num_mel_bins=40))
-    recogniser = with_decoding_data(recogniser, corpus / "train.jsonl", lm_dir=corpus)
-    torch.manual_seed(seed)
-    network = recogniser.build_model().eval()
-    network.set_cmvn(torch.full((40,), 9.0), torch.full((40,), 3.5))
-    return recogniser.with_model(network)
+from fastasr.recognition.recogniser import RECOGNISER_KEY  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +101,31 @@ def test_the_runtime_gives_the_transcription_commands_greedy_words(tiny_corpus, 
     assert one_pass.mode == "one_pass" and one_pass.units == got[0].units  # a short one fits one window
 
 
+@pytest.mark.parametrize("kind", ["phoneme", "char"])
+def test_the_runtimes_beam_search_gives_the_transcription_commands_words(tiny_corpus, tmp_path, recordings, kind):
+    """decoding=beam_lm and beam in the PyTorch-free runtime: the words of Recogniser.transcribe's
+    beam search with the recogniser's lexicon and LM (the same decoder on the same log-probabilities,
+    within onnxruntime's rounding), real words; word times inside the recording and in order."""
+    recogniser = tiny_recogniser(tiny_corpus, kind=kind)
+    export_recogniser(recogniser, tmp_path / "out", int8=False, check=False)
+    runtime = OnnxRecogniser.load(tmp_path / "out")
+    options = BeamSearchOptions(beam_size=20)
+    for decoding, lm in (("beam_lm", True), ("beam", False)):
+        spec = {**recogniser.decoding_spec(decoding), "beam_size": 20}
+        expected = recogniser.transcribe([str(p) for p in recordings[:-1]], decoding=spec)
+        got = list(runtime.transcribe(recordings[:-1], decoder=runtime.beam_decoder(lm=lm, options=options)))
+        assert [g.text for g in got] == [e.text for e in expected], decoding
+        assert [g.units for g in got] == [e.units for e in expected] and all(g.real_words for g in got)
+        assert sum(len(g.words) for g in got) > 3  # the LM and lexicon still find words in an untrained model
+        for g in got:
+            assert all(0 <= w.start <= w.end <= g.duration for w in g.words)
+            assert all(a.start <= b.start for a, b in zip(g.words, g.words[1:]))
+    with pytest.raises(ValueError, match="no word LM"):
+        OnnxRecogniser(tmp_path, None, recogniser.tokenizer, {}, 4, 0.04, recogniser.lexicon).beam_decoder(lm=True)
+    with pytest.raises(ValueError, match="no lexicon"):
+        OnnxRecogniser(tmp_path, None, recogniser.tokenizer, {}, 4, 0.04, None).beam_decoder(lm=False)
+
+
 def test_word_times_span_each_words_argmax_runs(tiny_corpus):
     """Greedy decoding of crafted log-probabilities: units from the argmax path (repeats merged,
     blanks dropped, leading and doubled boundaries tidied), a word from its first unit's run to its
@@ -140,6 +150,40 @@ def test_the_runtimes_filterbank_is_trainings(rate, seconds):
     expected = Fbank(config)(torch.from_numpy(waveform)).numpy()
     got = fbank(waveform, {"sample_rate": rate, "num_mel_bins": 40, "frame_length_ms": 25.0, "frame_shift_ms": 10.0})
     assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-3
+
+
+@pytest.mark.parametrize("rate", [8000, 44100])
+def test_the_runtime_resamples_as_training_does(tmp_path, rate):
+    """A file at another rate: the runtime's resampling is training's (torchaudio's) within float
+    rounding, and so are the filterbanks of the resampled audio."""
+    from fastasr.data.audio import load_audio
+    from fastasr.onnx.recogniser import read_audio
+
+    t = np.arange(int(rate * 1.5)) / rate
+    audio = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * np.random.default_rng(0).standard_normal(t.shape))
+    path = tmp_path / f"a{rate}.wav"
+    sf.write(str(path), audio.astype(np.float32), rate)
+    config = {"sample_rate": 16000, "num_mel_bins": 40, "frame_length_ms": 25.0, "frame_shift_ms": 10.0}
+    resampled, expected = read_audio(path, 16000), load_audio(path, 16000).numpy()
+    assert resampled.shape == expected.shape and np.abs(resampled - expected).max() < 1e-5
+    ours = fbank(resampled, config)
+    training = Fbank(FeatureConfig(num_mel_bins=40))(torch.from_numpy(expected)).numpy()
+    assert ours.shape == training.shape and np.abs(ours - training).max() < 1e-2
+
+
+def test_the_swap_prints_what_the_matrix_measured(tmp_path):
+    from fastasr.deploy.export import swap_costs
+
+    (tmp_path / "matrix-a").mkdir()
+    (tmp_path / "matrix-a" / "matrix.csv").write_text(
+        "train,eval,status,per,cer,wer\ni-clustered-100,i-clustered-100,ok,25.0,,80\ni-clustered-100,full,ok,26.5,,81\n"
+        "clustered-100,full,failed,,,\n")
+    (tmp_path / "matrix-b").mkdir()
+    (tmp_path / "matrix-b" / "matrix.csv").write_text("train,eval,status,per,cer,wer\nfull,full,ok,20,,70\n")
+    assert swap_costs("i-clustered-100", tmp_path) == [
+        "matrix-a: PER 25.00 with i-clustered-100, 26.50 with full (+1.50 points)"]
+    assert swap_costs("clustered-100", tmp_path) == []  # no usable cell: nothing claimed
+    assert any(line.startswith("matrix-long: PER") for line in swap_costs("i-clustered-100"))  # the committed ones
 
 
 def test_the_runtime_loads_no_torch():
@@ -196,6 +240,13 @@ def test_the_commands_export_and_transcribe(tiny_corpus, tmp_path, recordings):
     assert done.stdout == f"{recordings[0]}\t{line['text']}\n" and "1 of 1 input(s) transcribed" in done.stderr
     assert (tmp_path / "t" / "transcripts.ctm").read_text().count("\n") == len(line["words"])
     assert (tmp_path / "t" / "srt" / f"{recordings[0].stem}.srt").is_file()
+    beam = subprocess.run([sys.executable, "-m", "fastasr.onnx.transcribe", f"model_dir={out}", f"audio={recordings[0]}",
+                           "decoding=beam_lm", "beam_size=20"], capture_output=True, text=True, timeout=120)
+    assert beam.returncode == 0 and "beam_lm" in beam.stderr, beam.stderr
+    recogniser.model.set_attention("full")  # what the folder holds (the swap)
+    expected = recogniser.transcribe(str(recordings[0]), decoding={**recogniser.decoding_spec("beam_lm"),
+                                                                    "beam_size": 20})[0]
+    assert beam.stdout == f"{recordings[0]}\t{expected.text}\n"
     refused = subprocess.run([sys.executable, "-m", "fastasr.export", f"ckpt_path={tmp_path / 'none.ckpt'}"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "no such checkpoint file" in refused.stderr

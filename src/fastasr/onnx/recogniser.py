@@ -7,18 +7,21 @@ training's Kaldi filterbanks with kaldi-native-fbank (:func:`fbank`: the same se
 recording in one pass or in the same overlapping windows as ``python -m fastasr.transcribe``
 (:func:`fastasr.decoding.windows.plan_windows`), and decodes greedily by the same rules as
 ``fastasr.decoding.greedy.GreedyDecoder``: the argmax path, repeats merged, blanks dropped, a
-phoneme model's phonetic words looked up in the lexicon. A word's time spans its units' argmax
+phoneme model's phonetic words looked up in the lexicon; or by the beam search with the folder's
+lexicon and LM (:meth:`OnnxRecogniser.beam_decoder`: ``fastasr.decoding.beam``, torch-free). A word's time spans its units' argmax
 runs on that path (``python -m fastasr.transcribe`` times words by a forced alignment of the
 same units instead: the two agree within a few output frames).
 
-Imports: numpy, onnxruntime, kaldi-native-fbank, soundfile, sentencepiece (subword units) and
-fastasr's PyTorch-free modules (units, lexicon, word grouping, windows); a test holds that
+Imports: numpy, onnxruntime, kaldi-native-fbank, soundfile, sentencepiece (subword units),
+flashlight-text (the beam search) and fastasr's PyTorch-free modules (units, lexicon, word
+grouping, windows, the beam search); a test holds that
 importing it loads no torch.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,11 +32,13 @@ import kaldi_native_fbank as knf
 import numpy as np
 import onnxruntime
 import soundfile as sf
+from numpy.lib.stride_tricks import sliding_window_view
 
 from fastasr.data.lexicon import Lexicon
 from fastasr.data.subword import WORD_START
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.decoding.hypothesis import tidy_boundary_indices, word_frames, word_groups
+from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
+from fastasr.decoding.hypothesis import Hypothesis, tidy_boundary_indices, word_frames, word_groups
 from fastasr.decoding.transcript_formats import Transcription, Word
 from fastasr.decoding.windows import LongFormConfig, output_frames, plan_windows
 
@@ -68,9 +73,9 @@ def fbank(waveform: np.ndarray, features: dict[str, Any]) -> np.ndarray:
 
 
 def read_audio(path: str | os.PathLike, sample_rate: int, channels: int | None = None) -> np.ndarray:
-    """A mono float32 waveform of an audio file at ``sample_rate``. Raises ``ValueError`` naming the
-    file for unreadable or empty audio, another channel count than ``channels``, or another rate
-    (this runtime does not resample: ``sox in.wav -r RATE out.wav`` first)."""
+    """A mono float32 waveform of an audio file at ``sample_rate`` (channels averaged; another rate
+    resampled as training resamples: :func:`resample`). Raises ``ValueError`` naming the file for
+    unreadable or empty audio, non-finite samples, or another channel count than ``channels``."""
     try:
         data, rate = sf.read(str(path), dtype="float32", always_2d=True)
     except (RuntimeError, OSError, EOFError, ValueError) as err:
@@ -79,12 +84,34 @@ def read_audio(path: str | os.PathLike, sample_rate: int, channels: int | None =
         raise ValueError(f"{path}: 0 samples; expected non-empty audio")
     if channels is not None and data.shape[1] != channels:
         raise ValueError(f"{path}: {data.shape[1]} channels; expected {channels} (the model's features.channels)")
-    if rate != sample_rate:
-        raise ValueError(f"{path}: {rate} Hz; the model reads {sample_rate} Hz audio and this runtime does not "
-                         f"resample (sox in.wav -r {sample_rate} out.wav)")
     if not np.isfinite(data).all():
         raise ValueError(f"{path}: NaN or infinite samples")
-    return data.mean(axis=1)
+    mono = data.mean(axis=1)
+    if rate != sample_rate:
+        mono = resample(mono, rate, sample_rate)
+    return mono
+
+
+def resample(samples: np.ndarray, orig_rate: int, new_rate: int, zero_crossings: int = 6,
+             rolloff: float = 0.99) -> np.ndarray:
+    """``samples (T,)`` at ``orig_rate`` → float32 at ``new_rate``, by the resampling training uses
+    (``fastasr.data.audio.resample``: torchaudio's default): a low-pass at ``rolloff`` × the lower
+    Nyquist frequency, a sinc with ``zero_crossings`` crossings each side under a Hann window,
+    applied polyphase (one filter per output phase of the reduced rate ratio); the output has
+    ``ceil(T × new / orig)`` samples."""
+    ratio = math.gcd(int(orig_rate), int(new_rate))
+    orig, new = int(orig_rate) // ratio, int(new_rate) // ratio
+    cutoff = min(orig, new) * rolloff
+    width = math.ceil(zero_crossings * orig / cutoff)
+    offsets = np.arange(-width, width + orig) / orig  # the input samples one output frame reads
+    t = np.clip((offsets[None, :] - np.arange(new)[:, None] / new) * cutoff, -zero_crossings, zero_crossings)
+    window = np.cos(t * np.pi / zero_crossings / 2) ** 2
+    x = t * np.pi
+    taps = np.where(x == 0, 1.0, np.sin(x) / np.where(x == 0, 1.0, x)) * window * (cutoff / orig)  # (new, K)
+    padded = np.pad(np.asarray(samples, dtype=np.float64).reshape(-1), (width, width + orig))
+    frames = sliding_window_view(padded, taps.shape[1])[::orig]  # (M, K): frame m starts at m × orig
+    out = (frames @ taps.T).reshape(-1)  # output m × new + j: phase j of frame m
+    return out[:math.ceil(new * samples.shape[0] / orig)].astype(np.float32)
 
 
 @dataclass
@@ -166,9 +193,31 @@ class OnnxRecogniser:
         return out, mode
 
     # ------------------------------------------------------------------ decoding
-    def decode(self, log_probs: np.ndarray, seconds: float) -> tuple[list[str], list[str], list[Word], bool]:
-        """Greedy decoding of ``(T', V)`` log-probabilities: ``(units, words, timed words, real
-        words)`` (module docstring)."""
+    @property
+    def lm_path(self) -> Path | None:
+        """The folder's word LM (``lm.arpa``), or None when the checkpoint carried none."""
+        path = self.folder / "lm.arpa"
+        return path if path.is_file() else None
+
+    def beam_decoder(self, lm: bool = True, options: BeamSearchOptions | None = None) -> BeamSearchDecoder:
+        """The beam search over the folder's units with its lexicon and, with ``lm``, its word LM
+        (:class:`fastasr.decoding.beam.BeamSearchDecoder`, the one ``python -m fastasr.transcribe
+        decoding=beam_lm`` uses: the same words for the same log-probabilities). Raises ValueError
+        when the folder has no lexicon, or no LM and ``lm`` is asked for."""
+        if self.lexicon is None:
+            raise ValueError(f"{self.folder}: the exported recogniser carries no lexicon; decode with decoding=greedy")
+        if lm and self.lm_path is None:
+            raise ValueError(f"{self.folder}: the exported recogniser carries no word LM (lm.arpa); decode with "
+                             "decoding=beam or decoding=greedy")
+        return BeamSearchDecoder(self.tokenizer, self.lexicon, self.lm_path if lm else None, options)
+
+    def decode(self, log_probs: np.ndarray, seconds: float,
+               decoder: BeamSearchDecoder | None = None) -> tuple[list[str], list[str], list[Word], bool]:
+        """Greedy decoding of ``(T', V)`` log-probabilities, or ``decoder``'s (:meth:`beam_decoder`):
+        ``(units, words, timed words, real words)`` (module docstring). A beam search's words are
+        timed by the frames its path emits their units at."""
+        if decoder is not None:
+            return self._timed(decoder(log_probs), log_probs.shape[0], seconds, decoder.real_words)
         tok = self.tokenizer
         best = log_probs.argmax(axis=-1)
         changes = np.nonzero(best[1:] != best[:-1])[0] + 1  # where an argmax run starts (past frame 0)
@@ -198,18 +247,35 @@ class OnnxRecogniser:
         real = tok.kind != "phoneme" or (inverse is not None and all(w in self.lexicon for w in words))
         return units, words, timed, real
 
+    def _timed(self, hyp: Hypothesis, frames: int, seconds: float, real: bool) -> tuple[list[str], list[str],
+                                                                                       list[Word], bool]:
+        tok = self.tokenizer
+        spans = [(f, f + 1) for f in hyp.frames or []]
+        subword = tok.kind in ("bpe", "unigram")
+        groups = word_frames(hyp.units, spans, None if subword else tok.word_boundary, WORD_START if subword else None)
+        if len(groups) != len(hyp.words):
+            groups = [(0, frames)] * len(hyp.words)
+        timed = []
+        for word, (a, b) in zip(hyp.words, groups):
+            end = round(min(b * self.frame_seconds, seconds), 3)
+            timed.append(Word(word, round(min(a * self.frame_seconds, end), 3), end))
+        return list(hyp.units), list(hyp.words), timed, real
+
     def transcribe_waveform(self, waveform: np.ndarray, *, id: str = "waveform-0", audio_filepath: str | None = None,
-                            long_form: LongFormConfig | None = None, batch_size: int = 8) -> Transcription:
-        """One recording at the model's sample rate, in [-1, 1]."""
+                            long_form: LongFormConfig | None = None, batch_size: int = 8,
+                            decoder: BeamSearchDecoder | None = None) -> Transcription:
+        """One recording at the model's sample rate, in [-1, 1]; ``decoder``: a beam search
+        (:meth:`beam_decoder`), None: greedy."""
         seconds = waveform.shape[0] / float(self.features["sample_rate"])
         log_probs, mode = self.log_probs(fbank(waveform, self.features), long_form, batch_size)
-        units, words, timed, real = self.decode(log_probs, seconds)
+        units, words, timed, real = self.decode(log_probs, seconds, decoder)
         return Transcription(id, audio_filepath, " ".join(words), timed, units, round(seconds, 3),
                              real_words=real, mode=mode)
 
     def transcribe(self, paths: Sequence[str | os.PathLike], *, long_form: LongFormConfig | None = None,
-                   batch_size: int = 8) -> Iterator[Transcription]:
-        """Each audio file's transcription, in order; an unusable file gives one with ``error`` set."""
+                   batch_size: int = 8, decoder: BeamSearchDecoder | None = None) -> Iterator[Transcription]:
+        """Each audio file's transcription, in order; an unusable file gives one with ``error`` set.
+        ``decoder``: a beam search (:meth:`beam_decoder`), None: greedy."""
         for path in paths:
             name = Path(path).stem
             try:
@@ -218,4 +284,4 @@ class OnnxRecogniser:
                 yield Transcription(name, str(path), "", [], [], 0.0, error=str(err))
                 continue
             yield self.transcribe_waveform(waveform, id=name, audio_filepath=str(path), long_form=long_form,
-                                           batch_size=batch_size)
+                                           batch_size=batch_size, decoder=decoder)

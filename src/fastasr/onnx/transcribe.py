@@ -13,6 +13,9 @@ Keys (docs/DEPLOY.md):
     mode=auto          auto / windowed: windows of window_s seconds overlapping by overlap_s, as
                        python -m fastasr.transcribe reads a recording with full attention; one_pass
     window_s=10 overlap_s=4 batch_size=8 threads=null
+    decoding=greedy    greedy | beam (the folder's lexicon) | beam_lm (its lexicon and word LM): the
+                       beam search of python -m fastasr.transcribe (fastasr.decoding.beam), with
+    beam_size=500 lm_weight=2.0 word_score=0.0   its settings (conf/decoding/beam.yaml's defaults)
 
 Prints ``path<TAB>text`` per recording on stdout, and a closing line on stderr; exit status 2
 for a bad key or value, 1 when no input could be transcribed.
@@ -27,12 +30,15 @@ from pathlib import Path
 
 import soundfile as sf
 
+from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.decoding.transcript_formats import ctm_lines, srt_text
 from fastasr.decoding.windows import LongFormConfig
 from fastasr.onnx.recogniser import OnnxRecogniser
 
 DEFAULTS = {"model_dir": None, "audio": None, "int8": "false", "out": None, "ctm": "false", "srt": "false",
-            "mode": "auto", "window_s": "10", "overlap_s": "4", "batch_size": "8", "threads": None}
+            "mode": "auto", "window_s": "10", "overlap_s": "4", "batch_size": "8", "threads": None,
+            "decoding": "greedy", "beam_size": "500", "lm_weight": "2.0", "word_score": "0.0"}
+DECODINGS = ("greedy", "beam", "beam_lm")
 
 
 def refuse(message: str) -> None:
@@ -77,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         long_form = LongFormConfig(mode=str(args["mode"]), window_s=float(args["window_s"]),
                                    overlap_s=float(args["overlap_s"]))
         batch_size = int(args["batch_size"])
+        options = BeamSearchOptions(beam_size=int(args["beam_size"]), lm_weight=float(args["lm_weight"]),
+                                    word_score=float(args["word_score"]))
     except ValueError as err:
         refuse(str(err))
+    if args["decoding"] not in DECODINGS:
+        refuse(f"decoding={args['decoding']!r}; expected one of {', '.join(DECODINGS)}")
     truthy = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
     flags = {}
     for key in ("int8", "ctm", "srt"):
@@ -88,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         recogniser = OnnxRecogniser.load(args["model_dir"], int8=flags["int8"],
                                          threads=int(args["threads"]) if args["threads"] else None)
+        decoder = (None if args["decoding"] == "greedy"
+                   else recogniser.beam_decoder(lm=args["decoding"] == "beam_lm", options=options))
     except (FileNotFoundError, ValueError) as err:
         refuse(str(err))
     out = Path(args["out"]) if args["out"] else None
@@ -99,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     jsonl = open(out / "transcripts.jsonl", "w", encoding="utf-8") if out is not None else None
     ctm = open(out / "transcripts.ctm", "w", encoding="utf-8") if out is not None and flags["ctm"] else None
     try:
-        for t in recogniser.transcribe(audio_paths(str(args["audio"])), long_form=long_form, batch_size=batch_size):
+        for t in recogniser.transcribe(audio_paths(str(args["audio"])), long_form=long_form, batch_size=batch_size,
+                                       decoder=decoder):
             if not t.ok:
                 failed.append(t)
                 print(f"fastasr.onnx.transcribe: skipped {t.error}", file=sys.stderr)
@@ -119,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - started
     rtf = f", RTF {wall / seconds:.3f}" if seconds else ""
     print(f"fastasr.onnx.transcribe: {done} of {done + len(failed)} input(s) transcribed ({seconds:.1f} s of audio "
-          f"in {wall:.1f} s{rtf}; {'int8' if flags['int8'] else 'fp32'}, attention "
+          f"in {wall:.1f} s{rtf}; {'int8' if flags['int8'] else 'fp32'}, {args['decoding']}, attention "
           f"{recogniser.export.get('attention')})", file=sys.stderr)
     return 0 if done or not failed else 1
 
