@@ -11,8 +11,8 @@ manifest is scored with ``evaluate.py``'s path (``decode_manifest``) after
 stream gives (tests/test_streaming.py holds them equal). Greedy and beam + LM (``--beam`` wide,
 the checkpoint's lexicon and LM, LM weight and word score as ``conf/decoding/beam_lm.yaml``).
 
-Latency (``--latency N`` recordings of the manifest, ``--chunks``): each recording goes through
-``Recogniser.stream`` a chunk at a time as live audio would arrive; a chunk's words are ready the
+Latency (``--latency N`` recordings of the manifest, ``--chunks``, greedy and beam + LM): each recording
+goes through ``Recogniser.stream`` a chunk at a time as live audio would arrive; a chunk's words are ready the
 compute time of its ``accept`` after its last sample, plus the filterbank window's reach past the
 chunk (window − shift: 15 ms at 25/10 ms). Mean and 95th percentile over all chunks, and the real-time
 factor (all compute over the audio). Streamed words are checked against the chunked decoding's
@@ -72,25 +72,29 @@ def latency_cells(args, label: str, ckpt: str, chunks: list[float]) -> list[dict
     window_reach = (rec.features.frame_length_ms - rec.features.frame_shift_ms) / 1000
     utterances = read_manifest(args.manifest)[:args.latency]
     rows = []
-    for chunk in chunks:
-        rec.set_chunked_decoding(chunk, args.left)
-        simulated = rec.transcribe([u.audio_filepath for u in utterances], batch_size=8,
-                                   long_form={"mode": "one_pass"}, seed=0)
-        torch.manual_seed(0)
-        per_chunk, compute, audio, agree = [], 0.0, 0.0, 0
-        for utt, expected in zip(utterances, simulated):
-            streamed = stream_recording(rec, utt.audio_filepath, chunk, args.left)
-            per_chunk += [p.compute_seconds for p in streamed.partials]
-            compute += streamed.compute_seconds
-            audio += streamed.transcription.duration
-            agree += streamed.transcription.text == expected.text
-        ms = np.array(per_chunk) * 1000 + window_reach * 1000
-        row = {"model": label, "attention": rec.model.attention_spec, "context": context_label(chunk),
-               "recordings": len(utterances), "chunks": len(per_chunk), "latency_mean_ms": round(float(ms.mean()), 1),
-               "latency_p95_ms": round(float(np.percentile(ms, 95)), 1), "rtf": round(compute / audio, 4),
-               "streamed_equal_simulated": f"{agree}/{len(utterances)}"}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    decodings = {"greedy": {"name": "greedy"},
+                 "beam_lm": {"name": "beam", "lm": {"source": "auto"}, "beam_size": args.beam}}
+    for name, spec in decodings.items():
+        decoder = rec.decoder(spec)
+        for chunk in chunks:
+            rec.set_chunked_decoding(chunk, args.left)
+            simulated = rec.transcribe([u.audio_filepath for u in utterances], batch_size=8, decoding=decoder,
+                                       long_form={"mode": "one_pass"}, seed=0)
+            torch.manual_seed(0)
+            per_chunk, compute, audio, agree = [], 0.0, 0.0, 0
+            for utt, expected in zip(utterances, simulated):
+                streamed = stream_recording(rec, utt.audio_filepath, chunk, args.left, decoder)
+                per_chunk += [p.compute_seconds for p in streamed.partials]
+                compute += streamed.compute_seconds
+                audio += streamed.transcription.duration
+                agree += streamed.transcription.text == expected.text
+            ms = np.array(per_chunk) * 1000 + window_reach * 1000
+            row = {"model": label, "attention": rec.model.attention_spec, "decoding": name,
+                   "context": context_label(chunk), "recordings": len(utterances), "chunks": len(per_chunk),
+                   "latency_mean_ms": round(float(ms.mean()), 1), "latency_p95_ms": round(float(np.percentile(ms, 95)), 1),
+                   "rtf": round(compute / audio, 4), "streamed_equal_simulated": f"{agree}/{len(utterances)}"}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     rec.set_chunked_decoding(None)
     return rows
 
@@ -110,9 +114,9 @@ def markdown(args, machine: dict, scores: list[dict], latencies: list[dict]) -> 
                   f"{r['beam_lm_wer']:.2f} | {r['beam_lm_' + unit.lower()]:.2f} |" for r in scores]
         lines.append("")
     if latencies:
-        lines += ["| model | attention | chunk | recordings | chunks | latency mean (ms) | latency p95 (ms) | RTF | "
-                  "streamed = chunked decoding |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
-        lines += [f"| {r['model']} | {r['attention']} | {r['context']} | {r['recordings']} | {r['chunks']} | "
+        lines += ["| model | attention | decoding | chunk | recordings | chunks | latency mean (ms) | latency p95 (ms) | "
+                  "RTF | streamed = chunked decoding |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {r['model']} | {r['attention']} | {r['decoding']} | {r['context']} | {r['recordings']} | {r['chunks']} | "
                   f"{r['latency_mean_ms']} | {r['latency_p95_ms']} | {r['rtf']} | {r['streamed_equal_simulated']} |"
                   for r in latencies]
         lines.append("")
@@ -130,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--left", default="2.56", help="seconds of left context, auto or null (all)")
     parser.add_argument("--beam", type=int, default=50)
     parser.add_argument("--latency", type=int, default=50, help="recordings streamed for latency (0: none)")
+    parser.add_argument("--no-scores", action="store_true", help="latency only")
     parser.add_argument("--tag", default="", help="appended to the result files' names")
     parser.add_argument("--out-dir", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     scores, latencies = [], []
     for item in args.ckpt:
         label, _, path = item.partition("=")
-        for attention in attentions:
+        for attention in attentions if not args.no_scores else ():
             scores += score_cells(args, label, path, attention, chunks)
         if args.latency:
             latencies += latency_cells(args, label, path, [c for c in chunks if c is not None])
