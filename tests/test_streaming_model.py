@@ -161,3 +161,17 @@ def test_a_runs_first_lines_name_its_chunks():
         OmegaConf.create({"model": model}))
     model["streaming"]["chunk_sizes"] = []
     assert "attention full, full context" in run_summary(OmegaConf.create({"model": model}))
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda a: a if isinstance(a, str) else a["name"])
+def test_a_chunked_training_step_back_propagates(attention):
+    """Chunked training with every attention: the CTC loss of a drawn chunked context has finite
+    gradients reaching the first layer's projections (through the windows' gather and scatter)."""
+    m = model(attention, streaming={"chunk_sizes": [2, 4], "full_context": 0.0, "left_frames": 4}).train()
+    feats, lengths = torch.randn(2, 96, 12), torch.tensor([96, 70])
+    log_probs, out_lengths = m(feats, lengths)
+    targets = torch.randint(1, 7, (2, 5))
+    loss = torch.nn.functional.ctc_loss(log_probs.transpose(0, 1), targets, out_lengths, torch.tensor([5, 5]))
+    loss.backward()
+    grad = m.encoder.layers[0].attn.q_proj.weight.grad
+    assert torch.isfinite(loss) and grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
