@@ -125,7 +125,7 @@ def test_training_draws_chunks_and_full_context():
     assert {c.left_chunks for c in seen if c} == {3, 1}  # 5 frames: 3 chunks of 2, 1 chunk of 8
     m = model(streaming={"chunk_sizes": [2], "full_context": 0.0, "left_frames": 2}).train()
     feats = torch.randn(1, 64, 12)
-    chunked = m(feats, torch.tensor([64]), )[0]
+    chunked = m(feats, torch.tensor([64]))[0]
     torch.testing.assert_close(chunked, m.eval()(feats, torch.tensor([64]), ChunkContext(2, 1))[0])
 
 

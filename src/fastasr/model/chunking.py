@@ -167,7 +167,3 @@ class ChunkTraining:
             return None
         return ChunkContext.with_left_frames(rng.choice(self.chunk_sizes), self.left_frames)
 
-    def as_dict(self) -> dict:
-        return {"chunk_sizes": list(self.chunk_sizes), "full_context": self.full_context,
-                "left_frames": self.left_frames}
-

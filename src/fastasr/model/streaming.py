@@ -38,7 +38,7 @@ class ModelStream:
     def __init__(self, model, chunk: ChunkContext) -> None:
         if model.training:
             raise ValueError("CTCModel.start_stream: the model is in training mode; call model.eval() first")
-        self.model, self.chunk = model, chunk
+        self.model = model
         self.factor = model.subsampling_factor
         self.frames_per_chunk = chunk.size * self.factor
         like = model.head.weight

@@ -38,25 +38,21 @@ class UtteranceCMVN(nn.Module):
         :meth:`fastasr.model.chunking.ChunkContext.prefix_ends`), from running sums
         (:class:`PrefixStatistics`); None: of the whole utterance."""
         B, T, _ = x.shape
-        if prefix_ends is not None:
-            return self._by_prefix(x, lengths, prefix_ends)
         if lengths is None:
             lengths = torch.full((B,), T, device=x.device)
         valid = (torch.arange(T, device=x.device)[None, :] < lengths.to(x.device)[:, None])[..., None]
+        if prefix_ends is not None:
+            return self._by_prefix(x, lengths.to(x.device), valid, prefix_ends)
         count = valid.sum(1, keepdim=True).clamp_min(1).to(x.dtype)  # (B, 1, 1)
         mean = x.masked_fill(~valid, 0.0).sum(1, keepdim=True) / count
         centred = (x - mean).masked_fill(~valid, 0.0)
         std = (centred.pow(2).sum(1, keepdim=True) / count).sqrt().clamp_min(self.min_std)
         return centred / std
 
-    def _by_prefix(self, x: torch.Tensor, lengths: torch.Tensor | None, ends: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        if lengths is None:
-            lengths = torch.full((B,), T, device=x.device)
-        valid = (torch.arange(T, device=x.device)[None, :] < lengths.to(x.device)[:, None])[..., None]
+    def _by_prefix(self, x: torch.Tensor, lengths: torch.Tensor, valid: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         wide = x.double().masked_fill(~valid, 0.0)
         sums, squares = wide.cumsum(1), wide.pow(2).cumsum(1)
-        last = (torch.minimum(ends.to(x.device)[None, :], lengths.to(x.device)[:, None]) - 1).clamp_min(0)  # (B, T)
+        last = (torch.minimum(ends.to(x.device)[None, :], lengths[:, None]) - 1).clamp_min(0)  # (B, T)
         pick = last[..., None].expand(-1, -1, x.shape[2])
         stats = PrefixStatistics(sums.gather(1, pick), squares.gather(1, pick), (last + 1)[..., None].double())
         return stats.normalise(x, self.min_std).masked_fill(~valid, 0.0)

@@ -38,7 +38,7 @@ from fastasr.data.lexicon import Lexicon
 from fastasr.data.subword import WORD_START
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
-from fastasr.decoding.hypothesis import Hypothesis, tidy_boundary_indices, word_frames, word_groups
+from fastasr.decoding.hypothesis import tidy_boundary_indices, word_frames, word_groups
 from fastasr.decoding.transcript_formats import Transcription, Word
 from fastasr.decoding.windows import LongFormConfig, output_frames, plan_windows
 
@@ -217,7 +217,10 @@ class OnnxRecogniser:
         ``(units, words, timed words, real words)`` (module docstring). A beam search's words are
         timed by the frames its path emits their units at."""
         if decoder is not None:
-            return self._timed(decoder(log_probs), log_probs.shape[0], seconds, decoder.real_words)
+            hyp = decoder(log_probs)
+            spans = [(f, f + 1) for f in hyp.frames or []]
+            timed = self._timed(hyp.units, hyp.words, spans, log_probs.shape[0], seconds)
+            return hyp.units, hyp.words, timed, decoder.real_words
         tok = self.tokenizer
         best = log_probs.argmax(axis=-1)
         changes = np.nonzero(best[1:] != best[:-1])[0] + 1  # where an argmax run starts (past frame 0)
@@ -236,30 +239,23 @@ class OnnxRecogniser:
             words = tok.units_to_words(units)
         else:
             words = [inverse.get(tuple(g), "".join(g)) for g in word_groups(units, tok.word_boundary)]
+        real = tok.kind != "phoneme" or (inverse is not None and all(w in self.lexicon for w in words))
+        return units, words, self._timed(units, words, spans, log_probs.shape[0], seconds), real
+
+    def _timed(self, units: list[str], words: list[str], spans: list[tuple[int, int]], frames: int,
+               seconds: float) -> list[Word]:
+        """``words`` with times: each spans its units' ``spans`` (output frames, end exclusive), cut
+        to the recording's ``seconds``; the whole recording each when units and words do not pair up."""
+        tok = self.tokenizer
         subword = tok.kind in ("bpe", "unigram")
         groups = word_frames(units, spans, None if subword else tok.word_boundary, WORD_START if subword else None)
         if len(groups) != len(words):
-            groups = [(0, log_probs.shape[0])] * len(words)
+            groups = [(0, frames)] * len(words)
         timed = []
         for word, (a, b) in zip(words, groups):
             end = round(min(b * self.frame_seconds, seconds), 3)
             timed.append(Word(word, round(min(a * self.frame_seconds, end), 3), end))
-        real = tok.kind != "phoneme" or (inverse is not None and all(w in self.lexicon for w in words))
-        return units, words, timed, real
-
-    def _timed(self, hyp: Hypothesis, frames: int, seconds: float, real: bool) -> tuple[list[str], list[str],
-                                                                                       list[Word], bool]:
-        tok = self.tokenizer
-        spans = [(f, f + 1) for f in hyp.frames or []]
-        subword = tok.kind in ("bpe", "unigram")
-        groups = word_frames(hyp.units, spans, None if subword else tok.word_boundary, WORD_START if subword else None)
-        if len(groups) != len(hyp.words):
-            groups = [(0, frames)] * len(hyp.words)
-        timed = []
-        for word, (a, b) in zip(hyp.words, groups):
-            end = round(min(b * self.frame_seconds, seconds), 3)
-            timed.append(Word(word, round(min(a * self.frame_seconds, end), 3), end))
-        return list(hyp.units), list(hyp.words), timed, real
+        return timed
 
     def transcribe_waveform(self, waveform: np.ndarray, *, id: str = "waveform-0", audio_filepath: str | None = None,
                             long_form: LongFormConfig | None = None, batch_size: int = 8,

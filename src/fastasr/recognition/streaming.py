@@ -105,11 +105,15 @@ class RecognitionStream:
         self.search = self.decoder.stream()
         self.log_probs: list[torch.Tensor] = []
         self.samples = 0
-        self.chunks = 0
 
     @property
     def chunk_seconds(self) -> float:
         return self.chunk.size * self.recogniser.frame_seconds
+
+    @property
+    def chunks(self) -> int:
+        """Chunks encoded so far."""
+        return math.ceil(self.encoder.position / self.chunk.size)
 
     @property
     def seconds(self) -> float:
@@ -141,7 +145,6 @@ class RecognitionStream:
             return False
         self.log_probs.append(log_probs)
         self.search.accept(log_probs)
-        self.chunks += math.ceil(log_probs.shape[0] / self.chunk.size)
         return True
 
 
