@@ -20,6 +20,7 @@ batches, more clusters than positions, ``K`` larger than a sequence's length.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import subprocess
 import sys
@@ -1061,10 +1062,14 @@ _NO_KERNEL_OPS = {
 }
 
 
+#: aten ops that copy a tensor (a layout change or a cast).
+_COPY_OPS = {"aten::copy_", "aten::clone", "aten::_to_copy", "aten::contiguous"}
+
+
 class _LaunchProbe:
     """Counts, over one attention call, the Triton kernel launches (by kernel), the aten ops
     that launch a kernel on a GPU (the interpreter's own bookkeeping excluded), and every op
-    that would synchronise with the host."""
+    that would synchronise with the host; records each copy's op and shape."""
 
     def __init__(self):
         from torch.utils._python_dispatch import TorchDispatchMode
@@ -1072,6 +1077,7 @@ class _LaunchProbe:
         self.triton: dict[str, int] = {}
         self.torch_kernels: dict[str, int] = {}
         self.syncs: list[str] = []
+        self.copies: list[tuple[str, tuple[int, ...]]] = []
         self._in_triton = False
         probe = self
 
@@ -1085,6 +1091,8 @@ class _LaunchProbe:
                         probe.syncs.append(name)
                     elif name not in _NO_KERNEL_OPS:
                         probe.torch_kernels[name] = probe.torch_kernels.get(name, 0) + 1
+                    if name in _COPY_OPS:
+                        probe.copies.append((name, tuple(args[0].shape)))
                 return func(*args, **(kwargs or {}))
 
         self._mode = _Mode()
@@ -1167,6 +1175,45 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     assert probe.syncs == []
     assert probe.triton == want_triton
     assert sum(probe.torch_kernels.values()) <= torch_ceiling, sorted(probe.torch_kernels.items())
+
+
+@_INTERPRETER_ONLY
+@pytest.mark.parametrize("spec", ["i-clustered-10", "clustered-10 split-key values"])
+def test_attention_copies_no_rows_of_the_model_layout(spec, monkeypatch):
+    """Queries, keys and values as an attention layer passes them, head-split views of its
+    ``(B, N, H·E)`` projections: one forward + backward through the kernels, with the output's
+    heads merged back (``transpose(1, 2).reshape``, a view), copies no per-position rows, and
+    gives the numbers of the same call on contiguous ``(B, H, N, E)`` inputs. (Clustered
+    attention's centroid values below ``ops.SPLIT_KEY_VALUES_FROM`` keys are SDPA's on a GPU,
+    the reference's here: not the kernels'.)"""
+    from fastasr.attention import build_attention
+    from fastasr.kernels import ops
+
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    if spec.endswith(" split-key values"):
+        monkeypatch.setattr(ops, "SPLIT_KEY_VALUES_FROM", 0)
+    overrides = {"topk": 8} if spec.startswith("i-") else {}
+    B, H, N, E = 2, 3, 45, 16
+    g = _gen(41)
+    projections = [torch.randn(B, N, H * E, generator=g) for _ in range(3)]
+    lengths = torch.tensor([45, 29]).to(DEVICE)
+    grad = torch.randn(B, N, H * E, generator=g).to(DEVICE)
+    results = {}
+    for layout in ("heads inner", "contiguous"):
+        attn = build_attention(spec.split()[0], seed=0, iterations=3, **overrides)
+        leaves = [p.clone().to(DEVICE).requires_grad_() for p in projections]
+        q, k, v = (x.view(B, N, H, E).transpose(1, 2) for x in leaves)
+        if layout == "contiguous":
+            q, k, v = (x.contiguous() for x in (q, k, v))
+        with _LaunchProbe() as probe:
+            out = attn(q, k, v, lengths)
+            merged = out.transpose(1, 2).reshape(B, N, H * E)
+            (merged * grad).sum().backward()
+        results[layout] = (merged.detach(), *(x.grad for x in leaves))
+        if layout == "heads inner":
+            assert [c for c in probe.copies if math.prod(c[1]) >= B * N * H * E] == []
+    for name, got, want in zip(("out", "dq", "dk", "dv"), results["heads inner"], results["contiguous"]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_clustered_centroid_values_take_the_split_key_kernels_from_a_length(monkeypatch):

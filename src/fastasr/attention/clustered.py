@@ -142,13 +142,17 @@ class ClusteredAttention(InnerAttention):
     def kernel_inputs(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``q, k, v`` in the kernel dtype (:func:`kernel_dtype`), contiguous.
+        """``q, k, v`` in the kernel dtype (:func:`kernel_dtype`), in their own layout where the
+        Triton kernels run, else contiguous.
 
-        One copy each: the model passes head-split views, and every op of the forward
-        needs ``(B, H, N, E)`` rows; without this each would copy them again, forward
-        and backward.
+        The model passes head-split views of its projections. The Triton kernels read and
+        write rows in that layout (:mod:`fastasr.kernels.rows`), so nothing is copied, forward
+        or backward. The C++ kernels and the reference take ``(B, H, N, E)``-contiguous rows:
+        one copy each, without which every op of the forward would copy them again.
         """
         dt = kernel_dtype(q)
+        if ops.kernel_backend(q, "improved_sparse") == "triton":
+            return tuple(t.to(dt) for t in (q, k, v))
         return tuple(t.to(dt).contiguous() for t in (q, k, v))
 
     def _forward(self, q, k, v, lengths):
@@ -159,7 +163,7 @@ class ClusteredAttention(InnerAttention):
                 centroids, k, vv, lengths, self.scale(q.shape[-1]), 0
             )
         with record_function("attention.broadcast"):
-            return ops.broadcast_clusters(values, assignments).to(v.dtype)
+            return ops.broadcast_clusters(values, assignments, like=q).to(v.dtype)
 
     def _dense_weights(self, q, k, lengths):
         dt = compute_dtype(q.dtype)

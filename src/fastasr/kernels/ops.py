@@ -184,13 +184,17 @@ def _cluster_rows_backend(x: torch.Tensor, op: str, *shape):
     return backend if backend is reference or backend.applies(x, *shape) else reference
 
 
-def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
+def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor, *, like: torch.Tensor | None = None) -> torch.Tensor:
     """``(B,H,C,D)`` per-cluster rows -> ``(B,H,N,D)`` per-position rows, zeros where padded (-1).
 
     The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`) where they run, for the shapes
-    they serve; otherwise the reference's gather.
+    they serve, with the memory layout of ``like`` (per-position rows, e.g. the queries:
+    :mod:`fastasr.kernels.rows`); otherwise the reference's gather (contiguous).
     """
-    return _cluster_rows_backend(x, "broadcast_clusters").broadcast_clusters(x, assignments)
+    backend = _cluster_rows_backend(x, "broadcast_clusters")
+    if backend is reference:
+        return reference.broadcast_clusters(x, assignments)
+    return backend.broadcast_clusters(x, assignments, like=like)
 
 
 def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -> torch.Tensor:

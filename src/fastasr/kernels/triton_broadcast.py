@@ -22,6 +22,9 @@ Design:
   several spans (few long sequences, :func:`cluster_sum_spans`). No per-position atomics and no
   ``(N, D)`` temporary.
 
+Per-position rows are read and written through their strides in the caller's layout
+(:mod:`fastasr.kernels.rows`): a head-split view of projections is neither copied in nor out.
+
 Against the reference's ``torch.gather`` with an index expanded over ``D`` (int64 offsets per
 element) and ``index_add`` / ``scatter_add`` (atomics per element), they move whole rows and sum
 on chip. Half precision stays half precision in and out of a broadcast; sums are float32.
@@ -41,6 +44,7 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.rows import heads_inner, new_rows, unit_stride
 from fastasr.kernels.triton_clustered import dot_config
 
 prepare_interpreter()
@@ -63,7 +67,7 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _broadcast_kernel(x_ptr, assign_ptr, out_ptr, C, N, D,
+def _broadcast_kernel(x_ptr, assign_ptr, out_ptr, C, N, D, H, s_ob, s_oh, s_on,
                       BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,15 +76,16 @@ def _broadcast_kernel(x_ptr, assign_ptr, out_ptr, C, N, D,
     cluster = tl.load(assign_ptr + bh * N + offs_n, mask=in_n, other=-1)
     member = (cluster >= 0)[:, None] & (offs_d[None, :] < D)
     rows = tl.load(x_ptr + (bh * C + cluster)[:, None] * D + offs_d[None, :], mask=member, other=0.0)
-    tl.store(out_ptr + (bh * N + offs_n)[:, None] * D + offs_d[None, :], rows,
-             mask=in_n[:, None] & (offs_d[None, :] < D))
+    out = out_ptr + (bh // H) * s_ob + (bh % H) * s_oh  # the output rows through their strides
+    tl.store(out + offs_n[:, None] * s_on + offs_d[None, :], rows, mask=in_n[:, None] & (offs_d[None, :] < D))
 
 
 @triton.jit
-def _cluster_sum_kernel(dout_ptr, assign_ptr, dx_ptr, C, N, D, SPAN,
+def _cluster_sum_kernel(dout_ptr, assign_ptr, dx_ptr, C, N, D, SPAN, H, s_gb, s_gh, s_gn,
                         ATOMIC: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
+    rows_in = dout_ptr + (bh // H) * s_gb + (bh % H) * s_gh  # the per-position rows through their strides
     start = tl.program_id(1) * SPAN
     offs_c = tl.arange(0, BLOCK_C)
     offs_d = tl.arange(0, BLOCK_D)
@@ -90,7 +95,7 @@ def _cluster_sum_kernel(dout_ptr, assign_ptr, dx_ptr, C, N, D, SPAN,
         in_n = offs_n < N
         cluster = tl.load(assign_ptr + bh * N + offs_n, mask=in_n, other=-1)
         onehot = (cluster.to(tl.int32)[:, None] == offs_c[None, :]).to(DOT_DTYPE)  # padded (-1): no cluster
-        grad = tl.load(dout_ptr + (bh * N + offs_n)[:, None] * D + offs_d[None, :],
+        grad = tl.load(rows_in + offs_n[:, None] * s_gn + offs_d[None, :],
                        mask=in_n[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_DTYPE)
         acc = tl.dot(tl.trans(onehot), grad, acc, input_precision=PRECISION)
     ptrs = dx_ptr + (bh * C + offs_c)[:, None] * D + offs_d[None, :]
@@ -136,18 +141,22 @@ def cluster_sum_spans(sequences: int, length: int) -> int:
     return max(1, min(triton.cdiv(length, MIN_SPAN), triton.cdiv(FILL_PROGRAMS, sequences)))
 
 
-def _broadcast(x: torch.Tensor, assignments: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``_broadcast_kernel``: ``(B, H, C, D)`` rows -> ``(B, H, N, D)`` in ``dtype``."""
+def _broadcast(x: torch.Tensor, assignments: torch.Tensor, dtype: torch.dtype, inner: bool) -> torch.Tensor:
+    """``_broadcast_kernel``: ``(B, H, C, D)`` rows -> ``(B, H, N, D)`` in ``dtype``, stored heads
+    inner when ``inner`` (:func:`fastasr.kernels.rows.new_rows`)."""
     B, H, C, D = x.shape
     N = assignments.shape[2]
-    out = torch.empty((B, H, N, D), dtype=dtype, device=x.device)
+    out = new_rows(B, H, N, D, inner, dtype=dtype, device=x.device)
     tile = broadcast_tile(D)
-    _broadcast_kernel[(B * H, triton.cdiv(N, tile["BLOCK_N"]))](x.contiguous(), assignments, out, C, N, D, **tile)
+    _broadcast_kernel[(B * H, triton.cdiv(N, tile["BLOCK_N"]))](x.contiguous(), assignments, out, C, N, D,
+                                                                H, *out.stride()[:3], **tile)
     return out
 
 
 def _cluster_sum(rows: torch.Tensor, assignments: torch.Tensor, C: int) -> torch.Tensor:
-    """``_cluster_sum_kernel``: ``(B, H, N, D)`` rows -> ``(B, H, C, D)`` float32 sums by cluster."""
+    """``_cluster_sum_kernel``: ``(B, H, N, D)`` rows, in any layout with a unit stride along ``D``
+    (else copied once), -> ``(B, H, C, D)`` float32 sums by cluster."""
+    rows = unit_stride(rows)
     B, H, N, D = rows.shape
     tile = cluster_sum_tile(C, D)
     spans = cluster_sum_spans(B * H, N)
@@ -156,35 +165,35 @@ def _cluster_sum(rows: torch.Tensor, assignments: torch.Tensor, C: int) -> torch
     atomic = spans > 1
     sums = (torch.zeros if atomic else torch.empty)((B, H, C, D), dtype=torch.float32, device=rows.device)
     dot_dtype, precision = dot_config(rows.dtype, kernels_interpreted(_cluster_sum_kernel))
-    _cluster_sum_kernel[(B * H, spans)](rows.contiguous(), assignments, sums, C, N, D, span, ATOMIC=atomic,
-                                        DOT_DTYPE=dot_dtype, PRECISION=precision, **tile)
+    _cluster_sum_kernel[(B * H, spans)](rows, assignments, sums, C, N, D, span, H, *rows.stride()[:3],
+                                        ATOMIC=atomic, DOT_DTYPE=dot_dtype, PRECISION=precision, **tile)
     return sums
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, assignments):
+    def forward(ctx, x, assignments, inner):
         ctx.save_for_backward(assignments)
         ctx.clusters, ctx.dtype = x.shape[2], x.dtype
-        return _broadcast(x, assignments, x.dtype)
+        return _broadcast(x, assignments, x.dtype, inner)
 
     @staticmethod
     def backward(ctx, dout):
         (assignments,) = ctx.saved_tensors
-        return _cluster_sum(dout, assignments, ctx.clusters).to(ctx.dtype), None
+        return _cluster_sum(dout, assignments, ctx.clusters).to(ctx.dtype), None, None
 
 
 class _ClusterSums(torch.autograd.Function):
     @staticmethod
     def forward(ctx, rows, assignments, clusters):
         ctx.save_for_backward(assignments)
-        ctx.dtype = rows.dtype
+        ctx.dtype, ctx.inner = rows.dtype, heads_inner(rows)
         return _cluster_sum(rows, assignments, clusters)
 
     @staticmethod
     def backward(ctx, dsums):
         (assignments,) = ctx.saved_tensors
-        return _broadcast(dsums, assignments, ctx.dtype), None, None
+        return _broadcast(dsums, assignments, ctx.dtype, ctx.inner), None, None  # in the rows' layout
 
 
 def _checked(op: str, C: int, D: int, dtype: torch.dtype, assignments: torch.Tensor, device) -> torch.Tensor:
@@ -197,12 +206,14 @@ def _checked(op: str, C: int, D: int, dtype: torch.dtype, assignments: torch.Ten
     return assignments.to(torch.int64).contiguous()
 
 
-def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
+def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor, *, like: torch.Tensor | None = None) -> torch.Tensor:
     """``reference.broadcast_clusters`` in one Triton launch forward and one backward.
 
     Args:
         x: ``(B, H, C, D)`` per-cluster rows, fp32/fp16/bf16, as :func:`applies` serves.
         assignments: ``(B, H, N)`` int64 cluster of each position in ``[0, C)``, -1 padded.
+        like: per-position rows ``(B, H, N, ·)`` whose memory layout the result takes (heads
+            inner or not, :mod:`fastasr.kernels.rows`); None: contiguous.
 
     Returns:
         ``(B, H, N, D)`` in ``x``'s dtype: each position's cluster's row, zeros where padded.
@@ -214,14 +225,15 @@ def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tens
         raise ValueError(f"broadcast_clusters: x {tuple(x.shape)} and assignments {tuple(assignments.shape)} "
                          "must be (B, H, C, D) and (B, H, N)")
     assignments = _checked("broadcast_clusters", x.shape[2], x.shape[3], x.dtype, assignments, x.device)
-    return _Broadcast.apply(x, assignments)
+    return _Broadcast.apply(x, assignments, like is not None and heads_inner(like))
 
 
 def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -> torch.Tensor:
     """``reference.cluster_sums`` in one Triton launch forward and one backward.
 
     Args:
-        rows: ``(B, H, N, D)`` per-position rows, fp32/fp16/bf16.
+        rows: ``(B, H, N, D)`` per-position rows, fp32/fp16/bf16, in any layout with a unit
+            stride along ``D`` (their gradient takes the same layout).
         assignments: ``(B, H, N)`` int64 cluster of each position in ``[0, clusters)``, -1 padded.
         clusters: ``C``, as :func:`applies` serves.
 

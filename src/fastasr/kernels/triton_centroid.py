@@ -33,7 +33,9 @@ tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
   block.
 
 Products take the keys' dtype (fp16/bf16 on the tensor cores, fp32 in full precision) with
-fp32 accumulation; logits, softmax and its statistics are fp32, as in the reference. ``dcentroids``
+fp32 accumulation; logits, softmax and its statistics are fp32, as in the reference. Keys and
+values are read through their strides, ``dk`` and ``dv`` written in their layout
+(:mod:`fastasr.kernels.rows`): a head-split view of projections is not copied. ``dcentroids``
 is summed with atomics over key spans, so it is reproducible to rounding, not bit for bit.
 Top keys of rows longer than ``triton_topk.MAX_N``, which the Triton top-k cannot hold, are
 chosen by ``torch.topk`` on the logits these kernels write and their weights gathered (18-22 %
@@ -54,6 +56,7 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.rows import heads_inner, new_rows, unit_stride
 from fastasr.kernels.triton_clustered import dot_config
 from fastasr.kernels.triton_topk import MAX_N, topk_softmax
 
@@ -69,16 +72,17 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _key_block(k_ptr, v_ptr, bh, n0, N, E, EV, DOT_DTYPE: tl.constexpr,
+def _key_block(k_seq, v_seq, s_kn, s_vn, n0, N, E, EV, DOT_DTYPE: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr):
-    """Positions ``n0 ..`` of a block, which of them exist, and their key and value rows."""
+    """Positions ``n0 ..`` of a block, which of them exist, and their key and value rows (a
+    sequence's first key and value row at ``k_seq``, ``v_seq``, rows ``s_kn``, ``s_vn`` apart)."""
     cols = n0 + tl.arange(0, BLOCK_N)
     offs_e = tl.arange(0, BLOCK_E)
     offs_v = tl.arange(0, BLOCK_V)
     in_n = cols < N
-    keys = tl.load(k_ptr + (bh * N + cols[:, None]) * E + offs_e[None, :],
+    keys = tl.load(k_seq + cols[:, None] * s_kn + offs_e[None, :],
                    mask=in_n[:, None] & (offs_e[None, :] < E), other=0.0).to(DOT_DTYPE)
-    vals = tl.load(v_ptr + (bh * N + cols[:, None]) * EV + offs_v[None, :],
+    vals = tl.load(v_seq + cols[:, None] * s_vn + offs_v[None, :],
                    mask=in_n[:, None] & (offs_v[None, :] < EV), other=0.0).to(DOT_DTYPE)
     return cols, in_n, keys, vals
 
@@ -99,7 +103,7 @@ def _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE: tl.constexpr, BLOCK_C: tl.constex
 @triton.jit
 def _centroid_fwd_kernel(
     c_ptr, k_ptr, v_ptr, len_ptr, logits_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    H, C, N, E, EV, SPLITS, scale,
+    H, C, N, E, EV, SPLITS, scale, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
     LOGITS: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
@@ -107,6 +111,8 @@ def _centroid_fwd_kernel(
     split = tl.program_id(1)
     bh = pid_bh.to(tl.int64)
     length = tl.load(len_ptr + pid_bh // H).to(tl.int32)  # 32-bit positions in the masks
+    k_seq = k_ptr + (bh // H) * s_kb + (bh % H) * s_kh
+    v_seq = v_ptr + (bh // H) * s_vb + (bh % H) * s_vh
     offs_c = tl.arange(0, BLOCK_C)
     offs_v = tl.arange(0, BLOCK_V)
     cent, crow, c_ok = _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE, BLOCK_C, BLOCK_E)
@@ -115,7 +121,7 @@ def _centroid_fwd_kernel(
     acc = tl.zeros((BLOCK_C, BLOCK_V), tl.float32)
     start = split * SPAN
     for n0 in range(start, tl.minimum(start + SPAN, N), BLOCK_N):
-        cols, in_n, keys, vals = _key_block(k_ptr, v_ptr, bh, n0, N, E, EV, DOT_DTYPE,
+        cols, in_n, keys, vals = _key_block(k_seq, v_seq, s_kn, s_vn, n0, N, E, EV, DOT_DTYPE,
                                             BLOCK_N, BLOCK_E, BLOCK_V)
         s = tl.dot(cent, tl.trans(keys), input_precision=PRECISION) * scale
         s = tl.where((cols < length)[None, :], s, float("-inf"))
@@ -170,7 +176,8 @@ def _centroid_combine_kernel(
 def _centroid_bwd_kernel(
     c_ptr, k_ptr, v_ptr, len_ptr, lse_ptr, values_ptr, dvalues_ptr, tw_ptr, dtw_ptr, idx_ptr,
     dc_ptr, dk_ptr, dv_ptr,
-    H, C, N, E, EV, K, scale,
+    H, C, N, E, EV, K, scale, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     HAS_TOP: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr, TOP_SORTED: tl.constexpr = False,
@@ -178,6 +185,9 @@ def _centroid_bwd_kernel(
     pid_bh = tl.program_id(0)
     bh = pid_bh.to(tl.int64)
     length = tl.load(len_ptr + pid_bh // H).to(tl.int32)  # 32-bit positions in the masks
+    b, h = bh // H, bh % H
+    k_seq, v_seq = k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh
+    dk_seq, dv_seq = dk_ptr + b * s_dkb + h * s_dkh, dv_ptr + b * s_dvb + h * s_dvh
     offs_e = tl.arange(0, BLOCK_E)
     offs_v = tl.arange(0, BLOCK_V)
     cent, crow, c_ok = _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE, BLOCK_C, BLOCK_E)
@@ -207,7 +217,7 @@ def _centroid_bwd_kernel(
             done += (tl.load(idx_ptr + crow * K + t, mask=c_ok, other=1 << 30) < start).to(tl.int32)
         nxt = tl.load(idx_ptr + crow * K + done, mask=c_ok & (done < K), other=1 << 30).to(tl.int32)
     for n0 in range(start, tl.minimum(start + SPAN, N), BLOCK_N):
-        cols, in_n, keys, vals_n = _key_block(k_ptr, v_ptr, bh, n0, N, E, EV, DOT_DTYPE,
+        cols, in_n, keys, vals_n = _key_block(k_seq, v_seq, s_kn, s_vn, n0, N, E, EV, DOT_DTYPE,
                                               BLOCK_N, BLOCK_E, BLOCK_V)
         s = tl.dot(cent, tl.trans(keys), input_precision=PRECISION) * scale
         ok = c_ok[:, None] & (cols < length)[None, :]
@@ -234,10 +244,10 @@ def _centroid_bwd_kernel(
                     dp += tl.where(lane_t[:, None] == lanes[None, :], dtw_t[:, None], 0.0)
         ds = (p * (dp - row_term[:, None]) * scale).to(DOT_DTYPE)
         dv_n = tl.dot(tl.trans(p.to(DOT_DTYPE)), dvals, input_precision=PRECISION)
-        tl.store(dv_ptr + (bh * N + cols[:, None]) * EV + offs_v[None, :],
+        tl.store(dv_seq + cols[:, None] * s_dvn + offs_v[None, :],
                  dv_n.to(dv_ptr.dtype.element_ty), mask=in_n[:, None] & (offs_v[None, :] < EV))
         dk_n = tl.dot(tl.trans(ds), cent, input_precision=PRECISION)
-        tl.store(dk_ptr + (bh * N + cols[:, None]) * E + offs_e[None, :],
+        tl.store(dk_seq + cols[:, None] * s_dkn + offs_e[None, :],
                  dk_n.to(dk_ptr.dtype.element_ty), mask=in_n[:, None] & (offs_e[None, :] < E))
         dcent += tl.dot(ds, keys, input_precision=PRECISION)
     tl.atomic_add(dc_ptr + crow[:, None] * E + offs_e[None, :], dcent, mask=e_mask, sem="relaxed")
@@ -295,7 +305,7 @@ class _CentroidAttention(torch.autograd.Function):
         config = _launch_config(centroids, k, v, backward=False)
         _centroid_fwd_kernel[(B * H, splits)](
             centroids, k, v, lengths, logits, part_m, part_l, part_acc,
-            H, C, N, E, EV, splits, scale, LOGITS=topk > 0, **config)
+            H, C, N, E, EV, splits, scale, *k.stride()[:3], *v.stride()[:3], LOGITS=topk > 0, **config)
         values = torch.empty((B, H, C, EV), dtype=v.dtype, device=v.device)
         values32, lse = torch.empty((B, H, C, EV), **f32), torch.empty((B, H, C), **f32)
         _centroid_combine_kernel[(B * H,)](
@@ -322,11 +332,14 @@ class _CentroidAttention(torch.autograd.Function):
         B, H, C, E = centroids.shape
         N, EV, K = k.shape[2], v.shape[3], top_idx.shape[3]
         dcent = torch.zeros((B, H, C, E), dtype=torch.float32, device=k.device)
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        # each gradient in its input's layout (fastasr.kernels.rows): the caller's heads merge as a view
+        dk = new_rows(B, H, N, E, heads_inner(k), dtype=k.dtype, device=k.device)
+        dv = new_rows(B, H, N, EV, heads_inner(v), dtype=v.dtype, device=v.device)
         dtop_w = dtop_w.float().contiguous() if K else top_w
         _centroid_bwd_kernel[(B * H, triton.cdiv(N, SPLIT_KEYS))](
             centroids, k, v, lengths, lse, values32, dvalues.contiguous(), top_w, dtop_w, top_idx,
             dcent, dk, dv, H, C, N, E, EV, K, ctx.scale,
+            *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
             HAS_TOP=K > 0, BLOCK_K=max(16, triton.next_power_of_2(K)), TOP_SORTED=ctx.top_sorted,
             **_launch_config(centroids, k, v, backward=True))
         return dcent.to(centroids.dtype), dk, dv, None, None, None
@@ -345,7 +358,8 @@ def centroid_attention(
 
     Args:
         centroids: ``(B, H, C, E)`` (float32; the products take ``k``'s dtype); k: ``(B, H, N, E)``;
-            v: ``(B, H, N, Ev)``, fp32/fp16/bf16; lengths: ``(B,)`` or None; scale: the
+            v: ``(B, H, N, Ev)``, fp32/fp16/bf16, in any layout with a unit stride along the last
+            axis (their gradients take the same layout); lengths: ``(B,)`` or None; scale: the
             logits' factor; topk: keys to select per centroid, ``0 <= topk <= N``.
 
     Returns:
@@ -374,5 +388,5 @@ def centroid_attention(
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=k.device)
     lengths = lengths.to(device=k.device, dtype=torch.int64)
-    return _CentroidAttention.apply(centroids.contiguous(), k.contiguous(), v.contiguous(), lengths,
+    return _CentroidAttention.apply(centroids.contiguous(), unit_stride(k), unit_stride(v), lengths,
                                     scale, topk)

@@ -47,10 +47,11 @@ atomic per (selected key, feature) per block instead of one per (query, key,
 feature). The order of those float additions varies from run to run, so ``dk``/``dv``
 are reproducible to rounding (about 1e-7 relative in fp32), not bit for bit.
 
-Centroid grouping (mean of the queries of each cluster) and the broadcast of centroid
-outputs back to queries stay in PyTorch (``index_add_`` / ``gather``): each is one
-memory-bound pass over ``N × E``, far cheaper than the ``N × K × E`` products here and
-the ``C × N × E`` centroid attention, so fusing them would not pay for its complexity.
+The fused sparse kernels read ``q``, ``k``, ``v`` and the incoming gradient through their
+strides and write ``out``, ``dq``, ``dk`` and ``dv`` in the layout of their inputs
+(:mod:`fastasr.kernels.rows`): a head-split view of projections is not copied. Centroid
+grouping and the broadcast of centroid outputs to the queries are
+:mod:`fastasr.kernels.triton_broadcast`'s.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ from fastasr.kernels.availability import (
     require_triton,
 )
 from fastasr.kernels.cluster_order import ClusterOrder, cluster_order
+from fastasr.kernels.rows import heads_inner, new_rows
 
 prepare_interpreter()
 
@@ -240,6 +242,7 @@ def _sparse_fwd_kernel(
     H, N, S, K, E, EV, C, P, scale,
     s_qb, s_qh, s_qn, s_qe, s_kb, s_kh, s_ks, s_ke,
     s_vb, s_vh, s_vs, s_ve, s_ib, s_ih, s_ic, s_it,
+    s_ob, s_oh, s_on,
     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
@@ -259,7 +262,9 @@ def _sparse_fwd_kernel(
     rest = centroid - tl.sum(tw[:, None] * vals.to(tl.float32), 0)
     o = tl.dot(p.to(DOT_DTYPE), vals, input_precision=PRECISION)
     out = tl.sum(tw, 0) * o + rest[None, :]
-    tl.store(out_ptr + (pid_bh.to(tl.int64) * N + rows[:, None]) * EV + offs_v[None, :],
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    tl.store(out_ptr + b * s_ob + h * s_oh + rows[:, None] * s_on + offs_v[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask_p[:, None] & (offs_v[None, :] < EV))
 
 
@@ -270,7 +275,7 @@ def _sparse_bwd_kernel(
     H, N, S, K, E, EV, C, P, scale,
     s_qb, s_qh, s_qn, s_qe, s_kb, s_kh, s_ks, s_ke,
     s_vb, s_vh, s_vs, s_ve, s_ib, s_ih, s_ic, s_it,
-    s_gb, s_gh, s_gn, s_ge,
+    s_gb, s_gh, s_gn, s_ge, s_dqb, s_dqh, s_dqn, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
@@ -307,13 +312,13 @@ def _sparse_bwd_kernel(
     dp = tl.dot(go, tl.trans(vals), input_precision=PRECISION)  # (BLOCK_N, BLOCK_K)
     ds = p * (dp - tl.sum(p * dp, 1)[:, None]) * scale
     dq = tl.dot(ds.to(DOT_DTYPE), keys, input_precision=PRECISION)
-    tl.store(dq_ptr + (pid_bh.to(tl.int64) * N + rows[:, None]) * E + offs_e[None, :],
+    tl.store(dq_ptr + b * s_dqb + h * s_dqh + rows[:, None] * s_dqn + offs_e[None, :],
              dq.to(dq_ptr.dtype.element_ty), mask=mask_p[:, None] & (offs_e[None, :] < E))
     dk = tl.dot(tl.trans(ds.to(DOT_DTYPE)), x, input_precision=PRECISION)  # (BLOCK_K, BLOCK_E)
     dv = tl.dot(tl.trans(p.to(DOT_DTYPE)), go, input_precision=PRECISION) - tw[:, None] * g_sum[None, :]
-    tl.atomic_add(dk_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * E + offs_e[None, :], dk,
+    tl.atomic_add(dk_ptr + b * s_dkb + h * s_dkh + idx[:, None] * s_dkn + offs_e[None, :], dk,
                   mask=ok[:, None] & (offs_e[None, :] < E), sem="relaxed")
-    tl.atomic_add(dv_ptr + (pid_bh.to(tl.int64) * S + idx[:, None]) * EV + offs_v[None, :], dv,
+    tl.atomic_add(dv_ptr + b * s_dvb + h * s_dvh + idx[:, None] * s_dvn + offs_v[None, :], dv,
                   mask=ok[:, None] & mask_v[None, :], sem="relaxed")
 
 
@@ -544,7 +549,8 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
     """Launch a fused sparse kernel over every block of ``order``.
 
     ``tensors``: the kernel's pointer arguments after ``blk_ptr`` (mass, ..., the outputs),
-    in its order; ``extra_strides``: the strides of the backward's incoming gradient.
+    in its order; ``extra_strides``: the strides of its per-position rows after ``top_idx``'s
+    (the forward's output; the backward's incoming gradient and ``dq``).
     """
     launch = _SparseLaunch.of(kernel, q, v, top_idx, order)
     B, H, N, E = q.shape
@@ -565,10 +571,11 @@ class _ImprovedSparse(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, values, top_w, top_idx, lengths, order, scale):
         B, H, N, _ = q.shape
-        out = torch.zeros((B, H, N, v.shape[3]), dtype=v.dtype, device=q.device)
+        # zeros: padded queries are in no block; the queries' layout (fastasr.kernels.rows)
+        out = new_rows(B, H, N, v.shape[3], heads_inner(q), dtype=v.dtype, device=q.device, zero=True)
         if out.numel():
             _launch_sparse(_sparse_fwd_kernel, q, k, v, top_idx, lengths, order, scale,
-                           (top_w, values, out))
+                           (top_w, values, out), out.stride()[:3])
         ctx.save_for_backward(q, k, v, top_w, top_idx, lengths)
         ctx.order, ctx.scale, ctx.values_dtype = order, scale, values.dtype
         return out
@@ -579,12 +586,16 @@ class _ImprovedSparse(torch.autograd.Function):
         B, H, N, E = q.shape
         S, EV, C = k.shape[2], v.shape[3], top_idx.shape[2]
         f32 = dict(dtype=torch.float32, device=q.device)
-        dq = torch.zeros_like(q, memory_format=torch.contiguous_format)
-        dk, dv = torch.zeros((B, H, S, E), **f32), torch.zeros((B, H, S, EV), **f32)
+        # each gradient in its input's layout (fastasr.kernels.rows); dk and dv summed in float32
+        dq = new_rows(B, H, N, E, heads_inner(q), dtype=q.dtype, device=q.device, zero=True)
+        dk = new_rows(B, H, S, E, heads_inner(k), zero=True, **f32)
+        dv = new_rows(B, H, S, EV, heads_inner(v), zero=True, **f32)
         dtop_w, dvalues = torch.zeros(top_w.shape, **f32), torch.zeros((B, H, C, EV), **f32)
         if grad.numel():
             _launch_sparse(_sparse_bwd_kernel, q, k, v, top_idx, lengths, ctx.order, ctx.scale,
-                           (top_w, grad, dq, dk, dv, dtop_w, dvalues), grad.stride())
+                           (top_w, grad, dq, dk, dv, dtop_w, dvalues),
+                           (*grad.stride(), *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3]))
+        # .to keeps a dense tensor's layout (and is dk itself in k's dtype)
         return (dq, dk.to(k.dtype), dv.to(v.dtype), dvalues.to(ctx.values_dtype),
                 dtop_w.to(top_w.dtype), None, None, None, None)
 
