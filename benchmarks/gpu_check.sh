@@ -29,6 +29,12 @@
 #      holding FSDD's recordings/, docs/BENCHMARKS.md "GPU check"): the recorded-speech recipe on
 #      FSDD's speaker-disjoint split, the documented data=manifest command with a budget of
 #      GPU_CHECK_FSDD_MINUTES (default 4) minutes, then its dev and test error.
+#   8. with GPU_CHECK_TABLE2=1 (off by default): Table 2 of the paper on the GPU, the budget study
+#      `budget=table2_frames` (full, clustered-100, i-clustered-100 at 6 layers, every frame reaching the
+#      attention) in bf16, GPU_CHECK_TABLE2_SECONDS (default 90) of training each on the long built-in
+#      corpus (built here: 41 s on 2 cores): time per epoch and its ratio to full's, the study's
+#      budget.md as table2_frames_<gpu>.md. `GPU_CHECK_TRAIN=0 GPU_CHECK_KERNELS=0 GPU_CHECK_TABLE2=1
+#      make gpu-check` runs it alone (~7 min).
 # With make train, clustering_gpu.py has what is left of the budget (its first tables); the kernel
 # steps alone (GPU_CHECK_TRAIN=0) leave it about 4 minutes.
 # Each step has a time cap, cut to what is left of the whole check's budget (GPU_CHECK_BUDGET_S,
@@ -91,7 +97,8 @@ save_out() {  # the device tool brings back what is under $OUT, also from a call
   [ -n "${OUT:-}" ] || return 0
   cp "$LOG" "$OUT/" 2>/dev/null
   tar czf "$OUT/gpu_check_results.tgz" "$RESULTS"/*"$SLUG"* "$RUN"/*.json "$RUN"/*.yaml \
-    outputs/runs/gpu-check-fsdd/*.json outputs/runs/gpu-check-fsdd/*.yaml outputs/runs/gpu-check-fsdd/train.log 2>/dev/null
+    outputs/runs/gpu-check-fsdd/*.json outputs/runs/gpu-check-fsdd/*.yaml outputs/runs/gpu-check-fsdd/train.log \
+    "$TABLE2_DIR"/budget.* 2>/dev/null
   return 0
 }
 
@@ -123,6 +130,23 @@ train_fsdd() {
 export -f train_fsdd
 export FSDD_SRC FSDD_RUN FSDD_MINUTES
 
+TABLE2=${GPU_CHECK_TABLE2:-0}
+TABLE2_SECONDS=${GPU_CHECK_TABLE2_SECONDS:-90}
+TABLE2_DIR=outputs/budget/table2-frames-gpu
+# Table 2 on the GPU: the long corpus as `make data-long` builds it, then the budget study's
+# table2_frames members for TABLE2_SECONDS each in bf16, from scratch
+table2_gpu() {
+  [ -f data/synthetic_long/.complete ] || "$PY" -m fastasr.corpora.synthetic --out data/synthetic_long \
+    --min-seconds 10 --max-seconds 40 --train 600 --dev 60 --test 60 --workers "$(nproc)" || return 1
+  rm -rf "$TABLE2_DIR"
+  "$PY" -m fastasr.cli.budget budget=table2_frames budget.name=table2-frames-gpu budget.wandb=disabled \
+    "budget.max_time=00:00:$(printf %02d $((TABLE2_SECONDS / 60))):$(printf %02d $((TABLE2_SECONDS % 60)))" \
+    'budget.extra_overrides=["trainer.precision=bf16-mixed","logger=csv"]' || return 1
+  cp "$TABLE2_DIR/budget.md" "$RESULTS/table2_frames_$SLUG.md"
+}
+export -f table2_gpu
+export TABLE2_SECONDS TABLE2_DIR RESULTS SLUG
+
 CORES=$(nproc)
 XDIST=()  # the compiled tests spread over processes where pytest-xdist is installed (the GPU image has it)
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$((CORES < 8 ? CORES : 8))")
@@ -148,6 +172,8 @@ if [ -d "$FSDD_SRC/recordings" ]; then
 else
   STEPS+=("| FSDD speaker-disjoint | skipped: no $FSDD_SRC/recordings (carry FSDD's recordings/ there) | 0 |")
 fi
+[ "$TABLE2" = 0 ] || step "Table 2 on the GPU (budget=table2_frames, ${TABLE2_SECONDS} s a member, bf16)" \
+  $((3 * TABLE2_SECONDS + 240)) bash -c table2_gpu
 
 {
   echo "# make gpu-check: $GPU"
@@ -174,6 +200,12 @@ fi
     grep -E "epoch_summary|^test|test(:|, )" "$FSDD_RUN/train.log" | sed -E 's/^\[[^]]*\]\[[^]]*\]\[INFO\] - //' | tail -n 8
     [ -f "$FSDD_RUN/fit_done.json" ] && cat "$FSDD_RUN/fit_done.json"
     echo '```'
+    echo
+  fi
+  if [ -f "$RESULTS/table2_frames_$SLUG.md" ] && [ "$TABLE2" != 0 ]; then
+    echo "## Table 2 on the GPU ($TABLE2_DIR)"
+    echo
+    cat "$RESULTS/table2_frames_$SLUG.md"
     echo
   fi
   echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the clustering step: \`clustering_$SLUG.md\`; the whole log: outputs/gpu_check.log."

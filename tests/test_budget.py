@@ -195,8 +195,10 @@ def test_table2_columns_peak_memory_test_error_and_time_to_the_common_target(tmp
     assert mark_time_to_target(rows, curves) == 30.0  # clustered-100's best: every finished member reached it
     assert [r.to_target_seconds for r in rows] == [200.0, 120.0, 80.0, None]
     assert mark_time_to_target([rows[3]], curves) is None
+    rows[0].seconds_per_epoch, rows[1].seconds_per_epoch = 250.0, 80.0  # Table 2's s / epoch against full's
     text = bd.render.markdown(rows, [], "T", "d", ["n"], ["c"])
     assert "| time to target | test PER |" in text and "| 3 min 20 s |" in text
+    assert "| 250.0 |" in text and "| 80.0 (0.32× full) |" in text
 
 
 def test_pareto_front_and_csv_roundtrip(tmp_path):

@@ -260,3 +260,21 @@ def test_fused_centroid_attention_only_on_cuda_and_not_when_reference_is_forced(
     assert not ops.fused_centroid_attention_applies(torch.zeros(1, dtype=torch.float64))
     monkeypatch.setenv(ops.KERNELS_ENV, "reference")
     assert not ops.fused_centroid_attention_applies(torch.zeros(1, dtype=torch.bfloat16))
+
+
+def test_rows_keep_the_heads_inner_layout_of_projections():
+    """``new_rows`` stores a heads-inner ``(B, H, N, D)`` as ``(B, N, H, D)`` (so merging the heads
+    is a view), and ``heads_inner`` tells the head-split view of projections from contiguous rows."""
+    from fastasr.kernels.rows import heads_inner, new_rows, unit_stride
+
+    B, H, N, D = 2, 3, 5, 4
+    split = torch.randn(B, N, H * D).view(B, N, H, D).transpose(1, 2)
+    assert heads_inner(split) and not heads_inner(split.contiguous())
+    assert not heads_inner(torch.randn(B, 1, N, D).transpose(1, 2).transpose(1, 2))  # one head: either
+    rows = new_rows(B, H, N, 7, True, dtype=torch.float16, device="cpu", zero=True)
+    assert rows.shape == (B, H, N, 7) and rows.dtype == torch.float16 and heads_inner(rows)
+    assert rows.transpose(1, 2).is_contiguous() and float(rows.abs().sum()) == 0.0
+    assert new_rows(B, H, N, 7, False, dtype=torch.float32, device="cpu").is_contiguous()
+    assert unit_stride(split) is split
+    strided = torch.randn(B, H, D, N).transpose(2, 3)
+    assert unit_stride(strided).stride(-1) == 1 and torch.equal(unit_stride(strided), strided)

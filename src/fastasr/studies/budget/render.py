@@ -107,6 +107,17 @@ def plot_forward(path: str | Path, rows: Sequence[BudgetRow], front: Sequence[Bu
     return _save(fig, ax, title, path, dpi)
 
 
+def _per_epoch(row: BudgetRow, rows: Sequence[BudgetRow]) -> str:
+    """``row``'s s / epoch, and its ratio to the finished ``full`` member of the same depth (the
+    paper's Table 2 reads so) where there is one and ``row`` is another."""
+    text = _num(row.seconds_per_epoch, "{:.1f}")
+    full = next((r for r in rows if r.attention == "full" and r.layers == row.layers and r.status == OK
+                 and r.seconds_per_epoch), None)
+    if full is None or full is row or row.seconds_per_epoch is None:
+        return text
+    return f"{text} ({row.seconds_per_epoch / full.seconds_per_epoch:.2f}× full)"
+
+
 def markdown(rows: Sequence[BudgetRow], front: Sequence[BudgetRow], title: str, description: str,
              notes: Sequence[str], commands: Sequence[str]) -> str:
     """budget.md: the table (one row per member), the Pareto front, the figures, notes on
@@ -122,7 +133,7 @@ def markdown(rows: Sequence[BudgetRow], front: Sequence[BudgetRow], title: str, 
             cells = [r.member, r.attention, str(r.layers)] + ["—"] * 7 + [r.status, "—", "—", "—", ""]
         else:
             cells = [r.member, r.attention, str(r.layers), _num(r.parameters, "{:,}"), _num(r.updates, "{:d}"),
-                     _num(r.epochs), _duration(r.train_seconds), _num(r.seconds_per_epoch, "{:.1f}"),
+                     _num(r.epochs), _duration(r.train_seconds), _per_epoch(r, rows),
                      _num(r.forward_seconds_epoch, "{:.1f}"), _num(r.peak_memory_mb, "{:,.0f}"),
                      f"**{_num(r.best_dev)}**" if r.pareto else _num(r.best_dev), _num(r.final_dev),
                      _duration(r.to_target_seconds), _num(r.test), "yes" if r.pareto else ""]

@@ -183,7 +183,8 @@ def _notes(cfg: DictConfig, members: Sequence[BudgetMember], target: float | Non
         "Curve (budget_time.png, budget_curves.csv): the dev error at every validation against the Timer's "
         "training time then (`budget/train_seconds`, logged by `fastasr.studies.budget.clock.TrainingClock`).",
         "best dev: the lowest dev error of the curve; final dev: the last. updates: optimiser steps; epochs: "
-        "passes over the training set, fractional; s / epoch: training time / epochs (validation included).",
+        "passes over the training set, fractional; s / epoch: training time / epochs (validation included), "
+        "with its ratio to the full-attention member of the same depth where there is one.",
         f"forward s / epoch (budget_forward.png, the paper's Figure 1 x-axis): after training, the model of the "
         f"best checkpoint runs over every batch of {timed} in eval mode without gradients, features computed "
         f"beforehand; the fastest of {int(f.repeats)} passes counts. Device: `budget.accelerator={b.accelerator}`.",
