@@ -550,7 +550,7 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
 
     ``tensors``: the kernel's pointer arguments after ``blk_ptr`` (mass, ..., the outputs),
     in its order; ``extra_strides``: the strides of its per-position rows after ``top_idx``'s
-    (the forward's output; the backward's incoming gradient and ``dq``).
+    (the forward's output; the backward's incoming gradient, ``dq`` and the ``dk``, ``dv`` sums).
     """
     launch = _SparseLaunch.of(kernel, q, v, top_idx, order)
     B, H, N, E = q.shape
