@@ -10,9 +10,9 @@ values.
 Hashing and K-means run as kernels (:mod:`fastasr.kernels.ops`: C++ on a CPU,
 Triton on a GPU); the centroid attention is two batched matrix products and a
 softmax (C++ with BLAS on a CPU; on a GPU one fused SDPA call or the split-key Triton
-kernels, and with top keys the fused Triton kernels); the centroids' sums and the broadcast
-of their values to the queries are ``ops.cluster_sums`` and ``ops.broadcast_clusters`` (torch's
-``index_add`` and gather, or Triton kernels: the switches in :mod:`fastasr.kernels.ops`).
+kernels, and with top keys the fused Triton kernels); the centroids (their members' mean
+query) and the broadcast of their values to the queries are ``ops.cluster_means`` and
+``ops.broadcast_clusters`` (Triton kernels where they run, else torch's ``index_add`` and gather).
 Half-precision inputs on a GPU stay half precision up to the matrix products (float32
 accumulation); centroid means and softmaxes are float32.
 """
@@ -31,7 +31,7 @@ from fastasr.attention.spec import Param
 from fastasr.kernels import ops, reference
 from fastasr.kernels.reference import MAX_BITS
 
-__all__ = ["ClusteredAttention", "CentroidAttention", "cluster_means"]
+__all__ = ["ClusteredAttention", "CentroidAttention"]
 
 CLUSTERING_PARAMS = (
     Param("clusters", low=1, doc="number of query clusters C"),
@@ -59,19 +59,6 @@ class CentroidAttention:
     logits: torch.Tensor
     weights: torch.Tensor
     keys_ok: torch.Tensor
-
-
-def cluster_means(
-    q: torch.Tensor, assignments: torch.Tensor, counts: torch.Tensor, clusters: int
-) -> torch.Tensor:
-    """Mean query of each cluster: ``(B, H, N, E)`` -> ``(B, H, C, E)``, float32 (float64 stays).
-
-    Each cluster's sum of its queries (:func:`fastasr.kernels.ops.cluster_sums`) over its count;
-    padded queries belong to none. Differentiable in ``q`` (the gradient is each cluster's
-    gradient over its count).
-    """
-    sums = ops.cluster_sums(q, assignments, clusters)
-    return sums / counts.clamp(min=1)[..., None].to(sums.dtype)
 
 
 @register
@@ -121,7 +108,7 @@ class ClusteredAttention(InnerAttention):
                 codes, lengths, self.clusters, self.iterations, bits=self.bits
             )
         with record_function("attention.centroid_means"):
-            centroids = cluster_means(q, assignments, counts, self.clusters)
+            centroids = ops.cluster_means(q, assignments, counts, self.clusters)
         return assignments, counts, centroids
 
     def centroid_attention(

@@ -207,15 +207,21 @@ def _configs():
         dot_dtype, precision = tc.dot_config(
             {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
         for clusters, width in ((100, 32), (100, tb.MAX_WIDTH), (tb.MAX_CLUSTERS, tb.MAX_TILE // tb.MAX_CLUSTERS)):
-            for source in sorted({t, "fp32"}):  # the values' dtype; float32 sums' gradients (cluster_sums)
-                out.append((f"broadcast {source} to {t} D={width}", tb._broadcast_kernel,
-                            {"x_ptr": f"*{source}", "assign_ptr": "*i64", "out_ptr": f"*{t}"},
-                            tb.broadcast_tile(width), {}))
-            tile = tb.cluster_sum_tile(clusters, width)
+            rows = {"assign_ptr": "*i64", "counts_ptr": "*i64"}
+            # the values' dtype; float32 means' gradients, each over its count (cluster_means)
+            for source, mean in sorted({(t, False), ("fp32", True)}):
+                out.append((f"broadcast {source} to {t} D={width}" + (" over counts" if mean else ""),
+                            tb._broadcast_kernel, {**rows, "x_ptr": f"*{source}", "out_ptr": f"*{t}"},
+                            {"MEAN": mean, **tb.broadcast_tile(width)}, {}))
+            tile = tb.cluster_sum_tile(clusters, width, {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16,
+                                                         "fp16": tc.torch.float16}[t])
             options = {"num_warps": tile.pop("num_warps")}
-            out.append((f"cluster_sum {t} C={clusters} D={width} {options['num_warps']} warps",
-                        tb._cluster_sum_kernel, {"dout_ptr": f"*{t}", "assign_ptr": "*i64", "dx_ptr": "*fp32"},
-                        {"ATOMIC": True, "DOT_DTYPE": dot_dtype, "PRECISION": precision, **tile}, options))
+            for atomic in (True, False):  # spans meeting in atomics; one program's means
+                out.append((f"cluster_sum {t} C={clusters} D={width} {options['num_warps']} warps"
+                            + (" atomic" if atomic else " means"),
+                            tb._cluster_sum_kernel, {**rows, "dout_ptr": f"*{t}", "dx_ptr": "*fp32"},
+                            {"ATOMIC": atomic, "MEAN": not atomic, "DOT_DTYPE": dot_dtype, "PRECISION": precision,
+                             **tile}, options))
     for clusters in (100, tk.MAX_CLUSTERS):
         block_c, block_p = co.table_tile(clusters)
         out.append((f"block table C={clusters}", co._block_table_kernel, {"counts_ptr": "*i64", "table_ptr": "*i64"},

@@ -52,7 +52,7 @@ __all__ = [
     "centroid_attention",
     "SPLIT_KEY_VALUES_FROM",
     "broadcast_clusters",
-    "cluster_sums",
+    "cluster_means",
     "fused_centroid_attention_applies",
     "fused_centroid_values",
     "improved_sparse",
@@ -83,7 +83,7 @@ _TRITON_MODULES = {
     "improved_sparse": "triton_clustered",
     "topk_indices": "triton_topk",
     "broadcast_clusters": "triton_broadcast",
-    "cluster_sums": "triton_broadcast",
+    "cluster_means": "triton_broadcast",
 }
 _NATIVE_OPS = {
     "hash_codes",
@@ -94,7 +94,7 @@ _NATIVE_OPS = {
     "dropout",  # fastasr.kernels.dropout (not a clustering op; dispatched by the same rules)
 }
 _NO_FLOAT64 = {"clustered_dot", "clustered_weighted_sum", "improved_sparse",  # Triton: no float64 dots
-               "broadcast_clusters", "cluster_sums"}
+               "broadcast_clusters", "cluster_means"}
 
 
 def kernel_choice() -> str:
@@ -197,14 +197,15 @@ def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor, *, like: torc
     return backend.broadcast_clusters(x, assignments, like=like)
 
 
-def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -> torch.Tensor:
-    """``(B,H,N,D)`` rows -> ``(B,H,C,D)`` each cluster's sum of its members' rows (padded: none).
+def cluster_means(rows: torch.Tensor, assignments: torch.Tensor, counts: torch.Tensor, clusters: int) -> torch.Tensor:
+    """``(B,H,N,D)`` rows -> ``(B,H,C,D)`` each cluster's mean of its members' rows, float32
+    (``counts (B,H,C)``: its members; padded positions belong to none, an empty cluster's mean is 0).
 
-    The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`, float32 sums) where they run,
-    for the shapes they serve; otherwise the reference's ``index_add`` (float32, float64 for
-    float64 rows).
+    The Triton kernels (:mod:`fastasr.kernels.triton_broadcast`: the sum and the division in one
+    launch forward, one backward) where they run, for the shapes they serve; otherwise the
+    reference's ``index_add`` and division (float64 stays float64).
     """
-    return _cluster_rows_backend(rows, "cluster_sums", clusters).cluster_sums(rows, assignments, clusters)
+    return _cluster_rows_backend(rows, "cluster_means", clusters).cluster_means(rows, assignments, counts, clusters)
 
 
 def centroid_attention(

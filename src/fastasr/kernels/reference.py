@@ -47,6 +47,7 @@ __all__ = [
     "gather_clusters",
     "broadcast_clusters",
     "cluster_sums",
+    "cluster_means",
     "topk_indices",
     "centroid_logits",
     "centroid_attention",
@@ -347,6 +348,15 @@ def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -
     sums = torch.zeros(B * H * (C + 1), D, dtype=dt, device=rows.device)
     sums = sums.index_add(0, index, rows.reshape(B * H * N, D).to(dt)).view(B, H, C + 1, D)
     return sums[:, :, :C]
+
+
+def cluster_means(rows: torch.Tensor, assignments: torch.Tensor, counts: torch.Tensor, clusters: int) -> torch.Tensor:
+    """Each cluster's mean of its members' rows ``(B, H, C, D)``: :func:`cluster_sums` over
+    ``max(count, 1)`` (``counts (B, H, C)``, its members; an empty cluster's mean is 0), float32
+    (float64 stays). Differentiable in ``rows`` (each position's gradient: its cluster's over
+    its count)."""
+    sums = cluster_sums(rows, assignments, clusters)
+    return sums / counts.clamp(min=1)[..., None].to(sums.dtype)
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["heads_inner", "new_rows", "unit_stride"]
+__all__ = ["heads_inner", "new_rows", "rows_view", "unit_stride"]
 
 
 def heads_inner(x: torch.Tensor) -> bool:
@@ -29,6 +29,15 @@ def unit_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
+def rows_view(flat: torch.Tensor, batch: int, heads: int, positions: int, width: int,
+              heads_inner: bool) -> torch.Tensor:
+    """The 1-D ``flat`` as ``(B, H, N, width)`` rows: stored as ``(B, N, H, width)`` when
+    ``heads_inner`` (a view with the heads axis moved), else contiguous."""
+    if heads_inner:
+        return flat.view(batch, positions, heads, width).transpose(1, 2)
+    return flat.view(batch, heads, positions, width)
+
+
 def new_rows(
     batch: int,
     heads: int,
@@ -40,9 +49,8 @@ def new_rows(
     device: torch.device | str,
     zero: bool = False,
 ) -> torch.Tensor:
-    """A ``(B, H, N, width)`` tensor, stored as ``(B, N, H, width)`` when ``heads_inner`` (a
-    view with the heads axis moved), else contiguous; zeros when ``zero``, else uninitialised."""
+    """A new ``(B, H, N, width)`` tensor laid out as :func:`rows_view` lays it; zeros when
+    ``zero``, else uninitialised."""
     make = torch.zeros if zero else torch.empty
-    if heads_inner:
-        return make((batch, positions, heads, width), dtype=dtype, device=device).transpose(1, 2)
-    return make((batch, heads, positions, width), dtype=dtype, device=device)
+    flat = make(batch * heads * positions * width, dtype=dtype, device=device)
+    return rows_view(flat, batch, heads, positions, width, heads_inner)

@@ -6,9 +6,9 @@ Two ops, each the other's backward, on ``assignments (B, H, N)`` (each position'
 * ``broadcast_clusters(x, assignments)``: ``x (B, H, C, D)`` per-cluster rows -> ``(B, H, N, D)``,
   row ``n`` the row of its cluster, zeros where padded (the twin of
   ``reference.broadcast_clusters``; clustered attention's output: its centroids' values);
-* ``cluster_sums(rows, assignments, C)``: ``(B, H, N, D)`` -> ``(B, H, C, D)`` float32, each
-  cluster's sum of its members' rows (the twin of ``reference.cluster_sums``; the centroids are
-  these sums over the counts).
+* ``cluster_means(rows, assignments, counts, C)``: ``(B, H, N, D)`` -> ``(B, H, C, D)`` float32,
+  each cluster's mean of its members' rows (the twin of ``reference.cluster_means``: clustered
+  attention's centroids); its backward is the broadcast with each row over its count.
 
 Design:
 
@@ -18,8 +18,9 @@ Design:
 * ``_cluster_sum_kernel``: one program a (batch, head) and span of positions walks it in tiles;
   a tile's sum by cluster is one tensor-core product ``onehot(clusters)^T @ rows`` (0/1 against
   the rows' values, float32 accumulation: exact products), held in registers over the span; the
-  program writes its ``(C, D)`` sum once, or adds it with atomics when a sequence is split over
-  several spans (few long sequences, :func:`cluster_sum_spans`). No per-position atomics and no
+  program writes its ``(C, D)`` sum once (for the means, over the counts), or adds it with
+  atomics when a sequence is split over several spans (few long sequences,
+  :func:`cluster_sum_spans`; the means are divided after the launch). No per-position atomics and no
   ``(N, D)`` temporary.
 
 Per-position rows are read and written through their strides in the caller's layout
@@ -49,7 +50,7 @@ from fastasr.kernels.triton_clustered import dot_config
 
 prepare_interpreter()
 
-__all__ = ["broadcast_clusters", "cluster_sums", "applies", "cluster_sum_spans", "broadcast_tile", "cluster_sum_tile",
+__all__ = ["broadcast_clusters", "cluster_means", "applies", "cluster_sum_spans", "broadcast_tile", "cluster_sum_tile",
            "MAX_CLUSTERS", "MAX_WIDTH"]
 
 #: Most clusters served: the backward's (C, D) sum is one register tile ...
@@ -67,8 +68,8 @@ _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
-def _broadcast_kernel(x_ptr, assign_ptr, out_ptr, C, N, D, H, s_ob, s_oh, s_on,
-                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _broadcast_kernel(x_ptr, assign_ptr, counts_ptr, out_ptr, C, N, D, H, s_ob, s_oh, s_on,
+                      MEAN: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
@@ -76,13 +77,16 @@ def _broadcast_kernel(x_ptr, assign_ptr, out_ptr, C, N, D, H, s_ob, s_oh, s_on,
     cluster = tl.load(assign_ptr + bh * N + offs_n, mask=in_n, other=-1)
     member = (cluster >= 0)[:, None] & (offs_d[None, :] < D)
     rows = tl.load(x_ptr + (bh * C + cluster)[:, None] * D + offs_d[None, :], mask=member, other=0.0)
+    if MEAN:  # a mean's gradient: its cluster's over the count
+        count = tl.load(counts_ptr + bh * C + cluster, mask=cluster >= 0, other=1)
+        rows = rows.to(tl.float32) / tl.maximum(count, 1).to(tl.float32)[:, None]
     out = out_ptr + (bh // H) * s_ob + (bh % H) * s_oh  # the output rows through their strides
     tl.store(out + offs_n[:, None] * s_on + offs_d[None, :], rows, mask=in_n[:, None] & (offs_d[None, :] < D))
 
 
 @triton.jit
-def _cluster_sum_kernel(dout_ptr, assign_ptr, dx_ptr, C, N, D, SPAN, H, s_gb, s_gh, s_gn,
-                        ATOMIC: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+def _cluster_sum_kernel(dout_ptr, assign_ptr, counts_ptr, dx_ptr, C, N, D, SPAN, H, s_gb, s_gh, s_gn,
+                        ATOMIC: tl.constexpr, MEAN: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr):
     bh = tl.program_id(0).to(tl.int64)
     rows_in = dout_ptr + (bh // H) * s_gb + (bh % H) * s_gh  # the per-position rows through their strides
@@ -103,6 +107,10 @@ def _cluster_sum_kernel(dout_ptr, assign_ptr, dx_ptr, C, N, D, SPAN, H, s_gb, s_
     if ATOMIC:  # the sequence is split over spans: their sums meet in float32
         tl.atomic_add(ptrs, acc, mask=mask, sem="relaxed")
     else:
+        if MEAN:  # each sum over its count: the means
+            # read in the sum's own layout (a (C,) vector broadcast to it spilled on sm_90)
+            count = tl.load(counts_ptr + bh * C + offs_c[:, None] + 0 * offs_d[None, :], mask=mask, other=1)
+            acc = acc / tl.maximum(count, 1).to(tl.float32)
         tl.store(ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
@@ -116,12 +124,15 @@ def _sum_blocks(C: int, D: int) -> tuple[int, int]:
     return max(16, triton.next_power_of_2(C)), max(16, triton.next_power_of_2(D))
 
 
-def cluster_sum_tile(C: int, D: int) -> dict:
-    """The backward's tile: every cluster and the whole row in one accumulator, 64 positions a
-    tile, a warp for each 1,024 values of the accumulator (at least 4): 128-155 registers on
-    sm_90 without spills at every served shape (``python -m fastasr.kernels.compile_check``)."""
+def cluster_sum_tile(C: int, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+    """The sums' tile: every cluster and the whole row in one accumulator, 64 positions a tile,
+    a warp for each 1,024 values of the accumulator (at least 4), for each 512 with float32 rows
+    (whose full-precision products hold more: 8 warps spilled a 256 × 32 tile on sm_90 when one
+    program stores its sums); no spills at any served shape (``python -m
+    fastasr.kernels.compile_check``)."""
     block_c, block_d = _sum_blocks(C, D)
-    return {"BLOCK_N": 64, "BLOCK_C": block_c, "BLOCK_D": block_d, "num_warps": max(4, block_c * block_d // 1024)}
+    per_warp = 512 if dtype == torch.float32 else 1024
+    return {"BLOCK_N": 64, "BLOCK_C": block_c, "BLOCK_D": block_d, "num_warps": max(4, block_c * block_d // per_warp)}
 
 
 def _serves(C: int, D: int, dtype: torch.dtype) -> bool:
@@ -131,7 +142,7 @@ def _serves(C: int, D: int, dtype: torch.dtype) -> bool:
 
 def applies(x: torch.Tensor, clusters: int | None = None) -> bool:
     """Whether :func:`broadcast_clusters` serves per-cluster rows like ``x (B, H, C, D)``, or,
-    given ``clusters``, :func:`cluster_sums` rows like ``x (B, H, N, D)``."""
+    given ``clusters``, :func:`cluster_means` rows like ``x (B, H, N, D)``."""
     return _serves(x.shape[2] if clusters is None else clusters, x.shape[3], x.dtype)
 
 
@@ -141,32 +152,42 @@ def cluster_sum_spans(sequences: int, length: int) -> int:
     return max(1, min(triton.cdiv(length, MIN_SPAN), triton.cdiv(FILL_PROGRAMS, sequences)))
 
 
-def _broadcast(x: torch.Tensor, assignments: torch.Tensor, dtype: torch.dtype, inner: bool) -> torch.Tensor:
+def _broadcast(x: torch.Tensor, assignments: torch.Tensor, dtype: torch.dtype, inner: bool,
+               counts: torch.Tensor | None = None) -> torch.Tensor:
     """``_broadcast_kernel``: ``(B, H, C, D)`` rows -> ``(B, H, N, D)`` in ``dtype``, stored heads
-    inner when ``inner`` (:func:`fastasr.kernels.rows.new_rows`)."""
+    inner when ``inner`` (:func:`fastasr.kernels.rows.new_rows`); with ``counts (B, H, C)`` each
+    row over its cluster's count (at least 1)."""
     B, H, C, D = x.shape
     N = assignments.shape[2]
     out = new_rows(B, H, N, D, inner, dtype=dtype, device=x.device)
     tile = broadcast_tile(D)
-    _broadcast_kernel[(B * H, triton.cdiv(N, tile["BLOCK_N"]))](x.contiguous(), assignments, out, C, N, D,
-                                                                H, *out.stride()[:3], **tile)
+    _broadcast_kernel[(B * H, triton.cdiv(N, tile["BLOCK_N"]))](
+        x.contiguous(), assignments, assignments if counts is None else counts, out, C, N, D, H, *out.stride()[:3],
+        MEAN=counts is not None, **tile)
     return out
 
 
-def _cluster_sum(rows: torch.Tensor, assignments: torch.Tensor, C: int) -> torch.Tensor:
+def _cluster_sum(rows: torch.Tensor, assignments: torch.Tensor, C: int,
+                 counts: torch.Tensor | None = None) -> torch.Tensor:
     """``_cluster_sum_kernel``: ``(B, H, N, D)`` rows, in any layout with a unit stride along ``D``
-    (else copied once), -> ``(B, H, C, D)`` float32 sums by cluster."""
+    (else copied once), -> ``(B, H, C, D)`` float32 sums by cluster; with ``counts (B, H, C)``
+    each over its count (at least 1): the means, divided in the kernel where one program sums a
+    sequence, after it where spans of a sequence meet in atomics."""
     rows = unit_stride(rows)
     B, H, N, D = rows.shape
-    tile = cluster_sum_tile(C, D)
+    tile = cluster_sum_tile(C, D, rows.dtype)
     spans = cluster_sum_spans(B * H, N)
     span = triton.cdiv(triton.cdiv(N, spans), tile["BLOCK_N"]) * tile["BLOCK_N"]
     spans = triton.cdiv(N, span)
     atomic = spans > 1
     sums = (torch.zeros if atomic else torch.empty)((B, H, C, D), dtype=torch.float32, device=rows.device)
     dot_dtype, precision = dot_config(rows.dtype, kernels_interpreted(_cluster_sum_kernel))
-    _cluster_sum_kernel[(B * H, spans)](rows, assignments, sums, C, N, D, span, H, *rows.stride()[:3],
-                                        ATOMIC=atomic, DOT_DTYPE=dot_dtype, PRECISION=precision, **tile)
+    mean = counts is not None
+    _cluster_sum_kernel[(B * H, spans)](rows, assignments, counts if mean else assignments, sums, C, N, D, span, H,
+                                        *rows.stride()[:3], ATOMIC=atomic, MEAN=mean and not atomic,
+                                        DOT_DTYPE=dot_dtype, PRECISION=precision, **tile)
+    if mean and atomic:
+        sums /= counts.clamp(min=1)[..., None].to(sums.dtype)
     return sums
 
 
@@ -183,17 +204,18 @@ class _Broadcast(torch.autograd.Function):
         return _cluster_sum(dout, assignments, ctx.clusters).to(ctx.dtype), None, None
 
 
-class _ClusterSums(torch.autograd.Function):
+class _ClusterMeans(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, rows, assignments, clusters):
-        ctx.save_for_backward(assignments)
+    def forward(ctx, rows, assignments, counts, clusters):
+        ctx.save_for_backward(assignments, counts)
         ctx.dtype, ctx.inner = rows.dtype, heads_inner(rows)
-        return _cluster_sum(rows, assignments, clusters)
+        return _cluster_sum(rows, assignments, clusters, counts)
 
     @staticmethod
-    def backward(ctx, dsums):
-        (assignments,) = ctx.saved_tensors
-        return _broadcast(dsums, assignments, ctx.dtype, ctx.inner), None, None  # in the rows' layout
+    def backward(ctx, dmeans):
+        assignments, counts = ctx.saved_tensors
+        # each position: its cluster's gradient over the count, in the rows' dtype and layout
+        return _broadcast(dmeans, assignments, ctx.dtype, ctx.inner, counts), None, None, None
 
 
 def _checked(op: str, C: int, D: int, dtype: torch.dtype, assignments: torch.Tensor, device) -> torch.Tensor:
@@ -228,24 +250,25 @@ def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor, *, like: torc
     return _Broadcast.apply(x, assignments, like is not None and heads_inner(like))
 
 
-def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -> torch.Tensor:
-    """``reference.cluster_sums`` in one Triton launch forward and one backward.
+def cluster_means(rows: torch.Tensor, assignments: torch.Tensor, counts: torch.Tensor, clusters: int) -> torch.Tensor:
+    """``reference.cluster_means`` in one Triton launch forward and one backward.
 
     Args:
         rows: ``(B, H, N, D)`` per-position rows, fp32/fp16/bf16, in any layout with a unit
             stride along ``D`` (their gradient takes the same layout).
         assignments: ``(B, H, N)`` int64 cluster of each position in ``[0, clusters)``, -1 padded.
+        counts: ``(B, H, clusters)`` integer members of each cluster (K-means gives them).
         clusters: ``C``, as :func:`applies` serves.
 
     Returns:
-        ``(B, H, C, D)`` float32: each cluster's sum of its members' rows (padded positions
-        belong to none).
+        ``(B, H, C, D)`` float32: each cluster's mean of its members' rows (padded positions
+        belong to none; an empty cluster's mean is 0).
 
     Raises:
         ValueError: shapes that disagree, or what :func:`applies` refuses.
     """
-    if rows.dim() != 4 or assignments.shape != rows.shape[:3]:
-        raise ValueError(f"cluster_sums: rows {tuple(rows.shape)} and assignments {tuple(assignments.shape)} "
-                         "must be (B, H, N, D) and (B, H, N)")
-    assignments = _checked("cluster_sums", clusters, rows.shape[3], rows.dtype, assignments, rows.device)
-    return _ClusterSums.apply(rows, assignments, clusters)
+    if rows.dim() != 4 or assignments.shape != rows.shape[:3] or counts.shape != (*rows.shape[:2], clusters):
+        raise ValueError(f"cluster_means: rows {tuple(rows.shape)}, assignments {tuple(assignments.shape)} and "
+                         f"counts {tuple(counts.shape)} must be (B, H, N, D), (B, H, N) and (B, H, {clusters})")
+    assignments = _checked("cluster_means", clusters, rows.shape[3], rows.dtype, assignments, rows.device)
+    return _ClusterMeans.apply(rows, assignments, counts.to(torch.int64).contiguous(), clusters)

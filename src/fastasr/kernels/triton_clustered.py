@@ -68,7 +68,7 @@ from fastasr.kernels.availability import (
     require_triton,
 )
 from fastasr.kernels.cluster_order import ClusterOrder, cluster_order
-from fastasr.kernels.rows import heads_inner, new_rows
+from fastasr.kernels.rows import heads_inner, new_rows, rows_view
 
 prepare_interpreter()
 
@@ -586,11 +586,13 @@ class _ImprovedSparse(torch.autograd.Function):
         B, H, N, E = q.shape
         S, EV, C = k.shape[2], v.shape[3], top_idx.shape[2]
         f32 = dict(dtype=torch.float32, device=q.device)
-        # each gradient in its input's layout (fastasr.kernels.rows); dk and dv summed in float32
+        # each gradient in its input's layout (fastasr.kernels.rows); the float32 sums of dk, dv,
+        # dtop_w and dvalues share one buffer, zeroed by one launch
         dq = new_rows(B, H, N, E, heads_inner(q), dtype=q.dtype, device=q.device, zero=True)
-        dk = new_rows(B, H, S, E, heads_inner(k), zero=True, **f32)
-        dv = new_rows(B, H, S, EV, heads_inner(v), zero=True, **f32)
-        dtop_w, dvalues = torch.zeros(top_w.shape, **f32), torch.zeros((B, H, C, EV), **f32)
+        sizes = (B * H * S * E, B * H * S * EV, top_w.numel(), B * H * C * EV)
+        dk, dv, dtop_w, dvalues = torch.zeros(sum(sizes), **f32).split(sizes)
+        dk, dv = rows_view(dk, B, H, S, E, heads_inner(k)), rows_view(dv, B, H, S, EV, heads_inner(v))
+        dtop_w, dvalues = dtop_w.view(top_w.shape), dvalues.view(B, H, C, EV)
         if grad.numel():
             _launch_sparse(_sparse_bwd_kernel, q, k, v, top_idx, lengths, ctx.order, ctx.scale,
                            (top_w, grad, dq, dk, dv, dtop_w, dvalues),
