@@ -58,6 +58,7 @@ tc = _load("triton_clustered")
 tt = _load("triton_topk")
 tcen = _load("triton_centroid")
 tb = _load("triton_broadcast")
+ti = importlib.import_module("fastasr.kernels.triton_improved")  # no kernel of its own: it calls tcen's and tc's
 
 INTERPRETED = availability.kernels_interpreted(th._hash_kernel)
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -1148,7 +1149,7 @@ _LAUNCHES = {
     "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
                         "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
                         "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_centroid_bwd_kernel": 1,
-                        "_cluster_sum_kernel": 1, "_broadcast_kernel": 1}, 18),
+                        "_cluster_sum_kernel": 1, "_broadcast_kernel": 1}, 15),
 }
 
 
@@ -1184,6 +1185,45 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     assert probe.syncs == []
     assert probe.triton == want_triton
     assert sum(probe.torch_kernels.values()) <= torch_ceiling, sorted(probe.torch_kernels.items())
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+def test_improved_clustered_one_op_equals_its_two_ops(dtype, tol):
+    """``triton_improved.improved_clustered`` (one backward for the centroid attention and the
+    sparse part) against ``centroid_attention`` then ``improved_sparse``: the same output and the
+    same gradients of q, k, v and the centroids (to rounding: the sums of dk, dv meet in float32
+    before one rounding), on head-split views of projections, with padding."""
+    B, H, N, E, C, K = 2, 3, 45, 16, 6, 8
+    g = _gen(77)
+    lengths = torch.tensor([45, 29])
+    proj = [torch.randn(B, N, H * E, generator=g) for _ in range(3)]
+    assign = _assignments(B, H, N, C, lengths)
+    counts = torch.zeros(B, H, C + 1, dtype=torch.int64).scatter_add_(
+        2, assign.remainder(C + 1), torch.ones_like(assign))[..., :C]
+    cent = torch.randn(B, H, C, E, generator=g)
+    grad = torch.randn(B, H, N, E, generator=g)
+    results = []
+    for one_op in (True, False):
+        leaves = [p.to(DEVICE, dtype).clone().requires_grad_() for p in proj]
+        q, k, v = (x.view(B, N, H, E).transpose(1, 2) for x in leaves)
+        c = cent.to(DEVICE).clone().requires_grad_()
+        args = (assign.to(DEVICE), lengths.to(DEVICE), 0.25)
+        if one_op:
+            out = ti.improved_clustered(q, k, v, c, args[0], counts.to(DEVICE), args[1], args[2], K)
+        else:
+            values, top_w, top_idx = tcen.centroid_attention(c, k, v, args[1], args[2], K)
+            out = tc.improved_sparse(q, k, v, values, top_w, top_idx, *args, counts=counts.to(DEVICE))
+        out.backward(grad.to(DEVICE, dtype))
+        assert out.dtype == dtype
+        results.append([out.detach().float().cpu(), *(x.grad.float().cpu() for x in (*leaves, c))])
+    for name, got, want in zip(("out", "dq", "dk", "dv", "dcentroids"), *results):
+        scale = float(want.abs().max())  # bf16: one rounding of each gradient's largest entry
+        torch.testing.assert_close(got, want, atol=tol * scale, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+    with pytest.raises(ValueError, match="topk=0"):
+        ti.improved_clustered(q, k, v, c, args[0], None, args[1], args[2], 0)
+    half = torch.zeros(1, 1, 300, 32, dtype=torch.bfloat16)  # C = 129 and more: the two ops
+    assert ti.applies(torch.zeros(1, 1, 128, 32), half, half, 8)
+    assert not ti.applies(torch.zeros(1, 1, 129, 32), half, half, 8) and not ti.applies(torch.zeros(1, 1, 8, 32), half, half, 0)
 
 
 @_INTERPRETER_ONLY

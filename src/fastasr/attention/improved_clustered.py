@@ -14,7 +14,8 @@ of every row to full attention is never larger than clustered attention's.
 The second term is computed per cluster as ``A^c_j V - sum_{l in T_j} A^c_jl V_l``
 (one dense product for all clusters, a K-row correction each); the first, per query,
 by :func:`fastasr.kernels.ops.improved_sparse` (fused in C++ on a CPU, fused in one
-Triton launch forward and one backward on a GPU, the PyTorch reference otherwise).
+Triton launch forward and one backward on a GPU, the PyTorch reference otherwise); on a GPU
+both parts are one op with one backward (:func:`fastasr.kernels.ops.improved_clustered`).
 
 Padded keys are never selected while a valid key remains: the selection ranks
 the masked *logits* (``-inf`` at padded keys), not the weights, so a sequence
@@ -23,8 +24,6 @@ fill the remaining slots get exactly zero weight in the per-query softmax.
 """
 
 from __future__ import annotations
-
-from torch.profiler import record_function
 
 from fastasr.attention.base import compute_dtype
 from fastasr.attention.clustered import CLUSTERING_PARAMS, ClusteredAttention
@@ -72,12 +71,8 @@ class ImprovedClusteredAttention(ClusteredAttention):
         q, k, vv = self.kernel_inputs(q, k, v)
         scale = self.scale(q.shape[-1])
         assignments, counts, centroids = self.cluster_queries(q, lengths)
-        kk = min(self.topk, q.shape[2])
-        with record_function("attention.centroid_attention"):
-            values, top_w, top_idx = ops.centroid_attention(centroids, k, vv, lengths, scale, kk)
-        with record_function("attention.sparse_part"):
-            out = ops.improved_sparse(q, k, vv, values, top_w, top_idx, assignments, lengths, scale,
-                                      counts=counts)
+        out = ops.improved_clustered(q, k, vv, centroids, assignments, counts, lengths, scale,
+                                     min(self.topk, q.shape[2]))
         return out.to(v.dtype)
 
     def _dense_weights(self, q, k, lengths):

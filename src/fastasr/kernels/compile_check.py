@@ -117,6 +117,7 @@ def _configs():
     from fastasr.kernels import triton_centroid as tcen  # needs Triton
     from fastasr.kernels import triton_clustered as tc  # needs Triton
     from fastasr.kernels import triton_hashing as th  # needs Triton
+    from fastasr.kernels import triton_improved as ti  # needs Triton
     from fastasr.kernels import triton_kmeans as tk  # needs Triton
     from fastasr.kernels import triton_topk as tt  # needs Triton
 
@@ -177,7 +178,8 @@ def _configs():
                                                    "dk_ptr": f"*{t}", "dv_ptr": f"*{t}"}),
             ):
                 name = "centroid_bwd" if backward else "centroid_fwd"
-                # with top keys (i-clustered); without (clustered's split-key values: a subset of
+                # with top keys (i-clustered: up to triton_improved.MAX_CENTROIDS centroids its one op, more
+                # the two ops); without (clustered's split-key values: a subset of
                 # the code, compiled once, at the paper's shape); the backward's top keys in
                 # increasing position as the Triton top-k writes them (sorted), or in torch.topk's
                 # order (rows past triton_topk.MAX_N: at the paper's shape)
@@ -190,11 +192,16 @@ def _configs():
                     tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward)
                     options = {"num_warps": tiles.pop("num_warps")}
                     consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": tcen.SPLIT_KEYS, **tiles}
-                    flags = ({"HAS_TOP": top, "BLOCK_K": 32, "TOP_SORTED": in_order}
+                    # with top keys the backward is i-clustered's one op (triton_improved): it adds the
+                    # sparse part's float32 dk, dv and reads its float32 dvalues
+                    one_op = top and clusters <= ti.MAX_CENTROIDS
+                    flags = ({"HAS_TOP": top, "BLOCK_K": 32, "TOP_SORTED": in_order, "ADD": one_op}
                              if backward else {"LOGITS": top})
+                    added = ({"dvalues_ptr": "*fp32", "dk_add_ptr": "*fp32", "dv_add_ptr": "*fp32"} if one_op else
+                             {"dk_add_ptr": f"*{t}", "dv_add_ptr": f"*{t}"}) if backward else {}
                     out.append((f"{name} {t} C={clusters} E={E} tile {tiles['BLOCK_C']}x{tiles['BLOCK_N']}"
                                 + ("" if top else " no top keys") + ("" if in_order else " top keys unordered"),
-                                kernel, {**data, **ptrs}, {**consts, **flags}, options))
+                                kernel, {**data, **ptrs, **added}, {**consts, **flags}, options))
             if t == "fp32":  # the combine kernel reads fp32 partials whatever the inputs
                 continue
             tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, False)

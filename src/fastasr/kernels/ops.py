@@ -38,6 +38,7 @@ import os
 from types import ModuleType
 
 import torch
+from torch.profiler import record_function
 
 from fastasr.kernels import native, reference
 from fastasr.kernels.availability import import_kernel_module
@@ -56,6 +57,7 @@ __all__ = [
     "fused_centroid_attention_applies",
     "fused_centroid_values",
     "improved_sparse",
+    "improved_clustered",
     "KERNELS_ENV",
     "kernel_choice",
     "kernel_backend",
@@ -278,6 +280,35 @@ def fused_centroid_values(
         centroids.to(k.dtype), k, v, attn_mask=keys_ok, scale=scale
     )
     return out.to(v.dtype)
+
+
+def improved_clustered(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    centroids: torch.Tensor,
+    assignments: torch.Tensor,
+    counts: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    scale: float,
+    topk: int,
+) -> torch.Tensor:
+    """Improved clustered attention given its clusters -> ``(B,H,N,Ev)``: :func:`centroid_attention`
+    with ``topk`` top keys, then :func:`improved_sparse`.
+
+    Where the Triton kernels take both (up to ``triton_improved.MAX_CENTROIDS`` centroids), one op
+    (:mod:`fastasr.kernels.triton_improved`: their launches forward, one backward for both,
+    without casting and adding two gradients of every key and value); otherwise the two ops in
+    turn.
+    """
+    if topk and kernel_backend(q, "improved_sparse") == "triton":
+        kernels = import_kernel_module("triton_improved")
+        if kernels.applies(centroids, k, v, topk):
+            return kernels.improved_clustered(q, k, v, centroids, assignments, counts, lengths, scale, topk)
+    with record_function("attention.centroid_attention"):
+        values, top_w, top_idx = centroid_attention(centroids, k, v, lengths, scale, topk)
+    with record_function("attention.sparse_part"):
+        return improved_sparse(q, k, v, values, top_w, top_idx, assignments, lengths, scale, counts=counts)
 
 
 def improved_sparse(

@@ -46,6 +46,8 @@ centroids than :func:`max_centroids` are not served here (:func:`applies`);
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -62,7 +64,8 @@ from fastasr.kernels.triton_topk import MAX_N, topk_softmax
 
 prepare_interpreter()
 
-__all__ = ["centroid_attention", "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS"]
+__all__ = ["centroid_attention", "centroid_forward", "centroid_backward", "CentroidState", "checked_lengths",
+           "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS"]
 
 #: Most centroids a sequence may have: all of them are one tile of a program.
 MAX_CENTROIDS = 256
@@ -175,12 +178,12 @@ def _centroid_combine_kernel(
 @triton.jit
 def _centroid_bwd_kernel(
     c_ptr, k_ptr, v_ptr, len_ptr, lse_ptr, values_ptr, dvalues_ptr, tw_ptr, dtw_ptr, idx_ptr,
-    dc_ptr, dk_ptr, dv_ptr,
+    dc_ptr, dk_ptr, dv_ptr, dk_add_ptr, dv_add_ptr,
     H, C, N, E, EV, K, scale, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
     s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     HAS_TOP: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr, TOP_SORTED: tl.constexpr = False,
+    BLOCK_K: tl.constexpr, TOP_SORTED: tl.constexpr = False, ADD: tl.constexpr = False,
 ):
     pid_bh = tl.program_id(0)
     bh = pid_bh.to(tl.int64)
@@ -188,6 +191,7 @@ def _centroid_bwd_kernel(
     b, h = bh // H, bh % H
     k_seq, v_seq = k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh
     dk_seq, dv_seq = dk_ptr + b * s_dkb + h * s_dkh, dv_ptr + b * s_dvb + h * s_dvh
+    dk_add_seq, dv_add_seq = dk_add_ptr + b * s_dkb + h * s_dkh, dv_add_ptr + b * s_dvb + h * s_dvh
     offs_e = tl.arange(0, BLOCK_E)
     offs_v = tl.arange(0, BLOCK_V)
     cent, crow, c_ok = _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE, BLOCK_C, BLOCK_E)
@@ -244,11 +248,17 @@ def _centroid_bwd_kernel(
                     dp += tl.where(lane_t[:, None] == lanes[None, :], dtw_t[:, None], 0.0)
         ds = (p * (dp - row_term[:, None]) * scale).to(DOT_DTYPE)
         dv_n = tl.dot(tl.trans(p.to(DOT_DTYPE)), dvals, input_precision=PRECISION)
-        tl.store(dv_seq + cols[:, None] * s_dvn + offs_v[None, :],
-                 dv_n.to(dv_ptr.dtype.element_ty), mask=in_n[:, None] & (offs_v[None, :] < EV))
+        v_rows = cols[:, None] * s_dvn + offs_v[None, :]
+        v_ok = in_n[:, None] & (offs_v[None, :] < EV)
+        if ADD:  # another op's float32 gradients of these values, laid out as dv
+            dv_n += tl.load(dv_add_seq + v_rows, mask=v_ok, other=0.0)
+        tl.store(dv_seq + v_rows, dv_n.to(dv_ptr.dtype.element_ty), mask=v_ok)
         dk_n = tl.dot(tl.trans(ds), cent, input_precision=PRECISION)
-        tl.store(dk_seq + cols[:, None] * s_dkn + offs_e[None, :],
-                 dk_n.to(dk_ptr.dtype.element_ty), mask=in_n[:, None] & (offs_e[None, :] < E))
+        k_rows = cols[:, None] * s_dkn + offs_e[None, :]
+        k_ok = in_n[:, None] & (offs_e[None, :] < E)
+        if ADD:
+            dk_n += tl.load(dk_add_seq + k_rows, mask=k_ok, other=0.0)
+        tl.store(dk_seq + k_rows, dk_n.to(dk_ptr.dtype.element_ty), mask=k_ok)
         dcent += tl.dot(ds, keys, input_precision=PRECISION)
     tl.atomic_add(dc_ptr + crow[:, None] * E + offs_e[None, :], dcent, mask=e_mask, sem="relaxed")
 
@@ -292,57 +302,88 @@ def _launch_config(centroids, k, v, backward):
     return {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": SPLIT_KEYS, **tiles}
 
 
+class CentroidState(NamedTuple):
+    """What the backward of a centroid attention needs besides its inputs: each centroid's
+    log-sum-exp, its float32 values, the top keys' float32 weights, and whether the top keys
+    come in increasing position (the Triton top-k's order)."""
+
+    lse: torch.Tensor
+    values32: torch.Tensor
+    top_w: torch.Tensor
+    top_sorted: bool
+
+
+def centroid_forward(centroids, k, v, lengths, scale, topk):
+    """The forward launches: ``values`` in ``v``'s dtype, ``top_w`` in the centroids' dtype,
+    ``top_idx``, and the :class:`CentroidState` for :func:`centroid_backward`."""
+    B, H, C, E = centroids.shape
+    N, EV = k.shape[2], v.shape[3]
+    splits = triton.cdiv(N, SPLIT_KEYS)
+    f32 = dict(dtype=torch.float32, device=k.device)
+    part_m, part_l = torch.empty((B, H, splits, C), **f32), torch.empty((B, H, splits, C), **f32)
+    part_acc = torch.empty((B, H, splits, C, EV), **f32)
+    logits = torch.empty((B, H, C, N), **f32) if topk else part_m  # without top keys: not written
+    config = _launch_config(centroids, k, v, backward=False)
+    _centroid_fwd_kernel[(B * H, splits)](
+        centroids, k, v, lengths, logits, part_m, part_l, part_acc,
+        H, C, N, E, EV, splits, scale, *k.stride()[:3], *v.stride()[:3], LOGITS=topk > 0, **config)
+    values = torch.empty((B, H, C, EV), dtype=v.dtype, device=v.device)
+    values32, lse = torch.empty((B, H, C, EV), **f32), torch.empty((B, H, C), **f32)
+    _centroid_combine_kernel[(B * H,)](
+        part_m, part_l, part_acc, values, values32, lse, C, EV, splits,
+        BLOCK_C=config["BLOCK_C"], BLOCK_V=config["BLOCK_V"], num_warps=config["num_warps"])
+    # the backward walks each row's top keys in increasing position where the Triton top-k wrote them
+    top_sorted = bool(topk) and N <= MAX_N
+    if top_sorted:
+        top_idx, top_w = topk_softmax(logits, lse, topk)
+    elif topk:  # rows the Triton top-k cannot hold: torch.topk, and the weights exp(l - lse) (0 in a row without keys)
+        top_idx = reference.topk_indices(logits, topk)
+        top_w = torch.exp(logits.gather(-1, top_idx) - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
+    else:
+        top_idx = torch.empty((B, H, C, 0), dtype=torch.int64, device=k.device)
+        top_w = torch.empty((B, H, C, 0), **f32)
+    return values, top_w.to(centroids.dtype), top_idx, CentroidState(lse, values32, top_w, top_sorted)
+
+
+def centroid_backward(centroids, k, v, lengths, scale, state: CentroidState, top_idx, dvalues, dtop_w,
+                      add: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """The backward launch: ``dcentroids`` in the centroids' dtype, ``dk`` and ``dv`` in their
+    inputs' dtype and layout. ``add``: float32 ``(dk, dv)`` in those layouts that the kernel adds
+    to its own before it stores them (another op's gradients of the same keys and values: one
+    pass instead of a cast and a sum each)."""
+    B, H, C, E = centroids.shape
+    N, EV, K = k.shape[2], v.shape[3], top_idx.shape[3]
+    dcent = torch.zeros((B, H, C, E), dtype=torch.float32, device=k.device)
+    # each gradient in its input's layout (fastasr.kernels.rows): the caller's heads merge as a view
+    dk = new_rows(B, H, N, E, heads_inner(k), dtype=k.dtype, device=k.device)
+    dv = new_rows(B, H, N, EV, heads_inner(v), dtype=v.dtype, device=v.device)
+    if add is not None and (add[0].stride() != dk.stride() or add[1].stride() != dv.stride()):
+        raise ValueError("centroid_backward: the gradients to add must be laid out as k and v")
+    dtop_w = dtop_w.float().contiguous() if K else state.top_w
+    _centroid_bwd_kernel[(B * H, triton.cdiv(N, SPLIT_KEYS))](
+        centroids, k, v, lengths, state.lse, state.values32, dvalues.contiguous(), state.top_w, dtop_w, top_idx,
+        dcent, dk, dv, *((dk, dv) if add is None else add), H, C, N, E, EV, K, scale,
+        *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
+        HAS_TOP=K > 0, BLOCK_K=max(16, triton.next_power_of_2(K)), TOP_SORTED=state.top_sorted,
+        ADD=add is not None, **_launch_config(centroids, k, v, backward=True))
+    return dcent.to(centroids.dtype), dk, dv
+
+
 class _CentroidAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, centroids, k, v, lengths, scale, topk):
-        B, H, C, E = centroids.shape
-        N, EV = k.shape[2], v.shape[3]
-        splits = triton.cdiv(N, SPLIT_KEYS)
-        f32 = dict(dtype=torch.float32, device=k.device)
-        part_m, part_l = torch.empty((B, H, splits, C), **f32), torch.empty((B, H, splits, C), **f32)
-        part_acc = torch.empty((B, H, splits, C, EV), **f32)
-        logits = torch.empty((B, H, C, N), **f32) if topk else part_m  # without top keys: not written
-        config = _launch_config(centroids, k, v, backward=False)
-        _centroid_fwd_kernel[(B * H, splits)](
-            centroids, k, v, lengths, logits, part_m, part_l, part_acc,
-            H, C, N, E, EV, splits, scale, *k.stride()[:3], *v.stride()[:3], LOGITS=topk > 0, **config)
-        values = torch.empty((B, H, C, EV), dtype=v.dtype, device=v.device)
-        values32, lse = torch.empty((B, H, C, EV), **f32), torch.empty((B, H, C), **f32)
-        _centroid_combine_kernel[(B * H,)](
-            part_m, part_l, part_acc, values, values32, lse, C, EV, splits,
-            BLOCK_C=config["BLOCK_C"], BLOCK_V=config["BLOCK_V"], num_warps=config["num_warps"])
-        # the backward walks each row's top keys in increasing position where the Triton top-k wrote them
-        ctx.top_sorted = bool(topk) and N <= MAX_N
-        if ctx.top_sorted:
-            top_idx, top_w = topk_softmax(logits, lse, topk)
-        elif topk:  # rows the Triton top-k cannot hold: torch.topk, and the weights exp(l - lse) (0 in a row without keys)
-            top_idx = reference.topk_indices(logits, topk)
-            top_w = torch.exp(logits.gather(-1, top_idx) - lse.masked_fill(lse == float("-inf"), 0.0)[..., None])
-        else:
-            top_idx = torch.empty((B, H, C, 0), dtype=torch.int64, device=k.device)
-            top_w = torch.empty((B, H, C, 0), **f32)
-        ctx.save_for_backward(centroids, k, v, lengths, lse, values32, top_w, top_idx)
-        ctx.scale = scale
+        values, top_w, top_idx, state = centroid_forward(centroids, k, v, lengths, scale, topk)
+        ctx.save_for_backward(centroids, k, v, lengths, state.lse, state.values32, state.top_w, top_idx)
+        ctx.scale, ctx.top_sorted = scale, state.top_sorted
         ctx.mark_non_differentiable(top_idx)
-        return values, top_w.to(centroids.dtype), top_idx
+        return values, top_w, top_idx
 
     @staticmethod
     def backward(ctx, dvalues, dtop_w, _):
         centroids, k, v, lengths, lse, values32, top_w, top_idx = ctx.saved_tensors
-        B, H, C, E = centroids.shape
-        N, EV, K = k.shape[2], v.shape[3], top_idx.shape[3]
-        dcent = torch.zeros((B, H, C, E), dtype=torch.float32, device=k.device)
-        # each gradient in its input's layout (fastasr.kernels.rows): the caller's heads merge as a view
-        dk = new_rows(B, H, N, E, heads_inner(k), dtype=k.dtype, device=k.device)
-        dv = new_rows(B, H, N, EV, heads_inner(v), dtype=v.dtype, device=v.device)
-        dtop_w = dtop_w.float().contiguous() if K else top_w
-        _centroid_bwd_kernel[(B * H, triton.cdiv(N, SPLIT_KEYS))](
-            centroids, k, v, lengths, lse, values32, dvalues.contiguous(), top_w, dtop_w, top_idx,
-            dcent, dk, dv, H, C, N, E, EV, K, ctx.scale,
-            *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-            HAS_TOP=K > 0, BLOCK_K=max(16, triton.next_power_of_2(K)), TOP_SORTED=ctx.top_sorted,
-            **_launch_config(centroids, k, v, backward=True))
-        return dcent.to(centroids.dtype), dk, dv, None, None, None
+        state = CentroidState(lse, values32, top_w, ctx.top_sorted)
+        dcent, dk, dv = centroid_backward(centroids, k, v, lengths, ctx.scale, state, top_idx, dvalues, dtop_w)
+        return dcent, dk, dv, None, None, None
 
 
 def centroid_attention(
@@ -370,23 +411,29 @@ def centroid_attention(
     Raises:
         ValueError: shapes that disagree, ``topk`` out of range, or what :func:`applies` refuses.
     """
-    require_triton("centroid_attention", k.device, kernels_interpreted(_centroid_fwd_kernel))
+    lengths = checked_lengths("centroid_attention", centroids, k, v, lengths, topk)
+    return _CentroidAttention.apply(centroids.contiguous(), unit_stride(k), unit_stride(v), lengths,
+                                    scale, topk)
+
+
+def checked_lengths(op: str, centroids, k, v, lengths, topk: int) -> torch.Tensor:
+    """``lengths`` as int64 on ``k``'s device (every key valid where None), after checking that
+    the centroid kernels serve ``centroids``, ``k``, ``v`` and ``topk`` (the errors name ``op``)."""
+    require_triton(op, k.device, kernels_interpreted(_centroid_fwd_kernel))
     if centroids.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError("centroid_attention: centroids, k and v must be 4-D (B, H, ·, ·)")
+        raise ValueError(f"{op}: centroids, k and v must be 4-D (B, H, ·, ·)")
     B, H, C, E = centroids.shape
     N = k.shape[2]
     if k.shape[:2] != (B, H) or k.shape[3] != E or v.shape[:3] != k.shape[:3]:
-        raise ValueError(f"centroid_attention: centroids {tuple(centroids.shape)}, k {tuple(k.shape)} "
+        raise ValueError(f"{op}: centroids {tuple(centroids.shape)}, k {tuple(k.shape)} "
                          f"and v {tuple(v.shape)} must be (B, H, C, E), (B, H, N, E), (B, H, N, Ev)")
     if not 0 <= topk <= N:
-        raise ValueError(f"centroid_attention: topk={topk} must be in [0, N={N}]")
+        raise ValueError(f"{op}: topk={topk} must be in [0, N={N}]")
     if not applies(centroids, k, v, topk):
-        raise ValueError(f"centroid_attention: needs fp32/fp16/bf16 k and v, 1 <= C <= "
+        raise ValueError(f"{op}: needs fp32/fp16/bf16 k and v, 1 <= C <= "
                          f"{max_centroids(k, v)} (for heads of {k.shape[-1]}/{v.shape[-1]} in these "
                          f"dtypes) and 1 <= N; got C={C}, N={N}, "
                          f"topk={topk}, k {k.dtype}, v {v.dtype}")
     if lengths is None:
         lengths = torch.full((B,), N, dtype=torch.int64, device=k.device)
-    lengths = lengths.to(device=k.device, dtype=torch.int64)
-    return _CentroidAttention.apply(centroids.contiguous(), unit_stride(k), unit_stride(v), lengths,
-                                    scale, topk)
+    return lengths.to(device=k.device, dtype=torch.int64)

@@ -73,7 +73,7 @@ from fastasr.kernels.rows import heads_inner, new_rows, rows_view
 prepare_interpreter()
 
 __all__ = ["ClusterOrder", "cluster_order", "clustered_dot", "clustered_weighted_sum", "dot_config",
-           "improved_sparse"]
+           "improved_sparse", "check_sparse_inputs", "sparse_forward", "sparse_backward"]
 
 MAX_FEATURES = 256  # E and K are held whole in one tile
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
@@ -565,41 +565,63 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
     )
 
 
+def sparse_forward(q, k, v, values, top_w, top_idx, lengths, order, scale):
+    """The fused sparse part's forward launch: ``(B, H, N, Ev)`` in ``v``'s dtype and ``q``'s layout."""
+    B, H, N, _ = q.shape
+    # zeros: padded queries are in no block; the queries' layout (fastasr.kernels.rows)
+    out = new_rows(B, H, N, v.shape[3], heads_inner(q), dtype=v.dtype, device=q.device, zero=True)
+    if out.numel():
+        _launch_sparse(_sparse_fwd_kernel, q, k, v, top_idx, lengths, order, scale,
+                       (top_w, values, out), out.stride()[:3])
+    return out
+
+
+def sparse_backward(q, k, v, top_w, top_idx, lengths, order, scale, grad):
+    """The fused sparse part's backward launch: ``dq`` in ``q``'s dtype and layout, and the
+    float32 sums ``dk``, ``dv`` (in ``k``'s and ``v``'s layouts), ``dtop_w`` and ``dvalues``."""
+    B, H, N, E = q.shape
+    S, EV, C = k.shape[2], v.shape[3], top_idx.shape[2]
+    f32 = dict(dtype=torch.float32, device=q.device)
+    # each gradient in its input's layout (fastasr.kernels.rows); the float32 sums of dk, dv,
+    # dtop_w and dvalues share one buffer, zeroed by one launch
+    dq = new_rows(B, H, N, E, heads_inner(q), dtype=q.dtype, device=q.device, zero=True)
+    sizes = (B * H * S * E, B * H * S * EV, top_w.numel(), B * H * C * EV)
+    dk, dv, dtop_w, dvalues = torch.zeros(sum(sizes), **f32).split(sizes)
+    dk, dv = rows_view(dk, B, H, S, E, heads_inner(k)), rows_view(dv, B, H, S, EV, heads_inner(v))
+    dtop_w, dvalues = dtop_w.view(top_w.shape), dvalues.view(B, H, C, EV)
+    if grad.numel():
+        _launch_sparse(_sparse_bwd_kernel, q, k, v, top_idx, lengths, order, scale,
+                       (top_w, grad, dq, dk, dv, dtop_w, dvalues),
+                       (*grad.stride(), *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3]))
+    return dq, dk, dv, dtop_w, dvalues
+
+
 class _ImprovedSparse(torch.autograd.Function):
     """The fused sparse part: one launch forward, one backward (:func:`improved_sparse`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, values, top_w, top_idx, lengths, order, scale):
-        B, H, N, _ = q.shape
-        # zeros: padded queries are in no block; the queries' layout (fastasr.kernels.rows)
-        out = new_rows(B, H, N, v.shape[3], heads_inner(q), dtype=v.dtype, device=q.device, zero=True)
-        if out.numel():
-            _launch_sparse(_sparse_fwd_kernel, q, k, v, top_idx, lengths, order, scale,
-                           (top_w, values, out), out.stride()[:3])
         ctx.save_for_backward(q, k, v, top_w, top_idx, lengths)
         ctx.order, ctx.scale, ctx.values_dtype = order, scale, values.dtype
-        return out
+        return sparse_forward(q, k, v, values, top_w, top_idx, lengths, order, scale)
 
     @staticmethod
     def backward(ctx, grad):
         q, k, v, top_w, top_idx, lengths = ctx.saved_tensors
-        B, H, N, E = q.shape
-        S, EV, C = k.shape[2], v.shape[3], top_idx.shape[2]
-        f32 = dict(dtype=torch.float32, device=q.device)
-        # each gradient in its input's layout (fastasr.kernels.rows); the float32 sums of dk, dv,
-        # dtop_w and dvalues share one buffer, zeroed by one launch
-        dq = new_rows(B, H, N, E, heads_inner(q), dtype=q.dtype, device=q.device, zero=True)
-        sizes = (B * H * S * E, B * H * S * EV, top_w.numel(), B * H * C * EV)
-        dk, dv, dtop_w, dvalues = torch.zeros(sum(sizes), **f32).split(sizes)
-        dk, dv = rows_view(dk, B, H, S, E, heads_inner(k)), rows_view(dv, B, H, S, EV, heads_inner(v))
-        dtop_w, dvalues = dtop_w.view(top_w.shape), dvalues.view(B, H, C, EV)
-        if grad.numel():
-            _launch_sparse(_sparse_bwd_kernel, q, k, v, top_idx, lengths, ctx.order, ctx.scale,
-                           (top_w, grad, dq, dk, dv, dtop_w, dvalues),
-                           (*grad.stride(), *dq.stride()[:3], *dk.stride()[:3], *dv.stride()[:3]))
+        dq, dk, dv, dtop_w, dvalues = sparse_backward(q, k, v, top_w, top_idx, lengths, ctx.order, ctx.scale, grad)
         # .to keeps a dense tensor's layout (and is dk itself in k's dtype)
         return (dq, dk.to(k.dtype), dv.to(v.dtype), dvalues.to(ctx.values_dtype),
                 dtop_w.to(top_w.dtype), None, None, None, None)
+
+
+def check_sparse_inputs(op: str, q, k, v, top_idx, assignments) -> None:
+    """That the fused sparse kernels run here and serve ``q``, ``k``, ``v``, ``top_idx (B, H, C,
+    K)`` and ``assignments``: a ``ValueError`` (or ``TypeError``) naming ``op`` otherwise."""
+    require_triton(op, q.device, kernels_interpreted(_sparse_fwd_kernel))
+    _check(op, q, k, top_idx, assignments, "q", "k")
+    _check(op, q, v, top_idx, assignments, "q", "v")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{op}: q has E={q.shape[-1]}, k has E={k.shape[-1]}; q and k must agree")
 
 
 def improved_sparse(
@@ -627,13 +649,9 @@ def improved_sparse(
     Half-precision ``q``, ``k``, ``v`` reach the tensor-core dots as they are (scores,
     softmax, mass and rest in fp32). Same arguments and result as the reference.
     """
-    require_triton("improved_sparse", q.device, kernels_interpreted(_sparse_fwd_kernel))
-    _check("improved_sparse", q, k, top_idx, assignments, "q", "k")
-    _check("improved_sparse", q, v, top_idx, assignments, "q", "v")
+    check_sparse_inputs("improved_sparse", q, k, v, top_idx, assignments)
     B, H, N, E = q.shape
     C = top_idx.shape[2]
-    if k.shape[-1] != E:
-        raise ValueError(f"improved_sparse: q has E={E}, k has E={k.shape[-1]}; q and k must agree")
     if values.shape != (B, H, C, v.shape[-1]) or top_w.shape != top_idx.shape:
         raise ValueError(f"improved_sparse: values {tuple(values.shape)} must be (B, H, C, Ev) = "
                          f"{(B, H, C, v.shape[-1])} and top_w {tuple(top_w.shape)} as top_idx "
