@@ -23,7 +23,8 @@ tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
 * backward, ``_centroid_bwd_kernel``: recomputes each block's logits and weights from the
   log-sum-exp, forms ``dP = dvalues v^T`` plus the top weights' gradients at their keys and
   ``ds = P (dP - D)`` with ``D = dvalues · values + Σ top_w dtop_w`` (the softmax's row term),
-  and writes the block's ``dk`` and ``dv`` (each key belongs to one program) and adds its
+  and writes the block's ``dk`` and ``dv`` (each key belongs to one program; in i-clustered's
+  one op, :mod:`fastasr.kernels.triton_improved`, with the sparse part's float32 sums added) and adds its
   ``dcentroids`` with one atomic per centroid and feature. One launch. The top weights'
   gradients reach their keys by compares over each block's ``C × BLOCK_N`` tile, one a top key:
   a row's top keys come from the Triton top-k in increasing position, so a block's are the next
