@@ -121,6 +121,8 @@ def _configs():
     from fastasr.kernels import triton_kmeans as tk  # needs Triton
     from fastasr.kernels import triton_topk as tt  # needs Triton
 
+    torch_dtypes = {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}
+
     out = []
     for x_t, p_t, acc in (("*fp32", "*fp32", tl.float32), ("*bf16", "*fp32", tl.float32),
                           ("*fp64", "*fp64", tl.float64)):
@@ -164,7 +166,7 @@ def _configs():
                         {"num_warps": warps}))
     for t in ("fp32", "bf16", "fp16"):
         dot_dtype, precision = tc.dot_config(
-            {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
+            torch_dtypes[t], False)
         widest = tcen.MAX_CENTROIDS // 2 if t == "fp32" else tcen.MAX_CENTROIDS
         cases = [(25, 32), (100, 32), (widest, 32)] + ([] if t == "fp32" else [(25, 64), (64, 64)])
         for clusters, E in cases:  # the tiles max_centroids serves, up to its bounds
@@ -212,7 +214,7 @@ def _configs():
                         {"num_warps": tiles["num_warps"]}))
     for t in ("fp32", "bf16", "fp16"):
         dot_dtype, precision = tc.dot_config(
-            {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
+            torch_dtypes[t], False)
         for clusters, width in ((100, 32), (100, tb.MAX_WIDTH), (tb.MAX_CLUSTERS, tb.MAX_TILE // tb.MAX_CLUSTERS)):
             rows = {"assign_ptr": "*i64", "counts_ptr": "*i64"}
             # the values' dtype; float32 means' gradients, each over its count (cluster_means)
@@ -220,8 +222,7 @@ def _configs():
                 out.append((f"broadcast {source} to {t} D={width}" + (" over counts" if mean else ""),
                             tb._broadcast_kernel, {**rows, "x_ptr": f"*{source}", "out_ptr": f"*{t}"},
                             {"MEAN": mean, **tb.broadcast_tile(width)}, {}))
-            tile = tb.cluster_sum_tile(clusters, width, {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16,
-                                                         "fp16": tc.torch.float16}[t])
+            tile = tb.cluster_sum_tile(clusters, width, torch_dtypes[t])
             options = {"num_warps": tile.pop("num_warps")}
             for atomic in (True, False):  # spans meeting in atomics; one program's means
                 out.append((f"cluster_sum {t} C={clusters} D={width} {options['num_warps']} warps"
@@ -237,7 +238,7 @@ def _configs():
     for t in ("fp32", "bf16", "fp16"):
         for E in (32, 64):
             dot_dtype, precision = tc.dot_config(
-                {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}[t], False)
+                torch_dtypes[t], False)
             block_n, block_k, block_e = tc._blocks(32, E, dot_dtype)
             consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "BLOCK_N": block_n,
                       "BLOCK_K": block_k, "BLOCK_E": block_e}

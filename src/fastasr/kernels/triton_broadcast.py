@@ -124,7 +124,7 @@ def _sum_blocks(C: int, D: int) -> tuple[int, int]:
     return max(16, triton.next_power_of_2(C)), max(16, triton.next_power_of_2(D))
 
 
-def cluster_sum_tile(C: int, D: int, dtype: torch.dtype = torch.bfloat16) -> dict:
+def cluster_sum_tile(C: int, D: int, dtype: torch.dtype) -> dict:
     """The sums' tile: every cluster and the whole row in one accumulator, 64 positions a tile,
     a warp for each 1,024 values of the accumulator (at least 4), for each 512 with float32 rows
     (whose full-precision products hold more: 8 warps spilled a 256 × 32 tile on sm_90 when one
