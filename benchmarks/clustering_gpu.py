@@ -15,7 +15,8 @@
    last sequence at 3/4 N: the launcher's own choice of programs per sequence, and every iteration
    in one launch (``spans=1``) forced, and split over spans forced (:func:`split_kmeans`, at
    least 2 a sequence), and the launcher's choice with the sweeps unpacking the codes in every
-   sweep instead of reading the signs the one launch stores; ``--tiles`` other tiles, ``--kmeans-stages`` the launcher's tiles with
+   sweep instead of reading the signs the one launch stores; ``--tiles`` other tiles (also under a cap
+   on a thread's registers, so that more programs share an SM), ``--kmeans-stages`` the launcher's tiles with
    software pipelining (the next tile's codes prefetched); ``--baseline FILE`` adds another
    implementation of the same signature, loaded from a file; and the launcher's choice (also with
    unpacked signs), the one launch and the split again on clustered codes, whose centroids stop moving within the 10 iterations as a trained model's queries do
@@ -169,14 +170,17 @@ def load_baseline(path: Path):
     return module.hamming_kmeans
 
 
-def with_tile(block_n: int | None = None, warps: int | None = None, stages: int | None = None, **kwargs):
+def with_tile(block_n: int | None = None, warps: int | None = None, stages: int | None = None,
+              registers: int | None = None, **kwargs):
     """K-means with another tile than the launcher's, in one-launch and split sweeps alike:
     ``BLOCK_N`` positions, ``warps`` warps, ``stages`` software-pipeline stages (from 2 Triton
-    prefetches the next tile's codes with ``cp.async``); None keeps the launcher's. ``kwargs``
-    go to ``hamming_kmeans`` (``stored_signs=False``: the launcher's tiles, the codes unpacked in every sweep)."""
+    prefetches the next tile's codes with ``cp.async``), ``registers`` a thread at most (Triton's
+    ``maxnreg``: ptxas spills what does not fit, and more CTAs share an SM); None keeps the
+    launcher's. ``kwargs`` go to ``hamming_kmeans`` (``stored_signs=False``: the launcher's tiles,
+    the codes unpacked in every sweep)."""
     launcher = triton_kmeans.lloyd_tile
-    given = {key: value for key, value in (("BLOCK_N", block_n), ("num_warps", warps), ("num_stages", stages))
-             if value is not None}
+    given = {key: value for key, value in (("BLOCK_N", block_n), ("num_warps", warps), ("num_stages", stages),
+                                           ("maxnreg", registers)) if value is not None}
 
     def run(codes, lengths):
         tile = lambda *a: {**launcher(*a), **given}  # noqa: E731
@@ -217,9 +221,10 @@ def kmeans_table(lines: list[str], ns: list[int], repeats: int, baseline: Path |
              "auto, unpacked signs": with_tile(stored_signs=False),  # the launcher's tiles
              "one launch": lambda c, n: triton_kmeans.hamming_kmeans(c, n, CLUSTERS, ITERATIONS, spans=1),
              "split": split_kmeans}
-    for tile in tiles:
-        block_n, warps = map(int, tile.split(":"))
-        impls[f"auto, tile {block_n} × {warps} warps"] = with_tile(block_n, warps)
+    for tile in tiles:  # BLOCK_N:WARPS or BLOCK_N:WARPS:REGISTERS
+        block_n, warps, *registers = map(int, tile.split(":"))
+        capped = f", {registers[0]} registers" if registers else ""
+        impls[f"auto, tile {block_n} × {warps} warps{capped}"] = with_tile(block_n, warps, registers=(registers or [None])[0])
     for count in stages:
         impls[f"auto, {count} stages"] = with_tile(stages=count)
     if baseline is not None:
@@ -574,7 +579,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--baseline", type=Path, default=None, help="a file defining hamming_kmeans, timed beside")
     p.add_argument("--tiles", nargs="*", default=[],
-                   help="other K-means tiles to time, BLOCK_N:WARPS (e.g. 64:8)")
+                   help="other K-means tiles to time, BLOCK_N:WARPS[:REGISTERS] (e.g. 64:8; 32:4:128, "
+                        "at most 128 registers a thread: 4 CTAs an SM)")
     p.add_argument("--kmeans-stages", type=int, nargs="*", default=[],
                    help="K-means with the launcher's tiles and this many pipeline stages (e.g. 2), timed beside")
     p.add_argument("--sparse-tiles", nargs="*", default=[],

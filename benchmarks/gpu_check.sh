@@ -6,7 +6,9 @@
 #   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-6), 5-8 minutes; summary in
 #                                       # gpu_check_<gpu>_kernels.md
 #   GPU_CHECK_BUDGET_S=570 make gpu-check  # another time budget for the whole check (seconds)
-#   GPU_CHECK_TRAIN=0 GPU_CHECK_KERNELS=0 make gpu-check  # FSDD on the GPU alone (step 7, ~6.5 min)
+#   GPU_CHECK_TRAIN=0 GPU_CHECK_KERNELS=0 make gpu-check  # FSDD on the GPU alone (step 7, ~6.5 min;
+#                                       # gpu_check_<gpu>_fsdd.md; with GPU_CHECK_TABLE2=1: Table 2,
+#                                       # step 8, gpu_check_<gpu>_table2.md)
 #
 # Runs with the machine's own Python (no venv: a GPU image brings torch, triton and lightning); the
 # project's other pure-Python dependencies are installed from wheels in .whl/ when that folder
@@ -31,7 +33,8 @@
 #      GPU_CHECK_FSDD_MINUTES (default 4) minutes, then its dev and test error.
 #   8. with GPU_CHECK_TABLE2=1 (off by default): Table 2 of the paper on the GPU, the budget study
 #      `budget=table2_frames` (full, clustered-100, i-clustered-100 at 6 layers, every frame reaching the
-#      attention) in bf16, GPU_CHECK_TABLE2_SECONDS (default 90) of training each on the long built-in
+#      attention) in bf16, GPU_CHECK_TABLE2_SECONDS of training each (default: a third of what the
+#      budget leaves less 150 s for the study's setup, at most 90; under 30 skips it) on the long built-in
 #      corpus (built here: 41 s on 2 cores): time per epoch and its ratio to full's, the study's
 #      budget.md as table2_frames_<gpu>.md. `GPU_CHECK_TRAIN=0 GPU_CHECK_KERNELS=0 GPU_CHECK_TABLE2=1
 #      make gpu-check` runs it alone (~7 min).
@@ -69,7 +72,6 @@ FASTASR_COMMIT=$("$PY" -c 'import sys; sys.path.insert(0, "benchmarks"); import 
 export FASTASR_COMMIT
 SLUG=$(echo "$GPU" | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-|-$//g')
 TRAIN=${GPU_CHECK_TRAIN:-1}
-SUMMARY=$RESULTS/gpu_check_$SLUG$([ "$TRAIN" = 0 ] && echo _kernels).md
 STEPS=()
 RUN=outputs/runs/gpu-check
 
@@ -131,7 +133,10 @@ export -f train_fsdd
 export FSDD_SRC FSDD_RUN FSDD_MINUTES
 
 TABLE2=${GPU_CHECK_TABLE2:-0}
-TABLE2_SECONDS=${GPU_CHECK_TABLE2_SECONDS:-90}
+TABLE2_SECONDS=${GPU_CHECK_TABLE2_SECONDS:-}  # unset: what the budget leaves, at most 90 s a member
+# the study's seconds besides the members' training: the corpus, each member's setup, validation
+# and forward timing
+TABLE2_OVERHEAD=150
 TABLE2_DIR=outputs/budget/table2-frames-gpu
 # Table 2 on the GPU: the long corpus as `make data-long` builds it, then the budget study's
 # table2_frames members for TABLE2_SECONDS each in bf16, from scratch
@@ -152,6 +157,12 @@ XDIST=()  # the compiled tests spread over processes where pytest-xdist is insta
 "$PY" -c "import xdist" 2>/dev/null && XDIST=(-n "$((CORES < 8 ? CORES : 8))")
 
 KERNEL_STEPS=${GPU_CHECK_KERNELS:-1}
+# the summary's name says what ran: the whole check, the kernel steps, Table 2 or FSDD alone
+PART=""
+if [ "$TRAIN" = 0 ]; then
+  if [ "$KERNEL_STEPS" != 0 ]; then PART=_kernels; elif [ "$TABLE2" != 0 ]; then PART=_table2; else PART=_fsdd; fi
+fi
+SUMMARY=$RESULTS/gpu_check_$SLUG$PART.md
 [ "$TRAIN" = 0 ] || step "make train (3 min of training, test, beam + LM)" 300 bash -c train_builtin
 if [ "$KERNEL_STEPS" != 0 ]; then
   step "Triton compile check (sm_90)" 60 "$PY" -m fastasr.kernels.compile_check --jobs "$CORES" --loops
@@ -164,7 +175,7 @@ if [ "$KERNEL_STEPS" != 0 ]; then
     --dtypes bfloat16 --ns 1024 4096 16384 65536
   step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
   step "gpu_step.py --profile i-clustered-100" 30 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
-  step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --sparse-tiles 16:4 16:2 32:4 64:8
+  step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --tiles 32:4:128 --sparse-tiles 16:4 16:2 32:4 64:8
 fi
 if [ -d "$FSDD_SRC/recordings" ]; then
   # the budget, then the final tuning on dev and the beam + LM decoding of the best-5 mean
@@ -172,8 +183,19 @@ if [ -d "$FSDD_SRC/recordings" ]; then
 else
   STEPS+=("| FSDD speaker-disjoint | skipped: no $FSDD_SRC/recordings (carry FSDD's recordings/ there) | 0 |")
 fi
-[ "$TABLE2" = 0 ] || step "Table 2 on the GPU (budget=table2_frames, ${TABLE2_SECONDS} s a member, bf16)" \
-  $((3 * TABLE2_SECONDS + 240)) bash -c table2_gpu
+if [ "$TABLE2" != 0 ]; then
+  if [ -z "$TABLE2_SECONDS" ]; then  # a third of what the steps before left, less the study's overhead
+    TABLE2_SECONDS=$(((BUDGET - (SECONDS - START) - 15 - TABLE2_OVERHEAD) / 3))
+    [ "$TABLE2_SECONDS" -gt 90 ] && TABLE2_SECONDS=90
+  fi
+  if [ "$TABLE2_SECONDS" -lt 30 ]; then
+    STEPS+=("| Table 2 on the GPU | skipped: under 30 s of training a member left of the ${BUDGET} s budget | 0 |")
+    echo "=== Table 2 on the GPU: skipped, under 30 s of training a member left" | tee -a "$LOG"
+  else
+    step "Table 2 on the GPU (budget=table2_frames, ${TABLE2_SECONDS} s a member, bf16)" \
+      $((3 * TABLE2_SECONDS + TABLE2_OVERHEAD + 90)) bash -c table2_gpu
+  fi
+fi
 
 {
   echo "# make gpu-check: $GPU"
@@ -206,6 +228,13 @@ fi
     echo "## Table 2 on the GPU ($TABLE2_DIR)"
     echo
     cat "$RESULTS/table2_frames_$SLUG.md"
+    echo
+  elif [ "$TABLE2" != 0 ] && [ -f "$TABLE2_DIR/budget.csv" ]; then
+    echo "## Table 2 on the GPU, cut short: the members it finished ($TABLE2_DIR/budget.csv)"
+    echo
+    echo '```'
+    cat "$TABLE2_DIR/budget.csv"
+    echo '```'
     echo
   fi
   echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the clustering step: \`clustering_$SLUG.md\`; the whole log: outputs/gpu_check.log."

@@ -217,7 +217,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     section written, every call (and the one with the kernel switch) run, nothing failed or
     differing, so that a GPU's few minutes are not lost to the script."""
     _run_cpu_plumbing("clustering_gpu.py", tmp_path, "--ns", "64", "--tokens", "128", "--repeats", "1",
-                      "--check-n", "64", "--clusters", "4", "--heads", "1", "--topk-tiles", "1:1", "--kmeans-stages", "2", "--sparse-tiles", "16:2")
+                      "--check-n", "64", "--clusters", "4", "--heads", "1", "--topk-tiles", "1:1", "--kmeans-stages", "2", "--tiles", "16:2:128", "--sparse-tiles", "16:2")
     md = (tmp_path / "clustering_cpu-interpreter.md").read_text()
     for section in ("No host synchronisation", "Hamming K-means", "Attention call, forward + backward",
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
@@ -230,6 +230,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     assert "top-k: Triton, 1 rows × 1 warps" in md and "| split, clustered codes |" in md
     assert "top-k: Triton, whole-row stores |" in md
     assert "| auto, unpacked signs |" in md and "| auto, unpacked signs, clustered codes |" in md
+    assert "| auto, tile 16 × 2 warps, 128 registers |" in md
     assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md
     for bad in ("fail", "differ", "synchronises"):
         assert bad not in md.lower(), md
@@ -343,6 +344,7 @@ case "$*" in
   *get_device_name*) echo "Fake GPU 80GB" ;;
   *git_commit*) echo abc1234 ;;
   *compile_check*) echo "$BENCH_DEADLINE $(date +%s)" > "$FAKE_LOG.deadline"; sleep "$FAKE_COMPILE_S" ;;
+  *fastasr.cli.budget*) mkdir -p outputs/budget/table2-frames-gpu && echo "| member |" > outputs/budget/table2-frames-gpu/budget.md ;;
 esac
 exit 0
 """
@@ -353,7 +355,9 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     cut to what the budget has left (the compile check's 60 s to 41 - 15 = 26), the step is
     told its deadline 10 s before its cap (``$BENCH_DEADLINE``), the steps after the budget is
     spent are skipped and say so in the summary, and the compiled tests spread over processes
-    where pytest-xdist is importable; skipped is not failed (exit 0)."""
+    where pytest-xdist is importable; Table 2's members train for a third of what the budget
+    leaves less the study's setup (at most 90 s; under 30 skips it); skipped is not failed
+    (exit 0)."""
     import shutil
 
     (tmp_path / "benchmarks").mkdir()
@@ -366,13 +370,17 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
            "GPU_CHECK_BUDGET_S": "41", "FAKE_COMPILE_S": "7"}
     env.pop("OUT", None)
 
-    def gpu_check() -> tuple[list[str], str]:
-        """The script's run: the stand-in's calls, a line each, and the summary."""
+    def gpu_check(part: str = "kernels") -> tuple[list[str], str]:
+        """The script's run: the stand-in's calls, a line each, and the summary (named by the
+        ``part`` that ran)."""
         log.unlink(missing_ok=True)
+        results = tmp_path / "benchmarks" / "results"
+        for old in results.glob("gpu_check_*.md"):
+            old.unlink()
         proc = subprocess.run(["bash", str(tmp_path / "benchmarks" / "gpu_check.sh")], capture_output=True,
                               text=True, env=env, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        summary = (tmp_path / "benchmarks" / "results" / "gpu_check_fake-gpu-80gb_kernels.md").read_text()
+        summary = (results / f"gpu_check_fake-gpu-80gb_{part}.md").read_text()
         return log.read_text().splitlines(), summary
 
     calls, summary = gpu_check()
@@ -396,13 +404,27 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     # with the documented data=manifest command, its budget cut to GPU_CHECK_FSDD_MINUTES
     (tmp_path / "data" / "fsdd_src" / "recordings").mkdir(parents=True)
     env.update(GPU_CHECK_KERNELS="0", GPU_CHECK_FSDD_MINUTES="3")
-    calls, summary = gpu_check()
+    calls, summary = gpu_check("fsdd")
     assert not any(c.startswith(("benchmarks/", "-m pytest", "-m fastasr.kernels")) for c in calls), calls
     assert "-m fastasr.corpora.digits data/fsdd_src data/fsdd_speakers --split speakers" in calls
     train = next(c for c in calls if c.startswith("train.py"))
     assert train.startswith("train.py data=manifest tokenizer=char data.train_manifest=data/fsdd_speakers/train.jsonl")
     assert "trainer.max_time=00:00:03:00" in train and "name=gpu-check-fsdd" in train
     assert "| FSDD speaker-disjoint, the recorded-speech recipe (3 min) | ok |" in summary
+    # Table 2 after it: (300 s - 15 for the summary - 150 for the study's setup) / 3 = 45 s a member
+    env.update(GPU_CHECK_TABLE2="1", GPU_CHECK_BUDGET_S="300")
+    calls, summary = gpu_check("table2")
+    study = next(c for c in calls if c.startswith("-m fastasr.cli.budget"))
+    assert "budget=table2_frames" in study and "budget.max_time=00:00:00:45" in study, study
+    assert "| Table 2 on the GPU (budget=table2_frames, 45 s a member, bf16) | ok |" in summary
+    assert "## Table 2 on the GPU" in summary and "| member |" in summary
+    env.update(GPU_CHECK_BUDGET_S="600")
+    calls, _ = gpu_check("table2")
+    assert "budget.max_time=00:00:01:30" in next(c for c in calls if c.startswith("-m fastasr.cli.budget"))
+    env.update(GPU_CHECK_BUDGET_S="200")
+    calls, summary = gpu_check("table2")
+    assert not any(c.startswith("-m fastasr.cli.budget") for c in calls)
+    assert "| Table 2 on the GPU | skipped: under 30 s of training a member left of the 200 s budget | 0 |" in summary
 
 
 def test_benchmark_tables_name_the_commit_and_changes(tmp_path, monkeypatch):
