@@ -69,10 +69,16 @@ def check_kernels(args, device, log) -> list[str]:
             if not (torch.equal(a, a_ref) and torch.equal(c, c_ref)):
                 bad = int((a != a_ref).sum())
                 raise CheckFailed(f"{tag}: K-means differs from the reference ({bad} assignments)")
+            # the hash inside K-means' one launch: the hash kernel's codes, so the same clusters
+            fused = triton_kmeans.hash_kmeans(x, planes, lengths, C, 10)
+            apart = triton_kmeans.hamming_kmeans(codes, lengths, C, 10)
+            if not (torch.equal(fused[0], apart[0]) and torch.equal(fused[1], apart[1])):
+                bad = int((fused[0] != apart[0]).sum())
+                raise CheckFailed(f"{tag}: hash_kmeans differs from hash_codes then hamming_kmeans ({bad} assignments)")
             valid = torch.arange(N, device=device)[None, :] < lengths[:, None]
             logits = randn(B, H, C, N).masked_fill(~valid[:, None, None, :], float("-inf"))
             topk_idx = logits.topk(min(K, N), dim=-1).indices
-            msgs = [f"{tag}: hash codes {differ} differ, K-means equal"]
+            msgs = [f"{tag}: hash codes {differ} differ, K-means equal, hash_kmeans equal"]
             for dtype, tol_v, tol_g in ((torch.float32, 1e-4, 1e-3), (torch.bfloat16, 2e-2, 2e-2)):
                 q, k, v = (randn(B, H, N, E, dtype=dtype) for _ in range(3))
                 w = torch.softmax(randn(B, H, N, topk_idx.shape[-1]), -1).to(dtype)

@@ -54,6 +54,7 @@ VARIANTS = {
     FLOOR: (FLOOR, None, ()),
     # last: the kernels' alternatives to the defaults
     "clustered-100, split-key centroid values": ("clustered-100", None, ("split-key centroid values",)),
+    "clustered-100, hash apart": ("clustered-100", None, ("hash apart",)),
 }
 
 

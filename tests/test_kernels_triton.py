@@ -25,6 +25,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 if "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton and the kernels load
@@ -287,6 +288,46 @@ def test_kmeans_ignores_bits_above_bits_and_validates():
         tk.hamming_kmeans(codes.to(DEVICE), None, 0, 3)
     with pytest.raises(ValueError, match="iterations"):
         tk.hamming_kmeans(codes.to(DEVICE), None, 2, -1)
+
+
+@pytest.mark.parametrize(
+    "dtype,E,bits,C,lengths",
+    [
+        (torch.float32, 16, 63, 6, [45, 29, 3, 0]),  # a sequence shorter than C, an empty one
+        (torch.bfloat16, 32, 63, 10, [45, 45, 12, 40]),  # every position of the first two valid
+        (torch.float16, 40, 5, 4, [45, 20, 33, 1]),  # 5 bits (many ties), E over one product's 32
+    ],
+)
+def test_hash_kmeans_in_one_launch_equals_hash_then_kmeans(dtype, E, bits, C, lengths):
+    """``hash_kmeans``: where K-means takes one launch, that launch hashes head-split views of a
+    projection itself (``HASH``: no ``_hash_kernel`` launch, no codes) and packs its initial
+    centroids from the signs; the reference's K-means of the reference's codes. Split over
+    spans (few sequences that are long) and in float64 it is the two ops."""
+    g = _gen(E + bits + C)
+    B, H, N = len(lengths), 2, 45
+    x = torch.randn(B, N, H * E, generator=g).to(dtype).view(B, N, H, E).transpose(1, 2)
+    planes = torch.randn(E + 1, bits, generator=g)
+    lengths = torch.tensor(lengths)
+    want = reference.hamming_kmeans(reference.hash_codes(x.float(), planes, lengths), lengths, C, 4, bits=bits)
+    launches = []
+    run = tk._lloyd_kernel.run
+
+    def counted(*args, **kwargs):
+        launches.append(kwargs.get("HASH"))
+        return run(*args, **kwargs)
+
+    with mock.patch.object(tk._lloyd_kernel, "run", counted), \
+            mock.patch.object(th._hash_kernel, "run", side_effect=AssertionError("hashed apart")):
+        got = tk.hash_kmeans(*_dev(x, planes, lengths), C, 4)
+    assert launches == [True]
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    with mock.patch.object(tk, "ONE_LAUNCH_FROM", 10**9), mock.patch.object(tk, "MIN_SPAN", 16):
+        split = tk.hash_kmeans(*_dev(x, planes, lengths), C, 4)  # 3 spans a sequence
+    assert torch.equal(split[0].cpu(), want[0]) and torch.equal(split[1].cpu(), want[1])
+    with pytest.raises(ValueError, match="hash_kmeans: planes must be"):
+        tk.hash_kmeans(*_dev(x, planes[1:], lengths), C, 4)
+    with pytest.raises(ValueError, match="hash_kmeans: clusters=0"):
+        tk.hash_kmeans(*_dev(x, planes, lengths), 0, 4)
 
 
 # ------------------------------------------------------------------ clustered products
@@ -1133,20 +1174,20 @@ class _LaunchProbe:
 
 
 # Triton launches of one forward + backward on a padded batch with few sequences (one K-means
-# launch: every Lloyd iteration runs in it), and a ceiling on the torch kernels around them: the
+# launch: the hash and every Lloyd iteration run in it), and a ceiling on the torch kernels around them: the
 # counts today (benchmarks/gpu_notes.md, "Launches"), so a change that adds one fails here.
 _LAUNCHES = {
     # the centroids' sums of their queries and the broadcast of their values, each one launch
     # forward and one backward (the other's kernel)
-    "clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 26),
+    "clustered-10": ({"_lloyd_kernel": 1, "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 26),
     # with ops.SPLIT_KEY_VALUES_FROM reached: the centroid values in two launches forward, one backward
-    "clustered-10 split-key values": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
+    "clustered-10 split-key values": ({"_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
                                        "_centroid_combine_kernel": 1, "_centroid_bwd_kernel": 1,
                                        "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 10),
     # the centroid attention in three launches forward, one backward; the centroids' sums as
     # clustered's; two block tables: in float32 the sparse backward takes half the forward's rows
     # a block (_sparse_blocks); half precision shares one table
-    "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
+    "i-clustered-10": ({"_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
                         "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
                         "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_centroid_bwd_kernel": 1,
                         "_cluster_sum_kernel": 1, "_broadcast_kernel": 1}, 15),

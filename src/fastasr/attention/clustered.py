@@ -101,11 +101,9 @@ class ClusteredAttention(InnerAttention):
         Returns ``assignments`` ``(B, H, N)`` (-1 padded), ``counts`` ``(B, H, C)`` and the
         ``(B, H, C, E)`` float32 (float64) centroids, differentiable in ``q``.
         """
-        with record_function("attention.hash"):
-            codes = ops.hash_codes(q, self.hash_planes(q.shape[-1], q.device), lengths)
-        with record_function("attention.kmeans"):
-            assignments, counts = ops.hamming_kmeans(
-                codes, lengths, self.clusters, self.iterations, bits=self.bits
+        with record_function("attention.hash_kmeans"):  # on a GPU, mostly one launch (ops.hash_kmeans)
+            assignments, counts = ops.hash_kmeans(
+                q, self.hash_planes(q.shape[-1], q.device), lengths, self.clusters, self.iterations
             )
         with record_function("attention.centroid_means"):
             centroids = ops.cluster_means(q, assignments, counts, self.clusters)

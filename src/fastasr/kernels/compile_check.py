@@ -130,8 +130,9 @@ def _configs():
                     {"x_ptr": x_t, "planes_ptr": p_t, "len_ptr": "*i64", "out_ptr": "*i64"},
                     {"HAS_LENGTHS": True, "ACC_DTYPE": acc, "BLOCK_N": th.BLOCK_N, "BLOCK_E": 32,
                      "BLOCK_BITS": 64}, {}))
+    # without HASH the vectors' pointers are the codes' (not read)
     km_ptrs = {"codes_ptr": "*i64", "cent_ptr": "*i64", "len_ptr": "*i64", "assign_ptr": "*i64",
-               "ones_ptr": "*i32", "counts_ptr": "*i32", "BITMASK": "i64"}
+               "ones_ptr": "*i32", "counts_ptr": "*i32", "BITMASK": "i64", "x_ptr": "*i64", "planes_ptr": "*i64"}
     for clusters in (100, tk.MAX_CLUSTERS):
         for in_kernel, accumulate, length in ((True, False, 800), (True, False, tk.WIDE_TILE_FROM),
                                               (False, True, 16384), (False, False, 16384)):
@@ -148,9 +149,15 @@ def _configs():
                 # the codes for the signs without stored signs
                 counts = ({"ones_ptr": "*i64", "counts_ptr": "*i64", "moved_ptr": "*i64"} if in_kernel
                           else {"moved_ptr": "*i32"})
-                out.append((label, tk._lloyd_kernel, {**km_ptrs, **counts, "signs_ptr": "*fp16" if stored else "*i64"},
-                            {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, "AFTER_VOTE": accumulate,
-                             "WRITE_SIGNS": stored, "READ_SIGNS": stored, **tile}, options))
+                consts = {"IN_KERNEL": in_kernel, "ACCUMULATE": accumulate, "AFTER_VOTE": accumulate,
+                          "WRITE_SIGNS": stored, "READ_SIGNS": stored, "HASH": False, "BLOCK_E": 16, **tile}
+                types = {**km_ptrs, **counts, "signs_ptr": "*fp16" if stored else "*i64"}
+                out.append((label, tk._lloyd_kernel, types, consts, options))
+                if in_kernel and stored:  # hash_kmeans: the launch hashes the vectors (heads of 32)
+                    for x_t in ("*bf16", "*fp32"):
+                        out.append((f"{label} hashed {x_t[1:]}", tk._lloyd_kernel,
+                                    {**types, "x_ptr": x_t, "planes_ptr": "*fp32"},
+                                    {**consts, "HASH": True, "BLOCK_E": 32}, options))
     for after_vote in (False, True):
         out.append((f"kmeans update after_vote={after_vote}", tk._update_kernel,
                     {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32",

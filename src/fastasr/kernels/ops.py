@@ -47,6 +47,7 @@ from fastasr.kernels.padding import key_mask
 __all__ = [
     "hash_codes",
     "hamming_kmeans",
+    "hash_kmeans",
     "topk_indices",
     "clustered_dot",
     "clustered_weighted_sum",
@@ -154,6 +155,27 @@ def hamming_kmeans(
     """``(B,H,N)`` codes -> assignments ``(B,H,N)`` (padded: -1) and counts ``(B,H,C)``."""
     backend = _backend(codes, "hamming_kmeans")
     return backend.hamming_kmeans(codes, lengths, clusters, iterations, generator, bits=bits)
+
+
+def hash_kmeans(
+    x: torch.Tensor,
+    planes: torch.Tensor,
+    lengths: torch.Tensor | None,
+    clusters: int,
+    iterations: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`hash_codes` of ``x`` by ``planes``, clustered by :func:`hamming_kmeans` (``bits``:
+    the planes' columns) -> assignments ``(B,H,N)`` (padded: -1) and counts ``(B,H,C)``.
+
+    Where the Triton kernels run both, one op (``triton_kmeans.hash_kmeans``): where K-means
+    takes one launch, that launch hashes each sequence's vectors itself (no codes written or
+    read, no launch of the hash's own); elsewhere the two ops."""
+    if kernel_backend(x, "hash_codes") == "triton" and kernel_backend(x, "hamming_kmeans") == "triton":
+        kmeans = import_kernel_module(_TRITON_MODULES["hamming_kmeans"])
+        return kmeans.hash_kmeans(x, planes, lengths, clusters, iterations, generator)
+    codes = hash_codes(x, planes, lengths)
+    return hamming_kmeans(codes, lengths, clusters, iterations, generator, bits=planes.shape[1])
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:

@@ -111,36 +111,47 @@ def hash_codes(
         positions ``n >= lengths[b]`` are 0.
     """
     require_triton("hash_codes", x.device, kernels_interpreted(_hash_kernel))
-    if x.dim() != 4:
-        raise ValueError(f"hash_codes: x must be (B, H, N, E), got shape {tuple(x.shape)}")
-    B, H, N, E = x.shape
-    if planes.dim() != 2 or planes.shape[0] != E + 1:
-        raise ValueError(
-            f"hash_codes: planes must be (E + 1, bits) = ({E + 1}, bits), got {tuple(planes.shape)}"
-        )
+    B, H, N, E = check_inputs("hash_codes", x, planes, lengths)
     bits = planes.shape[1]
-    if not 1 <= bits <= MAX_BITS:
-        raise ValueError(f"hash_codes: bits = {bits}; expected 1..{MAX_BITS} (one int64 per code)")
-    if planes.device != x.device:
-        raise ValueError(f"hash_codes: planes on {planes.device}, x on {x.device}; expected one device")
     out = torch.empty((B, H, N), dtype=torch.int64, device=x.device)
     if out.numel() == 0:
         return out
     has_lengths = lengths is not None
-    if has_lengths:
-        if lengths.shape != (B,):
-            raise ValueError(f"hash_codes: lengths must be ({B},), got {tuple(lengths.shape)}")
-        len_arg = lengths.to(device=x.device, dtype=torch.int64).contiguous()
-    else:
-        len_arg = out  # never read
+    len_arg = lengths.to(device=x.device, dtype=torch.int64).contiguous() if has_lengths else out  # None: never read
     fp64 = x.dtype == torch.float64
-    block_e = min(32, max(16, triton.next_power_of_2(E)))
     grid = (B * H, triton.cdiv(N, block_n))
     _hash_kernel[grid](
         x, planes, len_arg, out,
         H, N, E, bits,
         *x.stride(), *planes.stride(),
         HAS_LENGTHS=has_lengths, ACC_DTYPE=tl.float64 if fp64 else tl.float32,
-        BLOCK_N=block_n, BLOCK_E=block_e, BLOCK_BITS=64,
+        BLOCK_N=block_n, BLOCK_E=block_e(E), BLOCK_BITS=64,
     )
     return out
+
+
+def block_e(features: int) -> int:
+    """The features a product of the projection takes at once: ``E`` rounded up to a power of
+    two, 16 to 32 (a longer row takes several)."""
+    return min(32, max(16, triton.next_power_of_2(features)))
+
+
+def check_inputs(op: str, x: torch.Tensor, planes: torch.Tensor, lengths: torch.Tensor | None):
+    """``x`` ``(B, H, N, E)``, ``planes`` ``(E + 1, 1..63)`` on ``x``'s device, ``lengths``
+    ``(B,)`` or None, else a ValueError naming ``op``, the argument and what is expected.
+    Returns ``(B, H, N, E)``."""
+    if x.dim() != 4:
+        raise ValueError(f"{op}: x must be (B, H, N, E), got shape {tuple(x.shape)}")
+    B, H, N, E = x.shape
+    if planes.dim() != 2 or planes.shape[0] != E + 1:
+        raise ValueError(
+            f"{op}: planes must be (E + 1, bits) = ({E + 1}, bits), got {tuple(planes.shape)}"
+        )
+    bits = planes.shape[1]
+    if not 1 <= bits <= MAX_BITS:
+        raise ValueError(f"{op}: bits = {bits}; expected 1..{MAX_BITS} (one int64 per code)")
+    if planes.device != x.device:
+        raise ValueError(f"{op}: planes on {planes.device}, x on {x.device}; expected one device")
+    if lengths is not None and lengths.shape != (B,):
+        raise ValueError(f"{op}: lengths must be ({B},), got {tuple(lengths.shape)}")
+    return B, H, N, E

@@ -61,7 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastasr.kernels import reference
+from fastasr.kernels import reference, triton_hashing
 from fastasr.kernels.availability import (
     kernels_interpreted,
     prepare_interpreter,
@@ -71,7 +71,7 @@ from fastasr.kernels.reference import MAX_BITS, initial_centroids
 
 prepare_interpreter()
 
-__all__ = ["hamming_kmeans", "spans_per_sequence", "MAX_CLUSTERS"]
+__all__ = ["hamming_kmeans", "hash_kmeans", "spans_per_sequence", "MAX_CLUSTERS"]
 
 
 #: Largest ``C`` with a Triton kernel: the ``(next_pow2(C), 64)`` accumulator and the
@@ -99,6 +99,12 @@ LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
 ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 1}), (128, {"num_warps": 8, "num_stages": 1}))
 WIDE_TILE_FROM = 1024
 UPDATE_BLOCK_C = 32
+#: :func:`hash_kmeans` hashes the vectors inside K-means' one launch (False: the hash kernel's
+#: launch, then K-means on its codes). In one launch the hash's products move into each
+#: sequence's program (1,272 instructions a 64-position tile on sm_90, once before the sweeps'
+#: 11 × 403) and the codes' write and read, the hash's launch and its gap go (benchmarks/
+#: gpu_notes.md "The hash inside K-means"); ``make gpu-check`` times both ("hash apart").
+HASH_IN_KMEANS = True
 
 
 @triton.jit
@@ -132,6 +138,29 @@ def _code_signs(codes_ptr, row, offs_n, mask_n, BITMASK, offs_bits):
 
 
 @triton.jit
+def _hashed_signs(x_base, planes_ptr, offs_n, mask_n, E, BITS, stride_xn, stride_xe, stride_pe, stride_pb,
+                  offs_bits, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The ``(BLOCK_N, 64)`` float16 signs (:func:`_signs`) of the codes that
+    ``triton_hashing.hash_codes`` gives the vectors at positions ``offs_n`` of ``x_base``: bit
+    ``b < BITS`` set where ``x · planes[:E, b] + planes[E, b] > 0``, in float32 products of
+    ``BLOCK_E`` features (the hash kernel's precision and order); bits from ``BITS`` clear,
+    column 63 +1."""
+    mask_bits = offs_bits < BITS
+    acc = tl.zeros((BLOCK_N, 64), dtype=tl.float32)
+    for e0 in range(0, E, BLOCK_E):
+        offs_e = e0 + tl.arange(0, BLOCK_E)
+        mask_e = offs_e < E
+        x = tl.load(x_base + offs_n[:, None] * stride_xn + offs_e[None, :] * stride_xe,
+                    mask=mask_n[:, None] & mask_e[None, :], other=0.0).to(tl.float32)
+        p = tl.load(planes_ptr + offs_e[:, None] * stride_pe + offs_bits[None, :] * stride_pb,
+                    mask=mask_e[:, None] & mask_bits[None, :], other=0.0).to(tl.float32)
+        acc = tl.dot(x, p, acc, input_precision="ieee")
+    bias = tl.load(planes_ptr + E * stride_pe + offs_bits * stride_pb, mask=mask_bits, other=0.0).to(tl.float32)
+    on = (((acc + bias[None, :]) > 0.0) & mask_bits[None, :]) | (offs_bits[None, :] == 63)
+    return tl.where(on, 1.0, -1.0).to(tl.float16)
+
+
+@triton.jit
 def _pack_bits(bits, offs_bits):
     """``(M, 64)`` 0/1 (or bool) -> ``(M,)`` int64 codes, packed as two 32-bit halves."""
     power = (tl.full((64,), 1, dtype=tl.uint32) << (offs_bits & 31).to(tl.uint32))[None, :]
@@ -151,10 +180,12 @@ def _vote(ones, cnt, old, offs_bits, BITS):
 @triton.jit
 def _lloyd_kernel(
     codes_ptr, cent_ptr, len_ptr, assign_ptr, ones_ptr, counts_ptr, moved_ptr, signs_ptr,
+    x_ptr, planes_ptr,
     H, N, C, SPAN, BITMASK, BITS, PASSES,
+    E, stride_xb, stride_xh, stride_xn, stride_xe, stride_pe, stride_pb,
     IN_KERNEL: tl.constexpr, ACCUMULATE: tl.constexpr, AFTER_VOTE: tl.constexpr,
-    WRITE_SIGNS: tl.constexpr, READ_SIGNS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr,
+    WRITE_SIGNS: tl.constexpr, READ_SIGNS: tl.constexpr, HASH: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr,
 ):
     """Lloyd sweeps over the span ``[pid_s * SPAN, +SPAN)`` of sequence ``pid_bh``.
 
@@ -171,7 +202,12 @@ def _lloyd_kernel(
     vote's count): the sweep would repeat the last one, and the final assignment follows.
     ``WRITE_SIGNS``: first unpack the span's codes into their +-1 signs at ``signs_ptr``
     (``(B * H * N, 64)`` float16, column 63: +1); ``READ_SIGNS``: the sweeps read them there
-    instead of unpacking the codes (in one launch: :func:`hamming_kmeans`).
+    instead of unpacking the codes (in one launch: :func:`hamming_kmeans`). ``HASH`` (with
+    ``IN_KERNEL`` and both): the signs are the hash of the sequence's vectors at ``x_ptr``
+    (``(B, H, N, E)`` by their strides) by the ``(E + 1, BITS)`` planes at ``planes_ptr``
+    (:func:`_hashed_signs`), and the initial centroids are packed from them: no codes
+    (:func:`hash_kmeans`). Without it, ``x_ptr``, ``planes_ptr``, ``E`` and the strides are
+    not read.
     """
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -180,6 +216,7 @@ def _lloyd_kernel(
             return
     b = pid_bh // H
     length = tl.load(len_ptr + b).to(tl.int32)  # 32-bit positions: the loops and masks
+    x_base = x_ptr + b.to(tl.int64) * stride_xb + (pid_bh % H).to(tl.int64) * stride_xh  # HASH
     c_eff = tl.minimum(length, C)  # centroids in use
     row = pid_bh.to(tl.int64) * N
     crow = pid_bh.to(tl.int64) * C
@@ -207,13 +244,23 @@ def _lloyd_kernel(
         for n0 in range(start, valid_stop, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
             mask_n = offs_n < valid_stop
-            tl.store(signs_ptr + (row + offs_n)[:, None] * 64 + offs_bits[None, :],
-                     _code_signs(codes_ptr, row, offs_n, mask_n, BITMASK, offs_bits), mask=mask_n[:, None])
+            if HASH:
+                tile_signs = _hashed_signs(x_base, planes_ptr, offs_n, mask_n, E, BITS, stride_xn, stride_xe,
+                                           stride_pe, stride_pb, offs_bits, BLOCK_N, BLOCK_E)
+            else:
+                tile_signs = _code_signs(codes_ptr, row, offs_n, mask_n, BITMASK, offs_bits)
+            tl.store(signs_ptr + (row + offs_n)[:, None] * 64 + offs_bits[None, :], tile_signs, mask=mask_n[:, None])
         tl.debug_barrier()  # what each thread stored, visible to every thread of the program
 
     if IN_KERNEL:  # centroid c starts at the code of valid position floor(c * length / c_eff)
         first = tl.minimum((offs_c.to(tl.int64) * length) // tl.maximum(c_eff, 1), N - 1)
-        cent = tl.load(codes_ptr + row + first, mask=in_c, other=0) & BITMASK  # (BLOCK_C,) int64
+        if HASH:  # packed from the signs stored above (a padded position's code: 0, as hashed)
+            first_ok = in_c & (first < length)
+            first_signs = tl.load(signs_ptr + (row + first)[:, None] * 64 + offs_bits[None, :],
+                                  mask=first_ok[:, None], other=-1.0)
+            cent = _pack_bits(first_signs > 0, offs_bits) & BITMASK
+        else:
+            cent = tl.load(codes_ptr + row + first, mask=in_c, other=0) & BITMASK  # (BLOCK_C,) int64
     else:
         cent = tl.load(cent_ptr + crow + offs_c, mask=in_c, other=0) & BITMASK
     ones = tl.zeros((BLOCK_C, 64), dtype=tl.int32)  # the last sweep's set bits and members
@@ -347,12 +394,7 @@ def hamming_kmeans(
         positions) and ``counts`` ``(B, H, C)`` int64, equal to the reference's.
     """
     require_triton("hamming_kmeans", codes.device, kernels_interpreted(_lloyd_kernel))
-    if clusters < 1:
-        raise ValueError(f"hamming_kmeans: clusters={clusters}; expected >= 1")
-    if iterations < 0:
-        raise ValueError(f"hamming_kmeans: iterations={iterations}; expected >= 0")
-    if not 1 <= bits <= MAX_BITS:
-        raise ValueError(f"hamming_kmeans: bits={bits}; expected 1..{MAX_BITS}")
+    _check_arguments("hamming_kmeans", clusters, iterations, bits)
     if codes.dim() != 3 or codes.dtype != torch.int64:
         raise ValueError(
             f"hamming_kmeans: codes must be (B, H, N) int64, got {tuple(codes.shape)} {codes.dtype}"
@@ -367,34 +409,26 @@ def hamming_kmeans(
             torch.full((B, H, N), -1, dtype=torch.int64, device=device),
             torch.zeros(B, H, C, dtype=torch.int64, device=device),
         )
-    if lengths is None:
-        lens = torch.full((B,), N, dtype=torch.int64, device=device)
-    else:
-        if lengths.shape != (B,):
-            raise ValueError(f"hamming_kmeans: lengths must be ({B},), got {tuple(lengths.shape)}")
-        lens = lengths.to(device=device, dtype=torch.int64).contiguous()
+    if lengths is not None and lengths.shape != (B,):
+        raise ValueError(f"hamming_kmeans: lengths must be ({B},), got {tuple(lengths.shape)}")
+    lens = _lengths(lengths, B, N, device)
     codes = codes.contiguous()
     programs = spans or spans_per_sequence(B * H, N)
-    bitmask = (1 << bits) - 1
     tile = lloyd_tile(C, programs == 1, N)
     span = triton.cdiv(triton.cdiv(N, programs), tile["BLOCK_N"]) * tile["BLOCK_N"]
     programs = triton.cdiv(N, span)
-
-    assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
-    stored = programs == 1 if stored_signs is None else stored_signs
+    if programs == 1:  # every pass in one launch, from the initial centroids it reads itself
+        return _one_launch(codes, None, None, lens, C, iterations, bits, stored_signs is not False, tile)
+    bitmask = (1 << bits) - 1
+    stored = bool(stored_signs)
     # the codes' +-1 signs, written by the first launch (unused without stored signs: the codes)
     signs = torch.empty((B, H, N, 64), dtype=torch.float16, device=device) if stored else codes
-    if programs == 1:  # every pass in one launch, from the initial centroids it reads itself
-        counts = torch.empty((B, H, C), dtype=torch.int64, device=device)
-        # it reads no centroids (cent_ptr: the codes) and accumulates nothing (ones_ptr: counts)
-        _lloyd_kernel[(B * H, 1)](
-            codes, codes, lens, assign, counts, counts, counts, signs, H, N, C, span, bitmask, bits,
-            iterations + 1, IN_KERNEL=True, ACCUMULATE=False, AFTER_VOTE=False,
-            WRITE_SIGNS=stored, READ_SIGNS=stored, **tile,
-        )
-        return assign, counts
+    assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
     centroids, _ = initial_centroids(codes, lens, C)
+    # no vectors to hash: the codes stand for them, and none of their arguments is read
     args = (codes, centroids, lens, assign)
+    unhashed = (codes, codes)
+    no_strides = (0,) * 7
     counts = torch.zeros((B, H, C), dtype=torch.int32, device=device)
     ones = torch.zeros((B, H, C, 64), dtype=torch.int32, device=device)
     # moved[i]: the centroids vote i changed, per sequence; 0 ends the sequence's sweeps
@@ -403,16 +437,100 @@ def hamming_kmeans(
     for i in range(iterations):
         before = moved[i - 1] if i else moved[0]  # read only after a vote
         _lloyd_kernel[grid](
-            *args, ones, counts, before, signs, H, N, C, span, bitmask, bits, 1,
+            *args, ones, counts, before, signs, *unhashed, H, N, C, span, bitmask, bits, 1, *no_strides,
             IN_KERNEL=False, ACCUMULATE=True, AFTER_VOTE=i > 0,
-            WRITE_SIGNS=stored and i == 0, READ_SIGNS=stored, **tile,
+            WRITE_SIGNS=stored and i == 0, READ_SIGNS=stored, HASH=False, BLOCK_E=16, **tile,
         )
         _update_kernel[(B * H, triton.cdiv(C, UPDATE_BLOCK_C))](
             centroids, ones, counts, before, moved[i], C, bits, AFTER_VOTE=i > 0, BLOCK_C=UPDATE_BLOCK_C,
         )
     _lloyd_kernel[grid](
-        *args, ones, counts, moved[0], signs, H, N, C, span, bitmask, bits, 1,
+        *args, ones, counts, moved[0], signs, *unhashed, H, N, C, span, bitmask, bits, 1, *no_strides,
         IN_KERNEL=False, ACCUMULATE=False, AFTER_VOTE=False,
-        WRITE_SIGNS=stored and iterations == 0, READ_SIGNS=stored, **tile,
+        WRITE_SIGNS=stored and iterations == 0, READ_SIGNS=stored, HASH=False, BLOCK_E=16, **tile,
     )
     return assign, counts.to(torch.int64)
+
+
+@torch.no_grad()
+def hash_kmeans(
+    x: torch.Tensor,
+    planes: torch.Tensor,
+    lengths: torch.Tensor | None,
+    clusters: int,
+    iterations: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``triton_hashing.hash_codes(x, planes, lengths)`` clustered by :func:`hamming_kmeans`
+    (``bits``: the planes' columns), the hashing inside K-means' launch where K-means takes
+    one (:func:`spans_per_sequence`; float32, float16 and bfloat16 vectors; ``C <=
+    MAX_CLUSTERS``): each program hashes its sequence's vectors into the signs its sweeps read
+    (:func:`_hashed_signs`, the hash kernel's products) and packs its initial centroids from
+    them, so no codes are written or read and the hash takes no launch of its own. Elsewhere
+    the two ops, one after the other.
+
+    Args:
+        x: ``(B, H, N, E)`` vectors, any strides (head-split views of a projection, say).
+        planes: ``(E + 1, bits)`` hyperplanes, row ``E`` the offsets (``hash_codes``).
+        lengths, clusters, iterations, generator: as :func:`hamming_kmeans`'s.
+
+    Returns:
+        ``assignments`` ``(B, H, N)`` (-1 padded) and ``counts`` ``(B, H, C)``, int64: the
+        reference's of the reference's codes (but where a projection lies within rounding of
+        0, as ``hash_codes``' do).
+    """
+    require_triton("hash_kmeans", x.device, kernels_interpreted(_lloyd_kernel))
+    B, H, N, _ = triton_hashing.check_inputs("hash_kmeans", x, planes, lengths)
+    bits = planes.shape[1]
+    _check_arguments("hash_kmeans", clusters, iterations, bits)
+    if (not HASH_IN_KMEANS or x.dtype == torch.float64 or clusters > MAX_CLUSTERS or N == 0 or B * H == 0
+            or spans_per_sequence(B * H, N) != 1):
+        codes = triton_hashing.hash_codes(x, planes, lengths)
+        return hamming_kmeans(codes, lengths, clusters, iterations, generator, bits=bits)
+    lens = _lengths(lengths, B, N, x.device)
+    return _one_launch(None, x, planes, lens, clusters, iterations, bits, True, lloyd_tile(clusters, True, N))
+
+
+def _check_arguments(op: str, clusters: int, iterations: int, bits: int) -> None:
+    if clusters < 1:
+        raise ValueError(f"{op}: clusters={clusters}; expected >= 1")
+    if iterations < 0:
+        raise ValueError(f"{op}: iterations={iterations}; expected >= 0")
+    if not 1 <= bits <= MAX_BITS:
+        raise ValueError(f"{op}: bits={bits}; expected 1..{MAX_BITS}")
+
+
+def _lengths(lengths: torch.Tensor | None, B: int, N: int, device) -> torch.Tensor:
+    """``(B,)`` int64 lengths on ``device`` (None: every sequence ``N`` long)."""
+    if lengths is None:
+        return torch.full((B,), N, dtype=torch.int64, device=device)
+    return lengths.to(device=device, dtype=torch.int64).contiguous()
+
+
+def _one_launch(codes, x, planes, lens, clusters: int, iterations: int, bits: int, stored: bool, tile: dict):
+    """Every Lloyd pass of every sequence in one launch of ``tile`` (:func:`lloyd_tile`), a
+    program a sequence: on ``codes`` ``(B, H, N)``, or (``codes`` None) on the hash of ``x`` by
+    ``planes`` (``HASH``, which stores the signs). Returns assignments and int64 counts."""
+    hashed = codes is None
+    B, H, N = (x.shape[:3] if hashed else codes.shape)
+    device = lens.device
+    span = triton.cdiv(N, tile["BLOCK_N"]) * tile["BLOCK_N"]
+    assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
+    counts = torch.empty((B, H, clusters), dtype=torch.int64, device=device)
+    if hashed:
+        codes = assign  # not read: the signs are hashed, and the centroids packed from them
+        vectors = (x, planes, x.shape[3], *x.stride(), *planes.stride())
+        block_e = triton_hashing.block_e(x.shape[3])
+    else:
+        vectors, block_e = (codes, codes, 0, *(0,) * 6), 16  # no vectors: not read
+    stored = stored or hashed
+    # the codes' +-1 signs, written before the first sweep (unused without stored signs: the codes)
+    signs = torch.empty((B, H, N, 64), dtype=torch.float16, device=device) if stored else codes
+    # it reads no centroids (cent_ptr: the codes) and accumulates nothing (ones_ptr: counts)
+    _lloyd_kernel[(B * H, 1)](
+        codes, codes, lens, assign, counts, counts, counts, signs, *vectors[:2], H, N, clusters, span,
+        (1 << bits) - 1, bits, iterations + 1, *vectors[2:],
+        IN_KERNEL=True, ACCUMULATE=False, AFTER_VOTE=False, WRITE_SIGNS=stored, READ_SIGNS=stored,
+        HASH=hashed, BLOCK_E=block_e, **tile,
+    )
+    return assign, counts
