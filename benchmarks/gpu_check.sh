@@ -24,7 +24,7 @@
 #      forced paths;
 #   5. gpu_bench.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
 #      full_paths.py: each exact path of padded full attention, and the one fastasr takes;
-#   6. the largest kernels of an i-clustered-100 step; clustering_gpu.py: no host synchronisation
+#   6. the largest kernels of an i-clustered-100, a clustered-100 and the floor step; clustering_gpu.py: no host synchronisation
 #      in the clustered variants, K-means and each call timed, and clustered's with its centroid
 #      values by the split-key kernels at every N (benchmarks/bench_io.py KERNEL_SWITCHES);
 #   7. where FSDD's recordings were carried (GPU_CHECK_FSDD, default data/fsdd_src: the folder
@@ -174,7 +174,8 @@ if [ "$KERNEL_STEPS" != 0 ]; then
   step "gpu_bench.py (check, then a 30 s bf16 sweep)" 80 "$PY" benchmarks/gpu_bench.py --budget-s 30 \
     --dtypes bfloat16 --ns 1024 4096 16384 65536
   step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
-  step "gpu_step.py --profile i-clustered-100" 30 "$PY" benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
+  step "gpu_step.py --profile (i-clustered-100, clustered-100, floor)" 50 "$PY" benchmarks/gpu_step.py --lengths 800 \
+    --profile i-clustered-100 clustered-100 floor
   step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --tiles 32:4:128 --sparse-tiles 16:4 16:2 32:4 64:8
 fi
 if [ -d "$FSDD_SRC/recordings" ]; then

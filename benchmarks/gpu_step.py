@@ -1,7 +1,7 @@
 """One training step of the paper's model on a GPU: each attention against the floor.
 
     python benchmarks/gpu_step.py                          # N = 800 and 3200, 64,000 frames a batch
-    python benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100
+    python benchmarks/gpu_step.py --lengths 800 --profile i-clustered-100 clustered-100 floor
     TRITON_INTERPRET=1 python benchmarks/gpu_step.py --device cpu --lengths 64 --frames 128 \
         --layers 1 --rounds 1                                # the plumbing on the CPU
 
@@ -15,7 +15,7 @@ packed`` and ``full, dense`` (that path forced, ``forced_padded_path``), the clu
 and the *floor* (the inner attention replaced by the identity), and last clustered-100 with its
 centroid values by the split-key kernels (``bench_io.KERNEL_SWITCHES``; the switch and the
 forced path hold for the whole step, forward and backward: a backward reads them when it runs).
-Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn. ``--profile SPEC``: torch.profiler's largest CUDA kernels of one step of SPEC.
+Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn. ``--profile SPEC [SPEC ...]``: torch.profiler's largest CUDA kernels of one step of each.
 
 Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
 """
@@ -107,7 +107,8 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=9)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--profile", default=None, help="a spec: the largest CUDA kernels of one step of it")
+    p.add_argument("--profile", nargs="+", default=None, metavar="SPEC",
+                   help="specs (or floor): the largest CUDA kernels of one step of each")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: this script's plumbing under TRITON_INTERPRET=1 (tiny --lengths, --frames, --layers)")
     p.add_argument("--out-dir", type=Path, default=ROOT / "benchmarks" / "results")
@@ -205,9 +206,9 @@ def write_profile(args, info) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     parts = []
-    for n in args.lengths:
+    for n, spec in ((n, spec) for n in args.lengths for spec in args.profile):
         batch = tuple(t.to(DEVICE) for t in make_batch(n, args.frames))
-        stepper = GpuStepper(args.profile, None, (), args.layers)
+        stepper = GpuStepper(spec, None, (), args.layers)
         for _ in range(2):
             stepper.step(batch)
         cuda = DEVICE.type == "cuda"
@@ -216,7 +217,7 @@ def write_profile(args, info) -> None:
             ms = 1000 * stepper.step(batch)
         sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         averages = prof.key_averages()
-        parts.append(f"### {args.profile}, N = {n}: one step {ms:.1f} ms (kernels: "
+        parts.append(f"### {spec}, N = {n}: one step {ms:.1f} ms (kernels: "
                      f"{bench_io.kernel_ms(averages):.1f} ms; a record_function row's device time "
                      "is its span on the GPU, idle gaps included)\n")
         parts.append(averages.table(sort_by=sort, row_limit=30))
@@ -225,7 +226,7 @@ def write_profile(args, info) -> None:
         copies = sorted(((getattr(e, self_time) / 1000, e) for e in prof.key_averages(group_by_input_shape=True)
                          if e.key in ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous")),
                         key=lambda pair: -pair[0])
-        parts.append(f"#### {args.profile}, N = {n}: copies and casts by input shapes\n")
+        parts.append(f"#### {spec}, N = {n}: copies and casts by input shapes\n")
         parts.append("\n".join(f"{e.key:16} calls {e.count:5}  {'device' if cuda else 'cpu'} {ms:8.3f} ms  "
                                 f"{e.input_shapes}" for ms, e in copies[:15]) + "\n")
     out = args.out_dir / f"gpu_step_profile_{info['slug']}.txt"

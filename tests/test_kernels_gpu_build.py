@@ -253,8 +253,9 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     assert row.count("× floor") == 5 and "failed" not in row, row
     assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 4  # the variants without switches
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
-                      "--profile", "clustered-100")
-    assert "clustered-100, N = 64: one step" in (tmp_path / "gpu_step_profile_cpu-interpreter.txt").read_text()
+                      "--profile", "clustered-100", "floor")
+    profile = (tmp_path / "gpu_step_profile_cpu-interpreter.txt").read_text()
+    assert "### clustered-100, N = 64: one step" in profile and "### floor, N = 64: one step" in profile
 
 
 def test_kernel_time_counts_each_kernel_once():
