@@ -268,6 +268,8 @@ def _configs():
                 sparse = {"DOT_DTYPE": dot_dtype, "PRECISION": precision,
                           **dict(zip(("BLOCK_N", "BLOCK_K", "BLOCK_E", "BLOCK_V"), blocks))}
                 out.append((f"{name} {tag}", kernel, {**qkv, **ptrs}, sparse, {}))
+                if kernel is tc._sparse_bwd_kernel and (t, E) == ("bf16", 32):  # the switch's cap
+                    out.append((f"{name} {tag} at 168 registers", kernel, {**qkv, **ptrs}, sparse, {"maxnreg": 168}))
     return out
 
 
