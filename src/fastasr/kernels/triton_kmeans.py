@@ -425,10 +425,8 @@ def hamming_kmeans(
     signs = torch.empty((B, H, N, 64), dtype=torch.float16, device=device) if stored else codes
     assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
     centroids, _ = initial_centroids(codes, lens, C)
-    # no vectors to hash: the codes stand for them, and none of their arguments is read
     args = (codes, centroids, lens, assign)
-    unhashed = (codes, codes)
-    no_strides = (0,) * 7
+    pointers, sizes, block_e = _vector_arguments(None, None, codes)
     counts = torch.zeros((B, H, C), dtype=torch.int32, device=device)
     ones = torch.zeros((B, H, C, 64), dtype=torch.int32, device=device)
     # moved[i]: the centroids vote i changed, per sequence; 0 ends the sequence's sweeps
@@ -437,17 +435,17 @@ def hamming_kmeans(
     for i in range(iterations):
         before = moved[i - 1] if i else moved[0]  # read only after a vote
         _lloyd_kernel[grid](
-            *args, ones, counts, before, signs, *unhashed, H, N, C, span, bitmask, bits, 1, *no_strides,
+            *args, ones, counts, before, signs, *pointers, H, N, C, span, bitmask, bits, 1, *sizes,
             IN_KERNEL=False, ACCUMULATE=True, AFTER_VOTE=i > 0,
-            WRITE_SIGNS=stored and i == 0, READ_SIGNS=stored, HASH=False, BLOCK_E=16, **tile,
+            WRITE_SIGNS=stored and i == 0, READ_SIGNS=stored, HASH=False, BLOCK_E=block_e, **tile,
         )
         _update_kernel[(B * H, triton.cdiv(C, UPDATE_BLOCK_C))](
             centroids, ones, counts, before, moved[i], C, bits, AFTER_VOTE=i > 0, BLOCK_C=UPDATE_BLOCK_C,
         )
     _lloyd_kernel[grid](
-        *args, ones, counts, moved[0], signs, *unhashed, H, N, C, span, bitmask, bits, 1, *no_strides,
+        *args, ones, counts, moved[0], signs, *pointers, H, N, C, span, bitmask, bits, 1, *sizes,
         IN_KERNEL=False, ACCUMULATE=False, AFTER_VOTE=False,
-        WRITE_SIGNS=stored and iterations == 0, READ_SIGNS=stored, HASH=False, BLOCK_E=16, **tile,
+        WRITE_SIGNS=stored and iterations == 0, READ_SIGNS=stored, HASH=False, BLOCK_E=block_e, **tile,
     )
     return assign, counts.to(torch.int64)
 
@@ -507,6 +505,15 @@ def _lengths(lengths: torch.Tensor | None, B: int, N: int, device) -> torch.Tens
     return lengths.to(device=device, dtype=torch.int64).contiguous()
 
 
+def _vector_arguments(x, planes, codes) -> tuple[tuple, tuple, int]:
+    """``_lloyd_kernel``'s arguments for the vectors it hashes (``HASH``): the two pointers,
+    ``E`` and the seven strides, and ``BLOCK_E``. Without vectors (``x`` None) the codes stand
+    for the pointers and zeros for the rest: the kernel reads none of them."""
+    if x is None:
+        return (codes, codes), (0,) * 7, 16
+    return (x, planes), (x.shape[3], *x.stride(), *planes.stride()), triton_hashing.block_e(x.shape[3])
+
+
 def _one_launch(codes, x, planes, lens, clusters: int, iterations: int, bits: int, stored: bool, tile: dict):
     """Every Lloyd pass of every sequence in one launch of ``tile`` (:func:`lloyd_tile`), a
     program a sequence: on ``codes`` ``(B, H, N)``, or (``codes`` None) on the hash of ``x`` by
@@ -519,17 +526,14 @@ def _one_launch(codes, x, planes, lens, clusters: int, iterations: int, bits: in
     counts = torch.empty((B, H, clusters), dtype=torch.int64, device=device)
     if hashed:
         codes = assign  # not read: the signs are hashed, and the centroids packed from them
-        vectors = (x, planes, x.shape[3], *x.stride(), *planes.stride())
-        block_e = triton_hashing.block_e(x.shape[3])
-    else:
-        vectors, block_e = (codes, codes, 0, *(0,) * 6), 16  # no vectors: not read
+    pointers, sizes, block_e = _vector_arguments(x, planes, codes)
     stored = stored or hashed
     # the codes' +-1 signs, written before the first sweep (unused without stored signs: the codes)
     signs = torch.empty((B, H, N, 64), dtype=torch.float16, device=device) if stored else codes
     # it reads no centroids (cent_ptr: the codes) and accumulates nothing (ones_ptr: counts)
     _lloyd_kernel[(B * H, 1)](
-        codes, codes, lens, assign, counts, counts, counts, signs, *vectors[:2], H, N, clusters, span,
-        (1 << bits) - 1, bits, iterations + 1, *vectors[2:],
+        codes, codes, lens, assign, counts, counts, counts, signs, *pointers, H, N, clusters, span,
+        (1 << bits) - 1, bits, iterations + 1, *sizes,
         IN_KERNEL=True, ACCUMULATE=False, AFTER_VOTE=False, WRITE_SIGNS=stored, READ_SIGNS=stored,
         HASH=hashed, BLOCK_E=block_e, **tile,
     )
