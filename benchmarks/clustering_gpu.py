@@ -7,7 +7,7 @@
 
 1. **No synchronisation.** Forward and backward of each call of :data:`CALLS` (``clustered-100``,
    ``i-clustered-100``, and clustered with its centroid values by the split-key kernels at
-   every N and with its hash apart from K-means' launch, i-clustered with its sparse backward
+   every N and with its hash inside K-means' launch, i-clustered with its sparse backward
    at 168 registers, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
    ``torch.cuda.set_sync_debug_mode("error")``, after one warm-up call (Triton compiles there):
    any ``.item()``, ``nonzero()`` or device-to-host copy in the path raises, and the row says where.
@@ -30,8 +30,9 @@
    K-means), i-clustered's with the cluster order's block table built by its
    PyTorch twin (what its one Triton launch saves the host), and clustered's with its centroid
    values by the split-key kernels at every N (``ops.SPLIT_KEY_VALUES_FROM`` = 0): the
-   crossover of that rule; clustered's with its queries hashed by the hash kernel's own
-   launch before K-means (``triton_kmeans.HASH_IN_KMEANS`` = False); and i-clustered's with its
+   crossover of that rule; clustered's with its queries hashed inside K-means' one launch
+   instead of by the hash kernel's own launch before it (``triton_kmeans.HASH_IN_KMEANS`` =
+   True); and i-clustered's with its
    sparse backward held to 168 registers a thread (3 CTAs an SM instead of 2,
    ``triton_clustered.SPARSE_BWD_REGISTERS``).
 4. **The parts**, each against what it replaces, in the same run: i-clustered's fused sparse
@@ -79,7 +80,7 @@ DEVICE = torch.device("cuda")
 #: The attention calls checked and timed: (kind, the kernels' switches set,
 #: ``bench_io.KERNEL_SWITCHES``); those with switches time the alternatives to the defaults.
 CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centroid values",)),
-         ("clustered", ("hash apart",)), ("i-clustered", ("sparse backward at 168 registers",)))
+         ("clustered", ("hash inside K-means",)), ("i-clustered", ("sparse backward at 168 registers",)))
 
 
 #: Untimed runs before a GPU timing (the kernels compile in the first).

@@ -7,6 +7,8 @@ padding-free full attention against SDPA with a key mask. Any failure raises
 
 from __future__ import annotations
 
+from unittest import mock
+
 
 class MaskedSDPA:
     """Full attention through SDPA with a key-padding mask (``fastasr.attention.full``'s
@@ -69,8 +71,9 @@ def check_kernels(args, device, log) -> list[str]:
             if not (torch.equal(a, a_ref) and torch.equal(c, c_ref)):
                 bad = int((a != a_ref).sum())
                 raise CheckFailed(f"{tag}: K-means differs from the reference ({bad} assignments)")
-            # the hash inside K-means' one launch: the hash kernel's codes, so the same clusters
-            fused = triton_kmeans.hash_kmeans(x, planes, lengths, C, 10)
+            # the hash inside K-means' one launch (a switch): the hash kernel's codes, so the same clusters
+            with mock.patch.object(triton_kmeans, "HASH_IN_KMEANS", True):
+                fused = triton_kmeans.hash_kmeans(x, planes, lengths, C, 10)
             apart = triton_kmeans.hamming_kmeans(codes, lengths, C, 10)
             if not (torch.equal(fused[0], apart[0]) and torch.equal(fused[1], apart[1])):
                 bad = int((fused[0] != apart[0]).sum())

@@ -298,17 +298,22 @@ def test_kmeans_ignores_bits_above_bits_and_validates():
         (torch.float16, 40, 5, 4, [45, 20, 33, 1]),  # 5 bits (many ties), E over one product's 32
     ],
 )
-def test_hash_kmeans_in_one_launch_equals_hash_then_kmeans(dtype, E, bits, C, lengths):
-    """``hash_kmeans``: where K-means takes one launch, that launch hashes head-split views of a
-    projection itself (``HASH``: no ``_hash_kernel`` launch, no codes) and packs its initial
-    centroids from the signs; the reference's K-means of the reference's codes. Split over
-    spans (few sequences that are long) and in float64 it is the two ops."""
+def test_hash_kmeans_in_one_launch_equals_hash_then_kmeans(dtype, E, bits, C, lengths, monkeypatch):
+    """``hash_kmeans`` with ``HASH_IN_KMEANS``: where K-means takes one launch, that launch
+    hashes head-split views of a projection itself (``HASH``: no ``_hash_kernel`` launch, no
+    codes) and packs its initial centroids from the signs; the reference's K-means of the
+    reference's codes. Split over spans (few sequences that are long), in float64 and without
+    the switch (the default) it is the two ops."""
     g = _gen(E + bits + C)
     B, H, N = len(lengths), 2, 45
     x = torch.randn(B, N, H * E, generator=g).to(dtype).view(B, N, H, E).transpose(1, 2)
     planes = torch.randn(E + 1, bits, generator=g)
     lengths = torch.tensor(lengths)
     want = reference.hamming_kmeans(reference.hash_codes(x.float(), planes, lengths), lengths, C, 4, bits=bits)
+    assert tk.HASH_IN_KMEANS is False  # the default: the two ops
+    apart = tk.hash_kmeans(*_dev(x, planes, lengths), C, 4)
+    assert torch.equal(apart[0].cpu(), want[0]) and torch.equal(apart[1].cpu(), want[1])
+    monkeypatch.setattr(tk, "HASH_IN_KMEANS", True)
     launches = []
     run = tk._lloyd_kernel.run
 
@@ -1174,20 +1179,20 @@ class _LaunchProbe:
 
 
 # Triton launches of one forward + backward on a padded batch with few sequences (one K-means
-# launch: the hash and every Lloyd iteration run in it), and a ceiling on the torch kernels around them: the
+# launch: every Lloyd iteration runs in it), and a ceiling on the torch kernels around them: the
 # counts today (benchmarks/gpu_notes.md, "Launches"), so a change that adds one fails here.
 _LAUNCHES = {
     # the centroids' sums of their queries and the broadcast of their values, each one launch
     # forward and one backward (the other's kernel)
-    "clustered-10": ({"_lloyd_kernel": 1, "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 26),
+    "clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 26),
     # with ops.SPLIT_KEY_VALUES_FROM reached: the centroid values in two launches forward, one backward
-    "clustered-10 split-key values": ({"_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
+    "clustered-10 split-key values": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
                                        "_centroid_combine_kernel": 1, "_centroid_bwd_kernel": 1,
                                        "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 10),
     # the centroid attention in three launches forward, one backward; the centroids' sums as
     # clustered's; two block tables: in float32 the sparse backward takes half the forward's rows
     # a block (_sparse_blocks); half precision shares one table
-    "i-clustered-10": ({"_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
+    "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
                         "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
                         "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_centroid_bwd_kernel": 1,
                         "_cluster_sum_kernel": 1, "_broadcast_kernel": 1}, 15),

@@ -101,7 +101,7 @@ class ClusteredAttention(InnerAttention):
         Returns ``assignments`` ``(B, H, N)`` (-1 padded), ``counts`` ``(B, H, C)`` and the
         ``(B, H, C, E)`` float32 (float64) centroids, differentiable in ``q``.
         """
-        with record_function("attention.hash_kmeans"):  # on a GPU, mostly one launch (ops.hash_kmeans)
+        with record_function("attention.hash_kmeans"):
             assignments, counts = ops.hash_kmeans(
                 q, self.hash_planes(q.shape[-1], q.device), lengths, self.clusters, self.iterations
             )

@@ -168,9 +168,10 @@ def hash_kmeans(
     """:func:`hash_codes` of ``x`` by ``planes``, clustered by :func:`hamming_kmeans` (``bits``:
     the planes' columns) -> assignments ``(B,H,N)`` (padded: -1) and counts ``(B,H,C)``.
 
-    Where the Triton kernels run both, one op (``triton_kmeans.hash_kmeans``): where K-means
-    takes one launch, that launch hashes each sequence's vectors itself (no codes written or
-    read, no launch of the hash's own); elsewhere the two ops."""
+    Where the Triton kernels run both, one op (``triton_kmeans.hash_kmeans``): with
+    ``triton_kmeans.HASH_IN_KMEANS`` (off until a GPU times it), where K-means takes one launch,
+    that launch hashes each sequence's vectors itself (no codes written or read, no launch of
+    the hash's own); elsewhere the two ops."""
     if kernel_backend(x, "hash_codes") == "triton" and kernel_backend(x, "hamming_kmeans") == "triton":
         kmeans = import_kernel_module(_TRITON_MODULES["hamming_kmeans"])
         return kmeans.hash_kmeans(x, planes, lengths, clusters, iterations, generator)

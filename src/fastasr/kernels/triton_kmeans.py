@@ -99,12 +99,13 @@ LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
 ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 1}), (128, {"num_warps": 8, "num_stages": 1}))
 WIDE_TILE_FROM = 1024
 UPDATE_BLOCK_C = 32
-#: :func:`hash_kmeans` hashes the vectors inside K-means' one launch (False: the hash kernel's
-#: launch, then K-means on its codes). In one launch the hash's products move into each
+#: Whether :func:`hash_kmeans` hashes the vectors inside K-means' one launch (False: the hash
+#: kernel's launch, then K-means on its codes). Inside, the hash's products move into each
 #: sequence's program (1,272 instructions a 64-position tile on sm_90, once before the sweeps'
 #: 11 × 403) and the codes' write and read, the hash's launch and its gap go (benchmarks/
-#: gpu_notes.md "The hash inside K-means"); ``make gpu-check`` times both ("hash apart").
-HASH_IN_KMEANS = True
+#: gpu_notes.md "The hash inside K-means"). Off until a GPU times it: ``make gpu-check`` times
+#: both (``bench_io.KERNEL_SWITCHES`` "hash inside K-means").
+HASH_IN_KMEANS = False
 
 
 @triton.jit
@@ -460,9 +461,9 @@ def hash_kmeans(
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``triton_hashing.hash_codes(x, planes, lengths)`` clustered by :func:`hamming_kmeans`
-    (``bits``: the planes' columns), the hashing inside K-means' launch where K-means takes
-    one (:func:`spans_per_sequence`; float32, float16 and bfloat16 vectors; ``C <=
-    MAX_CLUSTERS``): each program hashes its sequence's vectors into the signs its sweeps read
+    (``bits``: the planes' columns). With :data:`HASH_IN_KMEANS`, the hashing is inside K-means'
+    launch where K-means takes one (:func:`spans_per_sequence`; float32, float16 and bfloat16
+    vectors; ``C <= MAX_CLUSTERS``): each program hashes its sequence's vectors into the signs its sweeps read
     (:func:`_hashed_signs`, the hash kernel's products) and packs its initial centroids from
     them, so no codes are written or read and the hash takes no launch of its own. Elsewhere
     the two ops, one after the other.
