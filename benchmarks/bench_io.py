@@ -120,7 +120,6 @@ def measure_and_write(measure: Callable, write_table: Callable, args) -> None:
 KERNEL_SWITCHES = {
     "split-key centroid values": ("fastasr.kernels.ops", "SPLIT_KEY_VALUES_FROM", 0),
     "hash inside K-means": ("fastasr.kernels.triton_kmeans", "HASH_IN_KMEANS", True),
-    "sparse backward at 168 registers": ("fastasr.kernels.triton_clustered", "SPARSE_BWD_REGISTERS", 168),
 }
 
 

@@ -7,8 +7,7 @@
 
 1. **No synchronisation.** Forward and backward of each call of :data:`CALLS` (``clustered-100``,
    ``i-clustered-100``, and clustered with its centroid values by the split-key kernels at
-   every N and with its hash inside K-means' launch, i-clustered with its sparse backward
-   at 168 registers, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
+   every N and with its hash inside K-means' launch, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
    ``torch.cuda.set_sync_debug_mode("error")``, after one warm-up call (Triton compiles there):
    any ``.item()``, ``nonzero()`` or device-to-host copy in the path raises, and the row says where.
 2. **Hamming K-means** (``fastasr.kernels.triton_kmeans``) at 65,536 tokens a call (``B = 65536
@@ -32,9 +31,7 @@
    values by the split-key kernels at every N (``ops.SPLIT_KEY_VALUES_FROM`` = 0): the
    crossover of that rule; clustered's with its queries hashed inside K-means' one launch
    instead of by the hash kernel's own launch before it (``triton_kmeans.HASH_IN_KMEANS`` =
-   True); and i-clustered's with its
-   sparse backward held to 168 registers a thread (3 CTAs an SM instead of 2,
-   ``triton_clustered.SPARSE_BWD_REGISTERS``).
+   True).
 4. **The parts**, each against what it replaces, in the same run: i-clustered's fused sparse
    part (also with ``--sparse-tiles``' other tiles) against the Triton products with torch
    around them; the Triton top-k (also taking a row's entries all at once rather than by
@@ -80,7 +77,7 @@ DEVICE = torch.device("cuda")
 #: The attention calls checked and timed: (kind, the kernels' switches set,
 #: ``bench_io.KERNEL_SWITCHES``); those with switches time the alternatives to the defaults.
 CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centroid values",)),
-         ("clustered", ("hash inside K-means",)), ("i-clustered", ("sparse backward at 168 registers",)))
+         ("clustered", ("hash inside K-means",)))
 
 
 #: Untimed runs before a GPU timing (the kernels compile in the first).

@@ -55,8 +55,6 @@ VARIANTS = {
     # last: the kernels' alternatives to the defaults
     "clustered-100, split-key centroid values": ("clustered-100", None, ("split-key centroid values",)),
     "clustered-100, hash inside K-means": ("clustered-100", None, ("hash inside K-means",)),
-    "i-clustered-100, sparse backward at 168 registers": ("i-clustered-100", None,
-                                                          ("sparse backward at 168 registers",)),
 }
 
 

@@ -111,7 +111,7 @@ def test_ctas_per_sm_by_registers_shared_memory_and_threads():
 
 def test_launch_specialisation_of_the_sparse_backward_and_the_hash():
     """Compiled as a launch on contiguous tensors specialises the kernels: each tensor's last
-    stride 1, its other strides and the row widths multiples of 16, lengths and counts
+    stride 1 (but rows whose last stride is their positions': the features' is implicit), its other strides and the row widths multiples of 16, lengths and counts
     unmarked, the hash planes' rows (63 wide) unmarked, constexprs and pointers left out."""
     from fastasr.kernels.compile_check import launch_specialisation
 
@@ -124,6 +124,11 @@ def test_launch_specialisation_of_the_sparse_backward_and_the_hash():
                                              "stride_pe", "stride_pb"], excluded={"x_ptr"})
     assert unit == ["stride_pb", "stride_xe"]
     assert sorted(multiples) == ["E", "stride_xb", "stride_xh", "stride_xn"]
+    # rows through (batch, head, position) strides, the features' unit stride implicit: no stride is 1
+    unit, multiples = launch_specialisation(["k_ptr", "N", "s_kb", "s_kh", "s_kn", "s_ob", "s_oh", "s_on", "s_oe"],
+                                            excluded={"k_ptr"})
+    assert unit == ["s_oe"]
+    assert sorted(multiples) == ["s_kb", "s_kh", "s_kn", "s_ob", "s_oh", "s_on"]
 
 
 def test_gpu_fences_are_counted_as_acq_rel_atomics_compile():
@@ -194,14 +199,14 @@ def test_kernel_switches_name_settings_they_change():
     used |= {s for *_, switches in gpu_step.VARIANTS.values() for s in switches}
     assert used == set(bench_io.KERNEL_SWITCHES)
     names = list(bench_io.KERNEL_SWITCHES)
-    assert names == ["split-key centroid values", "hash inside K-means", "sparse backward at 168 registers"]
+    assert names == ["split-key centroid values", "hash inside K-means"]
     settings = [(importlib.import_module(m), a) for m, a, _ in bench_io.KERNEL_SWITCHES.values()]
-    defaults = [32768, False, None]
+    defaults = [32768, False]
     assert [getattr(m, a) for m, a in settings] == defaults
     made = bench_io.switched_on(names)  # made ahead of its `with` (as a table's settings are): nothing set yet
     assert [getattr(m, a) for m, a in settings] == defaults
     with made:
-        assert [getattr(m, a) for m, a in settings] == [0, True, 168]
+        assert [getattr(m, a) for m, a in settings] == [0, True]
     assert [getattr(m, a) for m, a in settings] == defaults
     assert bench_io.switched_label("clustered-100", names[:1]) == "clustered-100, split-key centroid values"
 
@@ -230,10 +235,10 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
                     "Attention call as one CUDA graph"):
         assert section in md, section
-    assert md.count("ran (the CPU has no synchronisation check)") == 5  # clustering_gpu.CALLS
+    assert md.count("ran (the CPU has no synchronisation check)") == 4  # clustering_gpu.CALLS
     assert "| clustered-4, rows broadcast |" in md and "centroid attention: fused, 256-key spans |" in md
     assert "| centroid attention: torch |" in md
-    assert "| clustered-4, hash inside K-means |" in md and "| i-clustered-4, sparse backward at 168 registers |" in md
+    assert "| clustered-4, hash inside K-means |" in md
     assert "| clustered-4, split-key centroid values |" in md and "clustered's centroid values: split-key |" in md
     assert "top-k: Triton, 1 rows × 1 warps" in md and "| split, clustered codes |" in md
     assert "top-k: Triton, whole-row stores |" in md

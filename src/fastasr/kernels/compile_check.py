@@ -16,7 +16,7 @@ is unset (the kernels must be defined as compiled ``JITFunction`` objects).
 ``--loops`` also reads each cubin's SASS (``cuobjdump -sass``) and reports the instructions a
 thread issues in one iteration of its hot loop: the innermost loop that holds tensor-core
 products (``HGMMA``, ``HMMA``), else the longest innermost loop, and of a loop inside it (which
-runs its trip count: the centroid backward's 551 hold a 93-instruction loop over a block's top
+runs its trip count: the centroid backward's 575 hold an 89-instruction loop over a block's top
 keys, run as often as the most a row has there). It is a measure of a kernel's
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
 K-means' tile with stored signs is 403 instructions against 880 (benchmarks/gpu_notes.md).
@@ -28,10 +28,11 @@ only a later launch reads), so each is a failure: the kernels' atomics say ``sem
 which compiles to fire-and-forget ``REDG`` reductions.
 
 The kernels are compiled as a launch on contiguous tensors specialises them
-(:func:`launch_specialisation`): pointers 16-byte aligned, each tensor's innermost stride 1,
-its other strides and the row widths (E, K, ...) multiples of 16; lengths and counts without
-the hint. Vectorised loads and stores follow from it (the sparse backward: 124 registers for
-bf16, E = 32, against 198 compiled with none of it).
+(:func:`launch_specialisation`): pointers 16-byte aligned, each tensor's innermost stride 1
+(per-position rows read through their position strides take it as implicit), its other strides
+and the row widths (E, K, ...) multiples of 16; lengths and counts without the hint.
+Vectorised loads and stores follow from it (the sparse backward: 128 registers for bf16, E = 32,
+against 195 with its rows' position strides taken as 1).
 
 Compilation is CPU work, one configuration at a time in Triton, so ``--jobs`` (default:
 every core) compiles that many configurations at once in forked processes: on a
@@ -268,8 +269,6 @@ def _configs():
                 sparse = {"DOT_DTYPE": dot_dtype, "PRECISION": precision,
                           **dict(zip(("BLOCK_N", "BLOCK_K", "BLOCK_E", "BLOCK_V"), blocks))}
                 out.append((f"{name} {tag}", kernel, {**qkv, **ptrs}, sparse, {}))
-                if kernel is tc._sparse_bwd_kernel and (t, E) == ("bf16", 32):  # the switch's cap
-                    out.append((f"{name} {tag} at 168 registers", kernel, {**qkv, **ptrs}, sparse, {"maxnreg": 168}))
     return out
 
 
@@ -354,14 +353,17 @@ def launch_specialisation(names, excluded=()) -> tuple[list[str], list[str]]:
     kernel's integer arguments ``names`` (Triton makes an integer equal to 1 a constant and marks
     a multiple of 16 divisible): the stride arguments (``s_*``, ``stride_*``) that are the last
     of their tensor's (the innermost: 1), and the other strides and the row widths (multiples of
-    16), but for :data:`_ODD_STRIDES`. Lengths and counts (``N``, ``C``, ...) are left unmarked: a
-    length of 801 is a launch too.
+    16), but for :data:`_ODD_STRIDES`. A tensor whose last stride argument is along the
+    positions (its name ends in ``n``: ``s_kn``) is per-position rows read with an implicit unit
+    stride along the features (:mod:`fastasr.kernels.rows`): none of its strides is 1 (the
+    position stride is ``H * E`` in the model's layout, ``E`` contiguous). Lengths and counts
+    (``N``, ``C``, ...) are left unmarked: a length of 801 is a launch too.
     ``excluded``: names that are not integer arguments (pointers, constexprs)."""
     strides = [n for n in names if n.startswith(("s_", "stride_")) and n not in excluded]
     last = {}
     for n in strides:  # s_qb, s_qh, s_qn, s_qe: one tensor's strides, outermost first
         last[n[:-1]] = n
-    unit = sorted(last.values())
+    unit = sorted(n for n in last.values() if not n.endswith("n"))
     multiples = ([n for n in strides if n not in unit and n not in _ODD_STRIDES]
                  + [n for n in names if n in _ROW_WIDTHS and n not in excluded])
     return unit, multiples

@@ -512,11 +512,6 @@ def clustered_weighted_sum(
 #: Warps of the fused sparse kernels (with :func:`_sparse_blocks`' tiles; untimed: ``make
 #: gpu-check``'s parts table times other rows a block and warps, ``--sparse-tiles``).
 SPARSE_WARPS = 4
-#: Registers a thread of the fused sparse backward may hold (Triton's ``maxnreg``; None: what
-#: ptxas takes). On sm_90 with bf16, K = 32, E = 32 it takes 195 (2 CTAs of 4 warps an SM) and
-#: fits in 168 without spilling (163: 3 CTAs an SM); at E = 64, 168 spills 32 bytes. ``make
-#: gpu-check`` times the cap (``bench_io.KERNEL_SWITCHES`` "sparse backward at 168 registers").
-SPARSE_BWD_REGISTERS = None
 
 
 def _sparse_blocks(K: int, E: int, EV: int, dot_dtype, backward: bool = False) -> tuple[int, int, int, int]:
@@ -561,14 +556,12 @@ def _launch_sparse(kernel, q, k, v, top_idx, lengths, order, scale, tensors, ext
     B, H, N, E = q.shape
     S, EV, K = k.shape[2], v.shape[3], top_idx.shape[3]
     C = top_idx.shape[2]
-    cap = SPARSE_BWD_REGISTERS if kernel is _sparse_bwd_kernel else None
     kernel[(B * H, launch.P)](
         q, k, v, top_idx, lengths, order.perm, launch.table, *tensors,
         H, N, S, K, E, EV, C, launch.P, scale,
         *q.stride(), *k.stride(), *v.stride(), *top_idx.stride(), *extra_strides,
         DOT_DTYPE=launch.dot_dtype, PRECISION=launch.precision, BLOCK_N=launch.block_n,
         BLOCK_K=launch.block_k, BLOCK_E=launch.block_e, BLOCK_V=launch.block_v, num_warps=launch.warps,
-        **({} if cap is None else {"maxnreg": cap}),
     )
 
 
