@@ -37,7 +37,7 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "compile without spills or GPU-wide fences" in proc.stdout
+    assert "compile without spills, GPU-wide fences or int-to-float conversions in a loop" in proc.stdout
     loops = dict(re.findall(r"ok    (kmeans lloyd C=100 [^:]+):.*, ([\d,]+) instructions a loop iteration",
                             proc.stdout))
     unpacking = {name: int(n.replace(",", "")) for name, n in loops.items() if "stored signs" not in name}
@@ -56,7 +56,7 @@ def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
     """``compile_check.hot_loop`` on SASS text: a branch back closes a loop; the
     shortest loop with an ``HGMMA`` counts, else the longest innermost loop, with the loops in it;
     no loop: None."""
-    from fastasr.kernels.compile_check import hot_loop, innermost_loops
+    from fastasr.kernels.compile_check import hot_loop, innermost_loops, loop_conversions
 
     def sass(*ops):
         return "\n".join(f"        /*{16 * i:04x}*/                   {op} ;   /* 0x0 */" for i, op in enumerate(ops))
@@ -80,17 +80,24 @@ def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
     assert innermost_loops(no_products) == (3, 2)  # both, in address order
     assert innermost_loops(nested) == (3,) and innermost_loops(around) == (3,)  # not those around them
     assert innermost_loops(sass("MOV R1, R2", "EXIT")) == ()
+    # int-to-float conversions counted in innermost loops only, I2FP (full rate) not
+    onehot = sass("MOV R1, R2", "SEL R4, RZ, 0x1, !P4", "I2F.F16.U32 R4, R4", "I2FP.F32.S32 R5, R5",
+                  "@P0 BRA 0x10", "I2F.F16.U32 R6, R6", "@P1 BRA 0x10", "EXIT")
+    assert loop_conversions(onehot) == 1
+    assert loop_conversions(onehot.replace("I2F.F16", "FSET.BF.EQ.AND")) == 0
 
 
-def test_a_report_fails_on_a_compile_error_a_spill_or_a_fence():
+def test_a_report_fails_on_a_compile_error_a_spill_a_fence_or_a_conversion():
     """``KernelReport.fails``, which ``compile_check``'s exit status and ``kernel_resources.py``
-    both read: a configuration that did not compile, spills or holds a GPU-wide fence fails."""
+    both read: a configuration that did not compile, spills, holds a GPU-wide fence or converts
+    integers to floats in a loop fails."""
     from fastasr.kernels.compile_check import KernelReport
 
     assert not KernelReport("k", True, 72, 0).fails
     assert KernelReport("k", False, error="CompilationError").fails
     assert KernelReport("k", True, 255, 24).fails
     assert KernelReport("k", True, 124, 0, fences=36).fails
+    assert KernelReport("k", True, 124, 0, conversions=64).fails
 
 
 def test_ctas_per_sm_by_registers_shared_memory_and_threads():

@@ -19,13 +19,14 @@ products (``HGMMA``, ``HMMA``), else the longest innermost loop, and of a loop i
 runs its trip count: the centroid backward's 575 hold an 89-instruction loop over a block's top
 keys, run as often as the most a row has there). It is a measure of a kernel's
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
-K-means' tile with stored signs is 403 instructions against 880 (benchmarks/gpu_notes.md).
+K-means' tile with stored signs is 277 instructions against 754 (benchmarks/gpu_notes.md).
 
 Every cubin's SASS is also searched for GPU-wide memory fences (``MEMBAR`` at GPU scope) and
 L1 invalidations (``CCTL.IVALL``): Triton puts both around every ``tl.atomic_add`` with its
 default ``acq_rel`` semantics, which no kernel here needs (their atomics add partial sums that
 only a later launch reads), so each is a failure: the kernels' atomics say ``sem="relaxed"``,
-which compiles to fire-and-forget ``REDG`` reductions.
+which compiles to fire-and-forget ``REDG`` reductions. An integer-to-float conversion (``I2F``) in
+an innermost loop fails too (:func:`loop_conversions`).
 
 The kernels are compiled as a launch on contiguous tensors specialises them
 (:func:`launch_specialisation`): pointers 16-byte aligned, each tensor's innermost stride 1
@@ -68,6 +69,8 @@ class KernelReport:
     innermost: tuple[int, ...] = ()
     #: GPU-wide memory fences and L1 invalidations in the SASS (:func:`gpu_fences`)
     fences: int = 0
+    #: int-to-float conversions in the innermost loops (:func:`loop_conversions`)
+    conversions: int = 0
     #: shared memory a CTA allocates, bytes (Triton's ``metadata.shared``)
     shared_bytes: int | None = None
     warps: int | None = None
@@ -76,8 +79,9 @@ class KernelReport:
 
     @property
     def fails(self) -> bool:
-        """What the check fails: not compiled, spilling, or holding a GPU-wide fence."""
-        return not self.ok or bool(self.stack_bytes) or bool(self.fences)
+        """What the check fails: not compiled, spilling, holding a GPU-wide fence, or converting
+        integers to floats in a loop."""
+        return not self.ok or bool(self.stack_bytes) or bool(self.fences) or bool(self.conversions)
 
 
 #: An SM's limits by compute capability x 10 (CUDA C++ Programming Guide, "Compute capabilities"):
@@ -300,6 +304,16 @@ def gpu_fences(sass: str) -> int:
     return len(re.findall(r"\bMEMBAR\.\w+\.GPU\b|\bCCTL\.IVALL\b", sass))
 
 
+def loop_conversions(sass: str) -> int:
+    """``I2F`` instructions (integer to float: a quarter of the ALU's rate on sm_80 and sm_90)
+    in ``sass``'s innermost loops. A boolean's ``.to(tl.float16)`` compiles to a select of 0 or 1
+    and one of them a value (K-means' one-hot: 64 a tile, 403 instructions against 277 with
+    ``tl.where(cond, 1.0, 0.0)``, which compiles to compares that yield 1.0 or 0.0); ``I2FP``, the
+    full-rate conversion to float32, is not counted."""
+    spans, body = _loops(sass)
+    return sum(1 for s in spans if not _inside(s, spans) for t in body[s] if re.search(r"\bI2F\.", t))
+
+
 def _loops(sass: str) -> tuple[list, dict]:
     """``sass``'s loops as (first, last) address spans (a branch back to an earlier address
     closes one), and each span's instructions."""
@@ -389,7 +403,7 @@ def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, optio
         sass = _cuobjdump(compiled.asm["cubin"], "-sass")
         warps, shared = compiled.metadata.num_warps, compiled.metadata.shared
         return KernelReport(label, True, regs, stack, hot_loop=hot_loop(sass) if loops else None,
-                            innermost=innermost_loops(sass) if loops else (), fences=gpu_fences(sass), shared_bytes=shared, warps=warps,
+                            innermost=innermost_loops(sass) if loops else (), fences=gpu_fences(sass), conversions=loop_conversions(sass), shared_bytes=shared, warps=warps,
                             ctas_per_sm=ctas_per_sm(regs, shared, warps, arch) if regs else None)
     except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
         return KernelReport(label, False, error=f"{type(exc).__name__}: {exc}")
@@ -453,6 +467,9 @@ def main(argv=None) -> int:
         elif r.fences:
             print(f"FENCE {r.name}: {r.fences} GPU-wide memory fences or L1 invalidations "
                   "(an atomic without sem=\"relaxed\"?)")
+        elif r.conversions:
+            print(f"I2F   {r.name}: {r.conversions} int-to-float conversions in a loop (a boolean's "
+                  ".to(float)? tl.where(cond, 1.0, 0.0) compiles to compares)")
         else:
             hot = ""
             if r.hot_loop is not None:
@@ -464,8 +481,8 @@ def main(argv=None) -> int:
             print(f"ok    {r.name}: {r.registers} registers, {r.shared_bytes:,} B shared{occupancy(r)}, "
                   f"no spills{hot}")
     bad = sum(r.fails for r in reports)
-    print(f"sm_{args.arch}: {len(reports) - bad} of {len(reports)} kernel configurations compile without spills "
-          "or GPU-wide fences")
+    print(f"sm_{args.arch}: {len(reports) - bad} of {len(reports)} kernel configurations compile without spills, "
+          "GPU-wide fences or int-to-float conversions in a loop")
     return 1 if bad else 0
 
 

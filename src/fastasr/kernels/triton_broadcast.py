@@ -98,7 +98,9 @@ def _cluster_sum_kernel(dout_ptr, assign_ptr, counts_ptr, dx_ptr, C, N, D, SPAN,
         offs_n = n0 + tl.arange(0, BLOCK_N)
         in_n = offs_n < N
         cluster = tl.load(assign_ptr + bh * N + offs_n, mask=in_n, other=-1)
-        onehot = (cluster.to(tl.int32)[:, None] == offs_c[None, :]).to(DOT_DTYPE)  # padded (-1): no cluster
+        # padded (-1): no cluster; a select of 1.0 or 0.0: a boolean's .to() would convert each value
+        # (I2F, a quarter of the ALU's rate; compile_check.loop_conversions)
+        onehot = tl.where(cluster.to(tl.int32)[:, None] == offs_c[None, :], 1.0, 0.0).to(DOT_DTYPE)
         grad = tl.load(rows_in + offs_n[:, None] * s_gn + offs_d[None, :],
                        mask=in_n[:, None] & (offs_d[None, :] < D), other=0.0).to(DOT_DTYPE)
         acc = tl.dot(tl.trans(onehot), grad, acc, input_precision=PRECISION)

@@ -27,8 +27,8 @@ positions in one sweep, on chip:
 In one launch (below) the tiles' +-1 signs are unpacked from the codes once, into a
 ``(B, H, N, 64)`` float16 scratch the kernel writes before its first sweep, and every sweep
 reads them (one 16-byte vector load a thread and row) instead of unpacking each bit of each
-code again: on sm_90, C = 100, 64 positions x 4 warps, a sweep's tile compiles to 403
-instructions a thread against 880 (the unpacking's shifts, masks and selects, and scalar loads
+code again: on sm_90, C = 100, 64 positions x 4 warps, a sweep's tile compiles to 277
+instructions a thread against 754 (the unpacking's shifts, masks and selects, and scalar loads
 of the codes), for 128 bytes read a position and sweep against 8: 21-30 % faster a call of
 the one launch at N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"). Split sweeps unpack the
 codes: there the scratch gained nothing.
@@ -102,7 +102,7 @@ UPDATE_BLOCK_C = 32
 #: Whether :func:`hash_kmeans` hashes the vectors inside K-means' one launch (False: the hash
 #: kernel's launch, then K-means on its codes). Inside, the hash's products move into each
 #: sequence's program (1,272 instructions a 64-position tile on sm_90, once before the sweeps'
-#: 11 × 403) and the codes' write and read, the hash's launch and its gap go (benchmarks/
+#: 11 × 277) and the codes' write and read, the hash's launch and its gap go (benchmarks/
 #: gpu_notes.md "The hash inside K-means"). Off until a GPU times it: ``make gpu-check`` times
 #: both (``bench_io.KERNEL_SWITCHES`` "hash inside K-means").
 HASH_IN_KMEANS = False
@@ -284,7 +284,12 @@ def _lloyd_kernel(
             top = tl.max(score, axis=1)  # integer score - best / 256: exact
             best = (-top * 256.0).to(tl.int32) & 255
             tl.store(assign_ptr + row + offs_n, best.to(tl.int64), mask=mask_n)
-            onehot = ((score == top[:, None]) & mask_n[:, None]).to(tl.float16)
+            # The one-hot as a compare that yields 1.0 or 0.0 (FSET), packed in pairs to float16;
+            # a boolean's .to(float16) compiles to a select and an int-to-float conversion a value
+            # (I2F, a quarter of the ALU's rate): 277 instructions a tile against 403 on sm_90.
+            # A padded row's top is +inf: no centroid.
+            top_in = tl.where(mask_n, top, float("inf"))
+            onehot = tl.where(score == top_in[:, None], 1.0, 0.0).to(tl.float16)
             acc = tl.dot(tl.trans(onehot), signs, acc)
         # a bit's sum over a centroid's members is 2 * (set bits) - members; column 63: members
         cnt = tl.sum(tl.where(bias_column, acc, 0.0), axis=1).to(tl.int32)
