@@ -109,15 +109,6 @@ HASH_IN_KMEANS = False
 
 
 @triton.jit
-def _bits01(code, offs_bits):
-    """``(M,)`` non-negative int64 codes -> ``(M, 64)`` int32 bits (0/1), in 32-bit arithmetic."""
-    lo = (code & 0xFFFFFFFF).to(tl.uint32)
-    hi = (code >> 32).to(tl.uint32)
-    word = tl.where(offs_bits[None, :] < 32, lo[:, None], hi[:, None])
-    return ((word >> (offs_bits[None, :] & 31).to(tl.uint32)) & 1).to(tl.int32)
-
-
-@triton.jit
 def _signs(code, offs_bits):
     """``(M,)`` codes (bit 63 clear) -> ``(M, 64)`` float16 +-1 signs of their bits, +1 in column 63.
 
@@ -269,8 +260,9 @@ def _lloyd_kernel(
     sweeps = 0
     moved = 1  # centroids the last vote changed (in kernel); a fixed point ends the sweeps
     while (sweeps < PASSES) & (moved > 0):
-        cent_pm = 2 * _bits01(cent, offs_bits) - 1
-        cent_t = tl.trans(tl.where(bias_column, bias[:, None], cent_pm.to(tl.float32)).to(tl.float16))
+        # the centroids' +-1 halves built from their bits as the codes' are (no int-to-float
+        # conversions), the bias in column 63
+        cent_t = tl.trans(tl.where(bias_column, bias[:, None].to(tl.float16), _signs(cent, offs_bits)))
         acc = tl.zeros((BLOCK_C, 64), dtype=tl.float32)
         for n0 in range(start, valid_stop, BLOCK_N):
             offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -293,7 +285,7 @@ def _lloyd_kernel(
             acc = tl.dot(tl.trans(onehot), signs, acc)
         # a bit's sum over a centroid's members is 2 * (set bits) - members; column 63: members
         cnt = tl.sum(tl.where(bias_column, acc, 0.0), axis=1).to(tl.int32)
-        ones = (acc.to(tl.int32) + cnt[:, None]) // 2
+        ones = (acc.to(tl.int32) + cnt[:, None]) >> 1  # 2 * set bits: even, not negative
         if IN_KERNEL:
             voted = _vote(ones, cnt, cent, offs_bits, BITS)
             # No centroid moved: every later sweep would repeat this one exactly, so its
