@@ -569,6 +569,38 @@ def test_topk_softmax_takes_the_top_keys_and_their_softmax_weights():
         tt.topk_softmax(x.to(DEVICE), lse[0].to(DEVICE), 9)
 
 
+def test_topk_reads_rows_in_place_where_they_lie_evenly_apart(monkeypatch):
+    """Rows a padded stride apart (the centroid logits' rows, ``LOGITS_ROW_ALIGN`` floats at
+    least) are read where they lie, not copied: the launch gets their stride and selects what it
+    selects on the rows made contiguous; rows not evenly spaced are copied first."""
+    x = torch.randn(2, 3, 48, generator=_gen(21))
+    x[1, :, 30:37] = float("-inf")
+    view = x[..., :37]  # rows 48 floats apart
+    lse = view.logsumexp(-1)
+    strides = []  # the row stride each top-k launch gets (its eighth argument)
+    getitem = type(tt._topk_kernel).__getitem__
+
+    def launch(kernel, grid):
+        run = getitem(kernel, grid)
+        if kernel is not tt._topk_kernel:
+            return run
+        return lambda *args, **kwargs: (strides.append(args[7]), run(*args, **kwargs))[1]
+
+    monkeypatch.setattr(type(tt._topk_kernel), "__getitem__", launch)
+    idx, w = tt.topk_softmax(view.to(DEVICE), lse.to(DEVICE), 9)
+    want_idx, want_w = tt.topk_softmax(view.contiguous().to(DEVICE), lse.to(DEVICE), 9)
+    assert strides == [48, 37]
+    assert torch.equal(idx.cpu(), want_idx.cpu()) and torch.equal(w.cpu(), want_w.cpu())
+    assert torch.equal(idx.cpu().sort(-1).values, view.topk(9, -1).indices.sort(-1).values)
+    strides.clear()
+    tt.topk_indices(x.transpose(1, 2).to(DEVICE), 2)  # positions along the rows not unit-strided: a copy
+    assert strides == [3]
+    strides.clear()  # the centroid forward's logits: rows of 37 keys, 48 floats apart
+    centroids, k, v, lengths = _centroid_inputs(1, 2, 3, 37, 16, 16, _gen(22))
+    tcen.centroid_forward(centroids.to(DEVICE), k.to(DEVICE), v.to(DEVICE), lengths.to(DEVICE), 0.25, 5)
+    assert strides == [tcen.LOGITS_ROW_ALIGN * 3] == [48]
+
+
 # ------------------------------------------------------------------ i-clustered's centroid attention
 def _centroid_inputs(B, H, C, N, E, EV, g, dtype=torch.float32, padded=True):
     centroids = torch.randn(B, H, C, E, generator=g)

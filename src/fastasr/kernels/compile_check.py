@@ -360,6 +360,9 @@ _ROW_WIDTHS = {"E", "EV", "K", "D"}
 #: Strides that are not multiples of 16 at the paper's shapes: the hash planes' rows are ``bits``
 #: (63) wide.
 _ODD_STRIDES = {"stride_pe"}
+#: Row strides their launchers pad to a multiple of 16 (the centroid logits' rows:
+#: ``triton_centroid.LOGITS_ROW_ALIGN``, read by the top-k).
+_PADDED_STRIDES = {"N_PAD", "ROW_STRIDE"}
 
 
 def launch_specialisation(names, excluded=()) -> tuple[list[str], list[str]]:
@@ -367,7 +370,7 @@ def launch_specialisation(names, excluded=()) -> tuple[list[str], list[str]]:
     kernel's integer arguments ``names`` (Triton makes an integer equal to 1 a constant and marks
     a multiple of 16 divisible): the stride arguments (``s_*``, ``stride_*``) that are the last
     of their tensor's (the innermost: 1), and the other strides and the row widths (multiples of
-    16), but for :data:`_ODD_STRIDES`. A tensor whose last stride argument is along the
+    16), but for :data:`_ODD_STRIDES`, and :data:`_PADDED_STRIDES` (multiples of 16). A tensor whose last stride argument is along the
     positions (its name ends in ``n``: ``s_kn``) is per-position rows read with an implicit unit
     stride along the features (:mod:`fastasr.kernels.rows`): none of its strides is 1 (the
     position stride is ``H * E`` in the model's layout, ``E`` contiguous). Lengths and counts
@@ -379,7 +382,7 @@ def launch_specialisation(names, excluded=()) -> tuple[list[str], list[str]]:
         last[n[:-1]] = n
     unit = sorted(n for n in last.values() if not n.endswith("n"))
     multiples = ([n for n in strides if n not in unit and n not in _ODD_STRIDES]
-                 + [n for n in names if n in _ROW_WIDTHS and n not in excluded])
+                 + [n for n in names if n in _ROW_WIDTHS | _PADDED_STRIDES and n not in excluded])
     return unit, multiples
 
 

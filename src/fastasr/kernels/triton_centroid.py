@@ -72,6 +72,13 @@ __all__ = ["centroid_attention", "centroid_forward", "centroid_backward", "Centr
 MAX_CENTROIDS = 256
 #: Keys a program covers, forward and backward (a multiple of every key block).
 SPLIT_KEYS = 512
+#: The float32 logits' rows (C a sequence, N keys each) lie this many floats apart at least:
+#: ``N`` rounded up, so that every row starts 64-byte aligned whatever a batch's padded length
+#: (a training batch's N is its longest utterance's). Aligned, the forward stores them in vectors
+#: and the top-k loads them so: on sm_90 (C = 100, bf16) the forward's key block is 679
+#: instructions against 840 with rows N apart, the top-k's store chunk 228 against 240 (rows of
+#: up to 1,024 keys) and 280 against 356 (4,096).
+LOGITS_ROW_ALIGN = 16
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -107,7 +114,7 @@ def _centroid_tile(c_ptr, bh, C, E, DOT_DTYPE: tl.constexpr, BLOCK_C: tl.constex
 @triton.jit
 def _centroid_fwd_kernel(
     c_ptr, k_ptr, v_ptr, len_ptr, logits_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    H, C, N, E, EV, SPLITS, scale, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn,
+    H, C, N, E, EV, SPLITS, scale, s_kb, s_kh, s_kn, s_vb, s_vh, s_vn, N_PAD,
     LOGITS: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, SPAN: tl.constexpr,
     BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
@@ -130,7 +137,7 @@ def _centroid_fwd_kernel(
         s = tl.dot(cent, tl.trans(keys), input_precision=PRECISION) * scale
         s = tl.where((cols < length)[None, :], s, float("-inf"))
         if LOGITS:  # the top-k's input
-            tl.store(logits_ptr + crow[:, None] * N + cols[None, :], s,
+            tl.store(logits_ptr + crow[:, None] * N_PAD + cols[None, :], s,
                      mask=c_ok[:, None] & in_n[None, :])
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: all weights 0
@@ -323,11 +330,13 @@ def centroid_forward(centroids, k, v, lengths, scale, topk):
     f32 = dict(dtype=torch.float32, device=k.device)
     part_m, part_l = torch.empty((B, H, splits, C), **f32), torch.empty((B, H, splits, C), **f32)
     part_acc = torch.empty((B, H, splits, C, EV), **f32)
-    logits = torch.empty((B, H, C, N), **f32) if topk else part_m  # without top keys: not written
+    # the logits' rows LOGITS_ROW_ALIGN floats apart, whatever N: aligned rows, vector stores and loads
+    n_pad = triton.cdiv(N, LOGITS_ROW_ALIGN) * LOGITS_ROW_ALIGN
+    logits = torch.empty((B, H, C, n_pad), **f32)[..., :N] if topk else part_m  # without top keys: not written
     config = _launch_config(centroids, k, v, backward=False)
     _centroid_fwd_kernel[(B * H, splits)](
         centroids, k, v, lengths, logits, part_m, part_l, part_acc,
-        H, C, N, E, EV, splits, scale, *k.stride()[:3], *v.stride()[:3], LOGITS=topk > 0, **config)
+        H, C, N, E, EV, splits, scale, *k.stride()[:3], *v.stride()[:3], n_pad, LOGITS=topk > 0, **config)
     values = torch.empty((B, H, C, EV), dtype=v.dtype, device=v.device)
     values32, lse = torch.empty((B, H, C, EV), **f32), torch.empty((B, H, C), **f32)
     _centroid_combine_kernel[(B * H,)](

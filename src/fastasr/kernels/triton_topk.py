@@ -56,11 +56,12 @@ _ELEMENTS = 4096  # scores a program holds at most when several rows share it
 #: parts table times the whole row ("top-k: Triton, whole-row stores").
 STORE_ELEMENTS: int | None = 4
 @triton.jit
-def _row_keys(x_ptr, rows, cols, R, N):
-    """The scores of ``rows`` at ``cols`` (``(ROWS, COLS)``, -0.0 as 0.0), their int32 keys in
-    the order of the floats (lanes past ``N`` or ``R``: below every score), and where they lie."""
+def _row_keys(x_ptr, rows, cols, R, N, ROW_STRIDE):
+    """The scores of ``rows`` (``ROW_STRIDE`` apart) at ``cols`` (``(ROWS, COLS)``, -0.0 as 0.0),
+    their int32 keys in the order of the floats (lanes past ``N`` or ``R``: below every score),
+    and where they lie."""
     inside = (rows[:, None] < R) & (cols[None, :] < N)
-    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * N + cols[None, :], mask=inside, other=0.0)
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * ROW_STRIDE + cols[None, :], mask=inside, other=0.0)
     x = tl.where(x == 0.0, 0.0, x)  # -0.0 and 0.0 are equal scores: one key
     bits = x.to(tl.int32, bitcast=True)
     key = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # int32 keys in the order of the floats
@@ -68,10 +69,10 @@ def _row_keys(x_ptr, rows, cols, R, N):
 
 
 @triton.jit
-def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
+def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K, ROW_STRIDE,
                  BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, CHUNK: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    _, key, _ = _row_keys(x_ptr, rows, tl.arange(0, BLOCK_N), R, N)
+    _, key, _ = _row_keys(x_ptr, rows, tl.arange(0, BLOCK_N), R, N, ROW_STRIDE)
     # bisection, each row stopping once exactly K keys are >= lo
     lo = tl.full((ROWS,), -2147483648, tl.int64)  # count(key >= lo) >= K
     hi = tl.full((ROWS,), 2147483648, tl.int64)  # count(key >= hi) < K
@@ -102,7 +103,7 @@ def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K,
     before = tl.zeros((ROWS,), tl.int32)  # the packed counts of the chunks before
     for start in range(0, BLOCK_N, CHUNK):
         cols = start + tl.arange(0, CHUNK)
-        x, ckey, cinside = _row_keys(x_ptr, rows, cols, R, N)
+        x, ckey, cinside = _row_keys(x_ptr, rows, cols, R, N, ROW_STRIDE)
         above = ckey > kth
         tied = (ckey == kth) & cinside
         packed = above.to(tl.int32) | (tied.to(tl.int32) << 16)
@@ -161,7 +162,9 @@ def topk_softmax(logits: torch.Tensor, lse: torch.Tensor, k: int) -> tuple[torch
 def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
     """One launch over the rows of ``scores``: ``(indices, weights)``, weights None without ``lse``."""
     N = scores.shape[-1]
-    rows = scores.detach().reshape(-1, N).contiguous()
+    rows = scores.detach().reshape(-1, N)  # a view where the rows are evenly spaced (padded rows)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
     R = rows.shape[0]
     per_program, warps = topk_tile(N, R)
     idx = torch.empty((R, k), dtype=torch.int64, device=scores.device)
@@ -169,7 +172,7 @@ def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
     if R:
         _topk_kernel[(triton.cdiv(R, per_program),)](  # without weights the scores stand in for both
             rows, idx, rows if lse is None else lse.detach().reshape(-1).contiguous(),
-            rows if weights is None else weights, R, N, k,
+            rows if weights is None else weights, R, N, k, rows.stride(0),
             BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None,
             CHUNK=store_chunk(N, per_program, warps), num_warps=warps,
         )
