@@ -37,7 +37,7 @@
    around them; the Triton top-k (also taking a row's entries all at once rather than by
    chunks, ``triton_topk.STORE_ELEMENTS``, and with ``--topk-tiles``) against ``torch.topk``;
    i-clustered's centroid attention in torch (the reference's products and softmax) and fused
-   (also with 256 keys a program), and clustered's centroid values by SDPA and by the
+   (also with 256 keys a program, and with ``--centroid-bwd-tiles``' backward tiles), and clustered's centroid values by SDPA and by the
    split-key kernels.
 5. torch.profiler's largest CUDA kernels of one clustered-100 and one i-clustered-100 call at
    N = 4,096 (where the rest of the time goes); and last each call of :data:`CALLS` replayed
@@ -422,12 +422,29 @@ def with_sparse_tile(rows: int, warps: int):
 CENTROID_SPAN_ALTERNATIVE = 256
 
 
-def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]:
+@contextlib.contextmanager
+def with_centroid_bwd_tile(keys: int, warps: int):
+    """The fused centroid attention's backward with another tile (``keys`` keys a block,
+    ``warps`` warps) than the launcher's (``triton_centroid.centroid_tiles``); the forward as it is."""
+    from fastasr.kernels import triton_centroid
+
+    launcher = triton_centroid.centroid_tiles
+
+    def tiles(C, E, EV, dot_dtype, backward):
+        tile = launcher(C, E, EV, dot_dtype, backward)
+        return {**tile, "BLOCK_N": keys, "num_warps": warps} if backward else tile
+
+    with mock.patch.object(triton_centroid, "centroid_tiles", tiles):
+        yield
+
+
+def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int, bwd_tiles: list[str] = ()) -> list[str]:
     """The centroid attention alone (C = ``CLUSTERS``), forward + backward: i-clustered's (top
     ``PARTS_TOPK`` keys; its values and top weights) in torch (the reference's products and
     softmax, the Triton top-k: what the fused kernels replace), fused (``ops.centroid_attention``),
     and fused with ``CENTROID_SPAN_ALTERNATIVE`` keys a program instead of
-    ``triton_centroid.SPLIT_KEYS``; clustered's (values alone) by one SDPA call and by the
+    ``triton_centroid.SPLIT_KEYS``, and with each of ``bwd_tiles`` (``KEYS:WARPS``) the backward's
+    tile; clustered's (values alone) by one SDPA call and by the
     split-key kernels (``ops.SPLIT_KEY_VALUES_FROM`` reached); ms, or why a cell failed."""
     from fastasr.kernels import triton_centroid
 
@@ -445,6 +462,8 @@ def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]
                 (PARTS_TOPK, ops.centroid_attention, contextlib.nullcontext()),
                 (PARTS_TOPK, ops.centroid_attention,
                  mock.patch.object(triton_centroid, "SPLIT_KEYS", CENTROID_SPAN_ALTERNATIVE)),
+                *((PARTS_TOPK, ops.centroid_attention, with_centroid_bwd_tile(*map(int, tile.split(":"))))
+                  for tile in bwd_tiles),
                 (0, ops.centroid_attention, contextlib.nullcontext()),
                 (0, ops.centroid_attention, bench_io.switched_on(("split-key centroid values",))))
     cells = []
@@ -458,7 +477,7 @@ def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int) -> list[str]
 
 
 def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[str] = (),
-                sparse_tiles: list[str] = ()) -> None:
+                sparse_tiles: list[str] = (), centroid_bwd_tiles: list[str] = ()) -> None:
     """i-clustered's two Triton parts against what they replace, in one run: the per-query
     sparse part fused (``triton_clustered.improved_sparse``) against the reference composed
     of the Triton products (``clustered_dot``/``clustered_weighted_sum`` and torch around
@@ -473,18 +492,21 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
               + " top-k: torch.topk | top-k: Triton | top-k: Triton, whole-row stores |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
               + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
-              f"{CENTROID_SPAN_ALTERNATIVE}-key spans "
-              "| clustered's centroid values: SDPA "
+              f"{CENTROID_SPAN_ALTERNATIVE}-key spans |"
+              + "".join(f" centroid attention: fused, backward {t.replace(':', ' keys × ')} warps |"
+                        for t in centroid_bwd_tiles)
+              + " clustered's centroid values: SDPA "
               "| clustered's centroid values: split-key |",
-              "|---|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + 8)]
+              "|---|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + len(centroid_bwd_tiles) + 8)]
     for n in ns:
         if BUDGET.spent(lines, f"the parts at N = {n}"):
             return
-        lines.append(parts_row(n, repeats, topk_tiles, sparse_tiles))
+        lines.append(parts_row(n, repeats, topk_tiles, sparse_tiles, centroid_bwd_tiles))
         print(lines[-1], flush=True)
 
 
-def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: list[str] = ()) -> str:
+def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: list[str] = (),
+              centroid_bwd_tiles: list[str] = ()) -> str:
     """One row of :func:`parts_table`."""
     import functools
 
@@ -545,7 +567,7 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)
         cells.append(f"{device_ms(lambda run=run: run(logits, K), repeats):.3f}")
-    cells += centroid_cells(k, v, lengths, g, repeats)
+    cells += centroid_cells(k, v, lengths, g, repeats, centroid_bwd_tiles)
     note = ("" if err < 2e-2 else f" fused differs: {err:.1e}") + ("" if same else " top-k sets differ")
     return f"| {n} × {b} | " + " | ".join(cells) + f" |{note}"
 
@@ -588,6 +610,8 @@ def main(argv=None) -> int:
                    help="K-means with the launcher's tiles and this many pipeline stages (e.g. 2), timed beside")
     p.add_argument("--sparse-tiles", nargs="*", default=[],
                    help="other tiles of i-clustered's fused sparse part to time, ROWS:WARPS (e.g. 16:4)")
+    p.add_argument("--centroid-bwd-tiles", nargs="*", default=[],
+                   help="other tiles of the fused centroid attention's backward to time, KEYS:WARPS (e.g. 64:8)")
     p.add_argument("--topk-tiles", nargs="*", default=[],
                    help="other Triton top-k tiles to time, ROWS:WARPS (e.g. 1:1, one warp a row)")
     p.add_argument("--skip-attention", action="store_true", help="K-means only")
@@ -630,7 +654,7 @@ def main(argv=None) -> int:
         calls_ns = [n for n in args.ns if n != 800]
         sections += [lambda: attention_table(lines, calls_ns, call_repeats),
                      lambda: parts_table(lines, [n for n in args.ns if n <= 16384], call_repeats,
-                                         args.topk_tiles, args.sparse_tiles),
+                                         args.topk_tiles, args.sparse_tiles, args.centroid_bwd_tiles),
                      lambda: profile(lines, spec_of("clustered"), args.check_n),
                      lambda: profile(lines, spec_of("i-clustered"), args.check_n),
                      lambda: graph_table(lines, calls_ns, call_repeats)]  # last: see graph_table

@@ -236,7 +236,8 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     section written, every call (and the one with the kernel switch) run, nothing failed or
     differing, so that a GPU's few minutes are not lost to the script."""
     _run_cpu_plumbing("clustering_gpu.py", tmp_path, "--ns", "64", "--tokens", "128", "--repeats", "1",
-                      "--check-n", "64", "--clusters", "4", "--heads", "1", "--topk-tiles", "1:1", "--kmeans-stages", "2", "--tiles", "16:2:128", "--sparse-tiles", "16:2")
+                      "--check-n", "64", "--clusters", "4", "--heads", "1", "--topk-tiles", "1:1", "--kmeans-stages", "2", "--tiles", "16:2:128", "--sparse-tiles", "16:2",
+                      "--centroid-bwd-tiles", "64:8")
     md = (tmp_path / "clustering_cpu-interpreter.md").read_text()
     for section in ("No host synchronisation", "Hamming K-means", "Attention call, forward + backward",
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
@@ -245,6 +246,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     assert md.count("ran (the CPU has no synchronisation check)") == 4  # clustering_gpu.CALLS
     assert "| clustered-4, rows broadcast |" in md and "centroid attention: fused, 256-key spans |" in md
     assert "| centroid attention: torch |" in md
+    assert "centroid attention: fused, backward 64 keys × 8 warps |" in md
     assert "| clustered-4, hash inside K-means |" in md
     assert "| clustered-4, split-key centroid values |" in md and "clustered's centroid values: split-key |" in md
     assert "top-k: Triton, 1 rows × 1 warps" in md and "| split, clustered codes |" in md
