@@ -176,7 +176,7 @@ if [ "$KERNEL_STEPS" != 0 ]; then
   step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
   step "gpu_step.py --profile (i-clustered-100, clustered-100, floor)" 50 "$PY" benchmarks/gpu_step.py --lengths 800 \
     --profile i-clustered-100 clustered-100 floor
-  step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --tiles 32:4:128 --sparse-tiles 16:4 16:2 32:4 64:8 --centroid-bwd-tiles 64:8 32:4
+  step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --tiles 32:4:128 64:4:168 --sparse-tiles 16:4 16:2 32:4 64:8 --centroid-bwd-tiles 64:8 32:4
 fi
 if [ -d "$FSDD_SRC/recordings" ]; then
   # the budget, then the final tuning on dev and the beam + LM decoding of the best-5 mean
