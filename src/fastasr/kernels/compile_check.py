@@ -369,12 +369,13 @@ def launch_specialisation(names, excluded=()) -> tuple[list[str], list[str]]:
     """How a launch on contiguous tensors with row widths of a multiple of 16 specialises a
     kernel's integer arguments ``names`` (Triton makes an integer equal to 1 a constant and marks
     a multiple of 16 divisible): the stride arguments (``s_*``, ``stride_*``) that are the last
-    of their tensor's (the innermost: 1), and the other strides and the row widths (multiples of
-    16), but for :data:`_ODD_STRIDES`, and :data:`_PADDED_STRIDES` (multiples of 16). A tensor whose last stride argument is along the
-    positions (its name ends in ``n``: ``s_kn``) is per-position rows read with an implicit unit
-    stride along the features (:mod:`fastasr.kernels.rows`): none of its strides is 1 (the
-    position stride is ``H * E`` in the model's layout, ``E`` contiguous). Lengths and counts
-    (``N``, ``C``, ...) are left unmarked: a length of 801 is a launch too.
+    of their tensor's (the innermost: 1), and the other strides, the row widths and
+    :data:`_PADDED_STRIDES` (multiples of 16), but for :data:`_ODD_STRIDES`. A tensor whose last
+    stride argument is along the positions (its name ends in ``n``: ``s_kn``) is per-position
+    rows read with an implicit unit stride along the features (:mod:`fastasr.kernels.rows`): none
+    of its strides is 1 (the position stride is ``H * E`` in the model's layout, ``E``
+    contiguous). Lengths and counts (``N``, ``C``, ...) are left unmarked: a length of 801 is a
+    launch too.
     ``excluded``: names that are not integer arguments (pointers, constexprs)."""
     strides = [n for n in names if n.startswith(("s_", "stride_")) and n not in excluded]
     last = {}
@@ -406,7 +407,8 @@ def _compile_one(arch: int, label: str, kernel, types: dict, consts: dict, optio
         sass = _cuobjdump(compiled.asm["cubin"], "-sass")
         warps, shared = compiled.metadata.num_warps, compiled.metadata.shared
         return KernelReport(label, True, regs, stack, hot_loop=hot_loop(sass) if loops else None,
-                            innermost=innermost_loops(sass) if loops else (), fences=gpu_fences(sass), conversions=loop_conversions(sass), shared_bytes=shared, warps=warps,
+                            innermost=innermost_loops(sass) if loops else (), fences=gpu_fences(sass),
+                            conversions=loop_conversions(sass), shared_bytes=shared, warps=warps,
                             ctas_per_sm=ctas_per_sm(regs, shared, warps, arch) if regs else None)
     except Exception as exc:  # noqa: BLE001 - every failure is reported, not raised
         return KernelReport(label, False, error=f"{type(exc).__name__}: {exc}")
