@@ -66,6 +66,8 @@ def test_hash_codes_reject_too_many_bits():
         reference.hash_codes(torch.zeros(1, 1, 2, 3), torch.zeros(4, 64))
     with pytest.raises(ValueError, match=r"\(E\+1, bits\)"):
         reference.hash_codes(torch.zeros(1, 1, 2, 3), torch.zeros(3, 8))
+    with pytest.raises(ValueError, match=r"hash_codes: x must be \(B, H, N, E\)"):
+        reference.hash_codes(torch.zeros(2, 3), torch.zeros(4, 8))
 
 
 # ------------------------------------------------------------------ k-means

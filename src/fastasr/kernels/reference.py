@@ -40,6 +40,7 @@ __all__ = [
     "unpack_bits",
     "pack_bits",
     "hash_codes",
+    "check_hash_inputs",
     "hamming_kmeans",
     "fixed_point_iteration",
     "clustered_dot",
@@ -99,20 +100,28 @@ def hash_codes(
         ``(B, H, N)`` int64: bit ``b`` is set iff ``x @ planes[:E, b] + planes[E, b] > 0``.
         Padded positions are 0.
     """
-    B, H, N, E = x.shape
-    if planes.dim() != 2 or planes.shape[0] != E + 1:
-        raise ValueError(
-            f"hash_codes: planes must be (E+1, bits) = ({E + 1}, bits); got {tuple(planes.shape)}"
-        )
-    bits = planes.shape[1]
-    if not 1 <= bits <= MAX_BITS:
-        raise ValueError(f"hash_codes: {bits} bits; expected 1..{MAX_BITS}")
+    B, H, N, E = check_hash_inputs("hash_codes", x, planes)
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     w = planes.to(device=x.device, dtype=dtype)
     proj = torch.matmul(x.detach().to(dtype), w[:E]) + w[E]
     codes = pack_bits(proj > 0)
     valid = valid_positions(lengths, B, N, x.device)
     return codes.masked_fill(~valid[:, None, :], 0)
+
+
+def check_hash_inputs(op: str, x: torch.Tensor, planes: torch.Tensor) -> tuple[int, int, int, int]:
+    """``x`` ``(B, H, N, E)`` and ``planes`` ``(E + 1, bits)`` with ``1 <= bits <= MAX_BITS``, else
+    a ValueError naming ``op``, the argument and what is expected (every backend's hash checks
+    these). Returns ``(B, H, N, E)``."""
+    if x.dim() != 4:
+        raise ValueError(f"{op}: x must be (B, H, N, E), got shape {tuple(x.shape)}")
+    B, H, N, E = x.shape
+    if planes.dim() != 2 or planes.shape[0] != E + 1:
+        raise ValueError(f"{op}: planes must be (E+1, bits): E + 1 = {E + 1} rows, got {tuple(planes.shape)}")
+    bits = planes.shape[1]
+    if not 1 <= bits <= MAX_BITS:
+        raise ValueError(f"{op}: {bits} bits; expected 1..{MAX_BITS} (one int64 per code)")
+    return B, H, N, E
 
 
 def initial_centroids(

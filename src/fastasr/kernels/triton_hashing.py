@@ -27,7 +27,7 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
-from fastasr.kernels.reference import MAX_BITS
+from fastasr.kernels.reference import check_hash_inputs
 
 prepare_interpreter()
 
@@ -137,19 +137,10 @@ def block_e(features: int) -> int:
 
 
 def check_inputs(op: str, x: torch.Tensor, planes: torch.Tensor, lengths: torch.Tensor | None):
-    """``x`` ``(B, H, N, E)``, ``planes`` ``(E + 1, 1..63)`` on ``x``'s device, ``lengths``
-    ``(B,)`` or None, else a ValueError naming ``op``, the argument and what is expected.
-    Returns ``(B, H, N, E)``."""
-    if x.dim() != 4:
-        raise ValueError(f"{op}: x must be (B, H, N, E), got shape {tuple(x.shape)}")
-    B, H, N, E = x.shape
-    if planes.dim() != 2 or planes.shape[0] != E + 1:
-        raise ValueError(
-            f"{op}: planes must be (E + 1, bits) = ({E + 1}, bits), got {tuple(planes.shape)}"
-        )
-    bits = planes.shape[1]
-    if not 1 <= bits <= MAX_BITS:
-        raise ValueError(f"{op}: bits = {bits}; expected 1..{MAX_BITS} (one int64 per code)")
+    """``x`` and ``planes`` as ``reference.check_hash_inputs`` checks them, ``planes`` on ``x``'s
+    device, ``lengths`` ``(B,)`` or None, else a ValueError naming ``op``, the argument and what
+    is expected. Returns ``(B, H, N, E)``."""
+    B, H, N, E = check_hash_inputs(op, x, planes)
     if planes.device != x.device:
         raise ValueError(f"{op}: planes on {planes.device}, x on {x.device}; expected one device")
     if lengths is not None and lengths.shape != (B,):
