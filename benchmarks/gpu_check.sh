@@ -26,7 +26,8 @@
 #      full_paths.py: each exact path of padded full attention, and the one fastasr takes;
 #   6. the largest kernels of an i-clustered-100, a clustered-100 and the floor step; clustering_gpu.py: no host synchronisation
 #      in the clustered variants, K-means and each call timed, and clustered's with its centroid
-#      values by the split-key kernels at every N (benchmarks/bench_io.py KERNEL_SWITCHES);
+#      values by the split-key kernels at every N (benchmarks/bench_io.py KERNEL_SWITCHES); then
+#      gpu_decisions.py: what the candidates' timings decide by their rules (gpu_decisions_<gpu>.md);
 #   7. where FSDD's recordings were carried (GPU_CHECK_FSDD, default data/fsdd_src: the folder
 #      holding FSDD's recordings/, docs/BENCHMARKS.md "GPU check"): the recorded-speech recipe on
 #      FSDD's speaker-disjoint split, the documented data=manifest command with a budget of
@@ -177,6 +178,8 @@ if [ "$KERNEL_STEPS" != 0 ]; then
   step "gpu_step.py --profile (i-clustered-100, clustered-100, floor)" 50 "$PY" benchmarks/gpu_step.py --lengths 800 \
     --profile i-clustered-100 clustered-100 floor
   step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 2 --tiles 32:4:128 64:4:168 --sparse-tiles 16:4 16:2 32:4 64:8 --centroid-bwd-tiles 64:8 32:4
+  # the candidates' verdicts by their rules (no GPU, a second): outside `step`, so a spent budget keeps them
+  "$PY" benchmarks/gpu_decisions.py --gpu "$SLUG" 2>&1 | tee -a "$LOG"
 fi
 if [ -d "$FSDD_SRC/recordings" ]; then
   # the budget, then the final tuning on dev and the beam + LM decoding of the best-5 mean
@@ -236,6 +239,12 @@ fi
     echo '```'
     cat "$TABLE2_DIR/budget.csv"
     echo '```'
+    echo
+  fi
+  if [ "$KERNEL_STEPS" != 0 ] && [ -f "$RESULTS/gpu_decisions_$SLUG.md" ]; then
+    echo "## What the kernel tables decide (gpu_decisions_$SLUG.md)"
+    echo
+    sed -n '/^## What changes/,/^## Every candidate/p' "$RESULTS/gpu_decisions_$SLUG.md" | sed '1,2d;$d'
     echo
   fi
   echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the clustering step: \`clustering_$SLUG.md\`; the whole log: outputs/gpu_check.log."

@@ -256,6 +256,22 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md
     for bad in ("fail", "differ", "synchronises"):
         assert bad not in md.lower(), md
+    # every column that times an alternative has its rule in gpu_decisions.py (FAMILIES, SWITCH_RULES)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_decisions
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    tables = gpu_decisions.load(tmp_path, "cpu-interpreter")
+    decided = {(row.table, row.candidate) for row in gpu_decisions.decide(tables)[0]}
+    references = {"spans (auto)", "auto", "auto, unpacked signs", "one launch", "split", "sparse part: products + torch",
+                  "sparse part: fused", "top-k: torch.topk", "top-k: Triton", "centroid attention: torch",
+                  "centroid attention: fused", "clustered's centroid values: SDPA", "clustered-4", "i-clustered-4"}
+    for title in ("Hamming K-means", "i-clustered's parts", "Attention call as one CUDA graph"):
+        table = gpu_decisions.find_table(tables["clustering"], title)
+        undecided = [c for c in table.columns if c not in references and not c.endswith(", clustered codes")
+                     and (f"clustering: {title}", c) not in decided]
+        assert not undecided, (title, undecided)
 
 
 @pytest.mark.slow
@@ -422,7 +438,7 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert " -n " in pytest_call and "tests/test_kernels_triton.py" in pytest_call
     assert [c.split()[0] for c in calls if c.startswith("benchmarks/")] == [
         "benchmarks/gpu_step.py", "benchmarks/gpu_bench.py", "benchmarks/full_paths.py",
-        "benchmarks/gpu_step.py", "benchmarks/clustering_gpu.py"]
+        "benchmarks/gpu_step.py", "benchmarks/clustering_gpu.py", "benchmarks/gpu_decisions.py"]
     assert any(c.startswith("-m pytest") and "-m cuda tests/" in c for c in calls)
     # FSDD carried: its step alone (no kernel steps) builds the speaker-disjoint split and trains
     # with the documented data=manifest command, its budget cut to GPU_CHECK_FSDD_MINUTES
