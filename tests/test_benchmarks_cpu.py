@@ -38,3 +38,22 @@ def test_cpu_bench_writes_the_table_with_or_without_the_papers_code(tmp_path):
         assert "its C++ CPU kernels, benchmark only" in text and "| n/a |" not in text
     text = _run(tmp_path / "without", "--no-theirs")
     assert "vs pytorch-fast-transformers 0.4.0: not measured (skipped (--no-theirs))" in text
+
+
+def test_host_overhead_times_the_launchers_with_the_launches_stubbed(tmp_path):
+    """benchmarks/host_overhead.py: one forward + backward of i-clustered-100 through the Triton
+    path on the CPU, each launch a no-op that counts itself (12: the launch test's i-clustered in
+    float32, its block table twice), the host's microseconds and where they go."""
+    pytest.importorskip("triton")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "host_overhead.py"), "--specs", "i-clustered-100", "--repeats", "3",
+         "--warmups", "1", "--profile", "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (md,) = tmp_path.glob("host_overhead_*.md")
+    text = md.read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| i-clustered-100 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "12" and 0 < float(cells[3]) <= float(cells[2]) <= float(cells[4]), row
+    assert "### i-clustered-100: functions by their own time over 3 calls (cProfile)" in text

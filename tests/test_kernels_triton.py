@@ -239,6 +239,19 @@ def test_kmeans_several_programs_per_sequence_and_empty_sequence(spans):
     assert bool((got_a[1] == -1).all()) and int(got_c[1].sum()) == 0
 
 
+def test_launch_arithmetic_is_tritons_without_its_constexpr_wrapper():
+    """``fastasr.kernels.grid``: the launchers' ``cdiv`` and ``next_power_of_2`` give Triton's
+    values (its host calls cost ~2 µs each through the constexpr wrapper)."""
+    from fastasr.kernels import grid
+
+    for n in range(-3, 5000):
+        assert grid.next_power_of_2(n) == triton.next_power_of_2(n), n
+    for a in range(-70, 3000, 7):
+        for b in (1, 2, 16, 64, 96, 4096):
+            assert grid.cdiv(a, b) == triton.cdiv(a, b), (a, b)
+    assert (grid.cdiv(65536, 64), grid.next_power_of_2(100), grid.next_power_of_2(128)) == (1024, 128, 128)
+
+
 def test_kmeans_one_launch_tile_by_length():
     """One-launch sweeps take the measured tiles (64 positions below WIDE_TILE_FROM, 128 from
     there), split sweeps 32; a sequence over WIDE_TILE_FROM, one launch, equals the reference."""

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from fastasr.kernels.availability import prepare_interpreter
+from fastasr.kernels.grid import next_power_of_2
 
 prepare_interpreter()
 
@@ -58,7 +59,7 @@ def _block_table_kernel(counts_ptr, table_ptr, C, P, BLOCK_N: tl.constexpr, BLOC
 
 def table_tile(clusters: int) -> tuple[int, int]:
     """``_block_table_kernel``'s ``BLOCK_C`` (the clusters, a power of two) and ``BLOCK_P``."""
-    block_c = max(16, triton.next_power_of_2(clusters))
+    block_c = max(16, next_power_of_2(clusters))
     return block_c, max(16, min(128, _TABLE_ELEMENTS // block_c))
 
 

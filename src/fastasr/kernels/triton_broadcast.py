@@ -46,6 +46,7 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.grid import cdiv, next_power_of_2
 from fastasr.kernels.rows import heads_inner, new_rows, unit_stride
 from fastasr.kernels.triton_clustered import dot_config
 
@@ -122,12 +123,12 @@ def _cluster_sum_kernel(dout_ptr, assign_ptr, counts_ptr, dx_ptr, C, N, D, SPAN,
 
 def broadcast_tile(D: int) -> dict:
     """The forward's tile for rows of ``D`` values: 2,048 values a program (4 warps)."""
-    block_d = max(16, triton.next_power_of_2(D))
+    block_d = max(16, next_power_of_2(D))
     return {"BLOCK_N": max(8, 2048 // block_d), "BLOCK_D": block_d}
 
 
 def _sum_blocks(C: int, D: int) -> tuple[int, int]:
-    return max(16, triton.next_power_of_2(C)), max(16, triton.next_power_of_2(D))
+    return max(16, next_power_of_2(C)), max(16, next_power_of_2(D))
 
 
 def cluster_sum_tile(C: int, D: int, dtype: torch.dtype) -> dict:
@@ -155,7 +156,7 @@ def applies(x: torch.Tensor, clusters: int | None = None) -> bool:
 def cluster_sum_spans(sequences: int, length: int) -> int:
     """Programs a sequence of the sums (``_cluster_sum_kernel``): 1 from ``FILL_PROGRAMS``
     sequences, else about that many programs in all, each span at least ``MIN_SPAN`` positions."""
-    return max(1, min(triton.cdiv(length, MIN_SPAN), triton.cdiv(FILL_PROGRAMS, sequences)))
+    return max(1, min(cdiv(length, MIN_SPAN), cdiv(FILL_PROGRAMS, sequences)))
 
 
 def _broadcast(x: torch.Tensor, assignments: torch.Tensor, dtype: torch.dtype, inner: bool,
@@ -167,7 +168,7 @@ def _broadcast(x: torch.Tensor, assignments: torch.Tensor, dtype: torch.dtype, i
     N = assignments.shape[2]
     out = new_rows(B, H, N, D, inner, dtype=dtype, device=x.device)
     tile = broadcast_tile(D)
-    _broadcast_kernel[(B * H, triton.cdiv(N, tile["BLOCK_N"]))](
+    _broadcast_kernel[(B * H, cdiv(N, tile["BLOCK_N"]))](
         x.contiguous(), assignments, assignments if counts is None else counts, out, C, N, D, H, *out.stride()[:3],
         MEAN=counts is not None, **tile)
     return out
@@ -183,8 +184,8 @@ def _cluster_sum(rows: torch.Tensor, assignments: torch.Tensor, C: int,
     B, H, N, D = rows.shape
     tile = cluster_sum_tile(C, D, rows.dtype)
     spans = cluster_sum_spans(B * H, N)
-    span = triton.cdiv(triton.cdiv(N, spans), tile["BLOCK_N"]) * tile["BLOCK_N"]
-    spans = triton.cdiv(N, span)
+    span = cdiv(cdiv(N, spans), tile["BLOCK_N"]) * tile["BLOCK_N"]
+    spans = cdiv(N, span)
     atomic = spans > 1
     sums = (torch.zeros if atomic else torch.empty)((B, H, C, D), dtype=torch.float32, device=rows.device)
     dot_dtype, precision = dot_config(rows.dtype, kernels_interpreted(_cluster_sum_kernel))

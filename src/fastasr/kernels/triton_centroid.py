@@ -59,6 +59,7 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.grid import cdiv, next_power_of_2
 from fastasr.kernels.rows import heads_inner, new_rows, unit_stride
 from fastasr.kernels.triton_clustered import dot_config
 from fastasr.kernels.triton_topk import MAX_N, topk_softmax
@@ -276,13 +277,13 @@ def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool) -> dict:
     fewer keys a block and more warps for wider tiles (fp32 operands, the backward's extra
     tiles, ``C > 128``). Each configuration compiles for sm_90 without spills
     (``python -m fastasr.kernels.compile_check``)."""
-    block_c = max(64, triton.next_power_of_2(C))  # fewer rows took more registers on sm_90
-    block_e = max(16, triton.next_power_of_2(max(E, EV)))
+    block_c = max(64, next_power_of_2(C))  # fewer rows took more registers on sm_90
+    block_e = max(16, next_power_of_2(max(E, EV)))
     width = block_c * (4 if dot_dtype == tl.float32 else 1) * (2 if backward else 1) * max(1, block_e // 32)
     block_n = 64 if width <= 128 else (32 if width <= 256 and block_c <= 128 else 16)
     warps = 8 if width <= 128 or (backward and width <= 256) else 16
-    return {"BLOCK_C": block_c, "BLOCK_N": block_n, "BLOCK_E": max(16, triton.next_power_of_2(E)),
-            "BLOCK_V": max(16, triton.next_power_of_2(EV)), "num_warps": warps}
+    return {"BLOCK_C": block_c, "BLOCK_N": block_n, "BLOCK_E": max(16, next_power_of_2(E)),
+            "BLOCK_V": max(16, next_power_of_2(EV)), "num_warps": warps}
 
 
 def max_centroids(k: torch.Tensor, v: torch.Tensor) -> int:
@@ -326,12 +327,12 @@ def centroid_forward(centroids, k, v, lengths, scale, topk):
     ``top_idx``, and the :class:`CentroidState` for :func:`centroid_backward`."""
     B, H, C, E = centroids.shape
     N, EV = k.shape[2], v.shape[3]
-    splits = triton.cdiv(N, SPLIT_KEYS)
+    splits = cdiv(N, SPLIT_KEYS)
     f32 = dict(dtype=torch.float32, device=k.device)
     part_m, part_l = torch.empty((B, H, splits, C), **f32), torch.empty((B, H, splits, C), **f32)
     part_acc = torch.empty((B, H, splits, C, EV), **f32)
     # the logits' rows LOGITS_ROW_ALIGN floats apart, whatever N: aligned rows, vector stores and loads
-    n_pad = triton.cdiv(N, LOGITS_ROW_ALIGN) * LOGITS_ROW_ALIGN
+    n_pad = cdiv(N, LOGITS_ROW_ALIGN) * LOGITS_ROW_ALIGN
     logits = torch.empty((B, H, C, n_pad), **f32)[..., :N] if topk else part_m  # without top keys: not written
     config = _launch_config(centroids, k, v, backward=False)
     _centroid_fwd_kernel[(B * H, splits)](
@@ -370,11 +371,11 @@ def centroid_backward(centroids, k, v, lengths, scale, state: CentroidState, top
     if add is not None and (add[0].stride() != dk.stride() or add[1].stride() != dv.stride()):
         raise ValueError("centroid_backward: the gradients to add must be laid out as k and v")
     dtop_w = dtop_w.float().contiguous() if K else state.top_w
-    _centroid_bwd_kernel[(B * H, triton.cdiv(N, SPLIT_KEYS))](
+    _centroid_bwd_kernel[(B * H, cdiv(N, SPLIT_KEYS))](
         centroids, k, v, lengths, state.lse, state.values32, dvalues.contiguous(), state.top_w, dtop_w, top_idx,
         dcent, dk, dv, *((dk, dv) if add is None else add), H, C, N, E, EV, K, scale,
         *k.stride()[:3], *v.stride()[:3], *dk.stride()[:3], *dv.stride()[:3],
-        HAS_TOP=K > 0, BLOCK_K=max(16, triton.next_power_of_2(K)), TOP_SORTED=state.top_sorted,
+        HAS_TOP=K > 0, BLOCK_K=max(16, next_power_of_2(K)), TOP_SORTED=state.top_sorted,
         ADD=add is not None, **_launch_config(centroids, k, v, backward=True))
     return dcent.to(centroids.dtype), dk, dv
 

@@ -68,6 +68,7 @@ from fastasr.kernels.availability import (
     require_triton,
 )
 from fastasr.kernels.cluster_order import ClusterOrder, cluster_order
+from fastasr.kernels.grid import next_power_of_2
 from fastasr.kernels.rows import heads_inner, new_rows, rows_view
 
 prepare_interpreter()
@@ -343,8 +344,8 @@ def _blocks(K: int, E: int, dot_dtype) -> tuple[int, int, int]:
     160 registers per thread with no spills on sm_90 (``python -m
     fastasr.kernels.compile_check``). Not tuned on a GPU yet.
     """
-    block_k = max(16, triton.next_power_of_2(K))
-    block_e = max(16, triton.next_power_of_2(E))
+    block_k = max(16, next_power_of_2(K))
+    block_e = max(16, next_power_of_2(E))
     width = (block_k + block_e) * (2 if dot_dtype == tl.float32 else 1)
     block_n = 64 if width <= 64 else (32 if width <= 192 else 16)
     return block_n, block_k, block_e
@@ -521,7 +522,7 @@ def _sparse_blocks(K: int, E: int, EV: int, dot_dtype, backward: bool = False) -
     block_n, block_k, _ = _blocks(K, max(E, EV), dot_dtype)
     if backward and dot_dtype == tl.float32:
         block_n = max(16, block_n // 2)
-    return block_n, block_k, max(16, triton.next_power_of_2(E)), max(16, triton.next_power_of_2(EV))
+    return block_n, block_k, max(16, next_power_of_2(E)), max(16, next_power_of_2(EV))
 
 
 class _SparseLaunch(NamedTuple):

@@ -27,6 +27,7 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.grid import cdiv, next_power_of_2
 from fastasr.kernels.reference import check_hash_inputs
 
 prepare_interpreter()
@@ -119,7 +120,7 @@ def hash_codes(
     has_lengths = lengths is not None
     len_arg = lengths.to(device=x.device, dtype=torch.int64).contiguous() if has_lengths else out  # None: never read
     fp64 = x.dtype == torch.float64
-    grid = (B * H, triton.cdiv(N, block_n))
+    grid = (B * H, cdiv(N, block_n))
     _hash_kernel[grid](
         x, planes, len_arg, out,
         H, N, E, bits,
@@ -133,7 +134,7 @@ def hash_codes(
 def block_e(features: int) -> int:
     """The features a product of the projection takes at once: ``E`` rounded up to a power of
     two, 16 to 32 (a longer row takes several)."""
-    return min(32, max(16, triton.next_power_of_2(features)))
+    return min(32, max(16, next_power_of_2(features)))
 
 
 def check_inputs(op: str, x: torch.Tensor, planes: torch.Tensor, lengths: torch.Tensor | None):

@@ -67,6 +67,7 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.grid import cdiv, next_power_of_2
 from fastasr.kernels.reference import MAX_BITS, initial_centroids
 
 prepare_interpreter()
@@ -335,7 +336,7 @@ def _update_kernel(
 
 def block_c(clusters: int) -> int:
     """The centroid tile of ``clusters`` centroids: the next power of two, at least 16."""
-    return max(16, triton.next_power_of_2(clusters))
+    return max(16, next_power_of_2(clusters))
 
 
 def lloyd_tile(clusters: int, one_launch: bool, length: int) -> dict:
@@ -355,7 +356,7 @@ def spans_per_sequence(sequences: int, length: int) -> int:
     programs in all, each span at least ``MIN_SPAN`` positions."""
     if sequences >= ONE_LAUNCH_FROM:
         return 1
-    return max(1, min(triton.cdiv(length, MIN_SPAN), triton.cdiv(FILL_PROGRAMS, sequences)))
+    return max(1, min(cdiv(length, MIN_SPAN), cdiv(FILL_PROGRAMS, sequences)))
 
 
 @torch.no_grad()
@@ -413,8 +414,8 @@ def hamming_kmeans(
     codes = codes.contiguous()
     programs = spans or spans_per_sequence(B * H, N)
     tile = lloyd_tile(C, programs == 1, N)
-    span = triton.cdiv(triton.cdiv(N, programs), tile["BLOCK_N"]) * tile["BLOCK_N"]
-    programs = triton.cdiv(N, span)
+    span = cdiv(cdiv(N, programs), tile["BLOCK_N"]) * tile["BLOCK_N"]
+    programs = cdiv(N, span)
     if programs == 1:  # every pass in one launch, from the initial centroids it reads itself
         return _one_launch(codes, None, None, lens, C, iterations, bits, stored_signs is not False, tile)
     bitmask = (1 << bits) - 1
@@ -437,7 +438,7 @@ def hamming_kmeans(
             IN_KERNEL=False, ACCUMULATE=True, AFTER_VOTE=i > 0,
             WRITE_SIGNS=stored and i == 0, READ_SIGNS=stored, HASH=False, BLOCK_E=block_e, **tile,
         )
-        _update_kernel[(B * H, triton.cdiv(C, UPDATE_BLOCK_C))](
+        _update_kernel[(B * H, cdiv(C, UPDATE_BLOCK_C))](
             centroids, ones, counts, before, moved[i], C, bits, AFTER_VOTE=i > 0, BLOCK_C=UPDATE_BLOCK_C,
         )
     _lloyd_kernel[grid](
@@ -519,7 +520,7 @@ def _one_launch(codes, x, planes, lens, clusters: int, iterations: int, bits: in
     hashed = codes is None
     B, H, N = (x.shape[:3] if hashed else codes.shape)
     device = lens.device
-    span = triton.cdiv(N, tile["BLOCK_N"]) * tile["BLOCK_N"]
+    span = cdiv(N, tile["BLOCK_N"]) * tile["BLOCK_N"]
     assign = torch.empty((B, H, N), dtype=torch.int64, device=device)
     counts = torch.empty((B, H, clusters), dtype=torch.int64, device=device)
     if hashed:

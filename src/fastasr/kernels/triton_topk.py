@@ -40,6 +40,7 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.grid import cdiv, next_power_of_2
 
 prepare_interpreter()
 
@@ -170,10 +171,10 @@ def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
     idx = torch.empty((R, k), dtype=torch.int64, device=scores.device)
     weights = None if lse is None else torch.empty((R, k), dtype=torch.float32, device=scores.device)
     if R:
-        _topk_kernel[(triton.cdiv(R, per_program),)](  # without weights the scores stand in for both
+        _topk_kernel[(cdiv(R, per_program),)](  # without weights the scores stand in for both
             rows, idx, rows if lse is None else lse.detach().reshape(-1).contiguous(),
             rows if weights is None else weights, R, N, k, rows.stride(0),
-            BLOCK_N=triton.next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None,
+            BLOCK_N=next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None,
             CHUNK=store_chunk(N, per_program, warps), num_warps=warps,
         )
     shape = (*scores.shape[:-1], k)
@@ -192,10 +193,10 @@ def topk_tile(n: int, rows: int) -> tuple[int, int]:
     16,384 the two are within 6 % either way, so longer rows keep the shared program.
     ``benchmarks/clustering_gpu.py --topk-tiles`` times other tiles against this one.
     """
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     if block_n <= 1024:
         return 1, 1
-    per_program = max(1, min(_ELEMENTS // block_n, triton.next_power_of_2(rows)))
+    per_program = max(1, min(_ELEMENTS // block_n, next_power_of_2(rows)))
     return per_program, 8 if block_n * per_program >= 4096 else 4
 
 
@@ -203,8 +204,8 @@ def store_chunk(n: int, rows: int, warps: int) -> int:
     """Columns of a program's rows the kernel takes at a time once it knows each row's ``k``-th
     largest key (slots, indices and weights): :data:`STORE_ELEMENTS` a thread, at most the
     row's block (all of it where ``STORE_ELEMENTS`` is None)."""
-    block_n = triton.next_power_of_2(n)
+    block_n = next_power_of_2(n)
     if STORE_ELEMENTS is None:
         return block_n
-    return min(block_n, triton.next_power_of_2(max(1, STORE_ELEMENTS * 32 * warps // rows)))
+    return min(block_n, next_power_of_2(max(1, STORE_ELEMENTS * 32 * warps // rows)))
 
