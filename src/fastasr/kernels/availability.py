@@ -62,20 +62,29 @@ def interpreter_requested() -> bool:
     return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE
 
 
-def kernels_interpreted(kernel) -> bool:
-    """True if ``kernel`` (a ``@triton.jit`` object) was built for the interpreter."""
+@functools.cache
+def _interpreted_type() -> type | None:
+    """Triton's interpreted-kernel class, or None without Triton (looked up once: the launchers
+    ask at every call)."""
     try:
         from triton.runtime.interpreter import InterpretedFunction
     except Exception:
-        return False
-    return isinstance(kernel, InterpretedFunction)
+        return None
+    return InterpretedFunction
 
 
+def kernels_interpreted(kernel) -> bool:
+    """True if ``kernel`` (a ``@triton.jit`` object) was built for the interpreter."""
+    interpreted = _interpreted_type()
+    return interpreted is not None and isinstance(kernel, interpreted)
+
+
+@functools.cache
 def _triton_stdlib_interpreted() -> bool:
     """Whether Triton's own ``@jit`` library (``tl.sum``, ...) was built for the interpreter.
 
     Interpreted kernels can only call interpreted library functions; ``triton.jit``
-    fixes the mode of each when its module is first imported.
+    fixes the mode of each when its module is first imported (so once is enough).
     """
     from triton.language import standard
 
