@@ -489,7 +489,7 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
               f"({HEADS} × {DIM}, C = {CLUSTERS}, K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
               "| N × B | sparse part: products + torch | sparse part: fused |"
               + "".join(f" sparse part: fused, {t.replace(':', ' rows × ')} warps |" for t in sparse_tiles)
-              + " top-k: torch.topk | top-k: Triton | top-k: Triton, whole-row stores |"
+              + " top-k: torch.topk | top-k: Triton | top-k: Triton, whole-row stores | top-k: Triton, bracketed |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
               + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
               f"{CENTROID_SPAN_ALTERNATIVE}-key spans |"
@@ -497,7 +497,7 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
                         for t in centroid_bwd_tiles)
               + " clustered's centroid values: SDPA "
               "| clustered's centroid values: split-key |",
-              "|---|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + len(centroid_bwd_tiles) + 8)]
+              "|---|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + len(centroid_bwd_tiles) + 9)]
     for n in ns:
         if BUDGET.spent(lines, f"the parts at N = {n}"):
             return
@@ -561,6 +561,9 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
     cells += [f"{device_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
               f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}"]
     with mock.patch.object(triton_topk, "STORE_ELEMENTS", None):  # a row's entries taken all at once
+        same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
+        cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
+    with mock.patch.object(triton_topk, "BRACKET", True):  # the bisection from a bracket of each row's keys
         same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
         cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
     for tile in topk_tiles:

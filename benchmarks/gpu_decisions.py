@@ -203,6 +203,8 @@ FAMILIES = (
            "triton_topk.topk_tile"),
     Family("clustering", "i-clustered's parts", r"top-k: Triton, whole-row stores", "top-k: Triton", EVERY_N,
            "triton_topk.STORE_ELEMENTS = None"),
+    Family("clustering", "i-clustered's parts", r"top-k: Triton, bracketed", "top-k: Triton", EVERY_N,
+           "triton_topk.BRACKET = True"),
     Family("clustering", "i-clustered's parts", r"centroid attention: fused, backward .*", "centroid attention: fused",
            EVERY_N, "triton_centroid.centroid_tiles' backward tile"),
     Family("clustering", "i-clustered's parts", r"centroid attention: fused, \d+-key spans", "centroid attention: fused",

@@ -250,7 +250,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     assert "| clustered-4, hash inside K-means |" in md
     assert "| clustered-4, split-key centroid values |" in md and "clustered's centroid values: split-key |" in md
     assert "top-k: Triton, 1 rows × 1 warps" in md and "| split, clustered codes |" in md
-    assert "top-k: Triton, whole-row stores |" in md
+    assert "top-k: Triton, whole-row stores |" in md and "top-k: Triton, bracketed |" in md
     assert "| auto, unpacked signs |" in md and "| auto, unpacked signs, clustered codes |" in md
     assert "| auto, tile 16 × 2 warps, 128 registers |" in md
     assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md

@@ -556,6 +556,39 @@ def test_topk_bisection_stops_on_the_keys_torch_topk_takes():
             assert torch.equal(got[r], rows[r].topk(k).indices.sort().values), (r, k)
 
 
+@pytest.mark.parametrize("tile", [None, (4, 2)], ids=["launcher's tile", "4 rows x 2 warps"])
+def test_topk_bracket_takes_the_keys_the_whole_range_takes(tile, monkeypatch):
+    """``triton_topk.BRACKET``: the bisection starting between the least of the strided groups'
+    largest keys and the row's largest takes the same entries with the same weights as from the
+    whole int32 range: rows one int32 key apart, both signs, ties straddling k, rows mostly
+    ``-inf`` (the groups of masked keys bound nothing), a row of ``-inf`` alone, rows shorter than
+    the groups (N = 20: 20 groups), k from 1 to N, and the lowest tied positions first."""
+    if tile is not None:
+        monkeypatch.setattr(tt, "topk_tile", lambda n, rows: tile)
+    g = _gen(13)
+    base = 1.0 + torch.arange(100, dtype=torch.float32) * 2.0 ** -20
+    rows = torch.stack([
+        base[torch.randperm(100, generator=g)],
+        torch.cat([base[:50], -base[:50]])[torch.randperm(100, generator=g)],
+        torch.randn(100, generator=g).round(),  # ties at every score
+        torch.randn(100, generator=g).masked_fill(torch.arange(100) >= 12, float("-inf")),  # 12 valid keys
+        torch.full((100,), float("-inf")),
+        torch.cat([torch.tensor([float("inf"), -0.0, 0.0]), torch.randn(97, generator=g) * 1e4]),
+        torch.randn(100, generator=g) * 1e-30,  # subnormal and tiny: keys close together
+    ])
+    for x, ks in ((rows, (1, 7, 32, 33, 100)), (rows[:, :20], (1, 5, 20))):
+        lse = x.logsumexp(-1)
+        for k in ks:
+            monkeypatch.setattr(tt, "BRACKET", False)
+            want_idx, want_w = tt.topk_softmax(x.to(DEVICE), lse.to(DEVICE), k)
+            monkeypatch.setattr(tt, "BRACKET", True)
+            got_idx, got_w = tt.topk_softmax(x.to(DEVICE), lse.to(DEVICE), k)
+            assert torch.equal(got_idx.cpu(), want_idx.cpu()), k
+            torch.testing.assert_close(got_w.cpu(), want_w.cpu(), rtol=0, atol=0, equal_nan=True)  # +inf's row: nan
+            order = torch.tensor([sorted(range(x.shape[1]), key=lambda i, row=row: (-float(row[i]), i))[:k] for row in x])
+            assert torch.equal(got_idx.cpu(), order.sort(-1).values), k
+
+
 def test_topk_indices_other_rows_go_to_torch_and_k_is_checked():
     """float64 rows and rows longer than MAX_N take torch.topk; k outside [0, N] is refused."""
     x = torch.randn(2, 30, dtype=torch.float64, generator=_gen(6))

@@ -170,11 +170,12 @@ def _configs():
                     {"AFTER_VOTE": after_vote, "BLOCK_C": tk.UPDATE_BLOCK_C}, {}))
     for block_n in (1024, 4096, tt.MAX_N):  # N = 800, 3,200 and the longest held
         rows, warps = tt.topk_tile(block_n, 1 << 20)  # as launched on a batch's many rows
-        for weights in (False, True):
-            out.append((f"topk N<={block_n} rows={rows} warps={warps} weights={weights}", tt._topk_kernel,
-                        {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
+        for weights, bracket in ((False, False), (True, False), (True, True)):  # the bracket: i-clustered's launch
+            out.append((f"topk N<={block_n} rows={rows} warps={warps} weights={weights}" + (" bracket" if bracket else ""),
+                        tt._topk_kernel, {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
                         {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights,
-                         "CHUNK": tt.store_chunk(block_n, rows, warps)},
+                         "CHUNK": tt.store_chunk(block_n, rows, warps), "BRACKET": bracket,
+                         "GROUPS": tt.BRACKET_GROUPS, "NEG_INF_KEY": tt._NEG_INF_KEY},
                         {"num_warps": warps}))
     for t in ("fp32", "bf16", "fp16"):
         dot_dtype, precision = tc.dot_config(
