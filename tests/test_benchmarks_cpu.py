@@ -57,3 +57,20 @@ def test_host_overhead_times_the_launchers_with_the_launches_stubbed(tmp_path):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1] == "12" and 0 < float(cells[3]) <= float(cells[2]) <= float(cells[4]), row
     assert "### i-clustered-100: functions by their own time over 3 calls (cProfile)" in text
+
+
+def test_topk_steps_counts_fewer_steps_bracketed_for_the_same_keys(tmp_path):
+    """benchmarks/topk_steps.py: the kernel's bisection run in PyTorch from the whole int32 range
+    and from BRACKET's bracket; both take the same keys (else it exits non-zero), and bracketed
+    rows take fewer steps: at most 0.6 times as many on rows of 800 (k = 32: 32 groups of 25),
+    fewer on rows of 100 (groups of 3 or 4 bound less)."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "topk_steps.py"), "--ns", "100", "800", "--rows", "200",
+         "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line for line in (tmp_path / "topk_steps.md").read_text().splitlines()
+            if line.startswith(("| 100 |", "| 800 |"))}
+    for n, most in (("100", 1.0), ("800", 0.6)):
+        whole, bracketed = (float(cell.split()[0]) for cell in rows[n].strip("|").split("|")[2:4])
+        assert bracketed < most * whole, rows[n]
