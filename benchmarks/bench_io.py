@@ -120,6 +120,7 @@ def measure_and_write(measure: Callable, write_table: Callable, args) -> None:
 KERNEL_SWITCHES = {
     "split-key centroid values": ("fastasr.kernels.ops", "SPLIT_KEY_VALUES_FROM", 0),
     "hash inside K-means": ("fastasr.kernels.triton_kmeans", "HASH_IN_KMEANS", True),
+    "varlen centroid values": ("fastasr.kernels.ops", "VARLEN_CENTROID_VALUES", True),
 }
 
 

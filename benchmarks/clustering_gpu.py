@@ -7,7 +7,8 @@
 
 1. **No synchronisation.** Forward and backward of each call of :data:`CALLS` (``clustered-100``,
    ``i-clustered-100``, and clustered with its centroid values by the split-key kernels at
-   every N and with its hash inside K-means' launch, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
+   every N, with its hash inside K-means' launch and with its centroid values by FlashAttention's
+   variable-length kernel, ``bench_io.KERNEL_SWITCHES``; bf16, padded batch, lengths on the GPU) under
    ``torch.cuda.set_sync_debug_mode("error")``, after one warm-up call (Triton compiles there):
    any ``.item()``, ``nonzero()`` or device-to-host copy in the path raises, and the row says where.
 2. **Hamming K-means** (``fastasr.kernels.triton_kmeans``) at 65,536 tokens a call (``B = 65536
@@ -37,8 +38,8 @@
    around them; the Triton top-k (also taking a row's entries all at once rather than by
    chunks, ``triton_topk.STORE_ELEMENTS``, and with ``--topk-tiles``) against ``torch.topk``;
    i-clustered's centroid attention in torch (the reference's products and softmax) and fused
-   (also with 256 keys a program, and with ``--centroid-bwd-tiles``' backward tiles), and clustered's centroid values by SDPA and by the
-   split-key kernels.
+   (also with 256 keys a program, and with ``--centroid-bwd-tiles``' backward tiles), and clustered's centroid values by SDPA, by the
+   split-key kernels and by FlashAttention's variable-length kernel (``ops.VARLEN_CENTROID_VALUES``).
 5. torch.profiler's largest CUDA kernels of one clustered-100 and one i-clustered-100 call at
    N = 4,096 (where the rest of the time goes); and last each call of :data:`CALLS` replayed
    as one CUDA graph (the GPU's time without the host's launches).
@@ -77,7 +78,7 @@ DEVICE = torch.device("cuda")
 #: The attention calls checked and timed: (kind, the kernels' switches set,
 #: ``bench_io.KERNEL_SWITCHES``); those with switches time the alternatives to the defaults.
 CALLS = (("clustered", ()), ("i-clustered", ()), ("clustered", ("split-key centroid values",)),
-         ("clustered", ("hash inside K-means",)))
+         ("clustered", ("hash inside K-means",)), ("clustered", ("varlen centroid values",)))
 
 
 #: Untimed runs before a GPU timing (the kernels compile in the first).
@@ -444,8 +445,9 @@ def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int, bwd_tiles: l
     softmax, the Triton top-k: what the fused kernels replace), fused (``ops.centroid_attention``),
     and fused with ``CENTROID_SPAN_ALTERNATIVE`` keys a program instead of
     ``triton_centroid.SPLIT_KEYS``, and with each of ``bwd_tiles`` (``KEYS:WARPS``) the backward's
-    tile; clustered's (values alone) by one SDPA call and by the
-    split-key kernels (``ops.SPLIT_KEY_VALUES_FROM`` reached); ms, or why a cell failed."""
+    tile; clustered's (values alone) by one SDPA call, by the split-key kernels
+    (``ops.SPLIT_KEY_VALUES_FROM`` reached) and by the variable-length kernel
+    (``ops.VARLEN_CENTROID_VALUES``); ms, or why a cell failed."""
     from fastasr.kernels import triton_centroid
 
     b = k.shape[0]
@@ -465,7 +467,8 @@ def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int, bwd_tiles: l
                 *((PARTS_TOPK, ops.centroid_attention, with_centroid_bwd_tile(*map(int, tile.split(":"))))
                   for tile in bwd_tiles),
                 (0, ops.centroid_attention, contextlib.nullcontext()),
-                (0, ops.centroid_attention, bench_io.switched_on(("split-key centroid values",))))
+                (0, ops.centroid_attention, bench_io.switched_on(("split-key centroid values",))),
+                (0, ops.centroid_attention, bench_io.switched_on(("varlen centroid values",))))
     cells = []
     for topk, fn, setting in settings:
         try:
@@ -496,8 +499,8 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
               + "".join(f" centroid attention: fused, backward {t.replace(':', ' keys × ')} warps |"
                         for t in centroid_bwd_tiles)
               + " clustered's centroid values: SDPA "
-              "| clustered's centroid values: split-key |",
-              "|---|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + len(centroid_bwd_tiles) + 9)]
+              "| clustered's centroid values: split-key | clustered's centroid values: varlen |",
+              "|---|---:|---:|" + "---:|" * (len(sparse_tiles) + len(topk_tiles) + len(centroid_bwd_tiles) + 10)]
     for n in ns:
         if BUDGET.spent(lines, f"the parts at N = {n}"):
             return

@@ -218,6 +218,11 @@ SWITCH_RULES = {
     "hash inside K-means": ("triton_kmeans.HASH_IN_KMEANS = True", (
         ("gpu_step", "", AT_800, None),
         ("clustering", "Attention call as one CUDA graph", NO_LOSS, None))),
+    "varlen centroid values": ("ops.VARLEN_CENTROID_VALUES = True", (
+        ("gpu_step", "", AT_800, None),
+        ("clustering", "Attention call as one CUDA graph", NO_LOSS, None),
+        ("clustering", "i-clustered's parts", NO_LOSS,
+         ("clustered's centroid values: varlen", "clustered's centroid values: SDPA")))),
     "split-key centroid values": ("ops.SPLIT_KEY_VALUES_FROM: the N the rows pass from", (
         ("clustering", "Attention call as one CUDA graph", FROM_N, None),
         ("clustering", "i-clustered's parts", FROM_N,

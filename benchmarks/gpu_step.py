@@ -55,6 +55,7 @@ VARIANTS = {
     # last: the kernels' alternatives to the defaults
     "clustered-100, split-key centroid values": ("clustered-100", None, ("split-key centroid values",)),
     "clustered-100, hash inside K-means": ("clustered-100", None, ("hash inside K-means",)),
+    "clustered-100, varlen centroid values": ("clustered-100", None, ("varlen centroid values",)),
 }
 
 

@@ -206,14 +206,14 @@ def test_kernel_switches_name_settings_they_change():
     used |= {s for *_, switches in gpu_step.VARIANTS.values() for s in switches}
     assert used == set(bench_io.KERNEL_SWITCHES)
     names = list(bench_io.KERNEL_SWITCHES)
-    assert names == ["split-key centroid values", "hash inside K-means"]
+    assert names == ["split-key centroid values", "hash inside K-means", "varlen centroid values"]
     settings = [(importlib.import_module(m), a) for m, a, _ in bench_io.KERNEL_SWITCHES.values()]
-    defaults = [32768, False]
+    defaults = [32768, False, False]
     assert [getattr(m, a) for m, a in settings] == defaults
     made = bench_io.switched_on(names)  # made ahead of its `with` (as a table's settings are): nothing set yet
     assert [getattr(m, a) for m, a in settings] == defaults
     with made:
-        assert [getattr(m, a) for m, a in settings] == [0, True]
+        assert [getattr(m, a) for m, a in settings] == [0, True, True]
     assert [getattr(m, a) for m, a in settings] == defaults
     assert bench_io.switched_label("clustered-100", names[:1]) == "clustered-100, split-key centroid values"
 
@@ -243,12 +243,13 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
                     "i-clustered's parts", "CPU ops of one clustered-4 call",
                     "Attention call as one CUDA graph"):
         assert section in md, section
-    assert md.count("ran (the CPU has no synchronisation check)") == 4  # clustering_gpu.CALLS
+    assert md.count("ran (the CPU has no synchronisation check)") == 5  # clustering_gpu.CALLS
     assert "| clustered-4, rows broadcast |" in md and "centroid attention: fused, 256-key spans |" in md
     assert "| centroid attention: torch |" in md
     assert "centroid attention: fused, backward 64 keys × 8 warps |" in md
     assert "| clustered-4, hash inside K-means |" in md
     assert "| clustered-4, split-key centroid values |" in md and "clustered's centroid values: split-key |" in md
+    assert "| clustered-4, varlen centroid values |" in md and "clustered's centroid values: varlen |" in md
     assert "top-k: Triton, 1 rows × 1 warps" in md and "| split, clustered codes |" in md
     assert "top-k: Triton, whole-row stores |" in md and "top-k: Triton, bracketed |" in md
     assert "| auto, unpacked signs |" in md and "| auto, unpacked signs, clustered codes |" in md
@@ -283,11 +284,12 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     take most of this test's time, and test_clustering_gpu_cpu_plumbing runs its kernels."""
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--rounds", "1", "--variants", "full", "full, dense", "clustered-100", "floor",
-                      "clustered-100, split-key centroid values", "clustered-100, hash inside K-means")
+                      "clustered-100, split-key centroid values", "clustered-100, hash inside K-means",
+                      "clustered-100, varlen centroid values")
     # (i-clustered's kernels: the test above)
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
-    assert row.count("× floor") == 5 and "failed" not in row, row
+    assert row.count("× floor") == 6 and "failed" not in row, row
     assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 4  # the variants without switches
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--profile", "clustered-100", "floor")

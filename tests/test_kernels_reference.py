@@ -255,6 +255,45 @@ def test_fused_centroid_values_equal_the_reference(lengths):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_padded_offsets_are_each_sequences_valid_rows_then_its_padding():
+    """``fastasr.kernels.varlen.padded_offsets``: ``0, L0, N, N + L1, 2N, ...`` on the device of
+    the lengths, int32; ``C`` rows a sequence and no padding (the centroids) is ``0, C, C, 2C, ...``."""
+    from fastasr.kernels.varlen import padded_offsets, varlen_available
+
+    got = padded_offsets(torch.tensor([3, 5, 0]), 5)
+    assert got.dtype == torch.int32 and got.tolist() == [0, 3, 5, 10, 10, 10, 15]
+    assert padded_offsets(torch.full((3,), 4), 4).tolist() == [0, 4, 4, 8, 8, 12, 12]
+    assert not varlen_available(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.bfloat16))  # CPU
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("lengths", [[700, 513, 0, 64], [700, 700, 700, 700]])
+def test_varlen_centroid_values_equal_the_sdpa_call(lengths, monkeypatch):
+    """``ops.VARLEN_CENTROID_VALUES``: FlashAttention's variable-length kernel gives the centroid
+    values and gradients of the masked SDPA call (bf16, 100 centroids, heads of 32) on keys and
+    values as an attention layer passes them (head-split views of its projections), padded
+    sequences, and one without keys (which attends to every key, as the key mask has it)."""
+    from fastasr.kernels.varlen import varlen_available
+
+    B, H, C, N, E = 4, 6, 100, 700, 32
+    g = torch.Generator().manual_seed(3)
+    lens = torch.tensor(lengths, device="cuda")
+    proj = [torch.randn(B, N, H * E, generator=g).cuda().bfloat16() for _ in range(2)]
+    cent = torch.randn(B, H, C, E, generator=g).cuda().bfloat16()
+    results = []
+    for varlen in (False, True):
+        monkeypatch.setattr(ops, "VARLEN_CENTROID_VALUES", varlen)
+        leaves = [x.clone().requires_grad_() for x in (cent, *proj)]
+        k, v = (x.view(B, N, H, E).transpose(1, 2) for x in leaves[1:])
+        assert varlen_available(k, v)
+        out = ops.fused_centroid_values(leaves[0], k, v, lens, E ** -0.5)
+        out.float().square().sum().backward()
+        results.append([out.detach().float(), *(x.grad.float() for x in leaves)])
+    for name, got, want in zip(("values", "dcentroids", "dk", "dv"), *results[::-1]):
+        scale = float(want.abs().max())
+        torch.testing.assert_close(got, want, atol=2e-2 * scale, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
 def test_fused_centroid_attention_only_on_cuda_and_not_when_reference_is_forced(monkeypatch):
     assert not ops.fused_centroid_attention_applies(torch.zeros(1))  # CPU: the C++/reference op
     monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda")))

@@ -54,11 +54,7 @@ from fastasr.attention.base import InnerAttention, compute_dtype
 from fastasr.attention.masking import key_mask, valid_positions, zero_padded_queries
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
-
-try:  # torch ≥ 2.9: FlashAttention's variable-length kernel with autograd
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # pragma: no cover - older torch
-    varlen_attn = None
+from fastasr.kernels.varlen import padded_offsets, varlen_attn, varlen_available
 
 __all__ = ["FullAttention", "masked_attention", "packed_attention", "varlen_attention", "dense_attention",
            "padded_path", "forced_padded_path", "attends_in_float32", "PADDED_PATHS", "DEFAULT_PACK_FROM",
@@ -167,15 +163,6 @@ def dense_attention(
     return zero_padded_queries(out[..., :Ev], lengths)
 
 
-def varlen_available(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether :func:`varlen_attention` runs on these inputs: CUDA, fp16/bf16, torch's
-    ``varlen_attn`` present, equal head sizes, a multiple of 8 and at most 256."""
-    E, Ev = q.shape[-1], v.shape[-1]
-    return (varlen_attn is not None and q.device.type == "cuda"
-            and q.dtype in (torch.float16, torch.bfloat16)
-            and E == Ev and E % 8 == 0 and E <= 256)
-
-
 def varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor
 ) -> torch.Tensor:
@@ -184,13 +171,11 @@ def varlen_attention(
 
     Utterance ``b``'s valid positions ``[bN, bN + L_b)`` form one sequence and its padding
     ``[bN + L_b, (b+1)N)`` another, so no row is gathered or scattered (module docstring).
-    Needs :func:`varlen_available`.
+    Needs ``fastasr.kernels.varlen.varlen_available``.
     """
     B, H, N, E = q.shape
     lengths = lengths.to(device=q.device, dtype=torch.int32)
-    starts = torch.arange(B, device=q.device, dtype=torch.int32) * N
-    cu_seq = torch.cat([torch.stack([starts, starts + lengths], 1).reshape(-1),
-                        starts.new_full((1,), B * N)])
+    cu_seq = padded_offsets(lengths, N)
 
     def rows(x: torch.Tensor) -> torch.Tensor:  # (B, H, N, E) -> (B*N, H, E), a view if it can be
         return x.transpose(1, 2).reshape(B * N, H, x.shape[-1])

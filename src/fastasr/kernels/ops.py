@@ -43,6 +43,7 @@ from torch.profiler import record_function
 from fastasr.kernels import native, reference
 from fastasr.kernels.availability import import_kernel_module
 from fastasr.kernels.padding import key_mask
+from fastasr.kernels.varlen import padded_offsets, varlen_attn, varlen_available
 
 __all__ = [
     "hash_codes",
@@ -57,6 +58,7 @@ __all__ = [
     "cluster_means",
     "fused_centroid_attention_applies",
     "fused_centroid_values",
+    "varlen_centroid_values",
     "improved_sparse",
     "improved_clustered",
     "KERNELS_ENV",
@@ -75,6 +77,13 @@ KERNELS_ENV = "FASTASR_KERNELS"
 #: centroids: 6 programs for one 65,536-key sequence of 6 heads. The split-key kernels are the
 #: faster at 65,536 keys, SDPA at 16,384 and below (benchmarks/gpu_notes.md "Decisions").
 SPLIT_KEY_VALUES_FROM = 32768
+#: Whether :func:`fused_centroid_values` runs FlashAttention's variable-length kernel where it
+#: can (:func:`fastasr.kernels.varlen.varlen_available`: CUDA, half precision) instead of SDPA
+#: with a key mask (its memory-efficient kernel): each sequence's ``C`` centroids against its
+#: valid keys, the keys read in the attention layer's layout (the ``(B·N, H, E)`` view of its
+#: projection), the padding a sequence of keys without queries. Off until a GPU times it:
+#: ``make gpu-check``'s step, call and parts tables ("varlen centroid values").
+VARLEN_CENTROID_VALUES = False
 _CHOICES = ("auto", "reference", "native", "triton")
 
 # The ops each implementation has (the Triton ones: the module holding each kernel).
@@ -295,14 +304,47 @@ def fused_centroid_values(
     The same numbers as the reference's ``values`` (products in ``k``'s dtype, the softmax in
     float32, weights in ``v``'s dtype before the second product) without materialising the
     ``(B, H, C, N)`` logits: on a GPU SDPA's memory-efficient kernel takes the key mask,
-    forward and backward. Differentiable in ``centroids``, ``k``, ``v``.
+    forward and backward; with :data:`VARLEN_CENTROID_VALUES` FlashAttention's variable-length
+    kernel where it runs (:func:`varlen_centroid_values`). Differentiable in ``centroids``,
+    ``k``, ``v``.
     """
     B, _, _, _ = centroids.shape
+    if VARLEN_CENTROID_VALUES and lengths is not None and varlen_available(k, v):
+        return varlen_centroid_values(centroids, k, v, lengths, scale)
     keys_ok = key_mask(lengths, B, k.shape[2], k.device)[:, None, None, :]
     out = torch.nn.functional.scaled_dot_product_attention(
         centroids.to(k.dtype), k, v, attn_mask=keys_ok, scale=scale
     )
     return out.to(v.dtype)
+
+
+def varlen_centroid_values(
+    centroids: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`fused_centroid_values` by FlashAttention's variable-length kernel
+    (:mod:`fastasr.kernels.varlen`): sequence ``b``'s ``C`` centroids against its keys
+    ``[0, L_b)``, its padding keys a sequence of no queries. ``k`` and ``v`` are read as the
+    ``(B·N, H, E)`` rows they are in the attention layer's layout (copied where they are not);
+    the centroids, ``B·C`` rows, are copied. A sequence without valid keys attends to all of
+    them, as :func:`fastasr.kernels.padding.key_mask` has it. Needs
+    :func:`fastasr.kernels.varlen.varlen_available`."""
+    B, H, C, E = centroids.shape
+    N = k.shape[2]
+    lengths = lengths.to(device=k.device)
+    keys = torch.where(lengths == 0, N, lengths)
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, E) -> (B*T, H, E): a view where it can be
+        return x.transpose(1, 2).reshape(-1, H, x.shape[-1])
+
+    # C queries a sequence and none for its padding: the offsets of C "valid" rows of C
+    queries = padded_offsets(torch.full_like(keys, C), C)
+    out = varlen_attn(rows(centroids.to(k.dtype)), rows(k), rows(v), queries, padded_offsets(keys, N), C, N,
+                      scale=scale)
+    return out.view(B, C, H, v.shape[-1]).transpose(1, 2).to(v.dtype)
 
 
 def improved_clustered(
