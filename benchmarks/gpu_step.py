@@ -9,7 +9,8 @@ The model and batch are ``step_time.py``'s (9 layers of 6 heads × 32, ff 768, n
 absolute positions, dropout 0.1; ``B = frames // N`` utterances, the last ``N // 2`` long, random
 targets of ``N // 8`` units). A step: forward under bf16 autocast (Lightning's ``bf16-mixed``),
 CTC in fp32, backward, clipping at 10, RAdam (and, in a second table, the GPU's kernels of one step
-alone: the step without the host's share). Variants: ``full`` (the path
+alone: the step without the host's share; in a third, the step less its kernels: what the GPU waited
+for the host). Variants: ``full`` (the path
 ``fastasr.attention.full`` chooses for the batch), ``full, key mask``, ``full, varlen``, ``full,
 packed`` and ``full, dense`` (that path forced, ``forced_padded_path``), the clustered variants,
 and the *floor* (the inner attention replaced by the identity), and last clustered-100 with its
@@ -188,6 +189,14 @@ def main(argv=None) -> None:
         lines.append(f"| {n} ({max(1, args.frames // n)}) | "
                      + " | ".join(_cell(cells.get(k, "failed"), None if k == FLOOR else base) for k in columns)
                      + " |")
+    lines += ["", "The step less its kernels (ms): the time the GPU waited for the host (its launches, "
+              "autograd, the optimiser's and CTC's host work) where the host was behind.", "",
+              "| N (batch) | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    for n, cells in kernels.items():
+        waits = [table[n].get(k) - cells[k] if all(isinstance(x, float) for x in (table[n].get(k), cells.get(k)))
+                 else None for k in columns]
+        lines.append(f"| {n} ({max(1, args.frames // n)}) | "
+                     + " | ".join("–" if w is None else f"{w:.1f}" for w in waits) + " |")
     lines += notes
     out = args.out_dir / f"gpu_step_{info['slug']}.md"
     out.write_text("\n".join(lines) + "\n")

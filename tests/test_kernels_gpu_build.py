@@ -291,6 +291,8 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
     assert row.count("× floor") == 6 and "failed" not in row, row
     assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 4  # the variants without switches
+    waits = md.split("The step less its kernels")[1].splitlines()
+    assert next(line for line in waits if line.startswith("| 64 (2) |")) == "| 64 (2) | – | – | – | – |"  # no kernels
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--profile", "clustered-100", "floor")
     profile = (tmp_path / "gpu_step_profile_cpu-interpreter.txt").read_text()
