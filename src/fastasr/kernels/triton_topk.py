@@ -67,6 +67,8 @@ STORE_ELEMENTS: int | None = 4
 BRACKET = False
 BRACKET_GROUPS = 32
 _NEG_INF_KEY = -2139095041  # -inf's int32 key (_row_keys): a group of masked keys bounds nothing
+
+
 @triton.jit
 def _row_keys(x_ptr, rows, cols, R, N, ROW_STRIDE):
     """The scores of ``rows`` (``ROW_STRIDE`` apart) at ``cols`` (``(ROWS, COLS)``, -0.0 as 0.0),
