@@ -175,7 +175,7 @@ def _configs():
                         tt._topk_kernel, {"x_ptr": "*fp32", "out_ptr": "*i64", "lse_ptr": "*fp32", "w_ptr": "*fp32"},
                         {"BLOCK_N": block_n, "ROWS": rows, "WEIGHTS": weights,
                          "CHUNK": tt.store_chunk(block_n, rows, warps), "BRACKET": bracket,
-                         "GROUPS": tt.BRACKET_GROUPS, "NEG_INF_KEY": tt._NEG_INF_KEY},
+                         "GROUPS": tt.BRACKET_GROUPS},
                         {"num_warps": warps}))
     for t in ("fp32", "bf16", "fp16"):
         dot_dtype, precision = tc.dot_config(

@@ -66,7 +66,9 @@ STORE_ELEMENTS: int | None = 4
 #: bracketed").
 BRACKET = False
 BRACKET_GROUPS = 32
-_NEG_INF_KEY = -2139095041  # -inf's int32 key (_row_keys): a group of masked keys bounds nothing
+#: ``-inf``'s int32 key as :func:`_row_keys` makes it (a negative float's bits, the lower 31
+#: flipped): a group of masked keys bounds nothing.
+_NEG_INF_KEY = tl.constexpr(int(torch.tensor(float("-inf")).view(torch.int32)) ^ 0x7FFFFFFF)
 
 
 @triton.jit
@@ -85,7 +87,7 @@ def _row_keys(x_ptr, rows, cols, R, N, ROW_STRIDE):
 @triton.jit
 def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K, ROW_STRIDE,
                  BLOCK_N: tl.constexpr, ROWS: tl.constexpr, WEIGHTS: tl.constexpr, CHUNK: tl.constexpr,
-                 BRACKET: tl.constexpr = False, GROUPS: tl.constexpr = 32, NEG_INF_KEY: tl.constexpr = -2139095041):
+                 BRACKET: tl.constexpr, GROUPS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     _, key, _ = _row_keys(x_ptr, rows, tl.arange(0, BLOCK_N), R, N, ROW_STRIDE)
     # bisection, each row stopping once exactly K keys are >= lo
@@ -94,7 +96,7 @@ def _topk_kernel(x_ptr, out_ptr, lse_ptr, w_ptr, R, N, K, ROW_STRIDE,
     at_lo = tl.full((ROWS,), BLOCK_N, tl.int32)  # count(key >= lo): every lane at first
     if BRACKET:  # BRACKET's bracket: lanes j, j + GROUPS, ... a group; a group of -inf or padding bounds nothing
         top = tl.max(tl.reshape(key, (ROWS, BLOCK_N // GROUPS, GROUPS)), axis=1)  # (ROWS, GROUPS)
-        least = tl.min(tl.where(top > NEG_INF_KEY, top, 2147483647), axis=1)
+        least = tl.min(tl.where(top > _NEG_INF_KEY, top, 2147483647), axis=1)
         at_least = tl.sum((key >= least[:, None]).to(tl.int32), 1)
         lo = tl.where(at_least >= K, least.to(tl.int64), lo)
         at_lo = tl.where(at_least >= K, at_least, at_lo)
@@ -197,7 +199,7 @@ def _select(scores: torch.Tensor, k: int, lse: torch.Tensor | None = None):
             rows if weights is None else weights, R, N, k, rows.stride(0),
             BLOCK_N=next_power_of_2(N), ROWS=per_program, WEIGHTS=lse is not None,
             CHUNK=store_chunk(N, per_program, warps), BRACKET=BRACKET,
-            GROUPS=min(BRACKET_GROUPS, next_power_of_2(N)), NEG_INF_KEY=_NEG_INF_KEY, num_warps=warps,
+            GROUPS=min(BRACKET_GROUPS, next_power_of_2(N)), num_warps=warps,
         )
     shape = (*scores.shape[:-1], k)
     return idx.view(shape), None if weights is None else weights.view(shape)
