@@ -258,11 +258,16 @@ def test_fused_centroid_values_equal_the_reference(lengths):
 def test_padded_offsets_are_each_sequences_valid_rows_then_its_padding():
     """``fastasr.kernels.varlen.padded_offsets``: ``0, L0, N, N + L1, 2N, ...`` on the device of
     the lengths, int32; ``C`` rows a sequence and no padding (the centroids) is ``0, C, C, 2C, ...``."""
-    from fastasr.kernels.varlen import padded_offsets, varlen_available
+    from fastasr.kernels.varlen import as_rows, padded_offsets, varlen_available
 
     got = padded_offsets(torch.tensor([3, 5, 0]), 5)
     assert got.dtype == torch.int32 and got.tolist() == [0, 3, 5, 10, 10, 10, 15]
     assert padded_offsets(torch.full((3,), 4), 4).tolist() == [0, 4, 4, 8, 8, 12, 12]
+    proj = torch.randn(2, 5, 3 * 4)  # (B, N, H·E): its head-split view's rows are the projection itself
+    rows = as_rows(proj.view(2, 5, 3, 4).transpose(1, 2))
+    assert rows.shape == (10, 3, 4) and rows.data_ptr() == proj.data_ptr() and torch.equal(rows.reshape(2, 5, 12), proj)
+    x = torch.randn(2, 3, 5, 4)  # contiguous (B, H, N, E): copied into rows
+    assert torch.equal(as_rows(x)[7], x[1, :, 2])
     assert not varlen_available(torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(1, 8, dtype=torch.bfloat16))  # CPU
 
 

@@ -54,7 +54,7 @@ from fastasr.attention.base import InnerAttention, compute_dtype
 from fastasr.attention.masking import key_mask, valid_positions, zero_padded_queries
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
-from fastasr.kernels.varlen import padded_offsets, varlen_attn, varlen_available
+from fastasr.kernels.varlen import as_rows, padded_offsets, varlen_attn, varlen_available
 
 __all__ = ["FullAttention", "masked_attention", "packed_attention", "varlen_attention", "dense_attention",
            "padded_path", "forced_padded_path", "attends_in_float32", "PADDED_PATHS", "DEFAULT_PACK_FROM",
@@ -176,11 +176,7 @@ def varlen_attention(
     B, H, N, E = q.shape
     lengths = lengths.to(device=q.device, dtype=torch.int32)
     cu_seq = padded_offsets(lengths, N)
-
-    def rows(x: torch.Tensor) -> torch.Tensor:  # (B, H, N, E) -> (B*N, H, E), a view if it can be
-        return x.transpose(1, 2).reshape(B * N, H, x.shape[-1])
-
-    out = varlen_attn(rows(q), rows(k), rows(v), cu_seq, cu_seq, N, N)
+    out = varlen_attn(as_rows(q), as_rows(k), as_rows(v), cu_seq, cu_seq, N, N)
     return zero_padded_queries(out.view(B, N, H, E).transpose(1, 2), lengths)
 
 

@@ -43,7 +43,7 @@ from torch.profiler import record_function
 from fastasr.kernels import native, reference
 from fastasr.kernels.availability import import_kernel_module
 from fastasr.kernels.padding import key_mask
-from fastasr.kernels.varlen import padded_offsets, varlen_attn, varlen_available
+from fastasr.kernels.varlen import as_rows, padded_offsets, varlen_attn, varlen_available
 
 __all__ = [
     "hash_codes",
@@ -336,14 +336,10 @@ def varlen_centroid_values(
     N = k.shape[2]
     lengths = lengths.to(device=k.device)
     keys = torch.where(lengths == 0, N, lengths)
-
-    def rows(x: torch.Tensor) -> torch.Tensor:  # (B, H, T, E) -> (B*T, H, E): a view where it can be
-        return x.transpose(1, 2).reshape(-1, H, x.shape[-1])
-
     # C queries a sequence and none for its padding: the offsets of C "valid" rows of C
     queries = padded_offsets(torch.full_like(keys, C), C)
-    out = varlen_attn(rows(centroids.to(k.dtype)), rows(k), rows(v), queries, padded_offsets(keys, N), C, N,
-                      scale=scale)
+    out = varlen_attn(as_rows(centroids.to(k.dtype)), as_rows(k), as_rows(v), queries, padded_offsets(keys, N),
+                      C, N, scale=scale)
     return out.view(B, C, H, v.shape[-1]).transpose(1, 2).to(v.dtype)
 
 

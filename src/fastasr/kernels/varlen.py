@@ -19,7 +19,7 @@ try:  # torch >= 2.9: FlashAttention's variable-length kernel with autograd
 except ImportError:  # pragma: no cover - older torch
     varlen_attn = None
 
-__all__ = ["varlen_attn", "varlen_available", "padded_offsets"]
+__all__ = ["varlen_attn", "varlen_available", "padded_offsets", "as_rows"]
 
 
 def varlen_available(q: torch.Tensor, v: torch.Tensor) -> bool:
@@ -29,6 +29,12 @@ def varlen_available(q: torch.Tensor, v: torch.Tensor) -> bool:
     return (varlen_attn is not None and q.device.type == "cuda"
             and q.dtype in (torch.float16, torch.bfloat16)
             and E == Ev and E % 8 == 0 and E <= 256)
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """``(B, H, T, E)`` -> the ``(B·T, H, E)`` rows ``varlen_attn`` takes: a view of a head-split
+    projection (the attention layer's layout), a copy of anything else."""
+    return x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[-1])
 
 
 def padded_offsets(lengths: torch.Tensor, n: int) -> torch.Tensor:
