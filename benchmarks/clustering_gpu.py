@@ -563,12 +563,12 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
     cells += [f"{device_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
               f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}"]
-    with mock.patch.object(triton_topk, "STORE_ELEMENTS", None):  # a row's entries taken all at once
-        same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
-        cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
-    with mock.patch.object(triton_topk, "BRACKET", True):  # the bisection from a bracket of each row's keys
-        same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
-        cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
+    # a row's entries taken all at once; the bisection from a bracket of each row's keys
+    for setting in (mock.patch.object(triton_topk, "STORE_ELEMENTS", None),
+                    mock.patch.object(triton_topk, "BRACKET", True)):
+        with setting:
+            same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
+            cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")
     for tile in topk_tiles:
         run = with_topk_tile(*map(int, tile.split(":")))
         same = same and torch.equal(run(logits, K).sort(-1).values, want_top)
