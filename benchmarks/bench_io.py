@@ -121,6 +121,7 @@ KERNEL_SWITCHES = {
     "split-key centroid values": ("fastasr.kernels.ops", "SPLIT_KEY_VALUES_FROM", 0),
     "hash inside K-means": ("fastasr.kernels.triton_kmeans", "HASH_IN_KMEANS", True),
     "varlen centroid values": ("fastasr.kernels.ops", "VARLEN_CENTROID_VALUES", True),
+    "Triton layer norm": ("fastasr.kernels.layer_norm", "TRITON_LAYER_NORM", True),
 }
 
 

@@ -223,6 +223,8 @@ SWITCH_RULES = {
         ("clustering", "Attention call as one CUDA graph", NO_LOSS, None),
         ("clustering", "i-clustered's parts", NO_LOSS,
          ("clustered's centroid values: varlen", "clustered's centroid values: SDPA")))),
+    "Triton layer norm": ("layer_norm.TRITON_LAYER_NORM = True", (
+        ("gpu_step", "", EVERY_N, None),)),
     "split-key centroid values": ("ops.SPLIT_KEY_VALUES_FROM: the N the rows pass from", (
         ("clustering", "Attention call as one CUDA graph", FROM_N, None),
         ("clustering", "i-clustered's parts", FROM_N,

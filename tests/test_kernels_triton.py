@@ -250,6 +250,9 @@ def test_launch_arithmetic_is_tritons_without_its_constexpr_wrapper():
         for b in (1, 2, 16, 64, 96, 4096):
             assert grid.cdiv(a, b) == triton.cdiv(a, b), (a, b)
     assert (grid.cdiv(65536, 64), grid.next_power_of_2(100), grid.next_power_of_2(128)) == (1024, 128, 128)
+    device = torch.device(DEVICE)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    assert grid.multiprocessors(device) == sms
 
 
 def test_kmeans_one_launch_tile_by_length():
@@ -1486,3 +1489,120 @@ def test_split_kmeans_stops_at_a_fixed_point(monkeypatch):
     if INTERPRETED:
         assert len(votes) == int(first[0, :2].sum()) + 4
 
+
+
+# ------------------------------------------------------------------ layer norm
+tln = _load("triton_layer_norm")
+
+
+def _layer_norm_case(shape, dtype, seed):
+    g = _gen(seed)
+    d = shape[-1]
+    x = (torch.randn(shape, generator=g) * 3 + 1).to(dtype)
+    w, b = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    return x, w, b, torch.randn(shape, generator=g).to(dtype)
+
+
+def _layer_norm_and_grads(x, w, b, dy, norm=None):
+    """``norm``'s (default: the Triton kernels') output and gradients of ``x``, ``w``, ``b`` on
+    :data:`DEVICE`, on the CPU."""
+    leaves = [t.to(DEVICE).requires_grad_() for t in (x, w, b)]
+    out = (norm or (lambda *a: tln.layer_norm(*a, 1e-5)))(*leaves)
+    return [t.cpu() for t in (out.detach(), *torch.autograd.grad(out, leaves, dy.to(DEVICE)))]
+
+
+@pytest.mark.parametrize("shape", [(3, 37, 192), (70, 20), (2, 3, 1000), (4, 1)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 1.6e-2), (torch.float16, 2e-3)])
+def test_layer_norm_equals_torch(shape, dtype, tol):
+    """Values and gradients against torch's layer norm in float64 of the same inputs (rounded to
+    the input's dtype where the kernels round: the output and the input's gradient); rows over
+    more tiles than programs (111 rows of 192: 14 tiles), widths not a power of two, one value a
+    row (the output is the bias)."""
+    x, w, b, dy = _layer_norm_case(shape, dtype, 50)
+    out, dx, dw, db = _layer_norm_and_grads(x, w, b, dy)
+    assert (out.dtype, dx.dtype, dw.dtype, db.dtype) == (dtype, dtype, torch.float32, torch.float32)
+    assert out.shape == dx.shape == x.shape
+    ref = _layer_norm_and_grads(x.double(), w.double(), b.double(), dy.double(),
+                                lambda *a: torch.nn.functional.layer_norm(a[0], a[0].shape[-1:], *a[1:]))
+    torch.testing.assert_close(out.double(), ref[0].to(dtype).double(), atol=tol, rtol=tol)
+    torch.testing.assert_close(dx.double(), ref[1].to(dtype).double(), atol=4 * tol, rtol=tol)
+    for name, got, want in (("weight", dw, ref[2]), ("bias", db, ref[3])):  # float32 sums over the rows
+        torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"d{n}: {m}")
+
+
+def test_layer_norm_reads_rows_through_their_stride_and_walks_any_share_of_tiles(monkeypatch):
+    """Rows 256 apart (a slice of wider rows: read in place), rows of a transposed view (copied
+    to rows), and a backward of one program an SM (each walking several tiles): the numbers of
+    contiguous rows."""
+    x, w, b, dy = _layer_norm_case((3, 37, 192), torch.float32, 51)
+    want = _layer_norm_and_grads(x, w, b, dy)
+    wide = torch.zeros(3, 37, 256)
+    wide[..., :192] = x
+    transposed = x.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not transposed.is_contiguous()
+    monkeypatch.setattr(tln, "BACKWARD_PROGRAMS_PER_SM", 1)
+    for strided in (wide[..., :192], transposed):
+        for got, expected in zip(_layer_norm_and_grads(strided, w, b, dy.transpose(0, 1).contiguous().transpose(0, 1)),
+                                 want):
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_layer_norm_module_dispatch_and_autocast(monkeypatch):
+    """``LayerNorm`` is ``nn.LayerNorm`` (its parameters and state dict) and takes the Triton
+    kernels by ``FASTASR_KERNELS``' rules and ``TRITON_LAYER_NORM``; under autocast, as torch's
+    layer norm: float32 out of half-precision activations on CUDA, their dtype on the CPU."""
+    from fastasr.kernels import layer_norm as ln
+    from fastasr.kernels import ops
+
+    norm = ln.LayerNorm(20).to(DEVICE)
+    torch_norm = torch.nn.LayerNorm(20).to(DEVICE)
+    torch_norm.load_state_dict(norm.state_dict())
+    assert isinstance(norm, torch.nn.LayerNorm) and list(norm.state_dict()) == ["weight", "bias"]
+    x = torch.randn(5, 20, device=DEVICE)
+    w, b = norm.weight, norm.bias
+    monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
+    cuda = x.device.type == "cuda"
+    assert not ln.uses_triton(x, (20,), w, b)  # the switch is off
+    monkeypatch.setattr(ln, "TRITON_LAYER_NORM", True)
+    assert ln.uses_triton(x, (20,), w, b) == cuda  # auto: CUDA tensors only
+    monkeypatch.setattr(ln, "TRITON_LAYER_NORM", False)
+    monkeypatch.setenv(ops.KERNELS_ENV, "reference")
+    assert not ln.uses_triton(x, (20,), w, b)
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    assert ln.uses_triton(x, (20,), w, b)
+    assert not ln.uses_triton(x, (20,), None, b)  # no weight, rows too wide, float64, two dims: torch's
+    assert not ln.uses_triton(torch.zeros(2, tln.MAX_WIDTH + 1, device=DEVICE), (tln.MAX_WIDTH + 1,),
+                              torch.ones(tln.MAX_WIDTH + 1, device=DEVICE), torch.zeros(tln.MAX_WIDTH + 1, device=DEVICE))
+    assert not ln.uses_triton(x.double(), (20,), w.double(), b.double())
+    assert not ln.uses_triton(x.view(5, 4, 5), (4, 5), w.view(4, 5), b.view(4, 5))
+    calls = []
+    monkeypatch.setattr(tln._LayerNorm, "apply", lambda *a, apply=tln._LayerNorm.apply: calls.append(1) or apply(*a))
+    half = x.to(torch.bfloat16)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        got, want = norm(half), torch_norm(half)
+    assert calls and got.dtype == want.dtype == (torch.float32 if cuda else torch.bfloat16)
+    torch.testing.assert_close(got, want, atol=1e-5 if cuda else 1.6e-2, rtol=1e-5 if cuda else 1.6e-2)
+
+
+def test_encoder_through_triton_layer_norm_equals_torch(monkeypatch):
+    """A model whose layer norms run the Triton kernels (``FASTASR_KERNELS=triton``) gives
+    torch's outputs and parameter gradients."""
+    from fastasr.kernels import ops
+    from fastasr.model import CTCModel
+
+    g = _gen(52)
+    feats, lengths = torch.randn(2, 30, 12, generator=g), torch.tensor([30, 17])
+    results = {}
+    for backend in ("reference", "triton"):
+        monkeypatch.setenv(ops.KERNELS_ENV, backend)
+        torch.manual_seed(0)
+        model = CTCModel(vocab_size=9, feat_in=12, d_model=32, heads=2, ff_dim=64, layers=2, dropout=0.0,
+                         attention="full", subsampling=1, positions="absolute").to(DEVICE)
+        log_probs, _ = model(feats.to(DEVICE), lengths.to(DEVICE))
+        log_probs.sum().backward()
+        results[backend] = (log_probs.detach().cpu(), {n: p.grad.cpu() for n, p in model.named_parameters()})
+    (ref, ref_grads), (got, got_grads) = results["reference"], results["triton"]
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert any("norm" in n for n in got_grads)
+    for name, grad in got_grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")

@@ -124,6 +124,7 @@ def _configs():
     from fastasr.kernels import triton_hashing as th  # needs Triton
     from fastasr.kernels import triton_improved as ti  # needs Triton
     from fastasr.kernels import triton_kmeans as tk  # needs Triton
+    from fastasr.kernels import triton_layer_norm as tln  # needs Triton
     from fastasr.kernels import triton_topk as tt  # needs Triton
 
     torch_dtypes = {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}
@@ -243,6 +244,18 @@ def _configs():
                             tb._cluster_sum_kernel, {**rows, "dout_ptr": f"*{t}", "dx_ptr": "*fp32"},
                             {"ATOMIC": atomic, "MEAN": not atomic, "DOT_DTYPE": dot_dtype, "PRECISION": precision,
                              **tile}, options))
+    for t in ("fp32", "bf16"):
+        for width in (192, 768, tln.MAX_WIDTH):  # the paper model's rows, a feed-forward's, the widest
+            ptrs = {"x_ptr": f"*{t}", "w_ptr": "*fp32", "mean_ptr": "*fp32", "rstd_ptr": "*fp32"}
+            for name, kernel, tile, out_ptrs in (
+                ("layer_norm_fwd", tln._forward_kernel, tln.forward_tile(width),
+                 {"b_ptr": "*fp32", "y_ptr": f"*{t}"}),
+                ("layer_norm_bwd", tln._backward_kernel, tln.backward_tile(width),
+                 {"dy_ptr": f"*{t}", "dx_ptr": f"*{t}", "partial_ptr": "*fp32"}),
+            ):
+                options = {"num_warps": tile.pop("num_warps")}
+                out.append((f"{name} {t} D={width} rows={tile['ROWS']}x{options['num_warps']}", kernel,
+                            {**ptrs, **out_ptrs, "eps": "fp32"}, tile, options))
     for clusters in (100, tk.MAX_CLUSTERS):
         block_c, block_p = co.table_tile(clusters)
         out.append((f"block table C={clusters}", co._block_table_kernel, {"counts_ptr": "*i64", "table_ptr": "*i64"},

@@ -96,6 +96,7 @@ _TRITON_MODULES = {
     "topk_indices": "triton_topk",
     "broadcast_clusters": "triton_broadcast",
     "cluster_means": "triton_broadcast",
+    "layer_norm": "triton_layer_norm",  # fastasr.kernels.layer_norm (not a clustering op; its own switch)
 }
 _NATIVE_OPS = {
     "hash_codes",

@@ -15,6 +15,7 @@ from torch import nn
 
 from fastasr.attention import build_attention
 from fastasr.kernels.dropout import Dropout
+from fastasr.kernels.layer_norm import LayerNorm
 from fastasr.model.chunking import ChunkContext
 from fastasr.model.positional import RotaryPositions
 
@@ -110,7 +111,7 @@ class ConvolutionModule(nn.Module):
             raise ValueError(f"model.conv_kernel {kernel}; expected an odd number of frames ≥ 1 (or null: no convolution)")
         self.pointwise_in = nn.Linear(d_model, 2 * d_model)
         self.depthwise = nn.Conv1d(d_model, d_model, kernel, padding=kernel // 2, groups=d_model)
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = LayerNorm(d_model)
         self.pointwise_out = nn.Linear(d_model, d_model)
         self.dropout = Dropout(dropout)
 
@@ -172,7 +173,7 @@ class EncoderLayer(nn.Module):
             raise ValueError("model.conv_kernel needs model.norm_first=true (the convolution module is pre-norm)")
         self.attn = AttentionLayer(d_model, heads, attention, shared_qk, dropout, rotary)
         self.conv = ConvolutionModule(d_model, conv_kernel, dropout) if conv_kernel is not None else None
-        self.norm_conv = nn.LayerNorm(d_model) if conv_kernel is not None else None
+        self.norm_conv = LayerNorm(d_model) if conv_kernel is not None else None
         self.ff = nn.Sequential(
             nn.Linear(d_model, ff_dim),
             nn.GELU(),
@@ -180,8 +181,8 @@ class EncoderLayer(nn.Module):
             nn.Linear(ff_dim, d_model),
             Dropout(dropout),
         )
-        self.norm1 = nn.LayerNorm(d_model)
-        self.norm2 = nn.LayerNorm(d_model)
+        self.norm1 = LayerNorm(d_model)
+        self.norm2 = LayerNorm(d_model)
         self.norm_first = norm_first
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, chunk: ChunkContext | None = None) -> torch.Tensor:
@@ -250,7 +251,7 @@ class TransformerEncoder(nn.Module):
             EncoderLayer(d_model, heads, ff_dim, attention, shared_qk, dropout, norm_first, conv_kernel, positions)
             for _ in range(layers)
         )
-        self.final_norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+        self.final_norm = LayerNorm(d_model) if norm_first else nn.Identity()
 
     def set_attention(self, attention: AttentionSpec) -> None:
         for layer in self.layers:

@@ -1,0 +1,60 @@
+"""Layer normalisation over the last dimension, by torch or by the Triton kernels.
+
+:class:`LayerNorm` is :class:`torch.nn.LayerNorm` (the same parameters, state-dict keys and
+numbers) whose forward is :func:`layer_norm`. That is ``torch.nn.functional.layer_norm``, but
+where the Triton kernels of :mod:`fastasr.kernels.triton_layer_norm` run it instead, by
+``fastasr.kernels.ops``' rules for the op ``"layer_norm"`` (``FASTASR_KERNELS``):
+
+* ``auto`` on a CUDA tensor: the Triton kernels when :data:`TRITON_LAYER_NORM` is True; torch's
+  otherwise. Off until a GPU times it: ``make gpu-check``'s step table ("Triton layer norm");
+* ``triton``: the Triton kernels on every device (on the CPU under ``TRITON_INTERPRET=1``: how
+  they are tested);
+* otherwise torch's.
+
+The Triton kernels take rows of at most ``triton_layer_norm.MAX_WIDTH`` values with a weight
+and a bias; other calls are torch's. Under autocast they run as torch's layer norm does: on
+CUDA in float32 (an op CUDA autocast runs in float32: a float32 output of half-precision
+activations), on the CPU in the input's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastasr.kernels.availability import import_kernel_module
+from fastasr.kernels.ops import kernel_backend, kernel_choice
+
+__all__ = ["LayerNorm", "layer_norm", "uses_triton", "TRITON_LAYER_NORM"]
+
+#: Whether ``FASTASR_KERNELS=auto`` runs a CUDA tensor's layer norm by the Triton kernels.
+TRITON_LAYER_NORM = False
+
+
+def uses_triton(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+    """True if :func:`layer_norm` runs the Triton kernels for these arguments (module doc)."""
+    if not (TRITON_LAYER_NORM or kernel_choice() == "triton"):  # the default's one check
+        return False
+    if len(normalized_shape) != 1 or kernel_backend(x, "layer_norm") != "triton":
+        return False
+    return import_kernel_module("triton_layer_norm").applies(x, weight, bias)
+
+
+def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm``, by the Triton kernels where :func:`uses_triton`."""
+    if not uses_triton(x, normalized_shape, weight, bias):
+        return F.layer_norm(x, normalized_shape, weight, bias, eps)
+    kernels = import_kernel_module("triton_layer_norm")
+    if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):  # as CUDA autocast runs torch's: in float32
+        with torch.autocast("cuda", enabled=False):
+            return kernels.layer_norm(x.float(), weight.float(), bias.float(), eps)
+    return kernels.layer_norm(x, weight, bias, eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    """:class:`torch.nn.LayerNorm` by :func:`layer_norm` (the Triton kernels where they run)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
