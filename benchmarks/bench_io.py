@@ -122,6 +122,7 @@ KERNEL_SWITCHES = {
     "hash inside K-means": ("fastasr.kernels.triton_kmeans", "HASH_IN_KMEANS", True),
     "varlen centroid values": ("fastasr.kernels.ops", "VARLEN_CENTROID_VALUES", True),
     "Triton layer norm": ("fastasr.kernels.layer_norm", "TRITON_LAYER_NORM", True),
+    "Triton bias gradients": ("fastasr.kernels.linear", "TRITON_BIAS_GRADIENTS", True),
 }
 
 

@@ -225,6 +225,8 @@ SWITCH_RULES = {
          ("clustered's centroid values: varlen", "clustered's centroid values: SDPA")))),
     "Triton layer norm": ("layer_norm.TRITON_LAYER_NORM = True", (
         ("gpu_step", "", EVERY_N, None),)),
+    "Triton bias gradients": ("linear.TRITON_BIAS_GRADIENTS = True", (
+        ("gpu_step", "", EVERY_N, None),)),
     "split-key centroid values": ("ops.SPLIT_KEY_VALUES_FROM: the N the rows pass from", (
         ("clustering", "Attention call as one CUDA graph", FROM_N, None),
         ("clustering", "i-clustered's parts", FROM_N,

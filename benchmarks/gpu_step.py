@@ -15,8 +15,8 @@ for the host). Variants: ``full`` (the path
 packed`` and ``full, dense`` (that path forced, ``forced_padded_path``), the clustered variants,
 and the *floor* (the inner attention replaced by the identity), and last clustered-100 with its
 centroid values by the split-key kernels, the hash inside K-means and the varlen centroid values,
-and the floor and full attention with the model's layer norms by the Triton kernels
-(``bench_io.KERNEL_SWITCHES``; the switch and the forced path hold for the whole step, forward
+and the floor and full attention with the model's layer norms and its linear layers' bias
+gradients by the Triton kernels (``bench_io.KERNEL_SWITCHES``; the switch and the forced path hold for the whole step, forward
 and backward: a backward reads them when it runs).
 Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn. ``--profile SPEC [SPEC ...]``: torch.profiler's largest CUDA kernels of one step of each.
 
@@ -59,9 +59,11 @@ VARIANTS = {
     "clustered-100, split-key centroid values": ("clustered-100", None, ("split-key centroid values",)),
     "clustered-100, hash inside K-means": ("clustered-100", None, ("hash inside K-means",)),
     "clustered-100, varlen centroid values": ("clustered-100", None, ("varlen centroid values",)),
-    # the model's own kernels: its layer norms by Triton, in the floor and with full attention
+    # the model's own kernels: its layer norms, its bias gradients by Triton, in the floor and with full attention
     "floor, Triton layer norm": (FLOOR, None, ("Triton layer norm",)),
     "full, Triton layer norm": ("full", None, ("Triton layer norm",)),
+    "floor, Triton bias gradients": (FLOOR, None, ("Triton bias gradients",)),
+    "full, Triton bias gradients": ("full", None, ("Triton bias gradients",)),
 }
 
 

@@ -206,14 +206,15 @@ def test_kernel_switches_name_settings_they_change():
     used |= {s for *_, switches in gpu_step.VARIANTS.values() for s in switches}
     assert used == set(bench_io.KERNEL_SWITCHES)
     names = list(bench_io.KERNEL_SWITCHES)
-    assert names == ["split-key centroid values", "hash inside K-means", "varlen centroid values", "Triton layer norm"]
+    assert names == ["split-key centroid values", "hash inside K-means", "varlen centroid values", "Triton layer norm",
+                     "Triton bias gradients"]
     settings = [(importlib.import_module(m), a) for m, a, _ in bench_io.KERNEL_SWITCHES.values()]
-    defaults = [32768, False, False, False]
+    defaults = [32768, False, False, False, False]
     assert [getattr(m, a) for m, a in settings] == defaults
     made = bench_io.switched_on(names)  # made ahead of its `with` (as a table's settings are): nothing set yet
     assert [getattr(m, a) for m, a in settings] == defaults
     with made:
-        assert [getattr(m, a) for m, a in settings] == [0, True, True, True]
+        assert [getattr(m, a) for m, a in settings] == [0, True, True, True, True]
     assert [getattr(m, a) for m, a in settings] == defaults
     assert bench_io.switched_label("clustered-100", names[:1]) == "clustered-100, split-key centroid values"
 
@@ -285,11 +286,12 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--rounds", "1", "--variants", "full", "full, dense", "clustered-100", "floor",
                       "clustered-100, split-key centroid values", "clustered-100, hash inside K-means",
-                      "clustered-100, varlen centroid values", "floor, Triton layer norm")
+                      "clustered-100, varlen centroid values", "floor, Triton layer norm",
+                      "floor, Triton bias gradients")
     # (i-clustered's kernels: the test above)
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
-    assert row.count("× floor") == 7 and "failed" not in row, row
+    assert row.count("× floor") == 8 and "failed" not in row, row
     assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 4  # the variants without switches
     waits = md.split("The step less its kernels")[1].splitlines()
     assert next(line for line in waits if line.startswith("| 64 (2) |")) == "| 64 (2) | – | – | – | – |"  # no kernels

@@ -1584,15 +1584,90 @@ def test_layer_norm_module_dispatch_and_autocast(monkeypatch):
     torch.testing.assert_close(got, want, atol=1e-5 if cuda else 1.6e-2, rtol=1e-5 if cuda else 1.6e-2)
 
 
-def test_encoder_through_triton_layer_norm_equals_torch(monkeypatch):
-    """A model whose layer norms run the Triton kernels (``FASTASR_KERNELS=triton``) gives
-    torch's outputs and parameter gradients."""
+# ------------------------------------------------------------------ column sums (bias gradients)
+tcs = _load("triton_column_sums")
+
+
+@pytest.mark.parametrize("shape", [(1000, 192), (5, 48), (300, 768), (70, 300)])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+def test_column_sums_equal_torch(shape, dtype, tol):
+    """Each column's sum over the rows against float64's, rounded to the rows' dtype: rows over
+    more tiles than programs (1,000 rows: 32 tiles), columns over several blocks (768, and 300:
+    the last block partly outside)."""
+    x = torch.randn(shape, generator=_gen(53)).to(dtype)
+    got = tcs.column_sums(x.to(DEVICE)).cpu()
+    assert got.dtype == dtype and got.shape == shape[-1:]
+    torch.testing.assert_close(got.double(), x.double().sum(0).to(dtype).double(), atol=tol * shape[0] ** 0.5, rtol=tol)
+
+
+def test_column_sums_read_rows_through_their_stride_and_walk_any_share_of_tiles(monkeypatch):
+    """Rows 256 apart (a slice of wider rows: read in place) and one program an SM (each
+    walking several tiles): the sums of contiguous rows."""
+    x = torch.randn(500, 192, generator=_gen(54))
+    want = tcs.column_sums(x.to(DEVICE)).cpu()
+    wide = torch.zeros(500, 256)
+    wide[:, :192] = x
+    monkeypatch.setattr(tcs, "PROGRAMS_PER_SM", 1)
+    assert tcs.column_programs(500, 192, torch.device(DEVICE)) < 500 // tcs.ROWS
+    torch.testing.assert_close(tcs.column_sums(wide[:, :192].to(DEVICE)).cpu(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_linear_module_dispatch_and_autocast(monkeypatch):
+    """``Linear`` is ``nn.Linear`` (its parameters and state dict); by ``FASTASR_KERNELS``' rules
+    and ``TRITON_BIAS_GRADIENTS`` it takes the Triton bias gradient, with torch's numbers: the
+    same product forward, the same products backward, the bias's gradient to float32's rounding;
+    under autocast in autocast's dtype, the parameters' gradients float32."""
+    from fastasr.kernels import linear as lin
+    from fastasr.kernels import ops
+
+    layer = lin.Linear(20, 7).to(DEVICE)
+    torch_layer = torch.nn.Linear(20, 7).to(DEVICE)
+    torch_layer.load_state_dict(layer.state_dict())
+    assert isinstance(layer, torch.nn.Linear) and list(layer.state_dict()) == ["weight", "bias"]
+    x = torch.randn(3, 5, 20, generator=_gen(56)).to(DEVICE)
+    w, b = layer.weight, layer.bias
+    monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
+    cuda = x.device.type == "cuda"
+    assert not lin.uses_triton(x, w, b)  # the switch is off
+    monkeypatch.setattr(lin, "TRITON_BIAS_GRADIENTS", True)
+    assert lin.uses_triton(x, w, b) == cuda  # auto: CUDA tensors only
+    monkeypatch.setattr(lin, "TRITON_BIAS_GRADIENTS", False)
+    monkeypatch.setenv(ops.KERNELS_ENV, "reference")
+    assert not lin.uses_triton(x, w, b)
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    assert lin.uses_triton(x, w, b)
+    assert not lin.uses_triton(x, w, None)  # no bias, float64, no rows: torch's
+    assert not lin.uses_triton(x.double(), w.double(), b.double())
+    assert not lin.uses_triton(x[:0], w, b)
+    sums = []
+    monkeypatch.setattr(tcs, "column_sums", lambda d, f=tcs.column_sums: sums.append(d.shape) or f(d))
+    for autocast in (False, True):
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+            outs = [m(x) for m in (layer, torch_layer)]
+        grad = torch.randn(outs[0].shape, generator=_gen(55)).to(DEVICE, outs[0].dtype)
+        (got, *got_grads), (want, *want_grads) = (
+            [out.detach(), *torch.autograd.grad(out, [m.weight, m.bias], grad)] for out, m in zip(outs, (layer, torch_layer)))
+        assert got.dtype == want.dtype == (torch.bfloat16 if autocast else torch.float32)
+        assert [g.dtype for g in got_grads] == [torch.float32] * 2
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        torch.testing.assert_close(got_grads[0], want_grads[0], atol=0, rtol=0)  # the same product
+        torch.testing.assert_close(got_grads[1], want_grads[1], atol=1e-2 if autocast else 1e-5, rtol=1e-2)
+    assert sums == [(15, 7), (15, 7)]
+
+
+def test_model_through_triton_layer_norm_and_bias_gradients_equals_torch(monkeypatch):
+    """A model whose layer norms and linear layers' bias gradients run the Triton kernels
+    (``FASTASR_KERNELS=triton``) gives torch's outputs and parameter gradients."""
     from fastasr.kernels import ops
     from fastasr.model import CTCModel
 
     g = _gen(52)
     feats, lengths = torch.randn(2, 30, 12, generator=g), torch.tensor([30, 17])
     results = {}
+    launches = []
+    apply, column_sums = tln._LayerNorm.apply, tcs.column_sums
+    monkeypatch.setattr(tln._LayerNorm, "apply", lambda *a: launches.append("apply") or apply(*a))
+    monkeypatch.setattr(tcs, "column_sums", lambda d: launches.append("column_sums") or column_sums(d))
     for backend in ("reference", "triton"):
         monkeypatch.setenv(ops.KERNELS_ENV, backend)
         torch.manual_seed(0)
@@ -1601,8 +1676,11 @@ def test_encoder_through_triton_layer_norm_equals_torch(monkeypatch):
         log_probs, _ = model(feats.to(DEVICE), lengths.to(DEVICE))
         log_probs.sum().backward()
         results[backend] = (log_probs.detach().cpu(), {n: p.grad.cpu() for n, p in model.named_parameters()})
+        if backend == "reference":
+            assert not launches
+    # 2 layers: 2 norms each and the final one; 6 linear layers each, the input's projection and the head
+    assert (launches.count("apply"), launches.count("column_sums")) == (5, 14)
     (ref, ref_grads), (got, got_grads) = results["reference"], results["triton"]
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
-    assert any("norm" in n for n in got_grads)
     for name, grad in got_grads.items():
         torch.testing.assert_close(grad, ref_grads[name], atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")

@@ -121,6 +121,7 @@ def _configs():
     from fastasr.kernels import triton_broadcast as tb  # needs Triton
     from fastasr.kernels import triton_centroid as tcen  # needs Triton
     from fastasr.kernels import triton_clustered as tc  # needs Triton
+    from fastasr.kernels import triton_column_sums as tcs  # needs Triton
     from fastasr.kernels import triton_hashing as th  # needs Triton
     from fastasr.kernels import triton_improved as ti  # needs Triton
     from fastasr.kernels import triton_kmeans as tk  # needs Triton
@@ -256,6 +257,12 @@ def _configs():
                 options = {"num_warps": tile.pop("num_warps")}
                 out.append((f"{name} {t} D={width} rows={tile['ROWS']}x{options['num_warps']}", kernel,
                             {**ptrs, **out_ptrs, "eps": "fp32"}, tile, options))
+    for t in ("fp32", "bf16"):
+        for width in (48, 192, 768):  # a vocabulary's, the paper model's rows, a feed-forward's
+            tile = tcs.column_tile(width)
+            options = {"num_warps": tile.pop("num_warps")}
+            out.append((f"column_sums {t} D={width} rows={tile['ROWS']} block {tile['BLOCK_D']}x{options['num_warps']}",
+                        tcs._column_sums_kernel, {"x_ptr": f"*{t}", "partial_ptr": "*fp32"}, tile, options))
     for clusters in (100, tk.MAX_CLUSTERS):
         block_c, block_p = co.table_tile(clusters)
         out.append((f"block table C={clusters}", co._block_table_kernel, {"counts_ptr": "*i64", "table_ptr": "*i64"},

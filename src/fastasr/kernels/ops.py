@@ -97,6 +97,7 @@ _TRITON_MODULES = {
     "broadcast_clusters": "triton_broadcast",
     "cluster_means": "triton_broadcast",
     "layer_norm": "triton_layer_norm",  # fastasr.kernels.layer_norm (not a clustering op; its own switch)
+    "column_sums": "triton_column_sums",  # fastasr.kernels.linear's bias gradients (likewise)
 }
 _NATIVE_OPS = {
     "hash_codes",

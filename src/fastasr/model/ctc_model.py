@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from fastasr.kernels.dropout import Dropout
+from fastasr.kernels.linear import Linear
 from fastasr.model.chunking import ChunkContext, ChunkTraining
 from fastasr.model.encoder import AttentionLayer, AttentionSpec, TransformerEncoder
 from fastasr.model.frontend import ConvSubsampling, GlobalCMVN, SpecAugment
@@ -120,7 +121,7 @@ class CTCModel(nn.Module):
             d_model, heads, ff_dim, layers, attention, shared_qk, dropout, norm_first, conv_kernel,
             rotary=positions == "rotary",
         )
-        self.head = nn.Linear(d_model, vocab_size)
+        self.head = Linear(d_model, vocab_size)
 
     @torch.no_grad()
     def set_cmvn(self, mean: torch.Tensor, std: torch.Tensor) -> None:

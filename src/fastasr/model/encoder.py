@@ -16,6 +16,7 @@ from torch import nn
 from fastasr.attention import build_attention
 from fastasr.kernels.dropout import Dropout
 from fastasr.kernels.layer_norm import LayerNorm
+from fastasr.kernels.linear import Linear
 from fastasr.model.chunking import ChunkContext
 from fastasr.model.positional import RotaryPositions
 
@@ -49,10 +50,10 @@ class AttentionLayer(nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by heads={heads}")
         self.heads = heads
         self.shared_qk = shared_qk
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = None if shared_qk else nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = Linear(d_model, d_model)
+        self.k_proj = None if shared_qk else Linear(d_model, d_model)
+        self.v_proj = Linear(d_model, d_model)
+        self.out_proj = Linear(d_model, d_model)
         self.dropout = Dropout(dropout)
         self.rotary = rotary
         self.inner = self._build(attention)
@@ -109,10 +110,10 @@ class ConvolutionModule(nn.Module):
         super().__init__()
         if kernel < 1 or kernel % 2 == 0:
             raise ValueError(f"model.conv_kernel {kernel}; expected an odd number of frames ≥ 1 (or null: no convolution)")
-        self.pointwise_in = nn.Linear(d_model, 2 * d_model)
+        self.pointwise_in = Linear(d_model, 2 * d_model)
         self.depthwise = nn.Conv1d(d_model, d_model, kernel, padding=kernel // 2, groups=d_model)
         self.norm = LayerNorm(d_model)
-        self.pointwise_out = nn.Linear(d_model, d_model)
+        self.pointwise_out = Linear(d_model, d_model)
         self.dropout = Dropout(dropout)
 
     @property
@@ -175,10 +176,10 @@ class EncoderLayer(nn.Module):
         self.conv = ConvolutionModule(d_model, conv_kernel, dropout) if conv_kernel is not None else None
         self.norm_conv = LayerNorm(d_model) if conv_kernel is not None else None
         self.ff = nn.Sequential(
-            nn.Linear(d_model, ff_dim),
+            Linear(d_model, ff_dim),
             nn.GELU(),
             Dropout(dropout),
-            nn.Linear(ff_dim, d_model),
+            Linear(ff_dim, d_model),
             Dropout(dropout),
         )
         self.norm1 = LayerNorm(d_model)

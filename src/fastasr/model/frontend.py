@@ -14,6 +14,8 @@ import torch
 import torchaudio.functional as AF
 from torch import nn
 
+from fastasr.kernels.linear import Linear
+
 
 class GlobalCMVN(nn.Module):
     """``(x - mean) / std`` per feature dimension; ``mean``/``std`` are buffers,
@@ -115,7 +117,7 @@ class ConvSubsampling(nn.Module):
             layers += [nn.Conv2d(in_ch, channels, kernel_size=3, stride=2, padding=1), nn.ReLU()]
             in_ch, freq = channels, (freq + 1) // 2
         self.conv = nn.Sequential(*layers)
-        self.proj = nn.Linear(in_ch * freq, d_model)
+        self.proj = Linear(in_ch * freq, d_model)
 
     def out_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         """Frames after subsampling for input lengths (each conv: ceil(T / 2))."""
