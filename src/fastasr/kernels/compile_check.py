@@ -245,18 +245,19 @@ def _configs():
                             tb._cluster_sum_kernel, {**rows, "dout_ptr": f"*{t}", "dx_ptr": "*fp32"},
                             {"ATOMIC": atomic, "MEAN": not atomic, "DOT_DTYPE": dot_dtype, "PRECISION": precision,
                              **tile}, options))
-    for t in ("fp32", "bf16"):
-        for width in (192, 768, tln.MAX_WIDTH):  # the paper model's rows, a feed-forward's, the widest
+    # the rows' dtype and the output's: float32 rows into bfloat16 under autocast (LayerNorm's cast_output)
+    for t, y in (("fp32", "fp32"), ("bf16", "bf16"), ("fp32", "bf16")):
+        for width in (192, 768, tln.MAX_WIDTH) if t == y else (192,):  # the paper model's, a feed-forward's, the widest
             ptrs = {"x_ptr": f"*{t}", "w_ptr": "*fp32", "mean_ptr": "*fp32", "rstd_ptr": "*fp32"}
             for name, kernel, tile, out_ptrs in (
                 ("layer_norm_fwd", tln._forward_kernel, tln.forward_tile(width),
-                 {"b_ptr": "*fp32", "y_ptr": f"*{t}"}),
+                 {"b_ptr": "*fp32", "y_ptr": f"*{y}"}),
                 ("layer_norm_bwd", tln._backward_kernel, tln.backward_tile(width),
-                 {"dy_ptr": f"*{t}", "dx_ptr": f"*{t}", "partial_ptr": "*fp32"}),
+                 {"dy_ptr": f"*{y}", "dx_ptr": f"*{t}", "partial_ptr": "*fp32"}),
             ):
                 options = {"num_warps": tile.pop("num_warps")}
-                out.append((f"{name} {t} D={width} rows={tile['ROWS']}x{options['num_warps']}", kernel,
-                            {**ptrs, **out_ptrs, "eps": "fp32"}, tile, options))
+                out.append((f"{name} {t}{'' if t == y else f' to {y}'} D={width} rows={tile['ROWS']}x{options['num_warps']}",
+                            kernel, {**ptrs, **out_ptrs, "eps": "fp32"}, tile, options))
     for t in ("fp32", "bf16"):
         for width in (48, 192, 768):  # a vocabulary's, the paper model's rows, a feed-forward's
             tile = tcs.column_tile(width)

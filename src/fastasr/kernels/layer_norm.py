@@ -14,7 +14,12 @@ where the Triton kernels of :mod:`fastasr.kernels.triton_layer_norm` run it inst
 The Triton kernels take rows of at most ``triton_layer_norm.MAX_WIDTH`` values with a weight
 and a bias; other calls are torch's. Under autocast they run as torch's layer norm does: on
 CUDA in float32 (an op CUDA autocast runs in float32: a float32 output of half-precision
-activations), on the CPU in the input's dtype.
+activations), on the CPU in the input's dtype. With ``cast_output`` (a layer norm whose every
+consumer is a product autocast casts its input for: a pre-norm layer's projections) they write
+the output under autocast in autocast's dtype instead: the values its consumers read, rounded
+once, without a cast of theirs each (a layer's queries, keys and values cast the same output
+three times, forward and backward); the gradients coming back are then summed in that dtype.
+torch's path is unchanged by it.
 """
 
 from __future__ import annotations
@@ -42,19 +47,30 @@ def uses_triton(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None, 
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
-               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
-    """``torch.nn.functional.layer_norm``, by the Triton kernels where :func:`uses_triton`."""
+               bias: torch.Tensor | None = None, eps: float = 1e-5, *, cast_output: bool = False) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm``, by the Triton kernels where :func:`uses_triton`;
+    ``cast_output``: where they run under autocast, the output in autocast's dtype (module doc)."""
     if not uses_triton(x, normalized_shape, weight, bias):
         return F.layer_norm(x, normalized_shape, weight, bias, eps)
     kernels = import_kernel_module("triton_layer_norm")
-    if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):  # as CUDA autocast runs torch's: in float32
+    device = x.device.type
+    out_dtype = torch.get_autocast_dtype(device) if cast_output and torch.is_autocast_enabled(device) else None
+    if device == "cuda" and torch.is_autocast_enabled("cuda"):  # as CUDA autocast runs torch's: in float32
         with torch.autocast("cuda", enabled=False):
-            return kernels.layer_norm(x.float(), weight.float(), bias.float(), eps)
-    return kernels.layer_norm(x, weight, bias, eps)
+            return kernels.layer_norm(x.float(), weight.float(), bias.float(), eps, out_dtype)
+    return kernels.layer_norm(x, weight, bias, eps, out_dtype)
 
 
 class LayerNorm(nn.LayerNorm):
-    """:class:`torch.nn.LayerNorm` by :func:`layer_norm` (the Triton kernels where they run)."""
+    """:class:`torch.nn.LayerNorm` by :func:`layer_norm` (the Triton kernels where they run).
+
+    ``cast_output``: for a layer norm whose every consumer is a product autocast casts its input
+    for (a pre-norm layer's projections): where the Triton kernels run under autocast, its
+    output in autocast's dtype (module doc)."""
+
+    def __init__(self, *args, cast_output: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cast_output = cast_output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps, cast_output=self.cast_output)

@@ -22,8 +22,8 @@ Design:
   once, and one ``sum`` over the programs' ``(2, P, D)`` partials (a few hundred rows) gives the
   gradients. No atomics, one read of ``x`` and ``dy`` and one write of ``dx``.
 
-Float32 arithmetic whatever the input's dtype; the output has the input's dtype, the weight's
-and bias's gradients theirs. Rows are read and written through their stride (the last dimension
+Float32 arithmetic whatever the input's dtype; the output has the input's dtype or the one asked
+for, the input's gradient the input's, the weight's and bias's gradients theirs. Rows are read and written through their stride (the last dimension
 contiguous). Rows wider than :data:`MAX_WIDTH` and other dtypes are not served (:func:`applies`);
 :mod:`fastasr.kernels.layer_norm` sends them to torch. Nothing reads a value back to the host.
 """
@@ -147,10 +147,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 class _LayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, eps):
+    def forward(ctx, x, weight, bias, eps, out_dtype):
         rows = _rows(x)
         m, d = rows.shape
-        y = torch.empty((m, d), dtype=x.dtype, device=x.device)
+        y = torch.empty((m, d), dtype=out_dtype or x.dtype, device=x.device)
         mean = torch.empty(m, dtype=torch.float32, device=x.device)
         rstd = torch.empty(m, dtype=torch.float32, device=x.device)
         tile = forward_tile(d)
@@ -174,11 +174,13 @@ class _LayerNorm(torch.autograd.Function):
         _backward_kernel[(programs,)](rows, dy_rows, weight, mean, rstd, dx, partial, m, d, rows.stride(0),
                                       dy_rows.stride(0), dx.stride(0), **tile, num_warps=warps)
         dw, db = partial.sum(1)
-        return dx.view(dy.shape), dw.to(weight.dtype), db.to(ctx.bias_dtype), None
+        return dx.view(dy.shape), dw.to(weight.dtype), db.to(ctx.bias_dtype), None, None
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``torch.nn.functional.layer_norm(x, (D,), weight, bias, eps)`` by the Triton kernels, for
-    inputs :func:`applies` serves (the caller's to check)."""
+    inputs :func:`applies` serves (the caller's to check); the output in ``out_dtype`` (default:
+    ``x``'s), rounded once from float32, and the input's gradient in ``x``'s."""
     require_triton("layer_norm", x.device, kernels_interpreted(_forward_kernel))
-    return _LayerNorm.apply(x, weight, bias, float(eps))
+    return _LayerNorm.apply(x, weight, bias, float(eps), out_dtype)

@@ -174,7 +174,8 @@ class EncoderLayer(nn.Module):
             raise ValueError("model.conv_kernel needs model.norm_first=true (the convolution module is pre-norm)")
         self.attn = AttentionLayer(d_model, heads, attention, shared_qk, dropout, rotary)
         self.conv = ConvolutionModule(d_model, conv_kernel, dropout) if conv_kernel is not None else None
-        self.norm_conv = LayerNorm(d_model) if conv_kernel is not None else None
+        # pre-norm: each norm's output is read by projections alone (LayerNorm's cast_output)
+        self.norm_conv = LayerNorm(d_model, cast_output=True) if conv_kernel is not None else None
         self.ff = nn.Sequential(
             Linear(d_model, ff_dim),
             nn.GELU(),
@@ -182,8 +183,8 @@ class EncoderLayer(nn.Module):
             Linear(ff_dim, d_model),
             Dropout(dropout),
         )
-        self.norm1 = LayerNorm(d_model)
-        self.norm2 = LayerNorm(d_model)
+        self.norm1 = LayerNorm(d_model, cast_output=norm_first)
+        self.norm2 = LayerNorm(d_model, cast_output=norm_first)
         self.norm_first = norm_first
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor | None, chunk: ChunkContext | None = None) -> torch.Tensor:
