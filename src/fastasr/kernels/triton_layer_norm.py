@@ -6,7 +6,7 @@ with its autograd backward. For rows many and short, as a sequence model's activ
 (a batch of 64,000 positions of 192 values), where torch's CUDA kernels are far from the memory
 traffic: on the H100 and the H200 a training step's layer-norm backward took 330 µs for
 ``(64000, 192)`` float32 rows, 263 of them in the kernel summing the weight's and bias's
-gradients, and the forward 114 µs, against about 30 µs to read and write the rows once
+gradients, and the forward 114 µs, against 20-30 µs to read and write the rows once
 (``benchmarks/gpu_notes.md``).
 
 Design:
@@ -23,9 +23,10 @@ Design:
   gradients. No atomics, one read of ``x`` and ``dy`` and one write of ``dx``.
 
 Float32 arithmetic whatever the input's dtype; the output has the input's dtype or the one asked
-for, the input's gradient the input's, the weight's and bias's gradients theirs. Rows are read and written through their stride (the last dimension
-contiguous). Rows wider than :data:`MAX_WIDTH` and other dtypes are not served (:func:`applies`);
-:mod:`fastasr.kernels.layer_norm` sends them to torch. Nothing reads a value back to the host.
+for, the input's gradient the input's, the weight's and bias's gradients theirs. Rows are read
+and written through their stride (the last dimension contiguous). Rows wider than
+:data:`MAX_WIDTH` and other dtypes are not served (:func:`applies`); :mod:`fastasr.kernels.layer_norm`
+sends them to torch. Nothing reads a value back to the host.
 """
 
 from __future__ import annotations
