@@ -317,3 +317,38 @@ def test_the_training_loss_mixes_final_and_intermediate_ctc_by_the_weight():
     want = 0.75 * ctc(final) + 0.25 * (ctc(inter[0]) + ctc(inter[1])) / 2
     torch.testing.assert_close(loss.detach(), want)
     assert not torch.allclose(want, ctc(final))  # the intermediate part changes the loss
+
+
+def test_grad_norm_is_logged_as_a_device_tensor_without_reading_back(monkeypatch):
+    """``train/grad_norm``: the gradients' L2 norm (Lightning's ``grad_norm`` total), logged as a
+    tensor on the gradients' device with no value read back to the host (each read a sync on a
+    GPU; Lightning's ``grad_norm`` reads every parameter's norm). On the meta device, where any
+    read raises, it is a meta tensor."""
+    from lightning.pytorch.utilities import grad_norm
+
+    from fastasr.data.manifest import Utterance
+    from fastasr.data.tokenizer import Tokenizer
+    from fastasr.recognition.recogniser import Recogniser
+    from fastasr.training.lit import ASRLitModule
+
+    tok = Tokenizer.build([Utterance("a", "/a.wav", 1.0, "abc cab")], "char")
+    config = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2,
+              "dropout": 0.0, "subsampling": 2, "spec_augment": None, "attention": "full"}
+    torch.manual_seed(0)
+    lit = ASRLitModule(Recogniser.from_model_config(config, tok, {"num_mel_bins": 20}))
+    batch = {"ids": ["u1", "u2"], "features": torch.randn(2, 40, 20), "feature_lengths": torch.tensor([40, 32]),
+             "targets": torch.tensor([tok.encode("abc"), tok.encode("cab")]), "target_lengths": torch.tensor([3, 3])}
+    lit.train()
+    lit._training_loss(batch).backward()
+    logged = {}
+    monkeypatch.setattr(lit, "log", lambda name, value, **kw: logged.update({name: value}))
+    lit.on_before_optimizer_step(None)
+    want = grad_norm(lit.model, norm_type=2)["grad_2.0_norm_total"]
+    torch.testing.assert_close(logged["train/grad_norm"], want, rtol=1e-5, atol=0)
+    lit.model.to("meta")
+    for p in lit.model.parameters():
+        p.grad = torch.empty_like(p)
+    with pytest.raises(RuntimeError, match="meta"):  # a read back, as Lightning's grad_norm makes
+        grad_norm(lit.model, norm_type=2)
+    lit.on_before_optimizer_step(None)
+    assert logged["train/grad_norm"].device.type == "meta"
