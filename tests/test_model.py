@@ -352,3 +352,35 @@ def test_grad_norm_is_logged_as_a_device_tensor_without_reading_back(monkeypatch
         grad_norm(lit.model, norm_type=2)
     lit.on_before_optimizer_step(None)
     assert logged["train/grad_norm"].device.type == "meta"
+
+
+@pytest.mark.parametrize("config", [
+    {"subsampling": 1, "positions": "absolute"},  # the paper's model
+    {"subsampling": 4, "positions": "rotary", "conv_kernel": 15, "utterance_cmvn": True, "inter_ctc_layers": [1],
+     "inter_ctc_weight": 0.3, "spec_augment": {"freq_masks": 2, "freq_width": 8, "time_masks": 2, "time_width": 20,
+                                               "max_time_ratio": 0.2}},  # a recorded-speech recipe's
+    {"subsampling": 2, "norm_first": False},  # post-norm
+    {"subsampling": 4, "streaming": {"chunk_sizes": [4], "full_context": 0.0, "left_frames": 8}},  # chunked
+], ids=["paper", "recipe", "post-norm", "chunked"])
+def test_a_training_step_reads_nothing_back_to_the_host(config):
+    """Forward in training mode, backward, clipping and a RAdam update on the meta device, where
+    reading a value back to the host raises: on a GPU such a read is a synchronisation, the
+    host waiting for the GPU to drain before it issues the next kernel. (CTC's lengths are
+    torch's: its CUDA CTC copies them to the host; a sum of the log-probabilities stands in.)"""
+    torch.manual_seed(0)
+    model = CTCModel(vocab_size=12, feat_in=20, d_model=32, heads=2, ff_dim=64, layers=2, dropout=0.1,
+                     attention="full", **config).to("meta").train()
+    feats, lengths = torch.empty(3, 64, 20, device="meta"), torch.empty(3, dtype=torch.long, device="meta")
+    if config.get("inter_ctc_layers"):
+        log_probs, out_lengths, inter = model.forward_with_intermediate(feats, lengths)
+        loss = log_probs.float().sum() + sum(lp.float().sum() for lp in inter)
+    else:
+        log_probs, out_lengths = model(feats, lengths)
+        loss = log_probs.float().sum()
+    assert log_probs.device.type == out_lengths.device.type == "meta"
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+    torch.optim.RAdam(model.parameters(), lr=1e-4, weight_decay=0.01).step()
+    assert all(p.grad is not None and p.device.type == "meta" for p in model.parameters() if p.requires_grad)
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"):  # a read back raises
+        float(loss.detach())

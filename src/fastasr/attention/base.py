@@ -7,6 +7,7 @@ it owns no weights, a trained model can swap one variant for another.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from typing import ClassVar
@@ -186,7 +187,7 @@ class InnerAttention(nn.Module):
         # The variants choose their own precision (float32 softmax and matmuls for
         # half inputs); autocast would silently re-lower them, and make hash codes
         # depend on whether the caller runs under autocast.
-        with torch.autocast(q.device.type, enabled=False):
+        with _autocast_off(q.device.type):
             return self._forward(q, k, v, lengths)
 
     @torch.no_grad()
@@ -202,7 +203,7 @@ class InnerAttention(nn.Module):
         for tests and attention-map images.
         """
         lengths = self._check(q, k, None, lengths)
-        with torch.autocast(q.device.type, enabled=False):
+        with _autocast_off(q.device.type):
             return self._dense_weights(q, k, lengths)
 
     def _forward(self, q, k, v, lengths):  # pragma: no cover - abstract
@@ -210,6 +211,14 @@ class InnerAttention(nn.Module):
 
     def _dense_weights(self, q, k, lengths):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def _autocast_off(device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast switched off on ``device_type``; nothing where it has no autocast (the meta
+    device, on which a model's step is checked for values read back to the host)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
