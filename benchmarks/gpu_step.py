@@ -16,9 +16,10 @@ packed`` and ``full, dense`` (that path forced, ``forced_padded_path``), the clu
 and the *floor* (the inner attention replaced by the identity), and last clustered-100 with its
 centroid values by the split-key kernels, the hash inside K-means and the varlen centroid values,
 and the floor and full attention with the model's layer norms and its linear layers' bias
-gradients by the Triton kernels (``bench_io.KERNEL_SWITCHES``; the switch and the forced path hold for the whole step, forward
-and backward: a backward reads them when it runs).
-Median of ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn. ``--profile SPEC [SPEC ...]``: torch.profiler's largest CUDA kernels of one step of each.
+gradients by the Triton kernels (``bench_io.KERNEL_SWITCHES``; the switch and the forced path
+hold for the whole step, forward and backward: a backward reads them when it runs). Median of
+``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn. ``--profile SPEC
+[SPEC ...]``: torch.profiler's largest CUDA kernels of one step of each.
 
 Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
 """
