@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastasr.kernels.availability import import_kernel_module
-from fastasr.kernels.ops import kernel_backend, kernel_choice
+from fastasr.kernels.ops import kernel_backend
 
 __all__ = ["LayerNorm", "layer_norm", "uses_triton", "TRITON_LAYER_NORM"]
 
@@ -39,11 +39,8 @@ TRITON_LAYER_NORM = False
 
 def uses_triton(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
     """True if :func:`layer_norm` runs the Triton kernels for these arguments (module doc)."""
-    if not (TRITON_LAYER_NORM or kernel_choice() == "triton"):  # the default's one check
-        return False
-    if len(normalized_shape) != 1 or kernel_backend(x, "layer_norm") != "triton":
-        return False
-    return import_kernel_module("triton_layer_norm").applies(x, weight, bias)
+    return (kernel_backend(x, "layer_norm", auto_triton=TRITON_LAYER_NORM) == "triton" and len(normalized_shape) == 1
+            and import_kernel_module("triton_layer_norm").applies(x, weight, bias))
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,

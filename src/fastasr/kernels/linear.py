@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastasr.kernels.availability import import_kernel_module
-from fastasr.kernels.ops import kernel_backend, kernel_choice
+from fastasr.kernels.ops import kernel_backend
 
 __all__ = ["Linear", "linear", "uses_triton", "TRITON_BIAS_GRADIENTS"]
 
@@ -34,10 +34,8 @@ TRITON_BIAS_GRADIENTS = False
 
 def uses_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """True if :func:`linear` takes the Triton bias gradient for these arguments (module doc)."""
-    if bias is None or not (TRITON_BIAS_GRADIENTS or kernel_choice() == "triton"):  # the default's one check
-        return False
-    return (kernel_backend(x, "column_sums") == "triton" and weight.dim() == 2
-            and import_kernel_module("triton_column_sums").applies(x))
+    return (bias is not None and kernel_backend(x, "column_sums", auto_triton=TRITON_BIAS_GRADIENTS) == "triton"
+            and weight.dim() == 2 and import_kernel_module("triton_column_sums").applies(x))
 
 
 class _Linear(torch.autograd.Function):

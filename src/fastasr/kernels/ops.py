@@ -20,7 +20,9 @@ All give the same cluster assignments for the same inputs.
 ``FASTASR_KERNELS`` overrides the choice, read at every call:
 
 * ``auto`` (default, or unset): CUDA -> Triton (float64 clustered products: the
-  reference), CPU -> the C++ kernels when they are built, else the reference with a
+  reference; the model's layer norms and bias gradients only with their switches,
+  ``layer_norm.TRITON_LAYER_NORM`` and ``linear.TRITON_BIAS_GRADIENTS``: ``kernel_backend``'s
+  ``auto_triton``), CPU -> the C++ kernels when they are built, else the reference with a
   one-time warning saying why and how to build them.
 * ``reference``: the PyTorch reference on every device.
 * ``native``: the C++ kernels; CPU tensors only, and an error (not a fallback) when
@@ -120,13 +122,16 @@ def kernel_choice() -> str:
     return value
 
 
-def kernel_backend(x: torch.Tensor, op: str = "hash_codes") -> str:
-    """``"triton"``, ``"native"`` or ``"reference"``: what ``op`` runs for tensors like ``x``."""
+def kernel_backend(x: torch.Tensor, op: str = "hash_codes", *, auto_triton: bool = True) -> str:
+    """``"triton"``, ``"native"`` or ``"reference"``: what ``op`` runs for tensors like ``x``.
+    ``auto_triton``: whether ``auto`` takes the Triton kernels for a CUDA tensor (False: an op
+    whose kernels are off until a GPU times them, by its module's switch, takes the reference
+    there; ``FASTASR_KERNELS=triton`` still takes them)."""
     choice = kernel_choice()
     if choice == "auto":
-        if x.device.type == "cuda":
+        if auto_triton and x.device.type == "cuda":  # (the cheap tests first: the layers ask every call)
             choice = "reference" if op in _NO_FLOAT64 and x.dtype == torch.float64 else "triton"
-        elif x.device.type == "cpu" and op in _NATIVE_OPS and native.available():
+        elif op in _NATIVE_OPS and x.device.type == "cpu" and native.available():
             choice = "native"
         else:
             choice = "reference"

@@ -23,6 +23,7 @@ import triton.language as tl
 
 from fastasr.kernels.availability import kernels_interpreted, prepare_interpreter, require_triton
 from fastasr.kernels.grid import cdiv, multiprocessors, next_power_of_2
+from fastasr.kernels.rows import unit_stride
 
 prepare_interpreter()
 
@@ -75,8 +76,7 @@ def column_sums(rows: torch.Tensor) -> torch.Tensor:
     """``rows (M, D)`` -> ``(D,)`` in ``rows``' dtype: ``rows.sum(0)``, summed in float32 (module
     doc); for rows :func:`applies` serves (the caller's to check)."""
     require_triton("column_sums", rows.device, kernels_interpreted(_column_sums_kernel))
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = unit_stride(rows)
     m, d = rows.shape
     tile = column_tile(d)
     warps = tile.pop("num_warps")

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from fastasr.kernels.availability import kernels_interpreted, prepare_interpreter, require_triton
 from fastasr.kernels.grid import cdiv, multiprocessors, next_power_of_2
+from fastasr.kernels.rows import unit_stride
 
 prepare_interpreter()
 
@@ -142,8 +143,7 @@ def backward_programs(m: int, d: int, device: torch.device) -> int:
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """``t (..., D)`` as ``(M, D)`` rows with a unit stride along ``D`` (a view where it can be)."""
-    rows = t.reshape(-1, t.shape[-1])
-    return rows if rows.stride(-1) == 1 or rows.shape[-1] == 1 else rows.contiguous()
+    return unit_stride(t.reshape(-1, t.shape[-1]))
 
 
 class _LayerNorm(torch.autograd.Function):
