@@ -286,19 +286,24 @@ def test_intermediate_ctc_settings_are_checked(layers, weight, message):
         small_model(layers=3, inter_ctc_layers=layers, inter_ctc_weight=weight)
 
 
-def test_the_training_loss_mixes_final_and_intermediate_ctc_by_the_weight():
-    """(1 - w) * CTC(final) + w * mean over taps of CTC(tap), each CTC in nats per label."""
+def _lit_module(**model):
+    """A LightningModule over a small full-attention model (``model``: its config's changes) and
+    a character tokenizer of "abc cab", seeded; the module and its tokenizer."""
     from fastasr.data.manifest import Utterance
     from fastasr.data.tokenizer import Tokenizer
     from fastasr.recognition.recogniser import Recogniser
     from fastasr.training.lit import ASRLitModule
 
     tok = Tokenizer.build([Utterance("a", "/a.wav", 1.0, "abc cab")], "char")
-    config = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 3,
-              "dropout": 0.0, "subsampling": 2, "spec_augment": None, "attention": "full",
-              "inter_ctc_layers": [1, 2], "inter_ctc_weight": 0.25}
+    config = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2,
+              "dropout": 0.0, "subsampling": 2, "spec_augment": None, "attention": "full", **model}
     torch.manual_seed(0)
-    lit = ASRLitModule(Recogniser.from_model_config(config, tok, {"num_mel_bins": 20}))
+    return ASRLitModule(Recogniser.from_model_config(config, tok, {"num_mel_bins": 20})), tok
+
+
+def test_the_training_loss_mixes_final_and_intermediate_ctc_by_the_weight():
+    """(1 - w) * CTC(final) + w * mean over taps of CTC(tap), each CTC in nats per label."""
+    lit, tok = _lit_module(layers=3, inter_ctc_layers=[1, 2], inter_ctc_weight=0.25)
     abc, cab_c = tok.encode("abc"), tok.encode("cab c")
     assert len(abc) == 3 and len(cab_c) >= 4
     targets = torch.tensor([abc + [0], cab_c[:4]])
@@ -326,16 +331,7 @@ def test_grad_norm_is_logged_as_a_device_tensor_without_reading_back(monkeypatch
     read raises, it is a meta tensor."""
     from lightning.pytorch.utilities import grad_norm
 
-    from fastasr.data.manifest import Utterance
-    from fastasr.data.tokenizer import Tokenizer
-    from fastasr.recognition.recogniser import Recogniser
-    from fastasr.training.lit import ASRLitModule
-
-    tok = Tokenizer.build([Utterance("a", "/a.wav", 1.0, "abc cab")], "char")
-    config = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2,
-              "dropout": 0.0, "subsampling": 2, "spec_augment": None, "attention": "full"}
-    torch.manual_seed(0)
-    lit = ASRLitModule(Recogniser.from_model_config(config, tok, {"num_mel_bins": 20}))
+    lit, tok = _lit_module()
     batch = {"ids": ["u1", "u2"], "features": torch.randn(2, 40, 20), "feature_lengths": torch.tensor([40, 32]),
              "targets": torch.tensor([tok.encode("abc"), tok.encode("cab")]), "target_lengths": torch.tensor([3, 3])}
     lit.train()
