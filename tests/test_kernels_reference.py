@@ -324,3 +324,31 @@ def test_rows_keep_the_heads_inner_layout_of_projections():
     assert unit_stride(split) is split
     strided = torch.randn(B, H, D, N).transpose(2, 3)
     assert unit_stride(strided).stride(-1) == 1 and torch.equal(unit_stride(strided), strided)
+
+
+def test_profiled_ranges_appear_in_a_profile_and_cost_no_op_outside_one():
+    """The attention's named ranges (``attention.hash_kmeans`` ...) are in a torch.profiler
+    profile of a clustered call; without a profiler the call creates none (``record_function``
+    would: a profiler op each, host time a range whether recorded or not)."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fastasr.attention import build_attention
+
+    attn = build_attention("clustered-4", seed=0)
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    names: list[str] = []
+
+    class _Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            names.append(func._schema.name)
+            return func(*args, **(kwargs or {}))
+
+    with _Ops():
+        attn(q, k, v)
+    assert names and not any(n.startswith("profiler::") for n in names)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        attn(q, k, v)
+    recorded = {e.name for e in prof.events()}
+    assert {"attention.hash_kmeans", "attention.centroid_means", "attention.centroid_attention",
+            "attention.broadcast"} <= recorded

@@ -22,13 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.profiler import record_function
 
 from fastasr.attention.base import InnerAttention, compute_dtype, kernel_dtype
 from fastasr.attention.masking import key_mask
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
 from fastasr.kernels import ops, reference
+from fastasr.kernels.ranges import profiled_range
 from fastasr.kernels.reference import MAX_BITS
 
 __all__ = ["ClusteredAttention", "CentroidAttention"]
@@ -101,11 +101,11 @@ class ClusteredAttention(InnerAttention):
         Returns ``assignments`` ``(B, H, N)`` (-1 padded), ``counts`` ``(B, H, C)`` and the
         ``(B, H, C, E)`` float32 (float64) centroids, differentiable in ``q``.
         """
-        with record_function("attention.hash_kmeans"):
+        with profiled_range("attention.hash_kmeans"):
             assignments, counts = ops.hash_kmeans(
                 q, self.hash_planes(q.shape[-1], q.device), lengths, self.clusters, self.iterations
             )
-        with record_function("attention.centroid_means"):
+        with profiled_range("attention.centroid_means"):
             centroids = ops.cluster_means(q, assignments, counts, self.clusters)
         return assignments, counts, centroids
 
@@ -143,11 +143,11 @@ class ClusteredAttention(InnerAttention):
     def _forward(self, q, k, v, lengths):
         q, k, vv = self.kernel_inputs(q, k, v)
         assignments, _, centroids = self.cluster_queries(q, lengths)
-        with record_function("attention.centroid_attention"):
+        with profiled_range("attention.centroid_attention"):
             values, _, _ = ops.centroid_attention(
                 centroids, k, vv, lengths, self.scale(q.shape[-1]), 0
             )
-        with record_function("attention.broadcast"):
+        with profiled_range("attention.broadcast"):
             return ops.broadcast_clusters(values, assignments, like=q).to(v.dtype)
 
     def _dense_weights(self, q, k, lengths):

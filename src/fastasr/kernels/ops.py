@@ -40,11 +40,11 @@ import os
 from types import ModuleType
 
 import torch
-from torch.profiler import record_function
 
 from fastasr.kernels import native, reference
 from fastasr.kernels.availability import import_kernel_module
 from fastasr.kernels.padding import key_mask
+from fastasr.kernels.ranges import profiled_range
 from fastasr.kernels.varlen import as_rows, padded_offsets, varlen_attn, varlen_available
 
 __all__ = [
@@ -373,9 +373,9 @@ def improved_clustered(
         kernels = import_kernel_module("triton_improved")
         if kernels.applies(centroids, k, v, topk):
             return kernels.improved_clustered(q, k, v, centroids, assignments, counts, lengths, scale, topk)
-    with record_function("attention.centroid_attention"):
+    with profiled_range("attention.centroid_attention"):
         values, top_w, top_idx = centroid_attention(centroids, k, v, lengths, scale, topk)
-    with record_function("attention.sparse_part"):
+    with profiled_range("attention.sparse_part"):
         return improved_sparse(q, k, v, values, top_w, top_idx, assignments, lengths, scale, counts=counts)
 
 

@@ -16,11 +16,11 @@ meet in float32 before one rounding instead of after two).
 from __future__ import annotations
 
 import torch
-from torch.profiler import record_function
 
 from fastasr.kernels import triton_centroid as centroid_kernels
 from fastasr.kernels import triton_clustered as sparse_kernels
 from fastasr.kernels.cluster_order import cluster_order
+from fastasr.kernels.ranges import profiled_range
 from fastasr.kernels.rows import unit_stride
 
 __all__ = ["improved_clustered", "applies", "MAX_CENTROIDS"]
@@ -39,9 +39,9 @@ def applies(centroids: torch.Tensor, k: torch.Tensor, v: torch.Tensor, topk: int
 class _ImprovedClustered(torch.autograd.Function):
     @staticmethod
     def forward(ctx, centroids, q, k, v, lengths, order, scale, topk):
-        with record_function("attention.centroid_attention"):
+        with profiled_range("attention.centroid_attention"):
             values, top_w, top_idx, state = centroid_kernels.centroid_forward(centroids, k, v, lengths, scale, topk)
-        with record_function("attention.sparse_part"):
+        with profiled_range("attention.sparse_part"):
             out = sparse_kernels.sparse_forward(q, k, v, values, top_w.contiguous(), top_idx, lengths, order, scale)
         ctx.save_for_backward(centroids, q, k, v, lengths, state.lse, state.values32, state.top_w, top_w, top_idx)
         ctx.order, ctx.scale, ctx.top_sorted = order, scale, state.top_sorted
