@@ -123,6 +123,7 @@ KERNEL_SWITCHES = {
     "varlen centroid values": ("fastasr.kernels.ops", "VARLEN_CENTROID_VALUES", True),
     "Triton layer norm": ("fastasr.kernels.layer_norm", "TRITON_LAYER_NORM", True),
     "Triton bias gradients": ("fastasr.kernels.linear", "TRITON_BIAS_GRADIENTS", True),
+    "norms cast once": ("fastasr.kernels.layer_norm", "CAST_ONCE", True),
 }
 
 

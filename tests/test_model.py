@@ -380,3 +380,49 @@ def test_a_training_step_reads_nothing_back_to_the_host(config):
     assert all(p.grad is not None and p.device.type == "meta" for p in model.parameters() if p.requires_grad)
     with pytest.raises((RuntimeError, NotImplementedError), match="meta"):  # a read back raises
         float(loss.detach())
+
+
+def test_pre_norm_layers_cast_their_norms_output_once_with_the_switch(monkeypatch):
+    """``layer_norm.CAST_ONCE``: a pre-norm layer's norms (``cast_output``) give autocast's dtype,
+    so the queries', keys' and values' projections read one cast instead of casting the same
+    float32 output three times, forward and back; the same output (the projections read the
+    same values) and gradients within bf16's rounding (theirs summed in bf16). Off: torch's
+    layer norm as it is. (A float32 residual stream, as CUDA autocast keeps it: its layer norms
+    run in float32.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fastasr.kernels import layer_norm
+    from fastasr.model.encoder import EncoderLayer
+
+    B, N, d = 2, 24, 32
+
+    class _Casts(TorchDispatchMode):  # (B, N, d) activations cast, or their gradients cast back
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._to_copy.default and tuple(args[0].shape) == (B, N, d):
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    def run(cast_once: bool):
+        monkeypatch.setattr(layer_norm, "CAST_ONCE", cast_once)
+        torch.manual_seed(0)
+        layer = EncoderLayer(d, 2, 64, "full", dropout=0.0).train()
+        x = torch.randn(B, N, d, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        casts = _Casts()
+        with casts:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = layer(x, torch.tensor([N, N - 4]))
+            out.float().square().sum().backward()
+        grads = {n: p.grad.clone() for n, p in layer.named_parameters()}
+        return out.detach(), x.grad, grads, casts.count
+
+    ref_out, ref_dx, ref_grads, ref_casts = run(False)
+    out, dx, grads, casts = run(True)
+    assert ref_casts - casts == 4  # norm1's output: 3 casts -> 1, forward and back
+    assert out.dtype == ref_out.dtype == torch.float32 and torch.equal(out, ref_out)
+    torch.testing.assert_close(dx, ref_dx, atol=2e-2, rtol=2e-2)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], atol=2e-2, rtol=2e-2, msg=name)

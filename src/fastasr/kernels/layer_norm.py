@@ -19,7 +19,10 @@ consumer is a product autocast casts its input for: a pre-norm layer's projectio
 the output under autocast in autocast's dtype instead: the values its consumers read, rounded
 once, without a cast of theirs each (a layer's queries, keys and values cast the same output
 three times, forward and backward); the gradients coming back are then summed in that dtype.
-torch's path is unchanged by it.
+On torch's path ``cast_output`` casts the output to autocast's dtype once, under autocast
+where :data:`CAST_ONCE` is True: the same values for the projections, one cast forward and
+one back instead of three each. Off until a GPU times it: ``make gpu-check``'s
+step table ("norms cast once").
 """
 
 from __future__ import annotations
@@ -31,10 +34,13 @@ from torch import nn
 from fastasr.kernels.availability import import_kernel_module
 from fastasr.kernels.ops import kernel_backend
 
-__all__ = ["LayerNorm", "layer_norm", "uses_triton", "TRITON_LAYER_NORM"]
+__all__ = ["LayerNorm", "layer_norm", "uses_triton", "TRITON_LAYER_NORM", "CAST_ONCE"]
 
 #: Whether ``FASTASR_KERNELS=auto`` runs a CUDA tensor's layer norm by the Triton kernels.
 TRITON_LAYER_NORM = False
+#: Whether a ``cast_output`` layer norm on torch's path casts its output to autocast's dtype
+#: under autocast, so that its consumers do not cast it each (module doc).
+CAST_ONCE = False
 
 
 def uses_triton(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
@@ -46,9 +52,13 @@ def uses_triton(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None, 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5, *, cast_output: bool = False) -> torch.Tensor:
     """``torch.nn.functional.layer_norm``, by the Triton kernels where :func:`uses_triton`;
-    ``cast_output``: where they run under autocast, the output in autocast's dtype (module doc)."""
+    ``cast_output``: where they run under autocast (or torch's does, with :data:`CAST_ONCE`),
+    the output in autocast's dtype (module doc)."""
     if not uses_triton(x, normalized_shape, weight, bias):
-        return F.layer_norm(x, normalized_shape, weight, bias, eps)
+        out = F.layer_norm(x, normalized_shape, weight, bias, eps)
+        if cast_output and CAST_ONCE and torch.is_autocast_enabled(x.device.type):
+            return out.to(torch.get_autocast_dtype(x.device.type))
+        return out
     kernels = import_kernel_module("triton_layer_norm")
     device = x.device.type
     out_dtype = torch.get_autocast_dtype(device) if cast_output and torch.is_autocast_enabled(device) else None
@@ -62,8 +72,8 @@ class LayerNorm(nn.LayerNorm):
     """:class:`torch.nn.LayerNorm` by :func:`layer_norm` (the Triton kernels where they run).
 
     ``cast_output``: for a layer norm whose every consumer is a product autocast casts its input
-    for (a pre-norm layer's projections): where the Triton kernels run under autocast, its
-    output in autocast's dtype (module doc)."""
+    for (a pre-norm layer's projections): where the Triton kernels run under autocast, or
+    torch's with :data:`CAST_ONCE`, its output in autocast's dtype (module doc)."""
 
     def __init__(self, *args, cast_output: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
