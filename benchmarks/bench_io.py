@@ -124,6 +124,7 @@ KERNEL_SWITCHES = {
     "Triton layer norm": ("fastasr.kernels.layer_norm", "TRITON_LAYER_NORM", True),
     "Triton bias gradients": ("fastasr.kernels.linear", "TRITON_BIAS_GRADIENTS", True),
     "norms cast once": ("fastasr.kernels.layer_norm", "CAST_ONCE", True),
+    "Triton GELU dropout": ("fastasr.kernels.dropout", "TRITON_GELU_DROPOUT", True),
 }
 
 

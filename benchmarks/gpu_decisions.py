@@ -229,6 +229,8 @@ SWITCH_RULES = {
         ("gpu_step", "", EVERY_N, None),)),
     "norms cast once": ("layer_norm.CAST_ONCE = True", (
         ("gpu_step", "", EVERY_N, None),)),
+    "Triton GELU dropout": ("dropout.TRITON_GELU_DROPOUT = True", (
+        ("gpu_step", "", EVERY_N, None),)),
     "split-key centroid values": ("ops.SPLIT_KEY_VALUES_FROM: the N the rows pass from", (
         ("clustering", "Attention call as one CUDA graph", FROM_N, None),
         ("clustering", "i-clustered's parts", FROM_N,

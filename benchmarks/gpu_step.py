@@ -16,8 +16,9 @@ packed`` and ``full, dense`` (that path forced, ``forced_padded_path``), the clu
 and the *floor* (the inner attention replaced by the identity), and last clustered-100 with its
 centroid values by the split-key kernels, the hash inside K-means and the varlen centroid values,
 and the floor and full attention with the model's layer norms and its linear layers' bias
-gradients by the Triton kernels, and with its pre-norm layer norms' outputs cast once to bf16
-for the projections that read them (``bench_io.KERNEL_SWITCHES``; the switch and the forced path
+gradients by the Triton kernels, with its pre-norm layer norms' outputs cast once to bf16 for
+the projections that read them, and with its feed-forward's GELU and dropout in one Triton pass
+(``bench_io.KERNEL_SWITCHES``; the switch and the forced path
 hold for the whole step, forward and backward: a backward reads them when it runs). Median of
 ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn. ``--profile SPEC
 [SPEC ...]``: torch.profiler's largest CUDA kernels of one step of each.
@@ -68,6 +69,8 @@ VARIANTS = {
     "full, Triton bias gradients": ("full", None, ("Triton bias gradients",)),
     "floor, norms cast once": (FLOOR, None, ("norms cast once",)),
     "full, norms cast once": ("full", None, ("norms cast once",)),
+    "floor, Triton GELU dropout": (FLOOR, None, ("Triton GELU dropout",)),
+    "full, Triton GELU dropout": ("full", None, ("Triton GELU dropout",)),
 }
 
 

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from fastasr.kernels.dropout import GeluDropout  # noqa: E402
 from fastasr.model import CTCModel  # noqa: E402
 
 FLOOR = "floor"
@@ -67,7 +68,9 @@ def build_model(attention: str, layers: int, seed: int = 0) -> CTCModel:
     if attention == FLOOR_TORCH_DROPOUT:
         for module in list(model.modules()):
             for name, child in module.named_children():
-                if isinstance(child, nn.Dropout):
+                if isinstance(child, GeluDropout):  # the feed-forward's GELU and its dropout
+                    setattr(module, name, nn.Sequential(nn.GELU(), nn.Dropout(child.p)))
+                elif isinstance(child, nn.Dropout):
                     setattr(module, name, nn.Dropout(child.p))
     return model.train()
 

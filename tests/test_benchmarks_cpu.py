@@ -74,3 +74,23 @@ def test_topk_steps_counts_fewer_steps_bracketed_for_the_same_keys(tmp_path):
     for n, most in (("100", 1.0), ("800", 0.6)):
         whole, bracketed = (float(cell.split()[0]) for cell in rows[n].strip("|").split("|")[2:4])
         assert bracketed < most * whole, rows[n]
+
+
+def test_step_times_floor_with_torch_dropout_keeps_the_feed_forwards_gelu():
+    """benchmarks/step_time.py's "floor, torch dropout": every dropout torch's own, the
+    feed-forward's ``GeluDropout`` a GELU and torch's dropout, so in eval the same model as the
+    floor (the same weights: one seed)."""
+    import torch
+    from torch import nn
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import step_time
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    floor, torch_dropout = (step_time.build_model(spec, 1) for spec in (step_time.FLOOR, step_time.FLOOR_TORCH_DROPOUT))
+    dropouts = [m for m in torch_dropout.modules() if isinstance(m, nn.Dropout)]
+    assert dropouts and all(type(m) is nn.Dropout for m in dropouts)
+    feats, lengths, _, _ = step_time.make_batch(32, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(torch_dropout.eval()(feats, lengths)[0], floor.eval()(feats, lengths)[0])

@@ -17,7 +17,14 @@ from torch import nn
 
 from fastasr.kernels import dropout as dropout_mod
 from fastasr.kernels import native
-from fastasr.kernels.dropout import Dropout, dropout, keep_mask, uses_native
+from fastasr.kernels.dropout import (
+    Dropout,
+    GeluDropout,
+    dropout,
+    gelu_dropout,
+    keep_mask,
+    uses_native,
+)
 
 native_only = pytest.mark.skipif(
     os.environ.get("FASTASR_NATIVE", "").strip() == "0", reason="FASTASR_NATIVE=0"
@@ -142,4 +149,25 @@ def test_every_dropout_of_the_model_is_the_threaded_one():
                      conv_kernel=3, positions="absolute")
     dropouts = [m for m in model.modules() if isinstance(m, nn.Dropout)]
     assert len(dropouts) == 2 * 4 + 1  # per layer: attention, convolution, 2 feed-forward; + positions
-    assert all(type(m) is Dropout and m.p == 0.1 for m in dropouts)
+    assert all(type(m) in (Dropout, GeluDropout) and m.p == 0.1 for m in dropouts)
+    assert sum(type(m) is GeluDropout for m in dropouts) == 2  # a layer's feed-forward: GELU and its dropout
+
+
+@pytest.mark.parametrize("choice", ["auto", "reference"])
+def test_gelu_dropout_is_dropout_after_gelu_with_the_same_draws(monkeypatch, choice):
+    """Off the Triton kernels (the CPU, and CUDA without ``TRITON_GELU_DROPOUT``), ``GeluDropout``
+    is ``dropout(gelu(x))``: the same calls, so the same numbers and mask under one seed; in
+    eval, GELU alone. It is an ``nn.Dropout`` (its ``p`` is what ``BudgetDropout`` sets)."""
+    monkeypatch.setenv("FASTASR_KERNELS", choice)
+    x = torch.randn(6, 50, generator=torch.Generator().manual_seed(3))
+    module = GeluDropout(0.2)
+    assert isinstance(module, nn.Dropout) and not list(module.state_dict())
+    torch.manual_seed(7)
+    got = module(x)
+    torch.manual_seed(7)
+    want = dropout(nn.functional.gelu(x), 0.2)
+    assert torch.equal(got, want) and bool((got == 0).any())
+    assert torch.equal(module.eval()(x), nn.functional.gelu(x))
+    assert torch.equal(gelu_dropout(x, 0.0), nn.functional.gelu(x))
+    assert not dropout_mod.TRITON_GELU_DROPOUT  # off until a GPU times it
+

@@ -207,14 +207,14 @@ def test_kernel_switches_name_settings_they_change():
     assert used == set(bench_io.KERNEL_SWITCHES)
     names = list(bench_io.KERNEL_SWITCHES)
     assert names == ["split-key centroid values", "hash inside K-means", "varlen centroid values", "Triton layer norm",
-                     "Triton bias gradients", "norms cast once"]
+                     "Triton bias gradients", "norms cast once", "Triton GELU dropout"]
     settings = [(importlib.import_module(m), a) for m, a, _ in bench_io.KERNEL_SWITCHES.values()]
-    defaults = [32768, False, False, False, False, False]
+    defaults = [32768, False, False, False, False, False, False]
     assert [getattr(m, a) for m, a in settings] == defaults
     made = bench_io.switched_on(names)  # made ahead of its `with` (as a table's settings are): nothing set yet
     assert [getattr(m, a) for m, a in settings] == defaults
     with made:
-        assert [getattr(m, a) for m, a in settings] == [0, True, True, True, True, True]
+        assert [getattr(m, a) for m, a in settings] == [0, True, True, True, True, True, True]
     assert [getattr(m, a) for m, a in settings] == defaults
     assert bench_io.switched_label("clustered-100", names[:1]) == "clustered-100, split-key centroid values"
 
@@ -287,11 +287,11 @@ def test_gpu_step_cpu_plumbing(tmp_path):
                       "--rounds", "1", "--variants", "full", "full, dense", "clustered-100", "floor",
                       "clustered-100, split-key centroid values", "clustered-100, hash inside K-means",
                       "clustered-100, varlen centroid values", "floor, Triton layer norm",
-                      "floor, Triton bias gradients", "floor, norms cast once")
+                      "floor, Triton bias gradients", "floor, norms cast once", "floor, Triton GELU dropout")
     # (i-clustered's kernels: the test above)
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
-    assert row.count("× floor") == 9 and "failed" not in row, row
+    assert row.count("× floor") == 10 and "failed" not in row, row
     assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 4  # the variants without switches
     waits = md.split("The step less its kernels")[1].splitlines()
     assert next(line for line in waits if line.startswith("| 64 (2) |")) == "| 64 (2) | – | – | – | – |"  # no kernels

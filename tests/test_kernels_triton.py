@@ -1724,3 +1724,68 @@ def test_model_through_triton_layer_norm_and_bias_gradients_equals_torch(autocas
     errors = {name: float((grad - ref_grads[name]).norm()) / max(float(ref_grads[name].norm()), 1e-3 * largest)
               for name, grad in got_grads.items()}
     assert max(errors.values()) < 0.02, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+
+
+# ------------------------------------------------------------------ GELU and dropout in one pass
+tgd = _load("triton_gelu_dropout")
+
+
+@pytest.mark.parametrize("shape", [(3, 7, 40), (2, 1500)])  # the last program partly outside; two programs
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2), (torch.float16, 2e-3)])
+def test_gelu_dropout_equals_gelu_times_the_streams_mask(shape, dtype, tol):
+    """Values: ``gelu(x) · keep / (1 - p)`` with ``keep_mask``'s mask for the seed (the C++ CPU
+    kernel's stream, bit for bit: a dropped element is exactly 0, a kept one its scaled GELU);
+    gradients: that expression's, the mask drawn again by the backward (nothing stored), against
+    autograd's in float64 (the kept values' zeros are the GELU's own, below about -5.5). A seed past 2^32 (its high word in the stream) and a non-contiguous
+    incoming gradient."""
+    from fastasr.kernels.dropout import keep_mask
+
+    p, seed = 0.3, 2**40 + 12345
+    g = _gen(61)
+    x = (2 * torch.randn(shape, generator=g)).to(dtype)
+    dy = torch.randn(shape[::-1], generator=g).to(dtype).transpose(0, -1) if len(shape) == 2 else \
+        torch.randn(shape, generator=g).to(dtype)
+    keep = keep_mask(shape, p, seed)
+    x64 = x.double().requires_grad_()
+    want = torch.nn.functional.gelu(x64) * keep / (1 - p)
+    want.backward(dy.double())
+    leaf = x.to(DEVICE).requires_grad_()
+    got = tgd.gelu_dropout(leaf, p, seed)
+    got.backward(dy.to(DEVICE))
+    assert got.dtype == dtype and not bool(got.detach().cpu()[~keep].any())  # dropped: exactly 0
+    torch.testing.assert_close(got.detach().cpu().double(), want.detach(), atol=tol, rtol=tol)
+    torch.testing.assert_close(leaf.grad.cpu().double(), x64.grad, atol=tol, rtol=tol)
+    assert torch.equal(leaf.grad.cpu()[~keep], torch.zeros_like(leaf.grad.cpu()[~keep]))
+    with pytest.raises(ValueError, match="p must be in"):
+        tgd.gelu_dropout(leaf, 1.0, seed)
+
+
+def test_gelu_dropout_module_takes_the_kernels_by_the_switch(monkeypatch):
+    """``GeluDropout`` runs the kernels by ``FASTASR_KERNELS``' rules and ``TRITON_GELU_DROPOUT``,
+    its seed from torch's generator (``manual_seed`` reproduces the mask), GELU alone in eval;
+    under autocast in the activations' dtype, as torch's GELU and dropout."""
+    from fastasr.kernels import dropout as dropout_mod
+    from fastasr.kernels import ops
+
+    x = torch.randn(4, 300, generator=_gen(62)).to(DEVICE)
+    module = dropout_mod.GeluDropout(0.25)
+    calls = []
+    monkeypatch.setattr(tgd, "gelu_dropout", lambda *a, run=tgd.gelu_dropout: calls.append(1) or run(*a))
+    monkeypatch.setenv(ops.KERNELS_ENV, "auto")
+    module(x)
+    monkeypatch.setattr(dropout_mod, "TRITON_GELU_DROPOUT", True)
+    module(x)
+    assert len(calls) == (1 if x.device.type == "cuda" else 0)  # auto: CUDA tensors with the switch on
+    monkeypatch.setattr(dropout_mod, "TRITON_GELU_DROPOUT", False)
+    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    calls.clear()
+    torch.manual_seed(3)
+    a = module(x)
+    torch.manual_seed(3)
+    assert torch.equal(module(x), a) and len(calls) == 2
+    assert not torch.equal(module(x), a)
+    assert torch.equal(module.eval()(x), torch.nn.functional.gelu(x)) and len(calls) == 3
+    module.train()
+    half = x.to(torch.bfloat16)
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
+        assert module(half).dtype == torch.bfloat16

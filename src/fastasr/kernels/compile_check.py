@@ -122,6 +122,7 @@ def _configs():
     from fastasr.kernels import triton_centroid as tcen  # needs Triton
     from fastasr.kernels import triton_clustered as tc  # needs Triton
     from fastasr.kernels import triton_column_sums as tcs  # needs Triton
+    from fastasr.kernels import triton_gelu_dropout as tgd  # needs Triton
     from fastasr.kernels import triton_hashing as th  # needs Triton
     from fastasr.kernels import triton_improved as ti  # needs Triton
     from fastasr.kernels import triton_kmeans as tk  # needs Triton
@@ -264,6 +265,13 @@ def _configs():
             options = {"num_warps": tile.pop("num_warps")}
             out.append((f"column_sums {t} D={width} rows={tile['ROWS']} block {tile['BLOCK_D']}x{options['num_warps']}",
                         tcs._column_sums_kernel, {"x_ptr": f"*{t}", "partial_ptr": "*fp32"}, tile, options))
+    for t in ("fp32", "bf16", "fp16"):
+        seed = {"seed_lo": "i64", "seed_hi": "i64", "threshold": "i32", "scale": "fp32"}
+        out.append((f"gelu_dropout_fwd {t}", tgd._forward_kernel, {"x_ptr": f"*{t}", "y_ptr": f"*{t}", **seed},
+                    {"BLOCK": tgd.BLOCK}, {"num_warps": tgd.WARPS}))
+        out.append((f"gelu_dropout_bwd {t}", tgd._backward_kernel,
+                    {"x_ptr": f"*{t}", "dy_ptr": f"*{t}", "dx_ptr": f"*{t}", **seed}, {"BLOCK": tgd.BLOCK},
+                    {"num_warps": tgd.WARPS}))
     for clusters in (100, tk.MAX_CLUSTERS):
         block_c, block_p = co.table_tile(clusters)
         out.append((f"block table C={clusters}", co._block_table_kernel, {"counts_ptr": "*i64", "table_ptr": "*i64"},

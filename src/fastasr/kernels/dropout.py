@@ -19,6 +19,14 @@ Element ``i`` (row-major order of the tensor, up to 2^32 elements) is kept iff
 ``mix(mix(i * 0x9E3779B9 + seed_lo) ^ seed_hi)`` in 32-bit arithmetic, ``mix`` is
 lowbias32 (Wellons' hash-prospector) and ``seed_lo`` / ``seed_hi`` are the seed's
 low and high 32 bits.
+
+:class:`GeluDropout` is a feed-forward's GELU and the dropout after it, one module:
+:func:`gelu_dropout`, which is ``dropout(gelu(x))`` (the same calls, so the same numbers
+and draws), or where the Triton kernels of :mod:`fastasr.kernels.triton_gelu_dropout` run it
+(``FASTASR_KERNELS``' rules for the op ``"gelu_dropout"``: ``auto`` on a CUDA tensor when
+:data:`TRITON_GELU_DROPOUT` is True, off until a GPU times it, ``make gpu-check``'s step table
+"Triton GELU dropout"; ``triton`` everywhere) both in one pass each way, with this module's
+stream for the mask, drawn again by the backward instead of stored.
 """
 
 from __future__ import annotations
@@ -30,9 +38,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastasr.kernels import native
+from fastasr.kernels.availability import import_kernel_module
 from fastasr.kernels.ops import kernel_backend
 
-__all__ = ["Dropout", "dropout", "keep_mask", "uses_native"]
+__all__ = ["Dropout", "dropout", "keep_mask", "uses_native", "GeluDropout", "gelu_dropout", "TRITON_GELU_DROPOUT"]
+
+#: Whether ``FASTASR_KERNELS=auto`` runs a CUDA tensor's :func:`gelu_dropout` by the Triton kernels.
+TRITON_GELU_DROPOUT = False
 
 _MASK32 = 0xFFFFFFFF
 
@@ -77,8 +89,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     if uses_native(x, p):
-        seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
-        return native.dropout(x, p, seed)
+        return native.dropout(x, p, _seed())
     return F.dropout(x, p, training=True)
 
 
@@ -90,3 +101,30 @@ class Dropout(nn.Dropout):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dropout(x, self.p, self.training)
+
+
+def _seed() -> int:
+    """A mask's seed from torch's default (CPU) generator: no device read."""
+    return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+
+
+def gelu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """``dropout(gelu(x), p, training)`` (exact GELU), in one Triton pass each way where the
+    kernels run (module doc)."""
+    if training and 0.0 < p < 1.0 and kernel_backend(x, "gelu_dropout", auto_triton=TRITON_GELU_DROPOUT) == "triton":
+        kernels = import_kernel_module("triton_gelu_dropout")
+        if kernels.applies(x):
+            return kernels.gelu_dropout(x, p, _seed())
+    return dropout(F.gelu(x), p, training)
+
+
+class GeluDropout(nn.Dropout):
+    """GELU then dropout, by :func:`gelu_dropout`: an ``nn.Dropout`` (its ``p``, which
+    ``callbacks.BudgetDropout`` sets, and no parameters or state) whose forward applies GELU
+    first."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_dropout(x, self.p, self.training)

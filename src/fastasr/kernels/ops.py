@@ -100,6 +100,7 @@ _TRITON_MODULES = {
     "cluster_means": "triton_broadcast",
     "layer_norm": "triton_layer_norm",  # fastasr.kernels.layer_norm (not a clustering op; its own switch)
     "column_sums": "triton_column_sums",  # fastasr.kernels.linear's bias gradients (likewise)
+    "gelu_dropout": "triton_gelu_dropout",  # fastasr.kernels.dropout's GeluDropout (likewise)
 }
 _NATIVE_OPS = {
     "hash_codes",

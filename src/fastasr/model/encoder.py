@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
-from fastasr.kernels.dropout import Dropout
+from fastasr.kernels.dropout import Dropout, GeluDropout
 from fastasr.kernels.layer_norm import LayerNorm
 from fastasr.kernels.linear import Linear
 from fastasr.model.chunking import ChunkContext
@@ -176,10 +176,12 @@ class EncoderLayer(nn.Module):
         self.conv = ConvolutionModule(d_model, conv_kernel, dropout) if conv_kernel is not None else None
         # pre-norm: each norm's output is read by projections alone (LayerNorm's cast_output)
         self.norm_conv = LayerNorm(d_model, cast_output=True) if conv_kernel is not None else None
+        # GELU and its dropout one module (one Triton pass where it runs); the Identity keeps the
+        # second product at index 3, its checkpoints' key (ff.3.weight)
         self.ff = nn.Sequential(
             Linear(d_model, ff_dim),
-            nn.GELU(),
-            Dropout(dropout),
+            GeluDropout(dropout),
+            nn.Identity(),
             Linear(ff_dim, d_model),
             Dropout(dropout),
         )
