@@ -41,7 +41,8 @@ from fastasr.kernels import native
 from fastasr.kernels.availability import import_kernel_module
 from fastasr.kernels.ops import kernel_backend
 
-__all__ = ["Dropout", "dropout", "keep_mask", "uses_native", "GeluDropout", "gelu_dropout", "TRITON_GELU_DROPOUT"]
+__all__ = ["Dropout", "dropout", "keep_mask", "uses_native", "GeluDropout", "gelu_dropout", "TRITON_GELU_DROPOUT",
+           "stream_words", "drop_threshold"]
 
 #: Whether ``FASTASR_KERNELS=auto`` runs a CUDA tensor's :func:`gelu_dropout` by the Triton kernels.
 TRITON_GELU_DROPOUT = False
@@ -64,6 +65,17 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def stream_words(seed: int) -> tuple[int, int]:
+    """The stream's ``(seed_lo, seed_hi)``: a seed's low and high 32 bits, as an unsigned 64-bit value."""
+    seed &= 2**64 - 1
+    return seed & _MASK32, seed >> 32
+
+
+def drop_threshold(p: float) -> int:
+    """The 24-bit bound below which the stream drops an element: ``round(p * 2^24)``."""
+    return round(p * 2**24)
+
+
 def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int) -> torch.Tensor:
     """The kernel's bool mask of ``shape`` for ``(p, seed)``, computed in PyTorch (CPU)."""
     if not 0.0 <= p < 1.0:
@@ -71,11 +83,10 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, seed: int) -> torch
     numel = math.prod(int(size) for size in shape)
     if numel > 2**32:
         raise ValueError(f"keep_mask: {numel} elements; the counter-based stream has 2^32")
-    seed &= 2**64 - 1
-    lo, hi = seed & _MASK32, seed >> 32
+    lo, hi = stream_words(seed)
     index = torch.arange(numel, dtype=torch.int64)
     u = _mix32(_mix32((_mul32(index, 0x9E3779B9) + lo) & _MASK32) ^ hi) >> 8
-    return (u >= round(p * 2**24)).reshape(tuple(shape))
+    return (u >= drop_threshold(p)).reshape(tuple(shape))
 
 
 def uses_native(x: torch.Tensor, p: float) -> bool:

@@ -25,11 +25,12 @@ import triton
 import triton.language as tl
 
 from fastasr.kernels.availability import kernels_interpreted, prepare_interpreter, require_triton
+from fastasr.kernels.dropout import drop_threshold, stream_words
 from fastasr.kernels.grid import cdiv
 
 prepare_interpreter()
 
-__all__ = ["gelu_dropout", "applies", "BLOCK", "threshold"]
+__all__ = ["gelu_dropout", "applies", "BLOCK"]
 
 #: Elements a program (8 a thread of 4 warps: 16-byte loads of bf16).
 BLOCK = 1024
@@ -85,37 +86,25 @@ def applies(x: torch.Tensor) -> bool:
     return x.dtype in _SUPPORTED and 0 < x.numel() <= 2**32
 
 
-def threshold(p: float) -> int:
-    """The stream's 24-bit bound below which an element is dropped (``keep_mask``'s)."""
-    return round(p * 2**24)
-
-
-def _stream(seed: int) -> tuple[int, int]:
-    seed &= 2**64 - 1
-    return seed & 0xFFFFFFFF, seed >> 32
-
-
 class _GeluDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p, seed):
-        lo, hi = _stream(seed)
+        # the mask's words, its bound and the kept values' scale: the backward's too
+        mask = (*stream_words(seed), drop_threshold(p), 1.0 / (1.0 - p))
         y = torch.empty_like(x)
         n = x.numel()
-        _forward_kernel[(cdiv(n, BLOCK),)](x, y, n, lo, hi, threshold(p), 1.0 / (1.0 - p), BLOCK=BLOCK,
-                                          num_warps=WARPS)
+        _forward_kernel[(cdiv(n, BLOCK),)](x, y, n, *mask, BLOCK=BLOCK, num_warps=WARPS)
         ctx.save_for_backward(x)
-        ctx.p, ctx.seed = p, seed
+        ctx.mask = mask
         return y
 
     @staticmethod
     def backward(ctx, dy):
         (x,) = ctx.saved_tensors
-        lo, hi = _stream(ctx.seed)
         dy = dy.contiguous()
         dx = torch.empty_like(x)
         n = x.numel()
-        _backward_kernel[(cdiv(n, BLOCK),)](x, dy, dx, n, lo, hi, threshold(ctx.p), 1.0 / (1.0 - ctx.p),
-                                           BLOCK=BLOCK, num_warps=WARPS)
+        _backward_kernel[(cdiv(n, BLOCK),)](x, dy, dx, n, *ctx.mask, BLOCK=BLOCK, num_warps=WARPS)
         return dx, None, None
 
 
