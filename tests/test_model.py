@@ -357,26 +357,50 @@ def test_grad_norm_is_logged_as_a_device_tensor_without_reading_back(monkeypatch
                                                "max_time_ratio": 0.2}},  # a recorded-speech recipe's
     {"subsampling": 2, "norm_first": False},  # post-norm
     {"subsampling": 4, "streaming": {"chunk_sizes": [4], "full_context": 0.0, "left_frames": 8}},  # chunked
-], ids=["paper", "recipe", "post-norm", "chunked"])
-def test_a_training_step_reads_nothing_back_to_the_host(config):
+    {"subsampling": 1, "positions": "absolute", "attention": "clustered-8"},  # the paper's, clustered
+    {"subsampling": 1, "positions": "absolute", "attention": "i-clustered-8"},
+], ids=["paper", "recipe", "post-norm", "chunked", "paper-clustered", "paper-i-clustered"])
+def test_a_training_step_moves_nothing_between_host_and_device(config):
     """Forward in training mode, backward, clipping and a RAdam update on the meta device, where
     reading a value back to the host raises: on a GPU such a read is a synchronisation, the
-    host waiting for the GPU to drain before it issues the next kernel. (CTC's lengths are
-    torch's: its CUDA CTC copies them to the host; a sum of the log-probabilities stands in.)"""
+    host waiting for the GPU to drain before it issues the next kernel. Nor does the step copy
+    a tensor from the host to the device (a dispatch mode sees every op): a blocking copy on a
+    GPU, and what a step captured as a CUDA graph cannot hold. (CTC's lengths are torch's: its
+    CUDA CTC copies them to the host; a sum of the log-probabilities stands in.)"""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class _HostToDevice(TorchDispatchMode):  # ops that take a host tensor (not a scalar) to the device
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if (any(isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0
+                    for t in tree_leaves((args, kwargs)))
+                    and any(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in tree_leaves(out))):
+                self.ops.append(str(func))
+            return out
+
     torch.manual_seed(0)
     model = CTCModel(vocab_size=12, feat_in=20, d_model=32, heads=2, ff_dim=64, layers=2, dropout=0.1,
-                     attention="full", **config).to("meta").train()
+                     **{"attention": "full", **config}).to("meta").train()
     feats, lengths = torch.empty(3, 64, 20, device="meta"), torch.empty(3, dtype=torch.long, device="meta")
-    if config.get("inter_ctc_layers"):
-        log_probs, out_lengths, inter = model.forward_with_intermediate(feats, lengths)
-        loss = log_probs.float().sum() + sum(lp.float().sum() for lp in inter)
-    else:
-        log_probs, out_lengths = model(feats, lengths)
-        loss = log_probs.float().sum()
-    assert log_probs.device.type == out_lengths.device.type == "meta"
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
-    torch.optim.RAdam(model.parameters(), lr=1e-4, weight_decay=0.01).step()
+    copies = _HostToDevice()
+    with copies:
+        if config.get("inter_ctc_layers"):
+            log_probs, out_lengths, inter = model.forward_with_intermediate(feats, lengths)
+            loss = log_probs.float().sum() + sum(lp.float().sum() for lp in inter)
+        else:
+            log_probs, out_lengths = model(feats, lengths)
+            loss = log_probs.float().sum()
+        assert log_probs.device.type == out_lengths.device.type == "meta"
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+        torch.optim.RAdam(model.parameters(), lr=1e-4, weight_decay=0.01).step()
+        torch.ones(2).to("meta")  # the mode's own check: a copy it must see
+    assert copies.ops == ["aten._to_copy.default"], copies.ops
     assert all(p.grad is not None and p.device.type == "meta" for p in model.parameters() if p.requires_grad)
     with pytest.raises((RuntimeError, NotImplementedError), match="meta"):  # a read back raises
         float(loss.detach())
