@@ -431,7 +431,9 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
 
     calls, summary = gpu_check()
     deadline, started = map(int, (tmp_path / "calls.log.deadline").read_text().split())
-    assert 15 <= deadline - started <= 16  # cap 26 s, less 10
+    # cap 26 s, less 10; the budget's clock runs from the script's start, so the seconds a loaded
+    # machine takes to reach the step (its stand-in calls before it) come off the cap too
+    assert 13 <= deadline - started <= 16
     assert "| Triton compile check (sm_90) | ok |" in summary
     assert "| tests compiled on CUDA | skipped: the 41 s budget is spent | 0 |" in summary
     assert summary.count("skipped: the 41 s budget is spent") == 7 and "budget 41 s" in summary
