@@ -19,8 +19,11 @@ and the floor and full attention with the model's layer norms and its linear lay
 gradients by the Triton kernels, with its pre-norm layer norms' outputs cast once to bf16 for
 the projections that read them, and with its feed-forward's GELU and dropout in one Triton pass
 (``bench_io.KERNEL_SWITCHES``; the switch and the forced path
-hold for the whole step, forward and backward: a backward reads them when it runs). Median of
-``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn. ``--profile SPEC
+hold for the whole step, forward and backward: a backward reads them when it runs), and last
+full, clustered-100, i-clustered-100 and the floor with the step captured as CUDA graphs
+(:class:`GraphedStepper`: what the step takes without the host issuing its launches). Median of
+``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn (the graphed ones after
+every eager one, so a capture that fails cannot spoil another column). ``--profile SPEC
 [SPEC ...]``: torch.profiler's largest CUDA kernels of one step of each.
 
 Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
@@ -34,6 +37,7 @@ import datetime
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
@@ -46,6 +50,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
+
+#: A column's suffix where the step is captured as CUDA graphs (:class:`GraphedStepper`).
+AS_GRAPHS = ", as CUDA graphs"
+GRAPHED_FLOOR = FLOOR + AS_GRAPHS
 
 #: column -> (attention spec, forced padded path of full attention or None, the kernels'
 #: switches set, ``bench_io.KERNEL_SWITCHES``)
@@ -71,7 +79,14 @@ VARIANTS = {
     "full, norms cast once": ("full", None, ("norms cast once",)),
     "floor, Triton GELU dropout": (FLOOR, None, ("Triton GELU dropout",)),
     "full, Triton GELU dropout": ("full", None, ("Triton GELU dropout",)),
+    # the defaults' step captured as CUDA graphs (GraphedStepper): the step without the host's launches
+    f"full{AS_GRAPHS}": ("full", None, ()),
+    f"clustered-100{AS_GRAPHS}": ("clustered-100", None, ()),
+    f"i-clustered-100{AS_GRAPHS}": ("i-clustered-100", None, ()),
+    GRAPHED_FLOOR: (FLOOR, None, ()),
 }
+#: The columns whose step is :class:`GraphedStepper`'s; their ratios are to :data:`GRAPHED_FLOOR`.
+GRAPHED = frozenset(name for name in VARIANTS if name.endswith(AS_GRAPHS))
 
 
 #: Where the steps run: the GPU, or (--device cpu, under TRITON_INTERPRET=1) the CPU with the
@@ -98,20 +113,128 @@ class GpuStepper:
             self.step(batch)
         return bench_io.kernel_ms(prof.key_averages())
 
+    def settings(self) -> contextlib.ExitStack:
+        """The variant's forced path of full attention and kernel switches, held while it runs
+        (a backward reads them when it runs too)."""
+        stack = contextlib.ExitStack()
+        if self.path:
+            stack.enter_context(forced_padded_path(self.path))
+        stack.enter_context(bench_io.switched_on(self.switches))
+        return stack
+
+    @staticmethod
+    def ctc(log_probs, out_lengths, targets, target_lengths) -> torch.Tensor:
+        """Training's loss: CTC in fp32 over the model's log-probabilities."""
+        return nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths, target_lengths,
+                                      blank=0, reduction="mean", zero_infinity=True)
+
     def step(self, batch) -> float:
         feats, lengths, targets, target_lengths = batch
         bench_io.synchronize(DEVICE)
         t0 = time.perf_counter()
         self.optim.zero_grad(set_to_none=True)
-        forced = forced_padded_path(self.path) if self.path else contextlib.nullcontext()
-        with forced, bench_io.switched_on(self.switches):  # the backward reads them too
+        with self.settings():
             with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
                 log_probs, out_lengths = self.model(feats, lengths)
-            loss = nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths,
-                                          target_lengths, blank=0, reduction="mean", zero_infinity=True)
-            loss.backward()
+            self.ctc(log_probs, out_lengths, targets, target_lengths).backward()
         nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
         self.optim.step()
+        bench_io.synchronize(DEVICE)
+        return time.perf_counter() - t0
+
+
+class _Captured:
+    """``fn`` as a CUDA graph: captured once (into memory ``pool`` where given), and each call
+    replays it and returns the capture's outputs, which every replay writes again. Off CUDA
+    (the plumbing run) each call runs ``fn``."""
+
+    def __init__(self, fn, pool=None):
+        self.fn, self.graph, self.outputs = fn, None, None
+        if DEVICE.type == "cuda":
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool):
+                self.outputs = fn()
+
+    def __call__(self):
+        if self.graph is None:
+            return self.fn()
+        self.graph.replay()
+        return self.outputs
+
+
+class GraphedStepper(GpuStepper):
+    """:class:`GpuStepper`'s step with the host's launches taken out wherever a capture holds
+    them: the model's forward one CUDA graph, and its backward, the clipping and the RAdam update
+    (``capturable``) a second. A step replays the two, with CTC between them eager (torch's CUDA
+    CTC copies its lengths to the host, which no capture holds), its gradient copied into the
+    second graph's input. What a training step captured as graphs takes, for batches of one
+    shape: the step's GPU work, less the launches' gaps.
+
+    The parameters' gradients are the second graph's own tensors: set to None before its
+    capture, its backward allocates them in the graphs' memory pool and its update reads them
+    there, and each replay writes them again (nothing zeroes them between steps). Built at the
+    first step, on that step's batch (every step replays it: a step must be given the same
+    batch), after three eager steps on a side stream (Triton's compiles, the optimiser's state,
+    the attention paths' first choices). Off CUDA (the plumbing run) the two halves run eagerly:
+    the same split step, no capture."""
+
+    WARMUPS = 3
+
+    def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
+        super().__init__(spec, path, switches, layers)
+        self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01,
+                                       capturable=DEVICE.type == "cuda")
+        self.batch = self.forward = self.update = self.log_probs = self.log_probs_grad = None
+
+    def _forward(self):
+        feats, lengths = self.batch[:2]
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16, cache_enabled=False):  # a capture keeps no cast cache
+            return self.model(feats, lengths)
+
+    def _backward_update(self):
+        self.optim.zero_grad(set_to_none=True)  # the backward allocates them (in the capture: in its pool)
+        torch.autograd.backward(self.log_probs, self.log_probs_grad)
+        nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
+        self.optim.step()
+
+    def _halves(self, forward, update) -> None:
+        """Forward, CTC eager on its detached output, the CTC gradient into the backward's
+        input, backward and update."""
+        log_probs, out_lengths = forward()
+        detached = log_probs.detach().requires_grad_()
+        self.ctc(detached, out_lengths, *self.batch[2:]).backward()
+        if self.log_probs_grad is None:
+            self.log_probs_grad = torch.empty_like(detached)
+        self.log_probs_grad.copy_(detached.grad)
+        self.log_probs = log_probs  # on CUDA the forward capture's output (every replay's)
+        update()
+
+    def _build(self, batch) -> None:
+        self.batch = batch
+        cuda = DEVICE.type == "cuda"
+        with self.settings():
+            if cuda:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side), warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*capturable=True.*")  # eager on purpose
+                    for _ in range(self.WARMUPS):
+                        self._halves(self._forward, self._backward_update)
+                torch.cuda.current_stream().wait_stream(side)
+            self.forward = _Captured(self._forward)
+            if cuda:
+                self.log_probs = self.forward.outputs[0]
+            self.update = _Captured(self._backward_update, pool=self.forward.graph.pool() if cuda else None)
+
+    def step(self, batch) -> float:
+        if self.forward is None:
+            self._build(batch)
+        elif batch is not self.batch:
+            raise ValueError("a graphed step replays the batch it was captured with; give it that batch")
+        bench_io.synchronize(DEVICE)
+        t0 = time.perf_counter()
+        with self.settings():
+            self._halves(self.forward, self.update)
         bench_io.synchronize(DEVICE)
         return time.perf_counter() - t0
 
@@ -149,29 +272,31 @@ def main(argv=None) -> None:
     kernels: dict[int, dict[str, float | str]] = {}  # the kernels' time of a step
     taken: dict[int, str] = {}
     budget, notes = bench_io.Budget(args.budget_s), []
+    batches = {}
     for n in args.lengths:
-        batch = tuple(t.to(DEVICE) for t in make_batch(n, args.frames))
+        batches[n] = tuple(t.to(DEVICE) for t in make_batch(n, args.frames))
         probe = torch.empty(1, 1, n, 32, device=DEVICE, dtype=torch.bfloat16)
         taken[n] = padded_path(probe, probe)
         table[n], kernels[n] = {}, {}
-        for name in args.variants:
-            if budget.spent(notes, f"{name} at N = {n}"):
-                table[n][name] = kernels[n][name] = "not timed"
-                continue
-            try:
-                stepper = GpuStepper(*VARIANTS[name], args.layers)
-                for _ in range(2 if DEVICE.type == "cuda" else 0):  # the CPU's plumbing run: no warm-ups
-                    stepper.step(batch)
-                table[n][name] = 1000 * statistics.median(stepper.step(batch) for _ in range(args.rounds))
-                if not VARIANTS[name][2]:  # the defaults' kernels (a switch's cost shows in the steps)
-                    kernels[n][name] = stepper.kernel_ms(batch)
-                del stepper
-            except Exception as exc:  # noqa: BLE001 - the table says which variant failed and why
-                table[n][name] = f"failed: {bench_io.failure(exc)}"
-            if DEVICE.type == "cuda":
-                torch.cuda.empty_cache()
-        print(f"N={n}: " + ", ".join(f"{k} {_cell(v)}" for k, v in table[n].items()), flush=True)
-    floor = FLOOR in args.variants
+    # the graphed steps after every eager one: a capture that fails cannot spoil another column
+    for n, name in [(n, name) for graphed in (False, True) for n in args.lengths for name in args.variants
+                    if (name in GRAPHED) == graphed]:
+        if budget.spent(notes, f"{name} at N = {n}"):
+            table[n][name] = kernels[n][name] = "not timed"
+            continue
+        try:
+            stepper = (GraphedStepper if name in GRAPHED else GpuStepper)(*VARIANTS[name], args.layers)
+            for _ in range(2 if DEVICE.type == "cuda" else 0):  # the CPU's plumbing run: no warm-ups
+                stepper.step(batches[n])
+            table[n][name] = 1000 * statistics.median(stepper.step(batches[n]) for _ in range(args.rounds))
+            if name in _kernel_columns([name]):  # the defaults' kernels (a switch's cost shows in the steps)
+                kernels[n][name] = stepper.kernel_ms(batches[n])
+            del stepper
+        except Exception as exc:  # noqa: BLE001 - the table says which variant failed and why
+            table[n][name] = f"failed: {bench_io.failure(exc)}"
+        if DEVICE.type == "cuda":
+            torch.cuda.empty_cache()
+        print(f"N={n}, {name}: {_cell(table[n][name])}", flush=True)
     lines = [
         f"# One training step of the paper's model on {info['gpu']}",
         "",
@@ -182,26 +307,27 @@ def main(argv=None) -> None:
         "(B = frames // N, the last utterance N / 2); bf16 autocast, CTC in fp32, clip 10, RAdam. Median of "
         f"{args.rounds} CUDA-synchronised steps after 2 warm-ups, ms. 'full' takes the path "
         "`fastasr.attention.full` chooses (named in the last column); 'key mask' and 'packed' force one. "
-        "The floor: the inner attention replaced by the identity.",
+        "The floor: the inner attention replaced by the identity. '…, as CUDA graphs': the step's forward "
+        "replayed as one CUDA graph and its backward, clipping and RAdam update (capturable) as a second, "
+        "CTC eager between them (`GraphedStepper`): the step without the host's launches, for batches of "
+        "one shape; its ratio is to the floor captured likewise.",
         "",
         "| N (batch) | " + " | ".join(args.variants) + " | full's path |",
         "|---|" + "---:|" * len(args.variants) + "---|",
     ]
     for n, cells in table.items():
         b = max(1, args.frames // n)
-        base = cells.get(FLOOR) if floor else None
-        lines.append(f"| {n} ({b}) | " + " | ".join(_cell(v, None if k == FLOOR else base)
-                                                  for k, v in cells.items()) + f" | {taken[n]} |")
-    columns = [name for name in args.variants if not VARIANTS[name][2]]
+        lines.append(f"| {n} ({b}) | " + " | ".join(_cell(cells[k], _floor_of(k, cells)) for k in args.variants)
+                     + f" | {taken[n]} |")
+    columns = _kernel_columns(args.variants)
     lines += ["", "The same steps' GPU kernels alone, the variants without kernel switches (ms: "
               "torch.profiler's sum of the kernels' times in one step, each kernel once, after the timed ones): the step "
               "without the host issuing it, what a step captured as a CUDA graph would come near; the "
               "ratio to the floor's kernels.", "",
               "| N (batch) | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for n, cells in kernels.items():
-        base = cells.get(FLOOR) if floor else None
         lines.append(f"| {n} ({max(1, args.frames // n)}) | "
-                     + " | ".join(_cell(cells.get(k, "failed"), None if k == FLOOR else base) for k in columns)
+                     + " | ".join(_cell(cells.get(k, "failed"), _floor_of(k, cells)) for k in columns)
                      + " |")
     lines += ["", "The step less its kernels (ms): the time the GPU waited for the host (its launches, "
               "autograd, the optimiser's and CTC's host work) where the host was behind.", "",
@@ -216,6 +342,20 @@ def main(argv=None) -> None:
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {out}")
+
+
+def _kernel_columns(variants) -> list[str]:
+    """The variants whose kernels the second table sums: the defaults' eager steps (a switch's
+    cost shows in the steps; a graphed step runs its eager namesake's kernels)."""
+    return [name for name in variants if not VARIANTS[name][2] and name not in GRAPHED]
+
+
+def _floor_of(name: str, cells: dict[str, float | str]) -> float | str | None:
+    """The floor a column's ratio is to: the graphed floor for a graphed step, else the floor;
+    None for a floor itself, or where the row has none."""
+    if name in (FLOOR, GRAPHED_FLOOR):
+        return None
+    return cells.get(GRAPHED_FLOOR if name in GRAPHED else FLOOR)
 
 
 def _cell(ms: float | str, floor: float | str | None = None) -> str:

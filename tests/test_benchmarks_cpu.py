@@ -94,3 +94,32 @@ def test_step_times_floor_with_torch_dropout_keeps_the_feed_forwards_gelu():
     feats, lengths, _, _ = step_time.make_batch(32, 64)
     with torch.no_grad():
         torch.testing.assert_close(torch_dropout.eval()(feats, lengths)[0], floor.eval()(feats, lengths)[0])
+
+
+def test_gpu_step_graphed_split_step_updates_the_model_as_the_eager_step(monkeypatch):
+    """benchmarks/gpu_step.py's ``GraphedStepper``, whose captures run eagerly off CUDA: its
+    split step (the forward; CTC on its detached output; CTC's gradient copied into the
+    backward's input; backward, clipping and RAdam) leaves the parameters ``GpuStepper``'s step
+    leaves, from the same model, batch and draws, over two steps; and it refuses a batch other
+    than the one it captured."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_step
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    monkeypatch.setattr(gpu_step, "DEVICE", torch.device("cpu"))
+    batch = gpu_step.make_batch(32, 64)
+    moved = {}  # each parameter's change over the two steps (lr 1e-4: compared as changes, not values)
+    for stepper_class in (gpu_step.GpuStepper, gpu_step.GraphedStepper):
+        stepper = stepper_class("clustered-8", None, (), 1)
+        before = [p.detach().clone() for p in stepper.model.parameters()]
+        torch.manual_seed(1)  # the same dropout masks and hash planes
+        for _ in range(2):
+            stepper.step(batch)
+        moved[stepper_class.__name__] = [p.detach() - b for p, b in zip(stepper.model.parameters(), before)]
+    assert sum(int(d.count_nonzero()) for d in moved["GpuStepper"]) > 10_000  # the steps moved them
+    torch.testing.assert_close(moved["GraphedStepper"], moved["GpuStepper"], rtol=1e-3, atol=1e-9)
+    with pytest.raises(ValueError, match="replays the batch it was captured with"):
+        stepper.step(tuple(t.clone() for t in batch))

@@ -287,12 +287,18 @@ def test_gpu_step_cpu_plumbing(tmp_path):
                       "--rounds", "1", "--variants", "full", "full, dense", "clustered-100", "floor",
                       "clustered-100, split-key centroid values", "clustered-100, hash inside K-means",
                       "clustered-100, varlen centroid values", "floor, Triton layer norm",
-                      "floor, Triton bias gradients", "floor, norms cast once", "floor, Triton GELU dropout")
+                      "floor, Triton bias gradients", "floor, norms cast once", "floor, Triton GELU dropout",
+                      "clustered-100, as CUDA graphs", "floor, as CUDA graphs")
     # (i-clustered's kernels: the test above)
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
-    assert row.count("× floor") == 10 and "failed" not in row, row
-    assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 4  # the variants without switches
+    assert row.count("× floor") == 11 and "failed" not in row, row  # not the two floors'
+    header = next(line for line in md.splitlines() if line.startswith("| N (batch) |"))
+    cells = dict(zip((c.strip() for c in header.split("|")[2:-1]), (c.strip() for c in row.split("|")[2:-1])))
+    graphed, floor = float(cells["clustered-100, as CUDA graphs"].split()[0]), float(cells["floor, as CUDA graphs"])
+    assert cells["clustered-100, as CUDA graphs"].endswith(f"({graphed / floor:.2f}× floor)")  # the graphed floor's
+    # the eager variants without switches (a graphed step runs its eager namesake's kernels)
+    assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 4
     waits = md.split("The step less its kernels")[1].splitlines()
     assert next(line for line in waits if line.startswith("| 64 (2) |")) == "| 64 (2) | – | – | – | – |"  # no kernels
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
