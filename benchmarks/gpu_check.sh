@@ -21,7 +21,7 @@
 #      test marked `cuda` (those that need a GPU and skip in CI: pytest -m cuda), spread over up to
 #      8 processes where pytest-xdist is installed (the time is the kernels' compiling);
 #   4. gpu_step.py: the paper model's training step, each attention against the floor and full's
-#      forced paths;
+#      forced paths, the kernel switches' steps, and the steps captured as CUDA graphs;
 #   5. gpu_bench.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
 #      full_paths.py: each exact path of padded full attention, and the one fastasr takes;
 #   6. the largest kernels of an i-clustered-100, a clustered-100 and the floor step; clustering_gpu.py: no host synchronisation
@@ -171,7 +171,7 @@ if [ "$KERNEL_STEPS" != 0 ]; then
     tests/test_kernels_triton.py tests/test_attention_padding.py
   step "tests that need a GPU (pytest -m cuda)" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider \
     "${XDIST[@]}" -m cuda tests/
-  step "gpu_step.py (the paper model's step)" 90 "$PY" benchmarks/gpu_step.py
+  step "gpu_step.py (the paper model's step)" 110 "$PY" benchmarks/gpu_step.py
   step "gpu_bench.py (check, then a 30 s bf16 sweep)" 80 "$PY" benchmarks/gpu_bench.py --budget-s 30 \
     --dtypes bfloat16 --ns 1024 4096 16384 65536
   step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
