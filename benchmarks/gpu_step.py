@@ -289,7 +289,7 @@ def main(argv=None) -> None:
             for _ in range(2 if DEVICE.type == "cuda" else 0):  # the CPU's plumbing run: no warm-ups
                 stepper.step(batches[n])
             table[n][name] = 1000 * statistics.median(stepper.step(batches[n]) for _ in range(args.rounds))
-            if name in _kernel_columns([name]):  # the defaults' kernels (a switch's cost shows in the steps)
+            if name not in GRAPHED:  # a graphed step runs its eager namesake's kernels
                 kernels[n][name] = stepper.kernel_ms(batches[n])
             del stepper
         except Exception as exc:  # noqa: BLE001 - the table says which variant failed and why
@@ -319,16 +319,16 @@ def main(argv=None) -> None:
         b = max(1, args.frames // n)
         lines.append(f"| {n} ({b}) | " + " | ".join(_cell(cells[k], _floor_of(k, cells)) for k in args.variants)
                      + f" | {taken[n]} |")
-    columns = _kernel_columns(args.variants)
-    lines += ["", "The same steps' GPU kernels alone, the variants without kernel switches (ms: "
-              "torch.profiler's sum of the kernels' times in one step, each kernel once, after the timed ones): the step "
-              "without the host issuing it, what a step captured as a CUDA graph would come near; the "
-              "ratio to the floor's kernels.", "",
-              "| N (batch) | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+    columns = [name for name in args.variants if name not in GRAPHED]
+    lines += ["", "The same steps' GPU kernels alone, every eager variant (ms: torch.profiler's sum of the "
+              "kernels' times in one step, each kernel once, after the timed ones): the step without the host "
+              "issuing it, what a step captured as a CUDA graph would come near; the ratio to the floor's "
+              "kernels. The model's own kernel switches are decided here (`gpu_decisions.py`).", "",
+              "| N (batch) | " + " | ".join(columns) + " | full's path |", "|---|" + "---:|" * len(columns) + "---|"]
     for n, cells in kernels.items():
         lines.append(f"| {n} ({max(1, args.frames // n)}) | "
                      + " | ".join(_cell(cells.get(k, "failed"), _floor_of(k, cells)) for k in columns)
-                     + " |")
+                     + f" | {taken[n]} |")
     lines += ["", "The step less its kernels (ms): the time the GPU waited for the host (its launches, "
               "autograd, the optimiser's and CTC's host work) where the host was behind.", "",
               "| N (batch) | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
@@ -342,12 +342,6 @@ def main(argv=None) -> None:
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {out}")
-
-
-def _kernel_columns(variants) -> list[str]:
-    """The variants whose kernels the second table sums: the defaults' eager steps (a switch's
-    cost shows in the steps; a graphed step runs its eager namesake's kernels)."""
-    return [name for name in variants if not VARIANTS[name][2] and name not in GRAPHED]
 
 
 def _floor_of(name: str, cells: dict[str, float | str]) -> float | str | None:
