@@ -1786,6 +1786,13 @@ def test_gelu_dropout_module_takes_the_kernels_by_the_switch(monkeypatch):
     assert not torch.equal(module(x), a)
     assert torch.equal(module.eval()(x), torch.nn.functional.gelu(x)) and len(calls) == 3
     module.train()
+    # while a CUDA graph is captured, torch's (a host-drawn seed would be one mask every replay)
+    monkeypatch.setattr(dropout_mod, "_capturing_cuda_graph", lambda: True)
+    torch.manual_seed(4)
+    captured = module(x)
+    torch.manual_seed(4)
+    assert len(calls) == 3 and torch.equal(captured, dropout_mod.dropout(torch.nn.functional.gelu(x), 0.25))
+    monkeypatch.setattr(dropout_mod, "_capturing_cuda_graph", lambda: False)
     half = x.to(torch.bfloat16)
     with torch.autocast(x.device.type, dtype=torch.bfloat16):
         assert module(half).dtype == torch.bfloat16

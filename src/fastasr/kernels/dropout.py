@@ -119,12 +119,19 @@ def _seed() -> int:
     return int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
 
 
+def _capturing_cuda_graph() -> bool:
+    """Whether a CUDA graph is being captured on the current stream."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def gelu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``dropout(gelu(x), p, training)`` (exact GELU), in one Triton pass each way where the
-    kernels run (module doc)."""
+    kernels run (module doc). While a CUDA graph is captured it is torch's: the kernels' seed is
+    drawn on the host, so a graph would hold one seed and replay one mask at every step, where
+    torch's dropout draws a new one each replay."""
     if training and 0.0 < p < 1.0 and kernel_backend(x, "gelu_dropout", auto_triton=TRITON_GELU_DROPOUT) == "triton":
         kernels = import_kernel_module("triton_gelu_dropout")
-        if kernels.applies(x):
+        if kernels.applies(x) and not _capturing_cuda_graph():
             return kernels.gelu_dropout(x, p, _seed())
     return dropout(F.gelu(x), p, training)
 
