@@ -7,7 +7,7 @@
 ``make gpu-check`` times each candidate beside the default it would replace, in one run:
 ``clustering_gpu.py``'s K-means, parts and call tables and ``gpu_step.py``'s step. This script
 reads those tables (``benchmarks/results/<stem>_<gpu>.md``) and applies each candidate's rule
-(:data:`FAMILIES`, :data:`SWITCH_RULES`) on the table's margin: :data:`MARGIN` (the step's kernel
+(:data:`FAMILIES`, :data:`SWITCH_RULES`, :data:`STEP_FORMS`) on the table's margin: :data:`MARGIN` (the step's kernel
 sums: :data:`TABLE_MARGINS`), or the table's noise where two timings of the same kernels in it
 (:data:`SAME_KERNELS`) differ by more. A
 candidate is faster at an N where its time is under ``1 - margin`` times the default's, slower
@@ -249,6 +249,15 @@ SWITCH_RULES = {
          ("clustered's centroid values: split-key", "clustered's centroid values: SDPA")))),
 }
 
+#: Ways of running the whole step that no kernel setting switches, each as :data:`SWITCH_RULES`
+#: says a switch (every column ``<spec>, <form>`` against ``<spec>``): what a run that passes has
+#: built next.
+STEP_FORMS = {
+    "as CUDA graphs": ("build: training's steps captured as CUDA graphs, a graph a batch shape (gpu_notes.md "
+                       "'The step captured as CUDA graphs')", (
+        ("gpu_step", "", AT_800, None),)),
+}
+
 
 @dataclass
 class Row:
@@ -275,7 +284,7 @@ def _where(stem: str, title: str) -> str:
 
 
 def decide(tables: dict[str, list[Table]]) -> tuple[list[Row], dict[str, str]]:
-    """Every candidate of :data:`FAMILIES` and :data:`SWITCH_RULES` found in ``tables``
+    """Every candidate of :data:`FAMILIES`, :data:`SWITCH_RULES` and :data:`STEP_FORMS` found in ``tables``
     (results file stem -> its tables) with its verdict on its table's margin (:data:`MARGIN`,
     or the table's :func:`noise` where larger), and each table's margin in words."""
     rows: list[Row] = []
@@ -294,7 +303,7 @@ def decide(tables: dict[str, list[Table]]) -> tuple[list[Row], dict[str, str]]:
             if re.fullmatch(fam.pattern, column):
                 rows.append(judged(f"{fam.code}: {column}", column, fam.default, _where(fam.stem, fam.title),
                                    fam.rule, ratios(table, column, fam.default), margin(fam.stem, fam.title)))
-    for switch, (code, checks) in SWITCH_RULES.items():
+    for switch, (code, checks) in {**SWITCH_RULES, **STEP_FORMS}.items():
         for stem, title, rule, pair in checks:
             table = find_table(tables.get(stem, []), title)
             if table is None:

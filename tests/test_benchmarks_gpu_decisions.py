@@ -176,6 +176,23 @@ def test_the_models_own_switches_are_decided_on_the_steps_kernels_and_lose_no_st
     assert "layer_norm.CAST_ONCE = True" not in gd.changes(gd.decide(_tables(step=slower_step))[0])
 
 
+def test_the_step_as_cuda_graphs_is_built_where_every_graphed_step_wins_at_800():
+    """gpu_step.py's "<spec>, as CUDA graphs" columns against their eager steps: a training step
+    captured as graphs is worth building where each wins at N = 800 and none loses elsewhere."""
+    graphed = STEP.replace(" | full's path |\n|---|---:|---:|---:|---:|---:|---:|---:|---|",
+                           " | floor, as CUDA graphs | clustered-100, as CUDA graphs | full's path |\n"
+                           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    graphed = graphed.replace(" | 31.0 | varlen |", " | 31.0 | 26.0 | 44.0 (1.69× floor) | varlen |")
+    graphed = graphed.replace(" | 34.0 | varlen |", " | 34.0 | 33.0 | 57.0 (1.73× floor) | varlen |")
+    build = next(iter(gd.STEP_FORMS.values()))[0]
+    rows, _ = gd.decide(_tables(step=graphed))
+    forms = {r.candidate: r.passed for r in rows if r.setting == build}
+    assert forms == {"floor, as CUDA graphs": True, "clustered-100, as CUDA graphs": True}
+    assert build in gd.changes(rows)
+    lagging = graphed.replace("| 33.0 | 57.0 (1.73× floor) |", "| 37.0 | 57.0 (1.73× floor) |")
+    assert build not in gd.changes(gd.decide(_tables(step=lagging))[0])  # the graphed floor slower at 3,200
+
+
 def test_a_switch_that_loses_a_row_does_not_change():
     losing = CLUSTERING.replace("| 65536 × 1 | 3.00 | 3.02 |", "| 65536 × 1 | 3.00 | 3.30 |")
     rows, _ = gd.decide(_tables(clustering=losing))
