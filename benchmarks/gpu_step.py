@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import statistics
 import sys
 import time
@@ -154,6 +155,7 @@ class _Captured:
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, pool=pool):
                 self.outputs = fn()
+            self.fn = None  # a replay needs no fn (a stepper's bound method would make it a cycle)
 
     def __call__(self):
         if self.graph is None:
@@ -284,6 +286,7 @@ def main(argv=None) -> None:
         if budget.spent(notes, f"{name} at N = {n}"):
             table[n][name] = kernels[n][name] = "not timed"
             continue
+        stepper = None
         try:
             stepper = (GraphedStepper if name in GRAPHED else GpuStepper)(*VARIANTS[name], args.layers)
             for _ in range(2 if DEVICE.type == "cuda" else 0):  # the CPU's plumbing run: no warm-ups
@@ -291,10 +294,14 @@ def main(argv=None) -> None:
             table[n][name] = 1000 * statistics.median(stepper.step(batches[n]) for _ in range(args.rounds))
             if name not in GRAPHED:  # a graphed step runs its eager namesake's kernels
                 kernels[n][name] = stepper.kernel_ms(batches[n])
-            del stepper
         except Exception as exc:  # noqa: BLE001 - the table says which variant failed and why
             table[n][name] = f"failed: {bench_io.failure(exc)}"
+        finally:
+            stepper = None
         if DEVICE.type == "cuda":
+            # what a failed capture's traceback or a cycle still holds (graphs, their memory pool)
+            # goes before the next variant builds its own
+            gc.collect()
             torch.cuda.empty_cache()
         print(f"N={n}, {name}: {_cell(table[n][name])}", flush=True)
     lines = [
