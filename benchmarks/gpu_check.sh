@@ -171,7 +171,7 @@ if [ "$KERNEL_STEPS" != 0 ]; then
     tests/test_kernels_triton.py tests/test_attention_padding.py
   step "tests that need a GPU (pytest -m cuda)" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider \
     "${XDIST[@]}" -m cuda tests/
-  step "gpu_step.py (the paper model's step)" 110 "$PY" benchmarks/gpu_step.py
+  step "gpu_step.py (the paper model's step)" 125 "$PY" benchmarks/gpu_step.py
   step "gpu_bench.py (check, then a 30 s bf16 sweep)" 80 "$PY" benchmarks/gpu_bench.py --budget-s 30 \
     --dtypes bfloat16 --ns 1024 4096 16384 65536
   step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py

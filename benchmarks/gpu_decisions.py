@@ -256,6 +256,9 @@ STEP_FORMS = {
     "as CUDA graphs": ("build: training's steps captured as CUDA graphs, a graph a batch shape (gpu_notes.md "
                        "'The step captured as CUDA graphs')", (
         ("gpu_step", "", AT_800, None),)),
+    "update as a CUDA graph": ("build: training's update (clipping, RAdam) replayed as a CUDA graph (gpu_notes.md "
+                               "'The step captured as CUDA graphs')", (
+        ("gpu_step", "", AT_800, None),)),
 }
 
 

@@ -21,7 +21,9 @@ the projections that read them, and with its feed-forward's GELU and dropout in 
 (``bench_io.KERNEL_SWITCHES``; the switch and the forced path
 hold for the whole step, forward and backward: a backward reads them when it runs), and last
 full, clustered-100, i-clustered-100 and the floor with the step captured as CUDA graphs
-(:class:`GraphedStepper`: what the step takes without the host issuing its launches). Median of
+(:class:`GraphedStepper`: what the step takes without the host issuing its launches), and
+i-clustered-100 and the floor with the update alone replayed as one (:class:`UpdateGraphedStepper`:
+what training can capture whatever its batches' shapes). Median of
 ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn (the graphed ones after
 every eager one, so a capture that fails cannot spoil another column). ``--profile SPEC
 [SPEC ...]``: torch.profiler's largest CUDA kernels of one step of each.
@@ -52,9 +54,10 @@ from torch import nn  # noqa: E402
 
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
 
-#: A column's suffix where the step is captured as CUDA graphs (:class:`GraphedStepper`).
+#: A column's suffix where the step is captured as CUDA graphs (:class:`GraphedStepper`), and
+#: where its update alone is (:class:`UpdateGraphedStepper`): :data:`FORMS`.
 AS_GRAPHS = ", as CUDA graphs"
-GRAPHED_FLOOR = FLOOR + AS_GRAPHS
+UPDATE_AS_GRAPH = ", update as a CUDA graph"
 
 #: column -> (attention spec, forced padded path of full attention or None, the kernels'
 #: switches set, ``bench_io.KERNEL_SWITCHES``)
@@ -84,10 +87,17 @@ VARIANTS = {
     f"full{AS_GRAPHS}": ("full", None, ()),
     f"clustered-100{AS_GRAPHS}": ("clustered-100", None, ()),
     f"i-clustered-100{AS_GRAPHS}": ("i-clustered-100", None, ()),
-    GRAPHED_FLOOR: (FLOOR, None, ()),
+    f"{FLOOR}{AS_GRAPHS}": (FLOOR, None, ()),
+    # the eager step with its update (clipping, RAdam) replayed as a CUDA graph: what training can
+    # capture whatever its batches' shapes
+    f"i-clustered-100{UPDATE_AS_GRAPH}": ("i-clustered-100", None, ()),
+    f"{FLOOR}{UPDATE_AS_GRAPH}": (FLOOR, None, ()),
 }
-#: The columns whose step is :class:`GraphedStepper`'s; their ratios are to :data:`GRAPHED_FLOOR`.
-GRAPHED = frozenset(name for name in VARIANTS if name.endswith(AS_GRAPHS))
+
+
+def _form(name: str) -> str:
+    """A column's way of running the step besides eager (a suffix of :data:`FORMS`), or ""."""
+    return next((suffix for suffix in (AS_GRAPHS, UPDATE_AS_GRAPH) if name.endswith(suffix)), "")
 
 
 #: Where the steps run: the GPU, or (--device cpu, under TRITON_INTERPRET=1) the CPU with the
@@ -129,17 +139,24 @@ class GpuStepper:
         return nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths, target_lengths,
                                       blank=0, reduction="mean", zero_infinity=True)
 
-    def step(self, batch) -> float:
+    def _forward_backward(self, batch) -> None:
         feats, lengths, targets, target_lengths = batch
-        bench_io.synchronize(DEVICE)
-        t0 = time.perf_counter()
         self.optim.zero_grad(set_to_none=True)
         with self.settings():
             with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
                 log_probs, out_lengths = self.model(feats, lengths)
             self.ctc(log_probs, out_lengths, targets, target_lengths).backward()
+
+    def _update(self) -> None:
+        """Clipping at 10 and the RAdam update."""
         nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
         self.optim.step()
+
+    def step(self, batch) -> float:
+        bench_io.synchronize(DEVICE)
+        t0 = time.perf_counter()
+        self._forward_backward(batch)
+        self._update()
         bench_io.synchronize(DEVICE)
         return time.perf_counter() - t0
 
@@ -196,8 +213,7 @@ class GraphedStepper(GpuStepper):
     def _backward_update(self):
         self.optim.zero_grad(set_to_none=True)  # the backward allocates them (in the capture: in its pool)
         torch.autograd.backward(self.log_probs, self.log_probs_grad)
-        nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
-        self.optim.step()
+        self._update()
 
     def _halves(self, forward, update) -> None:
         """Forward, CTC eager on its detached output, the CTC gradient into the backward's
@@ -241,6 +257,61 @@ class GraphedStepper(GpuStepper):
         return time.perf_counter() - t0
 
 
+class UpdateGraphedStepper(GpuStepper):
+    """:class:`GpuStepper`'s step with its update alone (clipping, the RAdam update, ``capturable``)
+    replayed as a CUDA graph: the forward, CTC and backward eager. What training can capture
+    whatever its batches' shapes, since the update's are the parameters': it removes the
+    update's host work (torch's foreach RAdam reads each parameter's step count back, five
+    ``.item()`` a parameter, ~2.9 ms of a 2-core Xeon's time a step of the paper's model).
+
+    The graph reads gradients of its own: the backward's are copied into them with one foreach
+    copy before each replay (parameters without a gradient at the first step, such as the
+    floor's queries' and keys' projections, stay out of the update, as in the eager step). Built
+    after the first backward, three eager updates on a side stream first (the optimiser's
+    state). Off CUDA (the plumbing run) the update runs eagerly on the copied gradients."""
+
+    WARMUPS = 3
+
+    def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
+        super().__init__(spec, path, switches, layers)
+        self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01,
+                                       capturable=DEVICE.type == "cuda")
+        self.update = self.with_grad = self.grads = None
+
+    def _build(self) -> None:
+        self.with_grad = [p for p in self.model.parameters() if p.grad is not None]
+        self.grads = [p.grad.detach().clone() for p in self.with_grad]
+        for param, grad in zip(self.with_grad, self.grads):
+            param.grad = grad  # what the capture reads, at every replay
+        if DEVICE.type == "cuda":
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side), warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*capturable=True.*")  # eager on purpose
+                for _ in range(self.WARMUPS):
+                    self._update()
+            torch.cuda.current_stream().wait_stream(side)
+        self.update = _Captured(self._update)
+
+    def step(self, batch) -> float:
+        bench_io.synchronize(DEVICE)
+        t0 = time.perf_counter()
+        self._forward_backward(batch)
+        if self.update is None:
+            self._build()
+        torch._foreach_copy_(self.grads, [p.grad for p in self.with_grad])
+        if self.update.graph is None:  # the eager update reads the copies, as the graph does
+            for param, grad in zip(self.with_grad, self.grads):
+                param.grad = grad
+        self.update()
+        bench_io.synchronize(DEVICE)
+        return time.perf_counter() - t0
+
+
+#: Each way of running the step, by its column's suffix (:func:`_form`): its stepper.
+FORMS = {"": GpuStepper, AS_GRAPHS: GraphedStepper, UPDATE_AS_GRAPH: UpdateGraphedStepper}
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", type=int, nargs="+", default=[800, 3200])
@@ -282,17 +353,17 @@ def main(argv=None) -> None:
         table[n], kernels[n] = {}, {}
     # the graphed steps after every eager one: a capture that fails cannot spoil another column
     for n, name in [(n, name) for graphed in (False, True) for n in args.lengths for name in args.variants
-                    if (name in GRAPHED) == graphed]:
+                    if bool(_form(name)) == graphed]:
         if budget.spent(notes, f"{name} at N = {n}"):
             table[n][name] = kernels[n][name] = "not timed"
             continue
         stepper = None
         try:
-            stepper = (GraphedStepper if name in GRAPHED else GpuStepper)(*VARIANTS[name], args.layers)
+            stepper = FORMS[_form(name)](*VARIANTS[name], args.layers)
             for _ in range(2 if DEVICE.type == "cuda" else 0):  # the CPU's plumbing run: no warm-ups
                 stepper.step(batches[n])
             table[n][name] = 1000 * statistics.median(stepper.step(batches[n]) for _ in range(args.rounds))
-            if name not in GRAPHED:  # a graphed step runs its eager namesake's kernels
+            if not _form(name):  # a graphed step runs its eager namesake's kernels
                 kernels[n][name] = stepper.kernel_ms(batches[n])
         except Exception as exc:  # noqa: BLE001 - the table says which variant failed and why
             table[n][name] = f"failed: {bench_io.failure(exc)}"
@@ -317,7 +388,9 @@ def main(argv=None) -> None:
         "The floor: the inner attention replaced by the identity. '…, as CUDA graphs': the step's forward "
         "replayed as one CUDA graph and its backward, clipping and RAdam update (capturable) as a second, "
         "CTC eager between them (`GraphedStepper`): the step without the host's launches, for batches of "
-        "one shape; its ratio is to the floor captured likewise.",
+        "one shape; its ratio is to the floor captured likewise. '…, update as a CUDA graph': the eager step "
+        "with its clipping and RAdam update (capturable) replayed as a CUDA graph on a copy of the gradients "
+        "(`UpdateGraphedStepper`); its ratio is to the floor run likewise.",
         "",
         "| N (batch) | " + " | ".join(args.variants) + " | full's path |",
         "|---|" + "---:|" * len(args.variants) + "---|",
@@ -326,7 +399,7 @@ def main(argv=None) -> None:
         b = max(1, args.frames // n)
         lines.append(f"| {n} ({b}) | " + " | ".join(_cell(cells[k], _floor_of(k, cells)) for k in args.variants)
                      + f" | {taken[n]} |")
-    columns = [name for name in args.variants if name not in GRAPHED]
+    columns = [name for name in args.variants if not _form(name)]
     lines += ["", "The same steps' GPU kernels alone, every eager variant (ms: torch.profiler's sum of the "
               "kernels' times in one step, each kernel once, after the timed ones): the step without the host "
               "issuing it, what a step captured as a CUDA graph would come near; the ratio to the floor's "
@@ -352,11 +425,10 @@ def main(argv=None) -> None:
 
 
 def _floor_of(name: str, cells: dict[str, float | str]) -> float | str | None:
-    """The floor a column's ratio is to: the graphed floor for a graphed step, else the floor;
+    """The floor a column's ratio is to: the floor run the same way (its form, :data:`FORMS`);
     None for a floor itself, or where the row has none."""
-    if name in (FLOOR, GRAPHED_FLOOR):
-        return None
-    return cells.get(GRAPHED_FLOOR if name in GRAPHED else FLOOR)
+    floor = FLOOR + _form(name)
+    return None if name == floor else cells.get(floor)
 
 
 def _cell(ms: float | str, floor: float | str | None = None) -> str:

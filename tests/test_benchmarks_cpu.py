@@ -96,11 +96,13 @@ def test_step_times_floor_with_torch_dropout_keeps_the_feed_forwards_gelu():
         torch.testing.assert_close(torch_dropout.eval()(feats, lengths)[0], floor.eval()(feats, lengths)[0])
 
 
-def test_gpu_step_graphed_split_step_updates_the_model_as_the_eager_step(monkeypatch):
-    """benchmarks/gpu_step.py's ``GraphedStepper``, whose captures run eagerly off CUDA: its
-    split step (the forward; CTC on its detached output; CTC's gradient copied into the
-    backward's input; backward, clipping and RAdam) leaves the parameters ``GpuStepper``'s step
-    leaves, from the same model, batch and draws, over two steps; and it refuses a batch other
+@pytest.mark.parametrize("graphed", ["GraphedStepper", "UpdateGraphedStepper"])
+def test_gpu_step_graphed_split_step_updates_the_model_as_the_eager_step(monkeypatch, graphed):
+    """benchmarks/gpu_step.py's ``GraphedStepper`` and ``UpdateGraphedStepper``, whose captures
+    run eagerly off CUDA: the first's split step (the forward; CTC on its detached output; CTC's
+    gradient copied into the backward's input; backward, clipping and RAdam), the second's
+    update on its own copy of the gradients, leave the parameters ``GpuStepper``'s step leaves,
+    from the same model, batch and draws, over two steps; and the first refuses a batch other
     than the one it captured."""
     import torch
 
@@ -112,7 +114,7 @@ def test_gpu_step_graphed_split_step_updates_the_model_as_the_eager_step(monkeyp
     monkeypatch.setattr(gpu_step, "DEVICE", torch.device("cpu"))
     batch = gpu_step.make_batch(32, 64)
     moved = {}  # each parameter's change over the two steps (lr 1e-4: compared as changes, not values)
-    for stepper_class in (gpu_step.GpuStepper, gpu_step.GraphedStepper):
+    for stepper_class in (gpu_step.GpuStepper, getattr(gpu_step, graphed)):
         stepper = stepper_class("clustered-8", None, (), 1)
         before = [p.detach().clone() for p in stepper.model.parameters()]
         torch.manual_seed(1)  # the same dropout masks and hash planes
@@ -120,6 +122,7 @@ def test_gpu_step_graphed_split_step_updates_the_model_as_the_eager_step(monkeyp
             stepper.step(batch)
         moved[stepper_class.__name__] = [p.detach() - b for p, b in zip(stepper.model.parameters(), before)]
     assert sum(int(d.count_nonzero()) for d in moved["GpuStepper"]) > 10_000  # the steps moved them
-    torch.testing.assert_close(moved["GraphedStepper"], moved["GpuStepper"], rtol=1e-3, atol=1e-9)
-    with pytest.raises(ValueError, match="replays the batch it was captured with"):
-        stepper.step(tuple(t.clone() for t in batch))
+    torch.testing.assert_close(moved[graphed], moved["GpuStepper"], rtol=1e-3, atol=1e-9)
+    if graphed == "GraphedStepper":
+        with pytest.raises(ValueError, match="replays the batch it was captured with"):
+            stepper.step(tuple(t.clone() for t in batch))
