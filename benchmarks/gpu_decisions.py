@@ -164,9 +164,8 @@ SAME_KERNELS = (
     SameKernels("clustering", "i-clustered's parts", "top-k: Triton, 1 rows × 1 warps", "top-k: Triton",
                 lambda n, row: n <= 1024),
     # full attention's step and that step with the path it took forced, and their kernels
-    SameKernels("gpu_step", "", "full", lambda row: "full, " + row.get("full's path", ""), lambda n, row: True),
-    SameKernels("gpu_step", STEP_KERNELS, "full", lambda row: "full, " + row.get("full's path", ""),
-                lambda n, row: True),
+    *(SameKernels("gpu_step", title, "full", lambda row: "full, " + row.get("full's path", ""), lambda n, row: True)
+      for title in ("", STEP_KERNELS)),
 )
 
 
@@ -222,6 +221,9 @@ FAMILIES = (
            EVERY_N, "triton_centroid.SPLIT_KEYS"),
 )
 
+#: A switch of the model's own layers: fewer kernels' time at every N, and no slower step.
+_MODEL_LAYERS = (("gpu_step", STEP_KERNELS, EVERY_N, None), ("gpu_step", "", NO_LOSS, None))
+
 #: Each of ``bench_io.KERNEL_SWITCHES``: what it changes, and the rows it must pass, each
 #: ``(results file, table title, rule, (candidate, default) or None)``; None: every column
 #: ``<spec>, <switch>`` of the table against ``<spec>``.
@@ -234,15 +236,10 @@ SWITCH_RULES = {
         ("clustering", "Attention call as one CUDA graph", NO_LOSS, None),
         ("clustering", "i-clustered's parts", NO_LOSS,
          ("clustered's centroid values: varlen", "clustered's centroid values: SDPA")))),
-    # the model's own layers: fewer kernels' time at every N, and no slower step
-    "Triton layer norm": ("layer_norm.TRITON_LAYER_NORM = True", (
-        ("gpu_step", STEP_KERNELS, EVERY_N, None), ("gpu_step", "", NO_LOSS, None))),
-    "Triton bias gradients": ("linear.TRITON_BIAS_GRADIENTS = True", (
-        ("gpu_step", STEP_KERNELS, EVERY_N, None), ("gpu_step", "", NO_LOSS, None))),
-    "norms cast once": ("layer_norm.CAST_ONCE = True", (
-        ("gpu_step", STEP_KERNELS, EVERY_N, None), ("gpu_step", "", NO_LOSS, None))),
-    "Triton GELU dropout": ("dropout.TRITON_GELU_DROPOUT = True", (
-        ("gpu_step", STEP_KERNELS, EVERY_N, None), ("gpu_step", "", NO_LOSS, None))),
+    "Triton layer norm": ("layer_norm.TRITON_LAYER_NORM = True", _MODEL_LAYERS),
+    "Triton bias gradients": ("linear.TRITON_BIAS_GRADIENTS = True", _MODEL_LAYERS),
+    "norms cast once": ("layer_norm.CAST_ONCE = True", _MODEL_LAYERS),
+    "Triton GELU dropout": ("dropout.TRITON_GELU_DROPOUT = True", _MODEL_LAYERS),
     "split-key centroid values": ("ops.SPLIT_KEY_VALUES_FROM: the N the rows pass from", (
         ("clustering", "Attention call as one CUDA graph", FROM_N, None),
         ("clustering", "i-clustered's parts", FROM_N,
@@ -254,11 +251,9 @@ SWITCH_RULES = {
 #: built next.
 STEP_FORMS = {
     "as CUDA graphs": ("build: training's steps captured as CUDA graphs, a graph a batch shape (gpu_notes.md "
-                       "'The step captured as CUDA graphs')", (
-        ("gpu_step", "", AT_800, None),)),
+                       "'The step captured as CUDA graphs')", (("gpu_step", "", AT_800, None),)),
     "update as a CUDA graph": ("build: training's update (clipping, RAdam) replayed as a CUDA graph (gpu_notes.md "
-                               "'The step captured as CUDA graphs')", (
-        ("gpu_step", "", AT_800, None),)),
+                               "'The step captured as CUDA graphs')", (("gpu_step", "", AT_800, None),)),
 }
 
 

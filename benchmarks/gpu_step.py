@@ -97,7 +97,7 @@ VARIANTS = {
 
 def _form(name: str) -> str:
     """A column's way of running the step besides eager (a suffix of :data:`FORMS`), or ""."""
-    return next((suffix for suffix in (AS_GRAPHS, UPDATE_AS_GRAPH) if name.endswith(suffix)), "")
+    return next((suffix for suffix in FORMS if suffix and name.endswith(suffix)), "")
 
 
 #: Where the steps run: the GPU, or (--device cpu, under TRITON_INTERPRET=1) the CPU with the
@@ -106,9 +106,13 @@ DEVICE = torch.device("cuda")
 
 
 class GpuStepper:
+    #: Whether a CUDA graph captures the update: torch's ``capturable`` RAdam (on CUDA).
+    CAPTURABLE = False
+
     def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
         self.model = build_model(spec, layers).to(DEVICE)
-        self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01)
+        self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01,
+                                       capturable=self.CAPTURABLE and DEVICE.type == "cuda")
         self.path = path
         self.switches = switches
 
@@ -161,6 +165,20 @@ class GpuStepper:
         return time.perf_counter() - t0
 
 
+def _warm_up(fn, times: int = 3) -> None:
+    """``fn`` run ``times`` eagerly on a side stream before a capture (Triton's compiles, the
+    optimiser's state, the attention paths' first choices); nothing off CUDA (the plumbing run)."""
+    if DEVICE.type != "cuda":
+        return
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*capturable=True.*")  # eager on purpose
+        for _ in range(times):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
 class _Captured:
     """``fn`` as a CUDA graph: captured once (into memory ``pool`` where given), and each call
     replays it and returns the capture's outputs, which every replay writes again. Off CUDA
@@ -197,12 +215,10 @@ class GraphedStepper(GpuStepper):
     the attention paths' first choices). Off CUDA (the plumbing run) the two halves run eagerly:
     the same split step, no capture."""
 
-    WARMUPS = 3
+    CAPTURABLE = True
 
     def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
         super().__init__(spec, path, switches, layers)
-        self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01,
-                                       capturable=DEVICE.type == "cuda")
         self.batch = self.forward = self.update = self.log_probs = self.log_probs_grad = None
 
     def _forward(self):
@@ -231,14 +247,7 @@ class GraphedStepper(GpuStepper):
         self.batch = batch
         cuda = DEVICE.type == "cuda"
         with self.settings():
-            if cuda:
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side), warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", message=".*capturable=True.*")  # eager on purpose
-                    for _ in range(self.WARMUPS):
-                        self._halves(self._forward, self._backward_update)
-                torch.cuda.current_stream().wait_stream(side)
+            _warm_up(lambda: self._halves(self._forward, self._backward_update))
             self.forward = _Captured(self._forward)
             if cuda:
                 self.log_probs = self.forward.outputs[0]
@@ -270,12 +279,10 @@ class UpdateGraphedStepper(GpuStepper):
     after the first backward, three eager updates on a side stream first (the optimiser's
     state). Off CUDA (the plumbing run) the update runs eagerly on the copied gradients."""
 
-    WARMUPS = 3
+    CAPTURABLE = True
 
     def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
         super().__init__(spec, path, switches, layers)
-        self.optim = torch.optim.RAdam(self.model.parameters(), lr=1e-4, weight_decay=0.01,
-                                       capturable=DEVICE.type == "cuda")
         self.update = self.with_grad = self.grads = None
 
     def _build(self) -> None:
@@ -283,14 +290,7 @@ class UpdateGraphedStepper(GpuStepper):
         self.grads = [p.grad.detach().clone() for p in self.with_grad]
         for param, grad in zip(self.with_grad, self.grads):
             param.grad = grad  # what the capture reads, at every replay
-        if DEVICE.type == "cuda":
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side), warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*capturable=True.*")  # eager on purpose
-                for _ in range(self.WARMUPS):
-                    self._update()
-            torch.cuda.current_stream().wait_stream(side)
+        _warm_up(self._update)
         self.update = _Captured(self._update)
 
     def step(self, batch) -> float:
