@@ -199,6 +199,9 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
     # the subsampling factor's one home is the model config; the label-length filter needs it
     datamodule = instantiate(cfg.data, subsampling_factor=cfg.model.get("subsampling", 1), _convert_="all")
     datamodule.setup("fit")
+    # the initial weights and training's random stream start from the seed, whatever the data's
+    # preparation drew: statistics computed or read from their cache, features built or found
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
     lit = build_module(cfg, datamodule, run_dir)
 
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers,
