@@ -10,8 +10,9 @@ their change) to ``PINNED``.
 
 What the pins were recorded with (2026-11-29, 2-core Intel Xeon) trains as ``0e3d4c6``, the
 code of the built-in and FSDD RESULTS rows, did for every run that found its corpus's CMVN
-statistics already computed, as FSDD's did (a first run drew one random number more before
-its initial weights there; the seed now follows the data's preparation). Two thread counts give
+statistics and feature cache already made, as FSDD's did: every case bit for bit. A run that
+made them there drew random numbers more before its initial weights (the seed now follows the
+data's preparation). Two thread counts give
 the same losses to 1e-7 and distances to 1e-6; ``RTOL`` leaves room for another CPU's vector
 paths, and catches what changes training materially: doubling the weight decay moves the
 distance by 0.8 %, a layer norm's epsilon ten times larger by 0.002 % (not caught).
