@@ -34,15 +34,16 @@ TINY_MODEL = ["model.layers=1", "model.d_model=32", "model.heads=2", "model.ff_d
 BUILTIN_RECIPE = ["recipe=builtin", "data.augment.speed_perturb=false"]
 
 
-def corpus_overrides(corpus: Path) -> list[str]:
+def corpus_overrides(corpus: Path, cache: Path | None = None) -> list[str]:
     """The data keys of a run on ``corpus``: its three manifests, no worker processes, and the
-    feature cache (which data=manifest builds) beside the corpus rather than in the repository."""
+    feature cache (which data=manifest builds) in ``cache``, by default beside the corpus rather
+    than in the repository."""
     return [
         f"data.train_manifest={corpus / 'train.jsonl'}",
         f"data.dev_manifest={corpus / 'dev.jsonl'}",
         f"data.test_manifest={corpus / 'test.jsonl'}",
         "data.num_workers=0",
-        f"data.cache.dir={corpus / 'feature_cache'}",
+        f"data.cache.dir={cache or corpus / 'feature_cache'}",
     ]
 
 

@@ -97,10 +97,9 @@ class FirstUpdates(L.Callback):
 def first_updates(corpus, out, overrides: list[str], monkeypatch, steps: int = STEPS, cache=None) -> FirstUpdates:
     """A run's first ``steps`` updates on ``corpus``, fp32 on the CPU: the run in ``out``, its
     feature cache in ``cache`` (None: ``out``'s own, empty as a first run finds it)."""
-    data = [o for o in corpus_overrides(corpus) if not o.startswith("data.cache.dir=")]
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[
-            *overrides, *data, f"data.cache.dir={cache or out / 'feature_cache'}", "logger=csv",
+            *overrides, *corpus_overrides(corpus, cache or out / "feature_cache"), "logger=csv",
             "trainer.accelerator=cpu", "trainer.precision=32-true", "trainer.enable_progress_bar=false",
             f"paths.output_dir={out}", f"+trainer.max_steps={steps}", "trainer.num_sanity_val_steps=0",
             "test=false", "final_decoding=null", "final_average=null", "final_tuning=null"])
