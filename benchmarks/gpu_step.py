@@ -357,7 +357,6 @@ def main(argv=None) -> None:
         if budget.spent(notes, f"{name} at N = {n}"):
             table[n][name] = kernels[n][name] = "not timed"
             continue
-        stepper = None
         try:
             stepper = FORMS[_form(name)](*VARIANTS[name], args.layers)
             for _ in range(2 if DEVICE.type == "cuda" else 0):  # the CPU's plumbing run: no warm-ups
