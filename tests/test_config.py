@@ -273,3 +273,20 @@ def test_num_workers_auto_is_derived_into_the_training_config():
     assert compose_raw().data.num_workers == "auto"
     cfg = compose_train()
     assert isinstance(cfg.data.num_workers, int) and cfg.data.num_workers >= 2
+
+
+def test_a_runs_first_lines_show_its_input_losses_and_dropout():
+    """The run summary names what a command changes beyond the model's size: the features,
+    subsampling, input scaling, CMVN, SpecAugment, intermediate CTC and the budget's dropout."""
+    from fastasr.training.derived_config import run_summary
+
+    lines = run_summary(compose_train("data=manifest", "tokenizer=char", "model.dropout=0.1",
+                                      "model.inter_ctc_layers=[3]", "model.inter_ctc_weight=0.3")).splitlines()
+    model_line = next(line for line in lines if line.startswith("model:"))
+    assert "dropout 0.1 (raised up to 0.1 by the epochs the budget affords: callbacks.budget_dropout)" in model_line
+    assert ("input: 40 filterbanks at the audio rate, subsampling 4x, input x sqrt(d_model), per-utterance CMVN, "
+            "SpecAugment 2 x 8 bins, 2 x 20 frames; loss CTC + intermediate CTC on layers [3] (weight 0.3)") in lines
+
+    builtin = run_summary(compose_train("model.spec_augment=null", "features=fbank80_8k")).splitlines()
+    assert "input: 80 filterbanks at 8000 Hz, subsampling 4x, no SpecAugment; loss CTC" in builtin
+    assert any(line.startswith("model:") and "dropout 0.1, attention full" in line for line in builtin)

@@ -80,10 +80,11 @@ def test_fast_dev_run(tiny_corpus, tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="fastasr.training.fit"):
         result = train(cfg, run_dir=tmp_path / "given")
     assert calls == ["resolve_train_config", "check_train_config"]
-    started = [r.getMessage() for r in caplog.records if r.name == "fastasr.training.fit"][:3]
+    started = [r.getMessage() for r in caplog.records if r.name == "fastasr.training.fit"][:4]
     assert started[0].startswith("recipe builtin (conf/recipe/builtin.yaml)")
     assert "depth 1, 2 heads x 16" in started[1] and started[1].endswith("attention i-clustered-4, full context")
-    assert "linear price" in started[2]  # the batch price the resolving chose for clustered attention
+    assert started[2].startswith("input: ") and started[2].endswith("; loss CTC")
+    assert "linear price" in started[3]  # the batch price the resolving chose for clustered attention
     assert result.run_dir == str(tmp_path / "given")
     assert not Path(cfg.paths.run_dir).exists()
     assert OmegaConf.load(tmp_path / "given" / "config.yaml").model.attention.clusters == 4

@@ -183,10 +183,30 @@ def resolve_train_config(cfg: DictConfig) -> DictConfig:
     return cfg
 
 
+def _input_and_loss(features: Any, model: Any) -> str:
+    """The run summary's line of what the encoder reads and what it is trained on: filterbanks,
+    subsampling, input scaling, per-utterance CMVN, SpecAugment and the CTC losses."""
+    rate = features.get("sample_rate")
+    parts = [f"{features.get('num_mel_bins')} filterbanks at {f'{rate} Hz' if rate else 'the audio rate'}",
+             f"subsampling {model.get('subsampling')}x"]
+    if model.get("xscaling"):
+        parts.append("input x sqrt(d_model)")
+    if model.get("utterance_cmvn"):
+        parts.append("per-utterance CMVN")
+    masks = model.get("spec_augment")
+    parts.append(f"SpecAugment {masks.get('freq_masks')} x {masks.get('freq_width')} bins, "
+                 f"{masks.get('time_masks')} x {masks.get('time_width')} frames" if masks else "no SpecAugment")
+    layers = list(model.get("inter_ctc_layers") or [])
+    loss = (f"CTC + intermediate CTC on layers {layers} (weight {model.get('inter_ctc_weight')})" if layers
+            else "CTC")
+    return "input: " + ", ".join(parts) + f"; loss {loss}"
+
+
 def run_summary(cfg: DictConfig, choices: dict[str, Any] | None = None) -> str:
     """What a resolved config trains, in the lines a run starts with: the recipe (and the
-    experiment preset, from Hydra's ``choices`` when given), the data, the model, its attention,
-    the optimiser and schedule, the budget, the precision and the batches."""
+    experiment preset, from Hydra's ``choices`` when given), the data, the model, its attention and
+    dropout, its input (features, subsampling, scaling, CMVN, SpecAugment) and losses, the
+    optimiser and schedule, the budget, the precision and the batches."""
     choices = choices or {}
     recipe = cfg.get("recipe") or "none"
     experiment = choices.get("experiment")
@@ -204,13 +224,18 @@ def run_summary(cfg: DictConfig, choices: dict[str, Any] | None = None) -> str:
                f"{streaming.get('full_context')}" if chunks else "full context")
     budget = ", ".join(f"{k} {trainer.get(k)}" for k in ("max_time", "max_epochs", "max_steps")
                        if trainer.get(k) not in (None, -1))
+    dropout = f"dropout {model.get('dropout')}"
+    by_budget = (cfg.get("callbacks") or {}).get("budget_dropout")
+    if by_budget:
+        dropout += f" (raised up to {by_budget.get('p')} by the epochs the budget affords: callbacks.budget_dropout)"
     lines = [
         f"recipe {recipe} (conf/recipe/{recipe}.yaml)" + (f", experiment {experiment}" if experiment else "")
         + f"; data {choices.get('data', '')}".rstrip() + f": train {data.get('train_manifest')}",
         f"model: depth {model.get('layers')}, {model.get('heads')} heads x "
         f"{int(model.get('d_model', 0)) // max(int(model.get('heads', 1)), 1)}, feed-forward {model.get('ff_dim')}, "
-        f"conv kernel {model.get('conv_kernel')}, positions {model.get('positions')}, dropout {model.get('dropout')}, "
+        f"conv kernel {model.get('conv_kernel')}, positions {model.get('positions')}, {dropout}, "
         f"attention {attention}, {context}",
+        _input_and_loss(cfg.get("features") or {}, model),
         f"training: {optimiser} lr {(cfg.get('optim') or {}).get('lr')}, {scheduler}; {budget or 'no budget'}; "
         f"precision {trainer.get('precision')}; {data.get('tokenizer')} units; batches of "
         f"{data.get('max_frames_per_batch')} frames ({data.get('length_cost')} price)",
