@@ -287,6 +287,11 @@ def test_a_runs_first_lines_show_its_input_losses_and_dropout():
     assert ("input: 40 filterbanks at the audio rate, subsampling 4x, input x sqrt(d_model), per-utterance CMVN, "
             "SpecAugment 2 x 8 bins, 2 x 20 frames; loss CTC + intermediate CTC on layers [3] (weight 0.3)") in lines
 
+    partial = compose_train()
+    OmegaConf.update(partial, "model.spec_augment", {"time_masks": 3}, merge=False)
+    assert ("SpecAugment 2 x 27 bins, 3 x 40 frames" in run_summary(partial)), \
+        "keys a config leaves out are SpecAugment's defaults, as the model builds it"
+
     builtin = run_summary(compose_train("model.spec_augment=null", "features=fbank80_8k")).splitlines()
     assert "input: 80 filterbanks at 8000 Hz, subsampling 4x, no SpecAugment; loss CTC" in builtin
     assert any(line.startswith("model:") and "dropout 0.1, attention full" in line for line in builtin)

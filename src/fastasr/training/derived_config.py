@@ -37,6 +37,7 @@ A value given on the command line instead of ``auto`` (``data.length_cost=linear
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -45,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fastasr.attention import build_attention, length_cost
 from fastasr.data.tokenizer import unit_metric
+from fastasr.model.frontend import SpecAugment
 
 #: The value of a key that :func:`resolve_train_config` fills in by its rule.
 AUTO = "auto"
@@ -194,8 +196,10 @@ def _input_and_loss(features: Any, model: Any) -> str:
     if model.get("utterance_cmvn"):
         parts.append("per-utterance CMVN")
     masks = model.get("spec_augment")
-    parts.append(f"SpecAugment {masks.get('freq_masks')} x {masks.get('freq_width')} bins, "
-                 f"{masks.get('time_masks')} x {masks.get('time_width')} frames" if masks else "no SpecAugment")
+    if masks:  # the keys a config leaves out take SpecAugment's defaults, as the model builds it
+        masks = {name: p.default for name, p in inspect.signature(SpecAugment).parameters.items()} | dict(masks)
+    parts.append(f"SpecAugment {masks['freq_masks']} x {masks['freq_width']} bins, "
+                 f"{masks['time_masks']} x {masks['time_width']} frames" if masks else "no SpecAugment")
     layers = list(model.get("inter_ctc_layers") or [])
     loss = (f"CTC + intermediate CTC on layers {layers} (weight {model.get('inter_ctc_weight')})" if layers
             else "CTC")
