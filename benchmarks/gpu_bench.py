@@ -16,8 +16,9 @@
    ``full`` (SDPA with the flash backend forced in bf16; flash has no fp32 kernel, so
    fp32 forces the memory-efficient backend, named in the ``sdpa_backend`` column);
    ``full padded (fastasr path)``: the same on a padded batch (last sequence at 3/4 N),
-   through the exact path ``fastasr.attention.full`` takes for it (varlen flash in bf16;
-   in fp32 the key mask, or packing from ``pack_from``): the padded baseline every
+   through the exact path ``fastasr.attention.full`` takes for it, with SDPA choosing its
+   backends (bf16: the key mask below ``dense_from``, dense below ``varlen_from``, varlen
+   flash from there; fp32: the key mask, or packing from ``pack_from``): the padded baseline every
    speed-up is measured against (``benchmarks/full_paths.py`` times each path);
    ``full padded (key mask)``: the padded batch through SDPA with a key-padding mask
    (no flash: SDPA picks what takes a mask);
@@ -186,7 +187,9 @@ class _KernelsEnv:
 
 
 def _sdpa_context(variant: Variant, dtype, device):
-    """Force the flash backend for full attention (efficient for fp32: flash has none)."""
+    """Force the flash backend for unpadded full attention (efficient for fp32: flash has none);
+    the padded batch runs the path fastasr takes, whose key mask rules flash out below
+    ``dense_from``."""
     import contextlib
 
     import torch
@@ -196,6 +199,8 @@ def _sdpa_context(variant: Variant, dtype, device):
         return contextlib.nullcontext(), "default (the mask rules flash out)"
     if variant.spec != "full" or device.type != "cuda":
         return contextlib.nullcontext(), ("default" if variant.spec == "full" else "")
+    if variant.padded:  # fastasr's padded path (key mask, dense or varlen by N) picks its kernels
+        return contextlib.nullcontext(), "fastasr's padded path"
     if dtype in (torch.float16, torch.bfloat16):
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION]), "flash"
     return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]), "efficient (no fp32 flash)"

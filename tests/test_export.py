@@ -15,6 +15,7 @@ import soundfile as sf
 import torch
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="the deploy extra (pip install -e .[deploy]; make install has it)")
+pytest.importorskip("kaldi_native_fbank", reason="the deploy extra (pip install -e .[deploy]; make install has it)")
 
 from recogniser_fixtures import tiny_recogniser  # noqa: E402
 

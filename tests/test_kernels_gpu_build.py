@@ -465,12 +465,14 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert train.startswith("train.py data=manifest tokenizer=char data.train_manifest=data/fsdd_speakers/train.jsonl")
     assert "trainer.max_time=00:00:03:00" in train and "name=gpu-check-fsdd" in train
     assert "| FSDD speaker-disjoint, the recorded-speech recipe (3 min) | ok |" in summary
-    # Table 2 after it: (300 s - 15 for the summary - 150 for the study's setup) / 3 = 45 s a member
+    # Table 2 after it: (300 s - 15 for the summary - 150 for the study's setup) / 3 = 45 s a member,
+    # less a third of the seconds a loaded machine takes to reach the step (the budget's clock)
     env.update(GPU_CHECK_TABLE2="1", GPU_CHECK_BUDGET_S="300")
     calls, summary = gpu_check("table2")
     study = next(c for c in calls if c.startswith("-m fastasr.cli.budget"))
-    assert "budget=table2_frames" in study and "budget.max_time=00:00:00:45" in study, study
-    assert "| Table 2 on the GPU (budget=table2_frames, 45 s a member, bf16) | ok |" in summary
+    member_s = re.search(r"budget\.max_time=00:00:00:(\d\d) ", study)
+    assert "budget=table2_frames" in study and member_s and 42 <= int(member_s.group(1)) <= 45, study
+    assert f"| Table 2 on the GPU (budget=table2_frames, {member_s.group(1)} s a member, bf16) | ok |" in summary
     assert "## Table 2 on the GPU" in summary and "| member |" in summary
     env.update(GPU_CHECK_BUDGET_S="600")
     calls, _ = gpu_check("table2")

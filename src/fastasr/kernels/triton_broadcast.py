@@ -79,9 +79,10 @@ def _broadcast_kernel(x_ptr, assign_ptr, counts_ptr, out_ptr, C, N, D, H, s_ob, 
     cluster = tl.load(assign_ptr + bh * N + offs_n, mask=in_n, other=-1)
     member = (cluster >= 0)[:, None] & (offs_d[None, :] < D)
     rows = tl.load(x_ptr + (bh * C + cluster)[:, None] * D + offs_d[None, :], mask=member, other=0.0)
-    if MEAN:  # a mean's gradient: its cluster's over the count
+    if MEAN:  # a mean's gradient: its cluster's over the count, divided exactly (IEEE round to
+        # nearest, as torch's division: `/` on a GPU is an approximate division, 1 ulp off)
         count = tl.load(counts_ptr + bh * C + cluster, mask=cluster >= 0, other=1)
-        rows = rows.to(tl.float32) / tl.maximum(count, 1).to(tl.float32)[:, None]
+        rows = tl.math.div_rn(rows.to(tl.float32), tl.maximum(count, 1).to(tl.float32)[:, None])
     out = out_ptr + (bh // H) * s_ob + (bh % H) * s_oh  # the output rows through their strides
     tl.store(out + offs_n[:, None] * s_on + offs_d[None, :], rows, mask=in_n[:, None] & (offs_d[None, :] < D))
 
@@ -117,7 +118,7 @@ def _cluster_sum_kernel(dout_ptr, assign_ptr, counts_ptr, dx_ptr, C, N, D, SPAN,
         if MEAN:  # each sum over its count: the means
             # read in the sum's own layout (a (C,) vector broadcast to it spilled on sm_90)
             count = tl.load(counts_ptr + bh * C + offs_c[:, None] + 0 * offs_d[None, :], mask=mask, other=1)
-            acc = acc / tl.maximum(count, 1).to(tl.float32)
+            acc = tl.math.div_rn(acc, tl.maximum(count, 1).to(tl.float32))
         tl.store(ptrs, acc.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
