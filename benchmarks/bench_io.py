@@ -121,7 +121,7 @@ KERNEL_SWITCHES = {
     "split-key centroid values": ("fastasr.kernels.ops", "SPLIT_KEY_VALUES_FROM", 0),
     "hash inside K-means": ("fastasr.kernels.triton_kmeans", "HASH_IN_KMEANS", True),
     "varlen centroid values": ("fastasr.kernels.ops", "VARLEN_CENTROID_VALUES", True),
-    "Triton layer norm": ("fastasr.kernels.layer_norm", "TRITON_LAYER_NORM", True),
+    "torch layer norm": ("fastasr.kernels.layer_norm", "TRITON_LAYER_NORM", False),
     "Triton bias gradients": ("fastasr.kernels.linear", "TRITON_BIAS_GRADIENTS", True),
     "norms cast once": ("fastasr.kernels.layer_norm", "CAST_ONCE", True),
     "Triton GELU dropout": ("fastasr.kernels.dropout", "TRITON_GELU_DROPOUT", True),

@@ -431,8 +431,8 @@ def with_centroid_bwd_tile(keys: int, warps: int):
 
     launcher = triton_centroid.centroid_tiles
 
-    def tiles(C, E, EV, dot_dtype, backward):
-        tile = launcher(C, E, EV, dot_dtype, backward)
+    def tiles(C, E, EV, dot_dtype, backward, keys=None):
+        tile = launcher(C, E, EV, dot_dtype, backward, keys)
         return {**tile, "BLOCK_N": keys, "num_warps": warps} if backward else tile
 
     with mock.patch.object(triton_centroid, "centroid_tiles", tiles):
@@ -492,7 +492,7 @@ def parts_table(lines: list[str], ns: list[int], repeats: int, topk_tiles: list[
               f"({HEADS} × {DIM}, C = {CLUSTERS}, K = {PARTS_TOPK}, {TOKENS:,} tokens; ms, median of {repeats})", "",
               "| N × B | sparse part: products + torch | sparse part: fused |"
               + "".join(f" sparse part: fused, {t.replace(':', ' rows × ')} warps |" for t in sparse_tiles)
-              + " top-k: torch.topk | top-k: Triton | top-k: Triton, whole-row stores | top-k: Triton, bracketed |"
+              + " top-k: torch.topk | top-k: Triton | top-k: Triton, whole-row stores | top-k: Triton, whole int32 range |"
               + "".join(f" top-k: Triton, {t.replace(':', ' rows × ')} warps |" for t in topk_tiles)
               + " centroid attention: torch | centroid attention: fused | centroid attention: fused, "
               f"{CENTROID_SPAN_ALTERNATIVE}-key spans |"
@@ -563,9 +563,9 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
     same = torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
     cells += [f"{device_ms(lambda: reference.topk_indices(logits, K), repeats):.3f}",
               f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}"]
-    # a row's entries taken all at once; the bisection from a bracket of each row's keys
+    # a row's entries taken all at once; the bisection over the whole int32 range
     for setting in (mock.patch.object(triton_topk, "STORE_ELEMENTS", None),
-                    mock.patch.object(triton_topk, "BRACKET", True)):
+                    mock.patch.object(triton_topk, "BRACKET", False)):
         with setting:
             same = same and torch.equal(triton_topk.topk_indices(logits, K).sort(-1).values, want_top)
             cells.append(f"{device_ms(lambda: triton_topk.topk_indices(logits, K), repeats):.3f}")

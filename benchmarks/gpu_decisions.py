@@ -7,7 +7,9 @@
 ``make gpu-check`` times each candidate beside the default it would replace, in one run:
 ``clustering_gpu.py``'s K-means, parts and call tables and ``gpu_step.py``'s step. This script
 reads those tables (``benchmarks/results/<stem>_<gpu>.md``) and applies each candidate's rule
-(:data:`FAMILIES`, :data:`SWITCH_RULES`, :data:`STEP_FORMS`) on the table's margin: :data:`MARGIN` (the step's kernel
+(:data:`FAMILIES`, :data:`SWITCH_RULES`, :data:`STEP_FORMS`), in the rows whose kernels the
+setting changes (``Family.where``: the Triton top-k's settings up to :data:`TOPK_MAX_N` keys,
+K-means' one launch and split sweeps apart), on the table's margin: :data:`MARGIN` (the step's kernel
 sums: :data:`TABLE_MARGINS`), or the table's noise where two timings of the same kernels in it
 (:data:`SAME_KERNELS`) differ by more. A
 candidate is faster at an N where its time is under ``1 - margin`` times the default's, slower
@@ -16,7 +18,9 @@ over ``1 + margin`` times. The rules:
 * ``at 800``: faster at N = 800 (the paper's training length) and slower at no N;
 * ``every N``: faster at every N timed;
 * ``no loss``: slower at no N (a condition beside another table's rule);
-* ``from N``: faster at some N and at every longer one timed: a length threshold moves there.
+* ``from N``: faster at some N and at every longer one timed: a length threshold moves there;
+* ``up to N``: faster at the shortest N timed and every one up to some N: a setting for shorter
+  rows, up to there.
 
 A setting changes where every row that names it passes (a switch's rows in several tables; each
 tile a setting of its own). The script says which; a person applies it in the code the setting
@@ -52,7 +56,7 @@ STEP_KERNELS = "The same steps' GPU kernels alone"
 #: a layer's activations) and two sums of the same kernels differ by their own noise (which, where
 #: larger, is the margin).
 TABLE_MARGINS = {("gpu_step", STEP_KERNELS): 0.02}
-AT_800, EVERY_N, NO_LOSS, FROM_N = "at 800", "every N", "no loss", "from N"
+AT_800, EVERY_N, NO_LOSS, FROM_N, UP_TO_N = "at 800", "every N", "no loss", "from N", "up to N"
 PAPER_N = 800  # the paper's WSJ utterances: ~780 frames
 STEMS = ("clustering", "gpu_step")  # the results files read: clustering_gpu.py's and gpu_step.py's
 
@@ -105,10 +109,14 @@ def milliseconds(cell: str | None) -> float | None:
     return float(match.group(1)) if match else None
 
 
-def ratios(table: Table, candidate: str, default: str) -> dict[int, float | None]:
-    """``candidate``'s time over ``default``'s at each N (None where either has none)."""
+def ratios(table: Table, candidate: str, default: str,
+           where: Callable[[int, dict[str, str]], bool] | None = None) -> dict[int, float | None]:
+    """``candidate``'s time over ``default``'s at each N (None where either has none), in the rows
+    where ``where(n, row)`` holds (every row without it)."""
     out = {}
     for n, row in sorted(table.cells.items()):
+        if where is not None and not where(n, row):
+            continue
         a, b = milliseconds(row.get(candidate)), milliseconds(row.get(default))
         out[n] = a / b if a is not None and b else None
     return out
@@ -116,9 +124,10 @@ def ratios(table: Table, candidate: str, default: str) -> dict[int, float | None
 
 def verdict(rule: str, by_n: dict[int, float | None], margin: float = MARGIN) -> tuple[bool, str, int | None]:
     """Whether ``by_n`` (candidate over default at each N) passes ``rule`` on ``margin``, why in
-    words, and for ``from N`` the N it passes from."""
-    if rule not in (AT_800, EVERY_N, NO_LOSS, FROM_N):
-        raise ValueError(f"unknown rule {rule!r}; expected {AT_800!r}, {EVERY_N!r}, {NO_LOSS!r} or {FROM_N!r}")
+    words, and for ``from N`` the N it passes from (``up to N``: up to)."""
+    if rule not in (AT_800, EVERY_N, NO_LOSS, FROM_N, UP_TO_N):
+        raise ValueError(f"unknown rule {rule!r}; expected {AT_800!r}, {EVERY_N!r}, {NO_LOSS!r}, {FROM_N!r} "
+                         f"or {UP_TO_N!r}")
     timed = {n: r for n, r in by_n.items() if r is not None}
     if not timed:
         return False, "not timed", None
@@ -134,8 +143,11 @@ def verdict(rule: str, by_n: dict[int, float | None], margin: float = MARGIN) ->
         return len(faster) == len(by_n), said, None
     if rule == NO_LOSS:
         return not slower and not untimed, said, None
-    ns = sorted(by_n)  # FROM_N
-    start = next((n for i, n in enumerate(ns) if set(ns[i:]) <= set(faster)), None)
+    ns = sorted(by_n)
+    if rule == UP_TO_N:
+        end = next((n for i, n in reversed(list(enumerate(ns))) if set(ns[:i + 1]) <= set(faster)), None)
+        return end is not None, said, end
+    start = next((n for i, n in enumerate(ns) if set(ns[i:]) <= set(faster)), None)  # FROM_N
     return start is not None, said, start
 
 
@@ -188,7 +200,10 @@ def noise(tables: dict[str, list[Table]], stem: str, title: str) -> tuple[float,
 @dataclass(frozen=True)
 class Family:
     """Candidates of one kind: the columns of table ``title`` of results file ``stem`` that match
-    ``pattern``, each against ``default`` by ``rule``; ``code`` is what a passing one changes."""
+    ``pattern``, each against ``default`` by ``rule``; ``code`` is what a passing one changes.
+    ``where(n, row)``, where given, holds in the rows whose kernels the setting changes: elsewhere
+    the candidate and the default run the same kernels (the Triton top-k's settings on rows longer
+    than it takes, which ``torch.topk`` selects), so those rows time nothing the rule could read."""
 
     stem: str
     title: str
@@ -196,6 +211,20 @@ class Family:
     default: str
     rule: str
     code: str
+    where: Callable[[int, dict[str, str]], bool] | None = None
+
+
+#: The longest rows the Triton top-k selects (``fastasr.kernels.triton_topk.MAX_N``; a test holds
+#: the two equal): longer ones go to ``torch.topk``, whatever its settings.
+TOPK_MAX_N = 8192
+
+
+def _topk_rows(n: int, row: dict[str, str]) -> bool:
+    return n <= TOPK_MAX_N
+
+
+def _one_launch(n: int, row: dict[str, str]) -> bool:
+    return row.get("spans (auto)") == "1"
 
 
 #: The tiles and settings ``make gpu-check`` times beside the defaults (``clustering_gpu.py``'s
@@ -206,17 +235,20 @@ FAMILIES = (
            "triton_kmeans.ONE_LAUNCH_TILES' tile below WIDE_TILE_FROM (and compile_check allows its spill)"),
     Family("clustering", "Hamming K-means", r"auto, tile [^,]*", "auto", EVERY_N, "triton_kmeans.lloyd_tile"),
     Family("clustering", "Hamming K-means", r"auto, \d+ stages", "auto", EVERY_N,
-           "num_stages of triton_kmeans.ONE_LAUNCH_TILES and LLOYD_OPTIONS"),
+           "num_stages of triton_kmeans.ONE_LAUNCH_TILES (one launch: spans 1)", _one_launch),
+    Family("clustering", "Hamming K-means", r"auto, \d+ stages", "auto", EVERY_N,
+           "num_stages of triton_kmeans.LLOYD_OPTIONS (split sweeps: spans over 1)",
+           lambda n, row: not _one_launch(n, row)),
     Family("clustering", "i-clustered's parts", r"sparse part: fused, \d+ rows × \d+ warps", "sparse part: fused",
            EVERY_N, "triton_clustered._sparse_blocks and SPARSE_WARPS"),
     Family("clustering", "i-clustered's parts", r"top-k: Triton, \d+ rows × \d+ warps", "top-k: Triton", EVERY_N,
-           "triton_topk.topk_tile"),
+           "triton_topk.topk_tile", _topk_rows),
     Family("clustering", "i-clustered's parts", r"top-k: Triton, whole-row stores", "top-k: Triton", EVERY_N,
-           "triton_topk.STORE_ELEMENTS = None"),
-    Family("clustering", "i-clustered's parts", r"top-k: Triton, bracketed", "top-k: Triton", EVERY_N,
-           "triton_topk.BRACKET = True"),
+           "triton_topk.STORE_ELEMENTS = None", _topk_rows),
+    Family("clustering", "i-clustered's parts", r"top-k: Triton, whole int32 range", "top-k: Triton", EVERY_N,
+           "triton_topk.BRACKET = False", _topk_rows),
     Family("clustering", "i-clustered's parts", r"centroid attention: fused, backward .*", "centroid attention: fused",
-           EVERY_N, "triton_centroid.centroid_tiles' backward tile"),
+           UP_TO_N, "triton_centroid.centroid_tiles' backward tile on short rows (SHORT_BACKWARD_BELOW)"),
     Family("clustering", "i-clustered's parts", r"centroid attention: fused, \d+-key spans", "centroid attention: fused",
            EVERY_N, "triton_centroid.SPLIT_KEYS"),
 )
@@ -236,7 +268,7 @@ SWITCH_RULES = {
         ("clustering", "Attention call as one CUDA graph", NO_LOSS, None),
         ("clustering", "i-clustered's parts", NO_LOSS,
          ("clustered's centroid values: varlen", "clustered's centroid values: SDPA")))),
-    "Triton layer norm": ("layer_norm.TRITON_LAYER_NORM = True", _MODEL_LAYERS),
+    "torch layer norm": ("layer_norm.TRITON_LAYER_NORM = False", _MODEL_LAYERS),
     "Triton bias gradients": ("linear.TRITON_BIAS_GRADIENTS = True", _MODEL_LAYERS),
     "norms cast once": ("layer_norm.CAST_ONCE = True", _MODEL_LAYERS),
     "Triton GELU dropout": ("dropout.TRITON_GELU_DROPOUT = True", _MODEL_LAYERS),
@@ -269,7 +301,7 @@ class Row:
     by_n: dict[int, float | None]
     passed: bool
     why: str
-    start: int | None = None
+    start: int | None = None  # the N of a ``from N`` or ``up to N`` threshold
 
 
 def judged(setting: str, candidate: str, default: str, table: str, rule: str, by_n: dict[int, float | None],
@@ -299,8 +331,14 @@ def decide(tables: dict[str, list[Table]]) -> tuple[list[Row], dict[str, str]]:
         table = find_table(tables.get(fam.stem, []), fam.title)
         for column in table.columns if table else []:
             if re.fullmatch(fam.pattern, column):
-                rows.append(judged(f"{fam.code}: {column}", column, fam.default, _where(fam.stem, fam.title),
-                                   fam.rule, ratios(table, column, fam.default), margin(fam.stem, fam.title)))
+                by_n = ratios(table, column, fam.default, fam.where)
+                if not by_n:  # a family whose rows the table holds none of decides nothing
+                    continue
+                row = judged(f"{fam.code}: {column}", column, fam.default, _where(fam.stem, fam.title),
+                             fam.rule, by_n, margin(fam.stem, fam.title))
+                if left := [n for n in table.cells if n not in by_n]:
+                    row.why += f"; {_ns(left)} left out (rows this setting does not run in)"
+                rows.append(row)
     for switch, (code, checks) in {**SWITCH_RULES, **STEP_FORMS}.items():
         for stem, title, rule, pair in checks:
             table = find_table(tables.get(stem, []), title)
@@ -315,13 +353,15 @@ def decide(tables: dict[str, list[Table]]) -> tuple[list[Row], dict[str, str]]:
 
 def changes(rows: list[Row]) -> dict[str, str]:
     """The settings every row of which passes, each with what to set (from which N for
-    ``from N`` rows: the longest of their starts)."""
+    ``from N`` rows: the longest of their starts; up to which for ``up to N``: the shortest)."""
     out = {}
     for setting in dict.fromkeys(r.setting for r in rows):
         mine = [r for r in rows if r.setting == setting]
         if all(r.passed for r in mine):
-            starts = [r.start for r in mine if r.start is not None]
-            out[setting] = f"from N = {max(starts):,}" if starts else "; ".join(f"{r.table}: {r.why}" for r in mine)
+            starts = [r.start for r in mine if r.start is not None and r.rule == FROM_N]
+            ends = [r.start for r in mine if r.start is not None and r.rule == UP_TO_N]
+            out[setting] = (f"from N = {max(starts):,}" if starts else f"up to N = {min(ends):,}" if ends
+                            else "; ".join(f"{r.table}: {r.why}" for r in mine))
     return out
 
 
@@ -376,7 +416,8 @@ def report(rows: list[Row], margins: dict[str, str], baseline_rows: list[Row], g
              f"({', '.join(f'{t or stem}: {m:.0%}' for (stem, t), m in TABLE_MARGINS.items())}), or "
              "the table's noise where two timings of the same kernels in it differ by more. Rules: "
              f"'{AT_800}': faster at N = {PAPER_N}, slower at none; '{EVERY_N}': faster at each; "
-             f"'{NO_LOSS}': slower at none; '{FROM_N}': faster from some N on. A setting changes where "
+             f"'{NO_LOSS}': slower at none; '{FROM_N}': faster from some N on; '{UP_TO_N}': faster from "
+             "the shortest N up to some N. A setting changes where "
              "every row naming it passes; it is applied by hand where it says.", "",
              "## What changes", ""]
     lines += [f"- `{setting}`: {said}" for setting, said in changed.items()] or ["Nothing: no setting passes its rules."]

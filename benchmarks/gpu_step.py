@@ -74,9 +74,10 @@ VARIANTS = {
     "clustered-100, split-key centroid values": ("clustered-100", None, ("split-key centroid values",)),
     "clustered-100, hash inside K-means": ("clustered-100", None, ("hash inside K-means",)),
     "clustered-100, varlen centroid values": ("clustered-100", None, ("varlen centroid values",)),
-    # the model's own kernels: its layer norms, its bias gradients by Triton, in the floor and with full attention
-    "floor, Triton layer norm": (FLOOR, None, ("Triton layer norm",)),
-    "full, Triton layer norm": ("full", None, ("Triton layer norm",)),
+    # the model's own kernels: its layer norms by torch (Triton's by default), its bias gradients
+    # by Triton, in the floor and with full attention
+    "floor, torch layer norm": (FLOOR, None, ("torch layer norm",)),
+    "full, torch layer norm": ("full", None, ("torch layer norm",)),
     "floor, Triton bias gradients": (FLOOR, None, ("Triton bias gradients",)),
     "full, Triton bias gradients": ("full", None, ("Triton bias gradients",)),
     "floor, norms cast once": (FLOOR, None, ("norms cast once",)),

@@ -105,6 +105,8 @@ def test_tables_are_read_by_title_and_n_with_times_counts_and_failures_apart():
     (gd.FROM_N, {1024: 0.90, 4096: 1.00, 16384: 0.94, 65536: 0.80}, True, 16384),
     (gd.FROM_N, {1024: 0.90, 65536: 0.96}, False, None),
     (gd.AT_800, {800: None}, False, None),
+    (gd.UP_TO_N, {800: 0.80, 1024: 0.90, 3200: 1.00, 16384: 1.20}, True, 1024),  # slower past it: allowed
+    (gd.UP_TO_N, {800: 1.00, 1024: 0.80}, False, None),  # not at the shortest
 ])
 def test_each_rule_on_the_margin(rule, by_n, passes, start):
     passed, why, got_start = gd.verdict(rule, by_n)
@@ -139,8 +141,14 @@ def test_what_the_tables_decide():
     assert capped.rule == gd.AT_800 and capped.passed  # 10 % faster at 800, 4 % slower at 16,384: within 5 %
     wide = by["auto, tile 64 × 8 warps", "clustering: Hamming K-means"]
     assert wide.rule == gd.EVERY_N and wide.passed
-    stages = by["auto, 2 stages", "clustering: Hamming K-means"]
-    assert not stages.passed and "no time at N = 16,384" in stages.why
+    # the pipelining depth is two settings, K-means' one launch (spans 1) and its split sweeps,
+    # each judged on its own rows
+    stages = {r.setting.split(" (")[0]: r for r in rows if r.candidate == "auto, 2 stages"}
+    one_launch = stages["num_stages of triton_kmeans.ONE_LAUNCH_TILES"]
+    assert list(one_launch.by_n) == [800, 3200] and not one_launch.passed
+    assert one_launch.why == "faster at N = 3,200; N = 16,384 left out (rows this setting does not run in)"
+    split_sweeps = stages["num_stages of triton_kmeans.LLOYD_OPTIONS"]
+    assert split_sweeps.by_n == {16384: None} and split_sweeps.why.startswith("not timed")
     # the parts table's margin is its noise, 8 %: the backward tile's 7 % at N = 800 is not a win
     bwd = by["centroid attention: fused, backward 64 keys × 8 warps", "clustering: i-clustered's parts"]
     assert not bwd.passed and bwd.why == "faster at N = 1,024, 16,384"
@@ -158,6 +166,25 @@ def test_what_the_tables_decide():
     assert changed["ops.SPLIT_KEY_VALUES_FROM: the N the rows pass from"] == "from N = 16,384"
     assert "triton_kmeans.HASH_IN_KMEANS = True" in changed
     assert not any("backward" in setting for setting in changed)
+
+
+def test_the_top_k_settings_are_judged_on_the_rows_the_triton_top_k_selects():
+    """Rows longer than ``triton_topk.MAX_N`` go to ``torch.topk`` whatever the Triton top-k's
+    settings: there a candidate times the default's kernels, and its rule reads the other rows."""
+    from fastasr.kernels import triton_topk
+
+    assert gd.TOPK_MAX_N == triton_topk.MAX_N
+    whole_range = CLUSTERING.replace("| top-k: Triton | top-k: Triton, 1 rows × 1 warps |",
+                                     "| top-k: Triton | top-k: Triton, whole int32 range |")
+    whole_range = whole_range.replace("| 0.500 | 0.540 |", "| 0.500 | 0.400 |").replace(
+        "| 0.400 | 0.400 |", "| 0.400 | 0.330 |").replace("| 0.600 | 0.550 |", "| 0.600 | 0.610 |")
+    rows, _ = gd.decide(_tables(clustering=whole_range))
+    row = next(r for r in rows if r.candidate == "top-k: Triton, whole int32 range")
+    assert list(row.by_n) == [800, 1024] and row.passed
+    assert row.why == "faster at N = 800, 1,024; N = 16,384 left out (rows this setting does not run in)"
+    assert "triton_topk.BRACKET = False: top-k: Triton, whole int32 range" in gd.changes(rows)
+    losing = whole_range.replace("| 0.400 | 0.330 |", "| 0.400 | 0.450 |")  # slower at 1,024
+    assert not any(s.startswith("triton_topk.BRACKET") for s in gd.changes(gd.decide(_tables(clustering=losing))[0]))
 
 
 def test_the_models_own_switches_are_decided_on_the_steps_kernels_and_lose_no_step():

@@ -206,15 +206,15 @@ def test_kernel_switches_name_settings_they_change():
     used |= {s for *_, switches in gpu_step.VARIANTS.values() for s in switches}
     assert used == set(bench_io.KERNEL_SWITCHES)
     names = list(bench_io.KERNEL_SWITCHES)
-    assert names == ["split-key centroid values", "hash inside K-means", "varlen centroid values", "Triton layer norm",
+    assert names == ["split-key centroid values", "hash inside K-means", "varlen centroid values", "torch layer norm",
                      "Triton bias gradients", "norms cast once", "Triton GELU dropout"]
     settings = [(importlib.import_module(m), a) for m, a, _ in bench_io.KERNEL_SWITCHES.values()]
-    defaults = [32768, False, False, False, False, False, False]
+    defaults = [32768, False, False, True, False, False, False]
     assert [getattr(m, a) for m, a in settings] == defaults
     made = bench_io.switched_on(names)  # made ahead of its `with` (as a table's settings are): nothing set yet
     assert [getattr(m, a) for m, a in settings] == defaults
     with made:
-        assert [getattr(m, a) for m, a in settings] == [0, True, True, True, True, True, True]
+        assert [getattr(m, a) for m, a in settings] == [0, True, True, False, True, True, True]
     assert [getattr(m, a) for m, a in settings] == defaults
     assert bench_io.switched_label("clustered-100", names[:1]) == "clustered-100, split-key centroid values"
 
@@ -252,7 +252,7 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     assert "| clustered-4, split-key centroid values |" in md and "clustered's centroid values: split-key |" in md
     assert "| clustered-4, varlen centroid values |" in md and "clustered's centroid values: varlen |" in md
     assert "top-k: Triton, 1 rows × 1 warps" in md and "| split, clustered codes |" in md
-    assert "top-k: Triton, whole-row stores |" in md and "top-k: Triton, bracketed |" in md
+    assert "top-k: Triton, whole-row stores |" in md and "top-k: Triton, whole int32 range |" in md
     assert "| auto, unpacked signs |" in md and "| auto, unpacked signs, clustered codes |" in md
     assert "| auto, tile 16 × 2 warps, 128 registers |" in md
     assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md
@@ -286,7 +286,7 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--rounds", "1", "--variants", "full", "full, dense", "clustered-100", "floor",
                       "clustered-100, split-key centroid values", "clustered-100, hash inside K-means",
-                      "clustered-100, varlen centroid values", "floor, Triton layer norm",
+                      "clustered-100, varlen centroid values", "floor, torch layer norm",
                       "floor, Triton bias gradients", "floor, norms cast once", "floor, Triton GELU dropout",
                       "clustered-100, as CUDA graphs", "floor, as CUDA graphs", "floor, update as a CUDA graph")
     # (i-clustered's kernels: the test above)

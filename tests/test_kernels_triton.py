@@ -790,6 +790,20 @@ def test_fused_centroid_attention_half_precision(dtype, tol, C, E):
     assert bool((kth - chosen <= 2 * moved.amax(-1, keepdim=True)).all()), "a key outside the k-th logit's rounding"
 
 
+def test_centroid_backward_takes_four_warps_on_short_rows_of_the_paper_shape():
+    """The half-precision backward of 65-128 centroids on heads of 32 runs 4 warps on rows shorter
+    than ``SHORT_BACKWARD_BELOW`` keys and 8 on longer ones (and where the length is not given),
+    32 keys a block either way; the forward, float32 and other widths keep their tiles."""
+    short, long_ = tcen.SHORT_BACKWARD_BELOW - 1, tcen.SHORT_BACKWARD_BELOW
+    tile = lambda C, E, dot, backward, keys: tcen.centroid_tiles(C, E, E, dot, backward, keys)  # noqa: E731
+    assert tile(100, 32, tl.bfloat16, True, 800) == {**tile(100, 32, tl.bfloat16, True, None), "num_warps": 4}
+    assert tile(100, 32, tl.bfloat16, True, short)["BLOCK_N"] == 32 and tile(100, 32, tl.float16, True, short)["num_warps"] == 4
+    assert tile(100, 32, tl.bfloat16, True, long_)["num_warps"] == tile(100, 32, tl.bfloat16, True, None)["num_warps"] == 8
+    for C, E, dot, backward in ((100, 32, tl.bfloat16, False), (100, 32, tl.float32, True), (64, 64, tl.bfloat16, True),
+                                (200, 32, tl.bfloat16, True), (50, 32, tl.bfloat16, True)):
+        assert tile(C, E, dot, backward, 800) == tile(C, E, dot, backward, None), (C, E, dot, backward)
+
+
 def test_fused_centroid_attention_refuses_what_it_does_not_serve():
     c, k = torch.zeros(1, 1, 3, 8, device=DEVICE), torch.zeros(1, 1, 5, 8, device=DEVICE)
     with pytest.raises(ValueError, match="topk=6 must be in"):
@@ -1565,7 +1579,7 @@ def test_layer_norm_reads_rows_through_their_stride_and_walks_any_share_of_tiles
 
 def test_layer_norm_module_dispatch_and_autocast(monkeypatch):
     """``LayerNorm`` is ``nn.LayerNorm`` (its parameters and state dict) and takes the Triton
-    kernels by ``FASTASR_KERNELS``' rules and ``TRITON_LAYER_NORM``; under autocast, as torch's
+    kernels by ``FASTASR_KERNELS``' rules and ``TRITON_LAYER_NORM`` (on by default); under autocast, as torch's
     layer norm: float32 out of half-precision activations on CUDA, their dtype on the CPU."""
     from fastasr.kernels import layer_norm as ln
     from fastasr.kernels import ops
@@ -1578,10 +1592,9 @@ def test_layer_norm_module_dispatch_and_autocast(monkeypatch):
     w, b = norm.weight, norm.bias
     monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
     cuda = x.device.type == "cuda"
-    assert not ln.uses_triton(x, (20,), w, b)  # the switch is off
-    monkeypatch.setattr(ln, "TRITON_LAYER_NORM", True)
-    assert ln.uses_triton(x, (20,), w, b) == cuda  # auto: CUDA tensors only
+    assert ln.TRITON_LAYER_NORM and ln.uses_triton(x, (20,), w, b) == cuda  # auto: CUDA tensors only
     monkeypatch.setattr(ln, "TRITON_LAYER_NORM", False)
+    assert not ln.uses_triton(x, (20,), w, b)  # the switch off: torch's
     monkeypatch.setenv(ops.KERNELS_ENV, "reference")
     assert not ln.uses_triton(x, (20,), w, b)
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")

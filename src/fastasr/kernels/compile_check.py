@@ -165,7 +165,8 @@ def _configs():
                     for x_t in ("*bf16", "*fp32"):
                         out.append((f"{label} hashed {x_t[1:]}", tk._lloyd_kernel,
                                     {**types, "x_ptr": x_t, "planes_ptr": "*fp32"},
-                                    {**consts, "HASH": True, "BLOCK_E": 32}, options))
+                                    {**consts, "HASH": True, "BLOCK_E": 32},
+                                    {**options, "num_stages": tk.HASH_IN_KMEANS_STAGES}))
     for after_vote in (False, True):
         out.append((f"kmeans update after_vote={after_vote}", tk._update_kernel,
                     {"cent_ptr": "*i64", "ones_ptr": "*i32", "counts_ptr": "*i32",
@@ -206,8 +207,12 @@ def _configs():
                     tops.append((False, True))
                     if backward:
                         tops.append((True, False))
-                for top, in_order in tops:
-                    tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward)
+                # the backward also on short rows, where the tile may take fewer warps
+                lengths = [None] + ([tcen.SHORT_BACKWARD_BELOW - 1] if backward else [])
+                for (top, in_order), keys in ((t_o, n) for t_o in tops for n in lengths):
+                    tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward, keys)
+                    if keys is not None and tiles == tcen.centroid_tiles(clusters, E, E, dot_dtype, backward):
+                        continue  # the same tile as long rows'
                     options = {"num_warps": tiles.pop("num_warps")}
                     consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": tcen.SPLIT_KEYS, **tiles}
                     # with top keys the backward is i-clustered's one op (triton_improved): it adds the
@@ -218,7 +223,8 @@ def _configs():
                     added = ({"dvalues_ptr": "*fp32", "dk_add_ptr": "*fp32", "dv_add_ptr": "*fp32"} if one_op else
                              {"dk_add_ptr": f"*{t}", "dv_add_ptr": f"*{t}"}) if backward else {}
                     out.append((f"{name} {t} C={clusters} E={E} tile {tiles['BLOCK_C']}x{tiles['BLOCK_N']}"
-                                + ("" if top else " no top keys") + ("" if in_order else " top keys unordered"),
+                                + ("" if top else " no top keys") + ("" if in_order else " top keys unordered")
+                                + ("" if keys is None else f" {options['num_warps']} warps (rows under {keys + 1:,} keys)"),
                                 kernel, {**data, **ptrs, **added}, {**consts, **flags}, options))
             if t == "fp32":  # the combine kernel reads fp32 partials whatever the inputs
                 continue

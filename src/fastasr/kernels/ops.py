@@ -20,8 +20,8 @@ All give the same cluster assignments for the same inputs.
 ``FASTASR_KERNELS`` overrides the choice, read at every call:
 
 * ``auto`` (default, or unset): CUDA -> Triton (float64 clustered products: the
-  reference; the model's layer norms and bias gradients only with their switches,
-  ``layer_norm.TRITON_LAYER_NORM`` and ``linear.TRITON_BIAS_GRADIENTS``: ``kernel_backend``'s
+  reference; the model's layer norms and bias gradients while their switches are on,
+  ``layer_norm.TRITON_LAYER_NORM`` (on) and ``linear.TRITON_BIAS_GRADIENTS`` (off): ``kernel_backend``'s
   ``auto_triton``), CPU -> the C++ kernels when they are built, else the reference with a
   one-time warning saying why and how to build them.
 * ``reference``: the PyTorch reference on every device.

@@ -67,12 +67,17 @@ from fastasr.kernels.triton_topk import MAX_N, topk_softmax
 prepare_interpreter()
 
 __all__ = ["centroid_attention", "centroid_forward", "centroid_backward", "CentroidState", "checked_lengths",
-           "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS"]
+           "applies", "max_centroids", "centroid_tiles", "MAX_CENTROIDS", "SPLIT_KEYS", "SHORT_BACKWARD_BELOW"]
 
 #: Most centroids a sequence may have: all of them are one tile of a program.
 MAX_CENTROIDS = 256
 #: Keys a program covers, forward and backward (a multiple of every key block).
 SPLIT_KEYS = 512
+#: Rows of fewer keys take the half-precision backward of 65-128 centroids on heads of up to 32
+#: in 4 warps, not 8 (32 keys a block either way): the centroid attention alone in 0.76 / 0.63 of
+#: 8 warps' time at N = 800 / 1,024 on the H200, 1.03 / 0.95 at 3,200 / 4,096, 1.25 at 16,384
+#: (c72e613, clustering_nvidia-h200.md "backward 32 keys × 4 warps").
+SHORT_BACKWARD_BELOW = 2048
 #: The float32 logits' rows (C a sequence, N keys each) lie this many floats apart at least:
 #: ``N`` rounded up, so that every row starts 64-byte aligned whatever a batch's padded length
 #: (a training batch's N is its longest utterance's). Aligned, the forward stores them in vectors
@@ -272,16 +277,20 @@ def _centroid_bwd_kernel(
     tl.atomic_add(dc_ptr + crow[:, None] * E + offs_e[None, :], dcent, mask=e_mask, sem="relaxed")
 
 
-def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool) -> dict:
-    """Block sizes and warps of a launch: every centroid in one tile (at least 64 rows),
-    fewer keys a block and more warps for wider tiles (fp32 operands, the backward's extra
-    tiles, ``C > 128``). Each configuration compiles for sm_90 without spills
+def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool, keys: int | None = None) -> dict:
+    """Block sizes and warps of a launch over rows of ``keys`` keys (None: long rows): every
+    centroid in one tile (at least 64 rows), fewer keys a block and more warps for wider tiles
+    (fp32 operands, the backward's extra tiles, ``C > 128``); the half-precision backward of
+    65-128 centroids on heads of up to 32 in 4 warps on rows shorter than
+    :data:`SHORT_BACKWARD_BELOW`. Each configuration compiles for sm_90 without spills
     (``python -m fastasr.kernels.compile_check``)."""
     block_c = max(64, next_power_of_2(C))  # fewer rows took more registers on sm_90
     block_e = max(16, next_power_of_2(max(E, EV)))
     width = block_c * (4 if dot_dtype == tl.float32 else 1) * (2 if backward else 1) * max(1, block_e // 32)
     block_n = 64 if width <= 128 else (32 if width <= 256 and block_c <= 128 else 16)
     warps = 8 if width <= 128 or (backward and width <= 256) else 16
+    if backward and block_c == 128 and width == 256 and keys is not None and keys < SHORT_BACKWARD_BELOW:
+        warps = 4
     return {"BLOCK_C": block_c, "BLOCK_N": block_n, "BLOCK_E": max(16, next_power_of_2(E)),
             "BLOCK_V": max(16, next_power_of_2(EV)), "num_warps": warps}
 
@@ -307,7 +316,7 @@ def applies(centroids: torch.Tensor, k: torch.Tensor, v: torch.Tensor, topk: int
 def _launch_config(centroids, k, v, backward):
     interpreted = kernels_interpreted(_centroid_fwd_kernel)
     dot_dtype, precision = dot_config(torch.promote_types(k.dtype, v.dtype), interpreted)
-    tiles = centroid_tiles(centroids.shape[2], k.shape[3], v.shape[3], dot_dtype, backward)
+    tiles = centroid_tiles(centroids.shape[2], k.shape[3], v.shape[3], dot_dtype, backward, k.shape[2])
     return {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": SPLIT_KEYS, **tiles}
 
 

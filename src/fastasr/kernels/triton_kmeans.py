@@ -27,8 +27,8 @@ positions in one sweep, on chip:
 In one launch (below) the tiles' +-1 signs are unpacked from the codes once, into a
 ``(B, H, N, 64)`` float16 scratch the kernel writes before its first sweep, and every sweep
 reads them (one 16-byte vector load a thread and row) instead of unpacking each bit of each
-code again: on sm_90, C = 100, 64 positions x 4 warps, a sweep's tile compiles to 277
-instructions a thread against 754 (the unpacking's shifts, masks and selects, and scalar loads
+code again: on sm_90, C = 100, 64 positions x 4 warps, one pipeline stage, a sweep's tile
+compiles to 277 instructions a thread against 754 (the unpacking's shifts, masks and selects, and scalar loads
 of the codes), for 128 bytes read a position and sweep against 8: 21-30 % faster a call of
 the one launch at N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"). Split sweeps unpack the
 codes: there the scratch gained nothing.
@@ -97,7 +97,13 @@ LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
 #: there. Measured in two runs (benchmarks/results/kmeans_tiles_*.md),
 #: ms a call against 32 x 4: N = 800: 1.06-1.10 against 1.15-1.23 (128 x 8: 1.15-1.37);
 #: N = 1,024-4,096: 1.00-1.48 against 1.30-2.30. Split sweeps keep 32 x 4 (no tile beat it in both runs).
-ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 1}), (128, {"num_warps": 8, "num_stages": 1}))
+#: Two software-pipeline stages (Triton prefetches the next tile's codes): 0.84-0.93 of one
+#: stage's time at N = 800-4,096 on the H200 (c72e613, clustering_nvidia-h200.md "auto, 2
+#: stages"); split sweeps keep one (1.01 at 16,384 and 65,536).
+ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 2}), (128, {"num_warps": 8, "num_stages": 2}))
+#: The pipeline depth of the one launch that also hashes (:data:`HASH_IN_KMEANS`): the hash's
+#: registers beside two stages spill on sm_90 (255 registers and 8 stack bytes with float32 vectors).
+HASH_IN_KMEANS_STAGES = 1
 WIDE_TILE_FROM = 1024
 UPDATE_BLOCK_C = 32
 #: Whether :func:`hash_kmeans` hashes the vectors inside K-means' one launch (False: the hash
@@ -485,7 +491,8 @@ def hash_kmeans(
         codes = triton_hashing.hash_codes(x, planes, lengths)
         return hamming_kmeans(codes, lengths, clusters, iterations, generator, bits=bits)
     lens = _lengths(lengths, B, N, x.device)
-    return _one_launch(None, x, planes, lens, clusters, iterations, bits, True, lloyd_tile(clusters, True, N))
+    tile = {**lloyd_tile(clusters, True, N), "num_stages": HASH_IN_KMEANS_STAGES}
+    return _one_launch(None, x, planes, lens, clusters, iterations, bits, True, tile)
 
 
 def _check_arguments(op: str, clusters: int, iterations: int, bits: int) -> None:

@@ -17,8 +17,8 @@ that takes the same set (about ``32 - log2`` of the distance between the ``k``-t
 ``k+1``-th largest keys: 15-16 steps on average, 11-25, for rows of 800 and 3,200 Gaussian
 float32 scores with k = 32; ties at the ``k``-th score and ``-inf`` padding take more, at most
 32), and a program once all its rows have: 29-38 % faster than 32 steps a row at
-N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"); with :data:`BRACKET` a row starts
-from a bracket of its own keys instead (half the steps on Gaussian scores); then the entries above ``T``
+N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"). A row starts from a bracket of its own
+keys (:data:`BRACKET`; half the steps on Gaussian scores); then the entries above ``T``
 are taken, and of those equal to ``T`` the lowest positions until ``k`` are taken: the row is
 read again a chunk at a time (:data:`STORE_ELEMENTS` a thread), and one running sum of both
 counts (packed in one int32) gives each taken entry its slot. ``k`` indices are written: no
@@ -62,9 +62,10 @@ STORE_ELEMENTS: int | None = 4
 #: that many keys lie at or above it; taken where a count finds ``k`` there, padding's and ``-inf``'s
 #: groups left out), from above the row's largest key. The same keys; on rows of 800 and 3,200
 #: Gaussian scores with k = 32, 6.7-7.3 steps a row after one count, against 15.0-16.4 from the
-#: whole range. Off until a GPU times it: ``make gpu-check``'s parts table ("top-k: Triton,
-#: bracketed").
-BRACKET = False
+#: whole range: the top-k in 0.77-0.87 of the whole range's time at N = 800-4,096 on the H200
+#: (c72e613). ``make gpu-check``'s parts table times the whole range again ("top-k: Triton, whole
+#: int32 range").
+BRACKET = True
 BRACKET_GROUPS = 32
 #: ``-inf``'s int32 key as :func:`_row_keys` makes it (a negative float's bits, the lower 31
 #: flipped): a group of masked keys bounds nothing.
