@@ -196,9 +196,28 @@ def test_table2_columns_peak_memory_test_error_and_time_to_the_common_target(tmp
     assert [r.to_target_seconds for r in rows] == [200.0, 120.0, 80.0, None]
     assert mark_time_to_target([rows[3]], curves) is None
     rows[0].seconds_per_epoch, rows[1].seconds_per_epoch = 250.0, 80.0  # Table 2's s / epoch against full's
+    rows[0].seconds_per_later_epoch, rows[1].seconds_per_later_epoch = 200.0, 110.0  # the first epoch left out
     text = bd.render.markdown(rows, [], "T", "d", ["n"], ["c"])
     assert "| time to target | test PER |" in text and "| 3 min 20 s |" in text
-    assert "| 250.0 |" in text and "| 80.0 (0.32× full) |" in text
+    assert "| s / epoch | s / epoch after the first | forward s / epoch |" in text
+    assert "| 250.0 | 200.0 |" in text and "| 80.0 (0.32× full) | 110.0 (0.55× full) |" in text
+    failed = next(line for line in text.splitlines() if line.startswith("| lsh-1 |"))
+    assert failed.count("|") == text.splitlines()[4].count("|")  # as many cells as the header
+
+
+def test_seconds_an_epoch_after_the_first_leave_its_start_up_out():
+    """From the validation that ends the first epoch to the last, over the epochs between; none
+    where less than half an epoch followed the first (or it never ended)."""
+    from fastasr.studies.budget.curves import later_epoch_seconds
+
+    point = lambda seconds, epochs: bd.CurvePoint(seconds, epochs, int(100 * epochs), 50.0)  # noqa: E731
+    # a first epoch of 26 s (start-up), then 6 s an epoch: 9 s an epoch over all, 6 after the first
+    curve = [point(16.0, 0.5), point(26.0, 1.0), point(29.0, 1.5), point(32.0, 2.0), point(44.0, 4.0)]
+    assert later_epoch_seconds(curve) == pytest.approx(6.0)
+    assert later_epoch_seconds(curve[:3]) == pytest.approx(6.0)  # half an epoch after it: enough
+    assert later_epoch_seconds(curve[:2]) is None and later_epoch_seconds(curve[:1]) is None
+    assert later_epoch_seconds([point(30.0, 0.9), point(40.0, 1.2)]) is None  # 0.2 of an epoch after the first
+    assert later_epoch_seconds([]) is None
 
 
 def test_pareto_front_and_csv_roundtrip(tmp_path):
@@ -292,7 +311,7 @@ def test_smoke_budget_is_complete_reused_and_resumed(tiny_corpus, tmp_path, monk
         assert seconds and seconds == sorted(seconds)
     md = (bdir / bd.MD_FILE).read_text()
     table = [line for line in md.splitlines() if line.startswith("| ")]
-    assert len(table) == 1 + len(names) and all(line.count("|") == 16 for line in table)  # 15 columns
+    assert len(table) == 1 + len(names) and all(line.count("|") == 17 for line in table)  # 16 columns
     assert "python train.py experiment=matrix_member_base member=i-clustered-8" in md
     for png in (bd.TIME_PNG, bd.FORWARD_PNG):
         assert matplotlib.image.imread(bdir / png).shape[2] in (3, 4)

@@ -66,6 +66,21 @@ def read_curve(run_dir: str | Path, metric: str = "per") -> list[CurvePoint]:
     return sorted(curve, key=lambda p: (p.updates, p.train_seconds))
 
 
+#: The least part of an epoch that must follow the first for :func:`later_epoch_seconds`.
+LATER_EPOCHS_AT_LEAST = 0.5
+
+
+def later_epoch_seconds(curve: list[CurvePoint]) -> float | None:
+    """Training seconds an epoch after the first: from the validation that ends the first epoch
+    (the first at 1 epoch or more) to the last, over the epochs between; None where less than
+    :data:`LATER_EPOCHS_AT_LEAST` of an epoch followed it. Time per epoch without the first
+    epoch's start-up (data loaders' first batches, a GPU's kernels compiled and tuned)."""
+    first = next((p for p in curve if p.epochs >= 1), None)
+    if first is None or curve[-1].epochs - first.epochs < LATER_EPOCHS_AT_LEAST:
+        return None
+    return (curve[-1].train_seconds - first.train_seconds) / (curve[-1].epochs - first.epochs)
+
+
 def best_point(curve: list[CurvePoint]) -> CurvePoint | None:
     """The validation with the lowest dev error (the earliest of equals), None for an empty curve."""
     return min(curve, key=lambda p: (p.dev, p.train_seconds)) if curve else None

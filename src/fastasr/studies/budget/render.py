@@ -107,15 +107,17 @@ def plot_forward(path: str | Path, rows: Sequence[BudgetRow], front: Sequence[Bu
     return _save(fig, ax, title, path, dpi)
 
 
-def _per_epoch(row: BudgetRow, rows: Sequence[BudgetRow]) -> str:
-    """``row``'s s / epoch, and its ratio to the finished ``full`` member of the same depth (the
-    paper's Table 2 reads so) where there is one and ``row`` is another."""
-    text = _num(row.seconds_per_epoch, "{:.1f}")
+def _per_epoch(row: BudgetRow, rows: Sequence[BudgetRow], field: str = "seconds_per_epoch") -> str:
+    """``row``'s s / epoch (``field``: or after the first epoch), and its ratio to the finished
+    ``full`` member of the same depth (the paper's Table 2 reads so) where there is one and
+    ``row`` is another."""
+    value = getattr(row, field)
+    text = _num(value, "{:.1f}")
     full = next((r for r in rows if r.attention == "full" and r.layers == row.layers and r.status == OK
-                 and r.seconds_per_epoch), None)
-    if full is None or full is row or row.seconds_per_epoch is None:
+                 and getattr(r, field)), None)
+    if full is None or full is row or value is None:
         return text
-    return f"{text} ({row.seconds_per_epoch / full.seconds_per_epoch:.2f}× full)"
+    return f"{text} ({value / getattr(full, field):.2f}× full)"
 
 
 def markdown(rows: Sequence[BudgetRow], front: Sequence[BudgetRow], title: str, description: str,
@@ -124,17 +126,17 @@ def markdown(rows: Sequence[BudgetRow], front: Sequence[BudgetRow], title: str, 
     how each number was measured, the commands."""
     metric = (rows[0].metric if rows else "per").upper()
     head = ["member", "attention", "layers", "parameters", "updates", "epochs", "train time", "s / epoch",
-            "forward s / epoch", "peak memory (MB)", f"best dev {metric}", f"final dev {metric}", "time to target",
+            "s / epoch after the first", "forward s / epoch", "peak memory (MB)", f"best dev {metric}", f"final dev {metric}", "time to target",
             f"test {metric}", "Pareto"]
     lines = [f"# {title}", "", description, "",
              "| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
     for r in rows:
         if r.status != OK:
-            cells = [r.member, r.attention, str(r.layers)] + ["—"] * 7 + [r.status, "—", "—", "—", ""]
+            cells = [r.member, r.attention, str(r.layers)] + ["—"] * 8 + [r.status, "—", "—", "—", ""]
         else:
             cells = [r.member, r.attention, str(r.layers), _num(r.parameters, "{:,}"), _num(r.updates, "{:d}"),
                      _num(r.epochs), _duration(r.train_seconds), _per_epoch(r, rows),
-                     _num(r.forward_seconds_epoch, "{:.1f}"), _num(r.peak_memory_mb, "{:,.0f}"),
+                     _per_epoch(r, rows, "seconds_per_later_epoch"), _num(r.forward_seconds_epoch, "{:.1f}"), _num(r.peak_memory_mb, "{:,.0f}"),
                      f"**{_num(r.best_dev)}**" if r.pareto else _num(r.best_dev), _num(r.final_dev),
                      _duration(r.to_target_seconds), _num(r.test), "yes" if r.pareto else ""]
         lines.append("| " + " | ".join(cells) + " |")

@@ -25,7 +25,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from fastasr.config import CONFIG_DIR
 from fastasr.data.tokenizer import unit_metric
-from fastasr.studies.budget.curves import CurvePoint, best_point, logged_values, read_curve
+from fastasr.studies.budget.curves import (
+    CurvePoint,
+    best_point,
+    later_epoch_seconds,
+    logged_values,
+    read_curve,
+)
 from fastasr.studies.budget.forward import measure_member
 from fastasr.studies.budget.members import (
     BudgetError,
@@ -97,6 +103,7 @@ def _fill_from_logs(row: BudgetRow, curve: list[CurvePoint], done: dict, run_dir
     row.epochs = last.epochs if last else None
     row.updates = int(done.get("global_step", last.updates if last else 0))
     row.seconds_per_epoch = (row.train_seconds / row.epochs) if last and last.epochs > 0 else None
+    row.seconds_per_later_epoch = later_epoch_seconds(curve)
     peaks = logged_values(run_dir, "perf/peak_memory_mb")
     row.peak_memory_mb = max(peaks) if peaks else None
     tests = logged_values(run_dir, f"test/{row.metric}")
@@ -184,7 +191,9 @@ def _notes(cfg: DictConfig, members: Sequence[BudgetMember], target: float | Non
         "training time then (`budget/train_seconds`, logged by `fastasr.studies.budget.clock.TrainingClock`).",
         "best dev: the lowest dev error of the curve; final dev: the last. updates: optimiser steps; epochs: "
         "passes over the training set, fractional; s / epoch: training time / epochs (validation included), "
-        "with its ratio to the full-attention member of the same depth where there is one.",
+        "with its ratio to the full-attention member of the same depth where there is one; after the first: "
+        "the same from the validation that ends the first epoch to the last (the first epoch's start-up left "
+        "out: data loading's first batches, a GPU's kernels compiled), where half an epoch or more followed it.",
         f"forward s / epoch (budget_forward.png, the paper's Figure 1 x-axis): after training, the model of the "
         f"best checkpoint runs over every batch of {timed} in eval mode without gradients, features computed "
         f"beforehand; the fastest of {int(f.repeats)} passes counts. Device: `budget.accelerator={b.accelerator}`.",

@@ -28,7 +28,9 @@ class BudgetRow:
     ``metric``: ``per`` (or ``cer``); ``best_dev`` / ``final_dev``: its lowest and its last
     dev value; ``best_at_seconds``: training time of the best; ``train_seconds``, ``epochs``
     (fractional), ``updates``: where training ended; ``seconds_per_epoch`` =
-    ``train_seconds / epochs`` (validation included); ``forward_seconds``: the fastest forward
+    ``train_seconds / epochs`` (validation included); ``seconds_per_later_epoch``: the same after
+    the first epoch (:func:`~fastasr.studies.budget.curves.later_epoch_seconds`: without its
+    start-up; None where less than half an epoch followed it); ``forward_seconds``: the fastest forward
     pass over ``forward_split`` (``forward_utterances`` utterances, ``forward_frames`` frames);
     ``forward_seconds_epoch``: scaled to the training set (:mod:`fastasr.studies.budget.forward`);
     ``checkpoint`` / ``train_step``: what was timed (the timing is reused while they are unchanged);
@@ -51,6 +53,7 @@ class BudgetRow:
     epochs: float | None = None
     updates: int | None = None
     seconds_per_epoch: float | None = None
+    seconds_per_later_epoch: float | None = None
     forward_seconds_epoch: float | None = None
     forward_seconds: float | None = None
     forward_split: str | None = None
