@@ -26,7 +26,8 @@ i-clustered-100 and the floor with the update alone replayed as one (:class:`Upd
 what training can capture whatever its batches' shapes). Median of
 ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn (the graphed ones after
 every eager one, so a capture that fails cannot spoil another column). ``--profile SPEC
-[SPEC ...]``: torch.profiler's largest CUDA kernels of one step of each.
+[SPEC ...]``: torch.profiler's largest CUDA kernels of one step of each, on a GPU also its
+operators by their host time (a step that waits for the host: where its CPU time goes).
 
 Writes ``benchmarks/results/gpu_step_<gpu>.md`` (and ``gpu_step_profile_<gpu>.txt``).
 """
@@ -458,6 +459,9 @@ def write_profile(args, info) -> None:
                      f"{bench_io.kernel_ms(averages):.1f} ms; a record_function row's device time "
                      "is its span on the GPU, idle gaps included)\n")
         parts.append(averages.table(sort_by=sort, row_limit=30))
+        if cuda:  # the host's side: where a step that waits for the host spends its CPU time
+            parts.append(f"#### {spec}, N = {n}: the host's time, by self CPU time\n")
+            parts.append(averages.table(sort_by="self_cpu_time_total", row_limit=25))
         # the copies and casts by their inputs' shapes: which tensors a step copies, and how often
         self_time = "self_device_time_total" if cuda else "self_cpu_time_total"
         copies = sorted(((getattr(e, self_time) / 1000, e) for e in prof.key_averages(group_by_input_shape=True)
