@@ -431,8 +431,8 @@ def with_centroid_bwd_tile(keys: int, warps: int):
 
     launcher = triton_centroid.centroid_tiles
 
-    def tiles(C, E, EV, dot_dtype, backward, keys=None):
-        tile = launcher(C, E, EV, dot_dtype, backward, keys)
+    def tiles(C, E, EV, dot_dtype, backward, length=None):  # ``length``: the rows' keys
+        tile = launcher(C, E, EV, dot_dtype, backward, length)
         return {**tile, "BLOCK_N": keys, "num_warps": warps} if backward else tile
 
     with mock.patch.object(triton_centroid, "centroid_tiles", tiles):

@@ -343,6 +343,28 @@ def test_benchmark_failure_cells_name_the_error_in_one_line():
     assert bench_io.failure(RuntimeError()) == "RuntimeError: "
 
 
+def test_centroid_backward_tile_switch_sets_its_tile_whatever_the_rows_length():
+    """``clustering_gpu.with_centroid_bwd_tile(keys, warps)``: the backward's key block and warps
+    are the switch's on short rows and long ones alike (the launcher now passes each row's
+    length), the forward's tile the launcher's."""
+    import triton.language as tl
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import clustering_gpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from fastasr.kernels import triton_centroid
+
+    forward = triton_centroid.centroid_tiles(100, 32, 32, tl.bfloat16, False, 800)
+    with clustering_gpu.with_centroid_bwd_tile(64, 8):
+        for length in (800, 16384, None):
+            tile = triton_centroid.centroid_tiles(100, 32, 32, tl.bfloat16, True, length)
+            assert (tile["BLOCK_N"], tile["num_warps"]) == (64, 8), length
+        assert triton_centroid.centroid_tiles(100, 32, 32, tl.bfloat16, False, 800) == forward
+    assert triton_centroid.centroid_tiles(100, 32, 32, tl.bfloat16, True, 800)["num_warps"] == 4  # restored
+
+
 def test_benchmark_budget_stops_new_rows_and_says_where(monkeypatch, tmp_path):
     """``bench_io.Budget``: unlimited without seconds or ``$BENCH_DEADLINE``; once spent it
     notes once where the tables stop, and clustering_gpu's tables start no row past it (the

@@ -44,6 +44,7 @@ of over a minute. The report keeps the configurations' order whatever the jobs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import re
@@ -207,12 +208,12 @@ def _configs():
                     tops.append((False, True))
                     if backward:
                         tops.append((True, False))
-                # the backward also on short rows, where the tile may take fewer warps
-                lengths = [None] + ([tcen.SHORT_BACKWARD_BELOW - 1] if backward else [])
-                for (top, in_order), keys in ((t_o, n) for t_o in tops for n in lengths):
+                # the backward also on short rows where their tile takes fewer warps than long rows'
+                short = tcen.SHORT_BACKWARD_BELOW - 1
+                lengths = [None] + ([short] if tcen.centroid_tiles(clusters, E, E, dot_dtype, backward, short)
+                                    != tcen.centroid_tiles(clusters, E, E, dot_dtype, backward) else [])
+                for (top, in_order), keys in itertools.product(tops, lengths):
                     tiles = tcen.centroid_tiles(clusters, E, E, dot_dtype, backward, keys)
-                    if keys is not None and tiles == tcen.centroid_tiles(clusters, E, E, dot_dtype, backward):
-                        continue  # the same tile as long rows'
                     options = {"num_warps": tiles.pop("num_warps")}
                     consts = {"DOT_DTYPE": dot_dtype, "PRECISION": precision, "SPAN": tcen.SPLIT_KEYS, **tiles}
                     # with top keys the backward is i-clustered's one op (triton_improved): it adds the

@@ -126,8 +126,8 @@ def markdown(rows: Sequence[BudgetRow], front: Sequence[BudgetRow], title: str, 
     how each number was measured, the commands."""
     metric = (rows[0].metric if rows else "per").upper()
     head = ["member", "attention", "layers", "parameters", "updates", "epochs", "train time", "s / epoch",
-            "s / epoch after the first", "forward s / epoch", "peak memory (MB)", f"best dev {metric}", f"final dev {metric}", "time to target",
-            f"test {metric}", "Pareto"]
+            "s / epoch after the first", "forward s / epoch", "peak memory (MB)", f"best dev {metric}",
+            f"final dev {metric}", "time to target", f"test {metric}", "Pareto"]
     lines = [f"# {title}", "", description, "",
              "| " + " | ".join(head) + " |", "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|"]
     for r in rows:
@@ -136,7 +136,8 @@ def markdown(rows: Sequence[BudgetRow], front: Sequence[BudgetRow], title: str, 
         else:
             cells = [r.member, r.attention, str(r.layers), _num(r.parameters, "{:,}"), _num(r.updates, "{:d}"),
                      _num(r.epochs), _duration(r.train_seconds), _per_epoch(r, rows),
-                     _per_epoch(r, rows, "seconds_per_later_epoch"), _num(r.forward_seconds_epoch, "{:.1f}"), _num(r.peak_memory_mb, "{:,.0f}"),
+                     _per_epoch(r, rows, "seconds_per_later_epoch"), _num(r.forward_seconds_epoch, "{:.1f}"),
+                     _num(r.peak_memory_mb, "{:,.0f}"),
                      f"**{_num(r.best_dev)}**" if r.pareto else _num(r.best_dev), _num(r.final_dev),
                      _duration(r.to_target_seconds), _num(r.test), "yes" if r.pareto else ""]
         lines.append("| " + " | ".join(cells) + " |")
