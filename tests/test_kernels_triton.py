@@ -1569,12 +1569,18 @@ def test_layer_norm_reads_rows_through_their_stride_and_walks_any_share_of_tiles
     wide[..., :192] = x
     transposed = x.transpose(0, 1).contiguous().transpose(0, 1)
     assert not transposed.is_contiguous()
-    monkeypatch.setattr(tln, "multiprocessors", lambda device: 1)  # 3 programs walk the 14 tiles
-    assert tln.backward_programs(111, 192, torch.device(DEVICE)) == 3
-    for strided in (wide[..., :192], transposed):
-        for got, expected in zip(_layer_norm_and_grads(strided, w, b, dy.transpose(0, 1).contiguous().transpose(0, 1)),
-                                 want):
-            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(tln, "multiprocessors", lambda device: 1)  # 3 programs walk the 111 one-row tiles
+    monkeypatch.setattr(tln, "BACKWARD_WARPS_PER_SM", 3)
+    tln._backward_launch.cache_clear()
+    try:
+        assert tln.backward_programs(111, 192, torch.device(DEVICE)) == 3
+        assert tln._backward_launch(111, 192, torch.device(DEVICE))[0] == 3
+        for strided in (wide[..., :192], transposed):
+            dy_strided = dy.transpose(0, 1).contiguous().transpose(0, 1)
+            for got, expected in zip(_layer_norm_and_grads(strided, w, b, dy_strided), want):
+                torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    finally:
+        tln._backward_launch.cache_clear()  # the launches of the patched SMs and warps
 
 
 def test_layer_norm_module_dispatch_and_autocast(monkeypatch):

@@ -256,7 +256,7 @@ def _configs():
     # the rows' dtype and the output's: float32 rows into bfloat16 under autocast (LayerNorm's cast_output)
     for t, y in (("fp32", "fp32"), ("bf16", "bf16"), ("fp32", "bf16")):
         for width in (192, 768, tln.MAX_WIDTH) if t == y else (192,):  # the paper model's, a feed-forward's, the widest
-            ptrs = {"x_ptr": f"*{t}", "w_ptr": "*fp32", "mean_ptr": "*fp32", "rstd_ptr": "*fp32"}
+            ptrs = {"x_ptr": f"*{t}", "w_ptr": "*fp32", "stats_ptr": "*fp32"}
             for name, kernel, tile, out_ptrs in (
                 ("layer_norm_fwd", tln._forward_kernel, tln.forward_tile(width),
                  {"b_ptr": "*fp32", "y_ptr": f"*{y}"}),
