@@ -24,6 +24,8 @@
 #      forced paths, the kernel switches' steps, and the steps captured as CUDA graphs;
 #   5. gpu_bench.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
 #      full_paths.py: each exact path of padded full attention, and the one fastasr takes;
+#      layer_norm_gpu.py: the model's layer norm by torch and by the Triton kernels (each backward
+#      launch shape), and the host's time a call;
 #   6. the largest kernels of an i-clustered-100, a clustered-100 and the floor step; clustering_gpu.py: no host synchronisation
 #      in the clustered variants, K-means and each call timed, and clustered's with its centroid
 #      values by the split-key kernels at every N (benchmarks/bench_io.py KERNEL_SWITCHES); then
@@ -175,6 +177,7 @@ if [ "$KERNEL_STEPS" != 0 ]; then
   step "gpu_bench.py (check, then a 30 s bf16 sweep)" 80 "$PY" benchmarks/gpu_bench.py --budget-s 30 \
     --dtypes bfloat16 --ns 1024 4096 16384 65536
   step "full_paths.py (full attention's exact paths)" 90 "$PY" benchmarks/full_paths.py
+  step "layer_norm_gpu.py (the layer norm's kernels and host time)" 40 "$PY" benchmarks/layer_norm_gpu.py
   step "gpu_step.py --profile (i-clustered-100, clustered-100, floor)" 50 "$PY" benchmarks/gpu_step.py --lengths 800 \
     --profile i-clustered-100 clustered-100 floor
   step "clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" benchmarks/clustering_gpu.py --topk-tiles 4:8 1:1 --kmeans-stages 1 --tiles 32:4:128 64:4:168 --sparse-tiles 16:4 16:2 32:4 64:8 --centroid-bwd-tiles 64:8 32:4 32:8
@@ -247,7 +250,7 @@ fi
     sed -n '/^## What changes/,/^## Every candidate/p' "$RESULTS/gpu_decisions_$SLUG.md" | sed '1,2d;$d'
     echo
   fi
-  echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the clustering step: \`clustering_$SLUG.md\`; the whole log: outputs/gpu_check.log."
+  echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the layer norm: \`layer_norm_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the clustering step: \`clustering_$SLUG.md\`; the whole log: outputs/gpu_check.log."
 } > "$SUMMARY"
 cat "$SUMMARY"
 save_out

@@ -465,7 +465,7 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert 13 <= deadline - started <= 16
     assert "| Triton compile check (sm_90) | ok |" in summary
     assert "| tests compiled on CUDA | skipped: the 41 s budget is spent | 0 |" in summary
-    assert summary.count("skipped: the 41 s budget is spent") == 7 and "budget 41 s" in summary
+    assert summary.count("skipped: the 41 s budget is spent") == 8 and "budget 41 s" in summary
     assert "| FSDD speaker-disjoint | skipped: no data/fsdd_src/recordings" in summary
     calls = "\n".join(calls)
     assert "compile_check --jobs" in calls and "pytest" not in calls and "clustering_gpu" not in calls
@@ -475,7 +475,8 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert " -n " in pytest_call and "tests/test_kernels_triton.py" in pytest_call
     assert [c.split()[0] for c in calls if c.startswith("benchmarks/")] == [
         "benchmarks/gpu_step.py", "benchmarks/gpu_bench.py", "benchmarks/full_paths.py",
-        "benchmarks/gpu_step.py", "benchmarks/clustering_gpu.py", "benchmarks/gpu_decisions.py"]
+        "benchmarks/layer_norm_gpu.py", "benchmarks/gpu_step.py", "benchmarks/clustering_gpu.py",
+        "benchmarks/gpu_decisions.py"]
     assert any(c.startswith("-m pytest") and "-m cuda tests/" in c for c in calls)
     # FSDD carried: its step alone (no kernel steps) builds the speaker-disjoint split and trains
     # with the documented data=manifest command, its budget cut to GPU_CHECK_FSDD_MINUTES
