@@ -64,7 +64,7 @@ def parse_tile(text: str) -> tuple[int, int, int]:
 
 def default_tile(width: int) -> tuple[int, int, int]:
     tile = tln.backward_tile(width)
-    return tile["ROWS"], tile["num_warps"], max(1, tln.BACKWARD_WARPS_PER_SM // tile["num_warps"])
+    return tile["ROWS"], tile["num_warps"], tln.backward_programs_per_sm(width)
 
 
 @contextlib.contextmanager

@@ -22,9 +22,10 @@ Design:
   ``(2, P, D)`` partials gives the gradients. No atomics, one read of ``x`` and ``dy`` and one
   write of ``dx``. A tile is one row and a program a warp for each 256 values of the row
   (:func:`backward_tile`), :data:`BACKWARD_WARPS_PER_SM` warps an SM: for the model's rows of
-  192, every sum over a row stays inside one warp (shuffles, no barrier across warps). On the H200, (64,000 × 192) rows: 227 against
-  299 µs float32 and 168 against 480 bfloat16 for tiles of 8 rows × 8 warps, 3 programs an SM
-  (``benchmarks/layer_norm_gpu.py``; the host's issue time included in both).
+  192, every sum over a row stays inside one warp (shuffles, no barrier across warps). On the
+  H200 at a677210, (64,000 × 192) rows: 202 against 412 µs bfloat16 for tiles of 8 rows × 8
+  warps, 3 programs an SM, 210 against 202 float32 (inside the noise; torch's: 404)
+  (``benchmarks/results/layer_norm_nvidia-h200.md``; the host's issue time in every figure).
 
 The launchers cache each shape's launch (grid, tile, warps) and allocate once a call what the
 kernels write: the host's time a call counts as much as the kernels' where a step waits for its
@@ -53,7 +54,8 @@ from fastasr.kernels.rows import unit_stride
 
 prepare_interpreter()
 
-__all__ = ["layer_norm", "applies", "forward_tile", "backward_tile", "backward_programs", "MAX_WIDTH"]
+__all__ = ["layer_norm", "applies", "forward_tile", "backward_tile", "backward_programs", "backward_programs_per_sm",
+           "MAX_WIDTH"]
 
 #: Widest rows served: a tile of rows is held in registers.
 MAX_WIDTH = 4096
@@ -63,8 +65,8 @@ TILE = 2048
 FORWARD_VALUES_PER_THREAD = 16
 #: The backward: a warp a :data:`BACKWARD_VALUES_PER_WARP` values of a row (one row a tile), and
 #: as many programs as make :data:`BACKWARD_WARPS_PER_SM` warps an SM (each walks its share of
-#: the rows, holding two ``(D,)`` sums): (64,000 × 192) rows on the H200 in 227 / 168 µs
-#: (float32 / bfloat16) against 299 / 480 for 8-row tiles of 8 warps, 3 programs an SM.
+#: the rows, holding two ``(D,)`` sums): (64,000 × 192) bfloat16 rows on the H200 in 202 µs
+#: against 412 for 8-row tiles of 8 warps, 3 programs an SM (float32: 210 against 202).
 BACKWARD_VALUES_PER_WARP = 256
 BACKWARD_WARPS_PER_SM = 32
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
@@ -150,9 +152,13 @@ def backward_tile(d: int) -> dict:
 def backward_programs(m: int, d: int, device: torch.device) -> int:
     """How many backward programs walk ``m`` rows of ``d`` values: one a tile, at most as many as
     make :data:`BACKWARD_WARPS_PER_SM` warps an SM (4 SMs on the CPU's interpreter)."""
-    tile = backward_tile(d)
-    per_sm = max(1, BACKWARD_WARPS_PER_SM // tile["num_warps"])
-    return min(cdiv(m, tile["ROWS"]), per_sm * multiprocessors(device))
+    return min(cdiv(m, backward_tile(d)["ROWS"]), backward_programs_per_sm(d) * multiprocessors(device))
+
+
+def backward_programs_per_sm(d: int) -> int:
+    """The backward's programs an SM for rows of ``d`` values: :data:`BACKWARD_WARPS_PER_SM` warps
+    (at least one program)."""
+    return max(1, BACKWARD_WARPS_PER_SM // backward_tile(d)["num_warps"])
 
 
 @functools.lru_cache(maxsize=64)
