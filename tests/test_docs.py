@@ -10,10 +10,17 @@
   ``group@package=option`` and ``hydra/launcher=option``) names ``conf/<group>/<option>.yaml``;
   comma-separated sweeps are checked one by one, a glob (``paper_*``) must match a file, and
   ``null`` and placeholders (``X``, ``CKPT``, ``<name>``, ``...``) are skipped;
-* README.md stays a front page: at most 300 lines, its first code block holding ``make train``
-  and ``make test``.
+* README.md stays a front page: at most 150 lines, its first code block holding ``make train``
+  and ``make test``;
+* the docs say what is: no commit and no date in README.md, docs/*.md (top level) and
+  src/**/*.py outside quoted commands, and no GPU model in src/**/*.py (``history_problems``
+  says precisely what counts); the results folders, docs/results/** and benchmarks/results/**,
+  are where each run's command, machine, date and commit live;
+* no page names a removed command (``python -m fastasr.export``, ``python -m fastasr.corpora.…``,
+  ``python -m fastasr.kernels.…``, a script of the former flat ``benchmarks/`` folder), so a
+  stale command cannot come back.
 
-A failure names the file, the line and the bad link, target or option.
+A failure names the file, the line and the bad link, target, option, commit, date or command.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 README = ROOT / "README.md"
-README_MAX_LINES = 300
+README_MAX_LINES = 150
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
@@ -260,11 +267,19 @@ def test_the_checks_catch_what_they_are_for(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------- the docs' command lines compose
 # The Hydra entry points and their configs; `make train ARGS="..."` passes its overrides to train.py.
+# Each is written `python [-m] <module or file>`, `make train` or as its console script.
 ENTRY_POINTS = {"train.py": "train", "make train": "train", "evaluate.py": "evaluate",
                 "fastasr.transcribe": "transcribe", "fastasr.cross_eval": "cross_eval",
-                "fastasr.cli.tune": "tune_decoding", "fastasr.cli.budget": "budget"}
-ENTRY = re.compile(r"(?:python\s+(?:-m\s+)?|make\s+)(" + "|".join(re.escape(e.split()[-1]) for e in ENTRY_POINTS)
-                   + r")\b")
+                "fastasr.cli.train": "train", "fastasr.cli.evaluate": "evaluate",
+                "fastasr.cli.transcribe": "transcribe", "fastasr.cli.matrix": "cross_eval",
+                "fastasr.cli.tune": "tune_decoding", "fastasr.cli.budget": "budget",
+                "fastasr-train": "train", "fastasr-evaluate": "evaluate", "fastasr-transcribe": "transcribe",
+                "fastasr-matrix": "cross_eval", "fastasr-tune": "tune_decoding", "fastasr-budget": "budget"}
+_PYTHON_ENTRIES = sorted((e for e in ENTRY_POINTS if not e.startswith(("make ", "fastasr-"))), key=len, reverse=True)
+_CONSOLE_ENTRIES = sorted((e for e in ENTRY_POINTS if e.startswith("fastasr-")), key=len, reverse=True)
+ENTRY = re.compile(r"python3?\s+(?:-m\s+)?(" + "|".join(map(re.escape, _PYTHON_ENTRIES)) + r")\b(?!\.)"
+                   r"|make\s+(train)\b"
+                   r"|(?<![\w./-])(" + "|".join(map(re.escape, _CONSOLE_ENTRIES)) + r")(?![\w.-])")
 OVERRIDE = re.compile(r"^(?:\+{1,2}|~)?[A-Za-z_][\w.@/-]*=")
 
 
@@ -276,9 +291,8 @@ def command_lines(path: Path) -> list[tuple[int, str, list[str]]]:
     found = []
     for number, text in code:
         for match in ENTRY.finditer(text):
-            name = next(c for e, c in ENTRY_POINTS.items() if e.split()[-1] == match.group(1))
-            if match.group(0).startswith("make") and match.group(1) != "train":
-                continue
+            entry = match.group(1) or match.group(3) or "make train"
+            name = ENTRY_POINTS[entry]
             rest = text[match.end():].split("#", 1)[0].replace('ARGS="', "").replace("ARGS='", "")
             rest = rest.replace('"', " ").replace("'", " ")
             rest = re.split(r"\s(?:\||&&|;|>)\s", rest)[0]
@@ -337,9 +351,170 @@ def test_the_compose_check_catches_a_stale_key(tmp_path, monkeypatch):
     page = tmp_path / "docs" / "PAGE.md"
     page.parent.mkdir()
     page.write_text("```bash\npython train.py name=x callbacks.attention_maps.pikc=first   # typo\n```\n"
-                    "`python evaluate.py ckpt_path=CKPT decoding=beam_lm` and `make train ARGS=\"model.layerz=9\"`\n")
+                    "`python evaluate.py ckpt_path=CKPT decoding=beam_lm` and `make train ARGS=\"model.layerz=9\"`\n"
+                    "`fastasr-transcribe ckpt_path=CKPT audio=a.wav chunkk=0.64` and `fastasr-train-x model.layerz=9`\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     problems = compose_problems(page)
-    assert len(problems) == 2, problems
+    assert len(problems) == 3, problems
     assert problems[0].startswith("docs/PAGE.md:2: python train name=x callbacks.attention_maps.pikc=first")
     assert "pikc" in problems[0] and "layerz" in problems[1]
+    assert problems[2].startswith("docs/PAGE.md:5: python transcribe") and "chunkk" in problems[2], problems
+
+
+# ---------------------------------------------------------------------- the docs say what is, not when
+# A commit: a token of 7 to 40 hex digits holding both a digit and a letter a-f. The letters-only
+# words of hex ("defaced", "facade") and the digits-only numbers ("1234567") are not commits; a
+# hash that happens to be all digits or all letters goes unseen (about 4 % of short hashes).
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}\b")
+DATE = re.compile(r"\b(?:19|20)\d{2}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b")
+# A GPU model names the machine a number was measured on; in src/ only (docs may say which GPU a
+# table is from).
+GPU_MODEL = re.compile(r"\b(?:A100|A10G?|H100|H200|H800|GH200|B200|V100|L40S?|T4)\b")
+HISTORY = (("commit", COMMIT), ("date", DATE))
+# Where a run's command, machine, date and commit are recorded.
+RESULTS_FOLDERS = ("docs/results/", "benchmarks/results/")
+# A Markdown link into a results folder may name a result file, whose name can hold a date.
+RESULTS_LINK = re.compile(r"(!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?)([^)\s>]+)(>?[^)]*\))")
+# A comment in a fenced block: from a '#' at the line's start or after a blank to the line's end.
+COMMENT = re.compile(r"(?:^|\s)#.*$")
+
+
+def history_files() -> list[Path]:
+    """README.md, docs/*.md (top level) and src/**/*.py: the pages and the code that must say what is."""
+    return [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "src").rglob("*.py"))]
+
+
+def checked_text(path: Path) -> list[tuple[int, str]]:
+    """``(line, text)`` of what the history rule reads.
+
+    * A .py file: every line, comments, docstrings and code alike (nothing is a quoted command).
+    * A Markdown page: everything but its quoted commands, which are (1) a fenced block's lines,
+      less any comment in them (``# …``: prose), and (2) an inline code span that holds a blank,
+      a command with its arguments (```FASTASR_COMMIT=<hash> make gpu-check```); a one-word span
+      (```7f13715```, ```2026-11-28```) is prose in code font and is read. A link's target that
+      points into a results folder is not read either: it names a file where history belongs.
+    """
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix == ".py":
+        return list(enumerate(lines, start=1))
+    checked: list[tuple[int, str]] = []
+    fence: str | None = None
+    for number, line in enumerate(lines, start=1):
+        opening = FENCE.match(line)
+        if fence is not None:
+            if opening and opening.group(1) == fence:
+                fence = None
+            else:
+                comment = COMMENT.search(line)
+                if comment:
+                    checked.append((number, comment.group(0)))
+            continue
+        if opening:
+            fence = opening.group(1)
+            continue
+        text = INLINE_CODE.sub(lambda m: m.group(0) if not re.search(r"\s", m.group(2).strip()) else "", line)
+        text = RESULTS_LINK.sub(
+            lambda m: m.group(1) + m.group(3) if any(
+                f in (path.parent / m.group(2)).resolve().as_posix() + "/" for f in RESULTS_FOLDERS) else m.group(0),
+            text)
+        checked.append((number, text))
+    return checked
+
+
+def history_problems(path: Path) -> list[str]:
+    """Every commit and date the page or module states outside its quoted commands (and every GPU
+    model in a module), as ``file:line: <what> '<match>': <the line>``."""
+    patterns = HISTORY + ((("GPU model", GPU_MODEL),) if path.suffix == ".py" else ())
+    problems = []
+    for number, text in checked_text(path):
+        for what, pattern in patterns:
+            for match in pattern.finditer(text):
+                problems.append(f"{rel(path)}:{number}: {what} '{match.group(0)}': {text.strip()}")
+    return problems
+
+
+@pytest.mark.parametrize("path", history_files(), ids=rel)
+def test_no_commit_or_date_outside_the_results(path):
+    """Dates, commits and machines live in docs/results/ and benchmarks/results/ with the command
+    that made each number; a page or a docstring states what is and links the result behind it."""
+    problems = history_problems(path)
+    assert not problems, report(problems) + (
+        f"\n(a run's date and commit belong in a file under {' or '.join(RESULTS_FOLDERS)}; link it instead)")
+
+
+# ---------------------------------------------------------------------- no removed command comes back
+# Commands that are gone, each with what replaced it (docs/COMMANDS.md lists every command).
+FLAT_BENCHMARKS = ("attention_bench", "attention_entropy", "clustering_gpu", "cpu_bench", "cpu_half_attention",
+                   "export_bench", "feature_cache_bench", "full_paths", "fusion_ab", "gpu_bench", "gpu_check",
+                   "gpu_checks", "gpu_decisions", "gpu_notes", "gpu_step", "host_overhead", "kernel_resources",
+                   "kmeans_convergence", "layer_norm_gpu", "learning_curves", "long_recordings", "peak_memory",
+                   "precision_step", "profile_attention", "step_time", "streaming_bench", "topk_steps")
+_FLAT = "|".join(FLAT_BENCHMARKS)
+REMOVED_COMMANDS = (
+    (re.compile(r"python3?\s+-m\s+fastasr\.export\b(?!\.)"), "fastasr-export"),
+    (re.compile(r"python3?\s+-m\s+fastasr\.corpora\.[\w.]+"), "fastasr-corpus <builder>"),
+    (re.compile(r"python3?\s+-m\s+fastasr\.kernels\.[\w.]+"), "fastasr-kernels build | compile-check"),
+    (re.compile(rf"(?<![\w/.-])benchmarks/(?:{_FLAT})\.(?:py|sh|md)\b"),
+     "python -m benchmarks.<folder>.<script> (benchmarks/README.md)"),
+    (re.compile(rf"-m\s+benchmarks\.(?:{_FLAT})\b"), "python -m benchmarks.<folder>.<script> (benchmarks/README.md)"),
+)
+
+
+def command_files() -> list[Path]:
+    """The pages a reader copies commands from: README.md, docs/**/*.md but the results (records of
+    runs, each with the commit its command ran at), and benchmarks' own pages."""
+    pages = [p for p in doc_files() if not rel(p).startswith(RESULTS_FOLDERS)]
+    pages += [p for p in sorted((ROOT / "benchmarks").rglob("*.md")) if not rel(p).startswith(RESULTS_FOLDERS)]
+    return pages
+
+
+def removed_command_problems(path: Path) -> list[str]:
+    problems = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for pattern, instead in REMOVED_COMMANDS:
+            for match in pattern.finditer(line):
+                problems.append(f"{rel(path)}:{number}: removed command '{match.group(0)}' (now: {instead}): "
+                                f"{line.strip()}")
+    return problems
+
+
+@pytest.mark.parametrize("path", command_files(), ids=rel)
+def test_no_removed_command(path):
+    problems = removed_command_problems(path)
+    assert not problems, report(problems)
+
+
+def test_the_history_and_command_checks_catch_what_they_are_for(tmp_path, monkeypatch):
+    """A commit, a date, a GPU model in code and a removed command are each reported with file and
+    line; hex words, numbers, quoted commands and links into the results are not."""
+    (tmp_path / "docs" / "results" / "gpu").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "gpu" / "run_2026-11-28.txt").write_text("log\n")
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    page = tmp_path / "docs" / "PAGE.md"
+    page.write_text(
+        "# Page\n\n"
+        "A defaced facade of 1234567 frames, 0x1f2e3d4c, the sha256 "
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855 and [a log](results/gpu/run_2026-11-28.txt).\n"
+        "It ran at 7f13715 on 2026-11-28.\n"
+        "`FASTASR_COMMIT=7f13715 make gpu-check` and `python -m fastasr.cli.budget budget.day=2026-11-28`\n"
+        "The table of `c72e613`.\n"
+        "```bash\n"
+        "git show 04e1e85:docs/x.md   # the table at be595ed\n"
+        "python -m fastasr.export ckpt_path=CKPT\n"
+        "```\n"
+        "Run `python benchmarks/gpu_step.py` or `python -m benchmarks.step.gpu`, not `python -m benchmarks.gpu_step`.\n")
+    module = tmp_path / "src" / "pkg" / "mod.py"
+    module.write_text('"""Fast on the H200 (``a677210``)."""\nX = 0x1f2e3d4c  # 2026-11-30\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = history_problems(page)
+    assert [p.split(": ")[1] for p in found] == [
+        "commit '7f13715'", "date '2026-11-28'", "commit 'c72e613'", "commit 'be595ed'"], found
+    assert found[0].startswith("docs/PAGE.md:4: commit '7f13715': It ran at"), found
+    assert found[3].startswith("docs/PAGE.md:8: commit 'be595ed': # the table at be595ed"), found
+    found = history_problems(module)
+    assert [p.split(": ")[1] for p in found] == ["commit 'a677210'", "GPU model 'H200'", "date '2026-11-30'"], found
+    assert found[2].startswith("src/pkg/mod.py:2: date '2026-11-30'"), found
+    removed = removed_command_problems(page)
+    assert [p.split("'")[1] for p in removed] == [
+        "python -m fastasr.export", "benchmarks/gpu_step.py", "-m benchmarks.gpu_step"], removed
+    assert removed[0].startswith("docs/PAGE.md:9:"), removed
