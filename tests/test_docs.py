@@ -444,20 +444,34 @@ def test_no_commit_or_date_outside_the_results(path):
 
 # ---------------------------------------------------------------------- no removed command comes back
 # Commands that are gone, each with what replaced it (docs/COMMANDS.md lists every command).
-FLAT_BENCHMARKS = ("attention_bench", "attention_entropy", "clustering_gpu", "cpu_bench", "cpu_half_attention",
-                   "export_bench", "feature_cache_bench", "full_paths", "fusion_ab", "gpu_bench", "gpu_check",
-                   "gpu_checks", "gpu_decisions", "gpu_notes", "gpu_step", "host_overhead", "kernel_resources",
-                   "kmeans_convergence", "layer_norm_gpu", "learning_curves", "long_recordings", "peak_memory",
-                   "precision_step", "profile_attention", "step_time", "streaming_bench", "topk_steps")
-_FLAT = "|".join(FLAT_BENCHMARKS)
+# The former flat benchmarks/ folder: each script's module now, or None where it was deleted (its
+# verdict is in benchmarks/gpu/notes.md "Answered questions").
+FLAT_BENCHMARKS = {
+    "attention_bench": "attention.sweep", "attention_entropy": "models.attention_entropy",
+    "clustering_gpu": "attention.clustering_gpu", "cpu_bench": "attention.cpu_table", "cpu_half_attention": None,
+    "export_bench": "pipeline.export", "feature_cache_bench": "pipeline.feature_cache",
+    "full_paths": "attention.full_paths", "fusion_ab": None, "gpu_bench": "attention.gpu_table",
+    "gpu_check": "gpu/check.sh", "gpu_checks": "attention.gpu_checks", "gpu_decisions": "gpu.decisions",
+    "gpu_notes": "gpu/notes.md", "gpu_step": "step.gpu", "host_overhead": None,
+    "kernel_resources": "gpu.kernel_resources", "kmeans_convergence": None, "layer_norm_gpu": "step.layer_norm_gpu",
+    "learning_curves": "models.learning_curves", "long_recordings": "pipeline.long_recordings",
+    "peak_memory": "step.peak_memory", "precision_step": "step.precision", "profile_attention": "attention.profile_stages",
+    "step_time": "step.cpu", "streaming_bench": "pipeline.streaming", "topk_steps": None,
+}
+_FLAT = "|".join(sorted(FLAT_BENCHMARKS, key=len, reverse=True))
+FLAT_SCRIPT = re.compile(rf"(?<![\w/.-])benchmarks/({_FLAT})\.(?:py|sh|md)\b|-m\s+benchmarks\.({_FLAT})\b")
 REMOVED_COMMANDS = (
     (re.compile(r"python3?\s+-m\s+fastasr\.export\b(?!\.)"), "fastasr-export"),
     (re.compile(r"python3?\s+-m\s+fastasr\.corpora\.[\w.]+"), "fastasr-corpus <builder>"),
     (re.compile(r"python3?\s+-m\s+fastasr\.kernels\.[\w.]+"), "fastasr-kernels build | compile-check"),
-    (re.compile(rf"(?<![\w/.-])benchmarks/(?:{_FLAT})\.(?:py|sh|md)\b"),
-     "python -m benchmarks.<folder>.<script> (benchmarks/README.md)"),
-    (re.compile(rf"-m\s+benchmarks\.(?:{_FLAT})\b"), "python -m benchmarks.<folder>.<script> (benchmarks/README.md)"),
 )
+
+
+def flat_replacement(name: str) -> str:
+    new = FLAT_BENCHMARKS[name]
+    if new is None:
+        return "deleted; its verdict is in benchmarks/gpu/notes.md"
+    return f"benchmarks/{new}" if "/" in new else f"python -m benchmarks.{new}"
 
 
 def command_files() -> list[Path]:
@@ -471,10 +485,10 @@ def command_files() -> list[Path]:
 def removed_command_problems(path: Path) -> list[str]:
     problems = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        for pattern, instead in REMOVED_COMMANDS:
-            for match in pattern.finditer(line):
-                problems.append(f"{rel(path)}:{number}: removed command '{match.group(0)}' (now: {instead}): "
-                                f"{line.strip()}")
+        found = [(m.group(0), instead) for pattern, instead in REMOVED_COMMANDS for m in pattern.finditer(line)]
+        found += [(m.group(0), flat_replacement(m.group(1) or m.group(2))) for m in FLAT_SCRIPT.finditer(line)]
+        for command, instead in found:
+            problems.append(f"{rel(path)}:{number}: removed command '{command}' (now: {instead}): {line.strip()}")
     return problems
 
 
@@ -518,3 +532,4 @@ def test_the_history_and_command_checks_catch_what_they_are_for(tmp_path, monkey
     assert [p.split("'")[1] for p in removed] == [
         "python -m fastasr.export", "benchmarks/gpu_step.py", "-m benchmarks.gpu_step"], removed
     assert removed[0].startswith("docs/PAGE.md:9:"), removed
+    assert "(now: python -m benchmarks.step.gpu)" in removed[1], removed
