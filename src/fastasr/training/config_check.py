@@ -265,6 +265,17 @@ def _check_final_tuning(cfg: DictConfig, errors: list[str]) -> None:
                           f"{', '.join(sorted(wordfreq.available_languages()))}")
 
 
+def _check_init_from(cfg: DictConfig, errors: list[str]) -> None:
+    """``init_from``: null, or a checkpoint file (its contents are judged when it is loaded,
+    :func:`fastasr.training.initial_weights.load_initial_weights`)."""
+    source = cfg.get("init_from")
+    if source is None:
+        return
+    if not isinstance(source, str) or not source or not Path(source).is_file():
+        errors.append(f"init_from={source!r}: no such checkpoint file; expected the path of a fastasr "
+                      "checkpoint (.ckpt) whose weights start this run, or null")
+
+
 def check_train_config(cfg: DictConfig) -> None:
     """Check a resolved training config (:func:`fastasr.training.derived_config.resolve_train_config`)
     without reading audio or changing it: it only reports.
@@ -289,6 +300,7 @@ def check_train_config(cfg: DictConfig) -> None:
     _check_trainer(cfg, errors)
     _check_callbacks(cfg, errors)
     _check_final_tuning(cfg, errors)
+    _check_init_from(cfg, errors)
     _check_components(cfg, model, errors)
     if errors:
         raise ConfigError("invalid config:\n  " + "\n  ".join(errors))

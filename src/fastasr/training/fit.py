@@ -40,6 +40,7 @@ from fastasr.rundir import RunDir
 from fastasr.training.callbacks import dropout_decision, report_learning_warnings, reset_peak_memory
 from fastasr.training.config_check import check_train_config
 from fastasr.training.derived_config import resolve_train_config, run_summary
+from fastasr.training.initial_weights import load_initial_weights
 from fastasr.training.lit import ASRLitModule
 from fastasr.training.loggers import build_loggers, finish_wandb
 from fastasr.training.run_guard import check_run_dir
@@ -103,6 +104,25 @@ def build_module(cfg: DictConfig, datamodule, run_dir: RunDir | None = None) -> 
     mean, std = datamodule.cmvn_stats
     lit.model.set_cmvn(mean, std)
     return lit
+
+
+def start_from(cfg: DictConfig, lit: ASRLitModule, *, resuming: bool) -> None:
+    """``init_from=CKPT``: the new run's model starts from that checkpoint's weights
+    (:func:`fastasr.training.initial_weights.load_initial_weights`), the report in the run's log; a
+    resumed run continues from its own checkpoint instead.
+
+    Raises:
+        InitialWeightsError: a checkpoint that cannot be loaded into this model (one line).
+    """
+    source = cfg.get("init_from")
+    if not source:
+        return
+    if resuming:
+        log.info("init_from=%s: not read, the run resumes from its own checkpoint", source)
+        return
+    report = load_initial_weights(lit.model, lit.recogniser, source)
+    for line in report.summary():
+        log.info(line)
 
 
 def final_decoding_request(cfg: DictConfig) -> FinalDecodingRequest:
@@ -203,6 +223,7 @@ def train(cfg: DictConfig, run_dir: str | Path | None = None) -> TrainingResult:
     # preparation drew: statistics computed or read from their cache, features built or found
     L.seed_everything(cfg.seed, workers=True, verbose=False)
     lit = build_module(cfg, datamodule, run_dir)
+    start_from(cfg, lit, resuming=ckpt_path is not None)
 
     trainer: L.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers,
                                      default_root_dir=str(run_dir.path), enable_progress_bar=progress_bar(cfg))

@@ -12,6 +12,7 @@
     LearningWatch         one warning when the run is not learning (CTC's blank plateau, a stalled dev loss)
     BudgetDropout         dropout where the training budget affords many epochs (decided after the first)
     EpochSummary          one line a validation in the run's log (epoch, step, time, losses, error rates)
+    FreezeLoaded          a fine-tuned model's front end and encoder fixed for its first updates (``init_from``)
 
 Names are imported on first use, so importing one callback does not import the others.
 Where their files go in a run directory is :mod:`fastasr.rundir`'s business.
@@ -36,6 +37,7 @@ _EXPORTS = {
     "LearningWatch": "not_learning",
     "BudgetDropout": "budget_dropout",
     "EpochSummary": "epoch_summary",
+    "FreezeLoaded": "freeze_loaded",
     "dropout_decision": "budget_dropout",
     "learning_warnings": "not_learning",
     "report_learning_warnings": "not_learning",
