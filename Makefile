@@ -93,6 +93,14 @@ $(LONG_CORPUS): $(KERNELS)
 
 data-long: $(LONG_CORPUS)  ## synthesise the long-utterance corpus (10-40 s, 600/60/60, 3.6 h of training audio) under data/synthetic_long (offline)
 
+.PHONY: base-model
+SRC ?=
+
+base-model: $(KERNELS)  ## the base model to fine-tune from: Mini LibriSpeech (SRC=path/to/train-clean-5), 12,000 updates, resumable (docs/RECIPES.md)
+	@test -n "$(SRC)" || { echo "error: make base-model needs SRC=<LibriSpeech train-clean-5 directory> (docs/DATA.md: Mini LibriSpeech)" >&2; exit 2; }
+	$(PY) -m fastasr.corpora.mini_librispeech $(SRC) data/mini_librispeech
+	$(PY) train.py data=manifest experiment=base_model $(ARGS)
+
 .PHONY: data-joined
 JOINED_CORPUS := data/synthetic_joined/.complete
 
