@@ -118,17 +118,17 @@ def _configs():
     """(label, kernel, pointer dtypes, constexprs, launch options) as the launchers use them."""
     import triton.language as tl
 
-    from fastasr.kernels import cluster_order as co  # needs Triton
-    from fastasr.kernels import triton_broadcast as tb  # needs Triton
-    from fastasr.kernels import triton_centroid as tcen  # needs Triton
-    from fastasr.kernels import triton_clustered as tc  # needs Triton
-    from fastasr.kernels import triton_column_sums as tcs  # needs Triton
-    from fastasr.kernels import triton_gelu_dropout as tgd  # needs Triton
-    from fastasr.kernels import triton_hashing as th  # needs Triton
-    from fastasr.kernels import triton_improved as ti  # needs Triton
-    from fastasr.kernels import triton_kmeans as tk  # needs Triton
-    from fastasr.kernels import triton_layer_norm as tln  # needs Triton
-    from fastasr.kernels import triton_topk as tt  # needs Triton
+    from fastasr.kernels.clustering import cluster_order as co  # needs Triton
+    from fastasr.kernels.clustering import triton_broadcast as tb  # needs Triton
+    from fastasr.kernels.clustering import triton_centroid as tcen  # needs Triton
+    from fastasr.kernels.clustering import triton_clustered as tc  # needs Triton
+    from fastasr.kernels.clustering import triton_hashing as th  # needs Triton
+    from fastasr.kernels.clustering import triton_improved as ti  # needs Triton
+    from fastasr.kernels.clustering import triton_kmeans as tk  # needs Triton
+    from fastasr.kernels.clustering import triton_topk as tt  # needs Triton
+    from fastasr.kernels.layers import triton_column_sums as tcs  # needs Triton
+    from fastasr.kernels.layers import triton_gelu_dropout as tgd  # needs Triton
+    from fastasr.kernels.layers import triton_layer_norm as tln  # needs Triton
 
     torch_dtypes = {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}
 

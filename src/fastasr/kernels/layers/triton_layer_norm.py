@@ -36,7 +36,7 @@ autocast 483 against 199).
 Float32 arithmetic whatever the input's dtype; the output has the input's dtype or the one asked
 for, the input's gradient the input's, the weight's and bias's gradients theirs. Rows are read
 and written through their stride (the last dimension contiguous). Rows wider than
-:data:`MAX_WIDTH` and other dtypes are not served (:func:`applies`); :mod:`fastasr.kernels.layer_norm`
+:data:`MAX_WIDTH` and other dtypes are not served (:func:`applies`); :mod:`fastasr.kernels.layers.layer_norm`
 sends them to torch. Nothing reads a value back to the host.
 """
 

@@ -1,6 +1,6 @@
 """Triton kernel: the indices of each row's ``k`` largest scores, by bisection in registers.
 
-``topk_indices(scores, k)`` is the Triton twin of ``fastasr.kernels.reference.topk_indices``
+``topk_indices(scores, k)`` is the Triton twin of ``fastasr.kernels.clustering.reference.topk_indices``
 for CUDA float32 rows: ``(..., N)`` scores -> ``(..., k)`` int64 indices of each row's ``k``
 largest entries, each row's in increasing position (``triton_centroid``'s backward walks
 them so; ``torch.topk``'s are in the scores' order). Improved clustered attention calls
@@ -35,12 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
-from fastasr.kernels import reference
 from fastasr.kernels.availability import (
     kernels_interpreted,
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.clustering import reference
 from fastasr.kernels.grid import cdiv, next_power_of_2
 
 prepare_interpreter()

@@ -1,7 +1,7 @@
 """Triton kernel: Lloyd's K-means on packed hash codes in Hamming space.
 
 ``hamming_kmeans(codes, lengths, clusters, iterations, generator, bits=...)`` is the
-Triton twin of ``fastasr.kernels.reference.hamming_kmeans`` and returns bit-for-bit
+Triton twin of ``fastasr.kernels.clustering.reference.hamming_kmeans`` and returns bit-for-bit
 the same assignments and counts (read that module's docstring for the rules: the
 evenly spaced deterministic initialisation, ``min(C, length)`` used centroids, ties
 to the lowest centroid index, strict per-bit majority, empty clusters keep their
@@ -61,14 +61,14 @@ import torch
 import triton
 import triton.language as tl
 
-from fastasr.kernels import reference, triton_hashing
 from fastasr.kernels.availability import (
     kernels_interpreted,
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.clustering import reference, triton_hashing
+from fastasr.kernels.clustering.reference import MAX_BITS, initial_centroids
 from fastasr.kernels.grid import cdiv, next_power_of_2
-from fastasr.kernels.reference import MAX_BITS, initial_centroids
 
 prepare_interpreter()
 
