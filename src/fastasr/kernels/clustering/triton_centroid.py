@@ -40,7 +40,7 @@ values are read through their strides, ``dk`` and ``dv`` written in their layout
 is summed with atomics over key spans, so it is reproducible to rounding, not bit for bit.
 Top keys of rows longer than ``triton_topk.MAX_N``, which the Triton top-k cannot hold, are
 chosen by ``torch.topk`` on the logits these kernels write and their weights gathered (18-22 %
-faster than the reference's products there, benchmarks/gpu_notes.md "Decisions"). More
+faster than the reference's products there, benchmarks/gpu/notes.md "Decisions"). More
 centroids than :func:`max_centroids` are not served here (:func:`applies`);
 ``fastasr.kernels.clustering.ops`` sends them to the reference.
 """
@@ -75,8 +75,8 @@ MAX_CENTROIDS = 256
 SPLIT_KEYS = 512
 #: Rows of fewer keys take the half-precision backward of 65-128 centroids on heads of up to 32
 #: in 4 warps, not 8 (32 keys a block either way): the centroid attention alone in 0.76 / 0.63 of
-#: 8 warps' time at N = 800 / 1,024 on the H200, 1.03 / 0.95 at 3,200 / 4,096, 1.25 at 16,384
-#: (c72e613, clustering_nvidia-h200.md "backward 32 keys × 4 warps").
+#: 8 warps' time at N = 800 / 1,024 on Hopper, 1.03 / 0.95 at 3,200 / 4,096, 1.25 at 16,384
+#: (benchmarks/results/clustering_nvidia-h200.md "backward 32 keys × 4 warps").
 SHORT_BACKWARD_BELOW = 2048
 #: The float32 logits' rows (C a sequence, N keys each) lie this many floats apart at least:
 #: ``N`` rounded up, so that every row starts 64-byte aligned whatever a batch's padded length
