@@ -118,13 +118,13 @@ def measure_and_write(measure: Callable, write_table: Callable, args) -> None:
 #: The kernels' alternatives that a GPU times against their defaults: name -> (module,
 #: attribute, the value the switch sets, which is not the default).
 KERNEL_SWITCHES = {
-    "split-key centroid values": ("fastasr.kernels.ops", "SPLIT_KEY_VALUES_FROM", 0),
-    "hash inside K-means": ("fastasr.kernels.triton_kmeans", "HASH_IN_KMEANS", True),
-    "varlen centroid values": ("fastasr.kernels.ops", "VARLEN_CENTROID_VALUES", True),
-    "torch layer norm": ("fastasr.kernels.layer_norm", "TRITON_LAYER_NORM", False),
-    "Triton bias gradients": ("fastasr.kernels.linear", "TRITON_BIAS_GRADIENTS", True),
-    "norms cast once": ("fastasr.kernels.layer_norm", "CAST_ONCE", True),
-    "Triton GELU dropout": ("fastasr.kernels.dropout", "TRITON_GELU_DROPOUT", True),
+    "split-key centroid values": ("fastasr.kernels.clustering.ops", "SPLIT_KEY_VALUES_FROM", 0),
+    "hash inside K-means": ("fastasr.kernels.clustering.triton_kmeans", "HASH_IN_KMEANS", True),
+    "varlen centroid values": ("fastasr.kernels.clustering.ops", "VARLEN_CENTROID_VALUES", True),
+    "torch layer norm": ("fastasr.kernels.layers.layer_norm", "TRITON_LAYER_NORM", False),
+    "Triton bias gradients": ("fastasr.kernels.layers.linear", "TRITON_BIAS_GRADIENTS", True),
+    "norms cast once": ("fastasr.kernels.layers.layer_norm", "CAST_ONCE", True),
+    "Triton GELU dropout": ("fastasr.kernels.layers.dropout", "TRITON_GELU_DROPOUT", True),
 }
 
 
@@ -171,7 +171,7 @@ def use_interpreted_kernels(script: str) -> bool:
         print(f"{script}: --device cpu runs the Triton kernels in the interpreter: set TRITON_INTERPRET=1",
               file=sys.stderr)
         return False
-    from fastasr.kernels import ops
+    from fastasr.kernels.clustering import ops
 
     os.environ[ops.KERNELS_ENV] = "triton"
     return True

@@ -68,7 +68,7 @@ import bench_io  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 import torch  # noqa: E402
 
 from fastasr.attention import build_attention  # noqa: E402
-from fastasr.kernels import ops, reference, triton_kmeans  # noqa: E402
+from fastasr.kernels.clustering import ops, reference, triton_kmeans  # noqa: E402
 
 TOKENS = 65536  # a call's tokens (--tokens)
 HEADS, DIM, CLUSTERS, ITERATIONS = 6, 32, 100, 10  # --heads, --clusters
@@ -308,7 +308,7 @@ def with_rows_broadcast():
 def with_torch_block_table():
     """The cluster order's block table built by its PyTorch twin (about 20 torch kernels)
     instead of its one Triton launch: what the launch saves the host, in the same run."""
-    from fastasr.kernels import cluster_order as co
+    from fastasr.kernels.clustering import cluster_order as co
 
     return mock.patch.object(co, "block_table", co.block_table_reference)
 
@@ -398,7 +398,7 @@ PARTS_TOPK = 32
 
 def with_topk_tile(rows: int, warps: int):
     """The Triton top-k with another tile (``rows`` rows a program, ``warps`` warps) than the launcher's."""
-    from fastasr.kernels import triton_topk
+    from fastasr.kernels.clustering import triton_topk
 
     def run(scores, k):
         with mock.patch.object(triton_topk, "topk_tile", lambda n, r: (rows, warps)):
@@ -411,7 +411,7 @@ def with_sparse_tile(rows: int, warps: int):
     """The fused sparse part with another tile (``rows`` query rows a block, ``warps`` warps)
     than the launcher's (``triton_clustered._sparse_blocks``, ``SPARSE_WARPS``), forward and
     backward: a block holds one cluster's rows, so small clusters leave most of a large block idle."""
-    from fastasr.kernels import triton_clustered as tc
+    from fastasr.kernels.clustering import triton_clustered as tc
 
     launcher = tc._sparse_blocks
     with (mock.patch.object(tc, "_sparse_blocks", lambda *a, **k: (rows, *launcher(*a, **k)[1:])),
@@ -427,7 +427,7 @@ CENTROID_SPAN_ALTERNATIVE = 256
 def with_centroid_bwd_tile(keys: int, warps: int):
     """The fused centroid attention's backward with another tile (``keys`` keys a block,
     ``warps`` warps) than the launcher's (``triton_centroid.centroid_tiles``); the forward as it is."""
-    from fastasr.kernels import triton_centroid
+    from fastasr.kernels.clustering import triton_centroid
 
     launcher = triton_centroid.centroid_tiles
 
@@ -448,7 +448,7 @@ def centroid_cells(k, v, lengths, g: torch.Generator, repeats: int, bwd_tiles: l
     tile; clustered's (values alone) by one SDPA call, by the split-key kernels
     (``ops.SPLIT_KEY_VALUES_FROM`` reached) and by the variable-length kernel
     (``ops.VARLEN_CENTROID_VALUES``); ms, or why a cell failed."""
-    from fastasr.kernels import triton_centroid
+    from fastasr.kernels.clustering import triton_centroid
 
     b = k.shape[0]
     centroids = torch.randn(b, HEADS, CLUSTERS, DIM, device=DEVICE, generator=g).requires_grad_()
@@ -513,8 +513,8 @@ def parts_row(n: int, repeats: int, topk_tiles: list[str] = (), sparse_tiles: li
     """One row of :func:`parts_table`."""
     import functools
 
-    from fastasr.kernels import triton_clustered as tc
-    from fastasr.kernels import triton_topk
+    from fastasr.kernels.clustering import triton_clustered as tc
+    from fastasr.kernels.clustering import triton_topk
 
     K = PARTS_TOPK
     q, k, v, lengths = attention_inputs(n)

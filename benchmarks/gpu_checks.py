@@ -41,7 +41,13 @@ def check_kernels(args, device, log) -> list[str]:
     """Triton ops vs the reference at benchmark sizes; raises CheckFailed on any mismatch."""
     import torch
 
-    from fastasr.kernels import ops, reference, triton_clustered, triton_hashing, triton_kmeans
+    from fastasr.kernels.clustering import (
+        ops,
+        reference,
+        triton_clustered,
+        triton_hashing,
+        triton_kmeans,
+    )
 
     lines = []
     check_ns = sorted({n for n in (4096, max(args.ns)) if n in args.ns} or {max(args.ns)})
@@ -125,7 +131,7 @@ def _check_sparse(B, H, N, E, C, topk_idx, assignments, lengths, randn) -> str:
     the centroid values and the top weights, in fp32 and bf16."""
     import torch
 
-    from fastasr.kernels import reference, triton_clustered
+    from fastasr.kernels.clustering import reference, triton_clustered
 
     K = topk_idx.shape[-1]
     msgs = []

@@ -46,9 +46,9 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from fastasr.kernels import layer_norm as fastasr_ln  # noqa: E402
-from fastasr.kernels import triton_layer_norm as tln  # noqa: E402
 from fastasr.kernels.grid import next_power_of_2  # noqa: E402
+from fastasr.kernels.layers import layer_norm as fastasr_ln  # noqa: E402
+from fastasr.kernels.layers import triton_layer_norm as tln  # noqa: E402
 
 
 def parse_tile(text: str) -> tuple[int, int, int]:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from fastasr.kernels.dropout import GeluDropout  # noqa: E402
+from fastasr.kernels.layers.dropout import GeluDropout  # noqa: E402
 from fastasr.model import CTCModel  # noqa: E402
 
 FLOOR = "floor"

@@ -171,7 +171,7 @@ def test_what_the_tables_decide():
 def test_the_top_k_settings_are_judged_on_the_rows_the_triton_top_k_selects():
     """Rows longer than ``triton_topk.MAX_N`` go to ``torch.topk`` whatever the Triton top-k's
     settings: there a candidate times the default's kernels, and its rule reads the other rows."""
-    from fastasr.kernels import triton_topk
+    from fastasr.kernels.clustering import triton_topk
 
     assert gd.TOPK_MAX_N == triton_topk.MAX_N
     whole_range = CLUSTERING.replace("| top-k: Triton | top-k: Triton, 1 rows × 1 warps |",

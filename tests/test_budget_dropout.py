@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastasr.kernels.dropout import Dropout
+from fastasr.kernels.layers.dropout import Dropout
 from fastasr.training.callbacks.budget_dropout import (
     BudgetDropout,
     dropout_decision,

@@ -30,6 +30,8 @@ LAYERS = [
 NEVER = [
     ("fastasr.attention", "fastasr.data", "attention has no speech knowledge"),
     ("fastasr.kernels", "fastasr.data", "kernels have no speech knowledge"),
+    ("fastasr.kernels.clustering", "fastasr.kernels.layers", "attention's clustering kernels need no model layer"),
+    ("fastasr.kernels.layers", "fastasr.kernels.clustering", "the layers' kernels share only the kernels' root"),
     ("fastasr.model", "fastasr.data", "the model takes features, not corpora"),
     ("fastasr.decoding", "fastasr.model", "decoding searches emissions; it runs whatever model it is given"),
     ("fastasr.config", "fastasr", "the configuration glue imports nothing of fastasr"),

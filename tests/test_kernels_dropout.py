@@ -1,4 +1,4 @@
-"""Dropout with the counter-based mask (``fastasr.kernels.dropout``, ``csrc/dropout.cpp``).
+"""Dropout with the counter-based mask (``fastasr.kernels.layers.dropout``, ``csrc/dropout.cpp``).
 
 The C++ kernel's mask must be bit for bit ``keep_mask`` (its stream written in PyTorch)
 for any number of threads; values and gradients are ``x * keep / (1 - p)``; the rate
@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch import nn
 
-from fastasr.kernels import dropout as dropout_mod
 from fastasr.kernels import native
-from fastasr.kernels.dropout import (
+from fastasr.kernels.layers import dropout as dropout_mod
+from fastasr.kernels.layers.dropout import (
     Dropout,
     GeluDropout,
     dropout,

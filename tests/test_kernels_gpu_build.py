@@ -354,7 +354,7 @@ def test_centroid_backward_tile_switch_sets_its_tile_whatever_the_rows_length():
         import clustering_gpu
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    from fastasr.kernels import triton_centroid
+    from fastasr.kernels.clustering import triton_centroid
 
     forward = triton_centroid.centroid_tiles(100, 32, 32, tl.bfloat16, False, 800)
     with clustering_gpu.with_centroid_bwd_tile(64, 8):
@@ -401,7 +401,7 @@ def test_benchmark_budget_stops_new_rows_and_says_where(monkeypatch, tmp_path):
         import gpu_step
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    from fastasr.kernels import ops
+    from fastasr.kernels.clustering import ops
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # --device cpu's condition; nothing runs a kernel here
     monkeypatch.setenv(ops.KERNELS_ENV, "reference")

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from fastasr.attention import build_attention
-from fastasr.kernels import native, ops, reference
+from fastasr.kernels import native
+from fastasr.kernels.clustering import ops, reference
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("FASTASR_NATIVE", "").strip() == "0", reason="FASTASR_NATIVE=0"

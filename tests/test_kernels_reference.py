@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_fixtures import clustered_codes
 
-from fastasr.kernels import gathers, ops, reference
+from fastasr.kernels.clustering import gathers, ops, reference
 
 
 def _lengths(*values):
@@ -256,9 +256,9 @@ def test_fused_centroid_values_equal_the_reference(lengths):
 
 
 def test_padded_offsets_are_each_sequences_valid_rows_then_its_padding():
-    """``fastasr.kernels.varlen.padded_offsets``: ``0, L0, N, N + L1, 2N, ...`` on the device of
+    """``fastasr.kernels.clustering.varlen.padded_offsets``: ``0, L0, N, N + L1, 2N, ...`` on the device of
     the lengths, int32; ``C`` rows a sequence and no padding (the centroids) is ``0, C, C, 2C, ...``."""
-    from fastasr.kernels.varlen import as_rows, padded_offsets, varlen_available
+    from fastasr.kernels.clustering.varlen import as_rows, padded_offsets, varlen_available
 
     got = padded_offsets(torch.tensor([3, 5, 0]), 5)
     assert got.dtype == torch.int32 and got.tolist() == [0, 3, 5, 10, 10, 10, 15]
@@ -278,7 +278,7 @@ def test_varlen_centroid_values_equal_the_sdpa_call(lengths, monkeypatch):
     values and gradients of the masked SDPA call (bf16, 100 centroids, heads of 32) on keys and
     values as an attention layer passes them (head-split views of its projections), padded
     sequences, and one without keys (which attends to every key, as the key mask has it)."""
-    from fastasr.kernels.varlen import varlen_available
+    from fastasr.kernels.clustering.varlen import varlen_available
 
     B, H, C, N, E = 4, 6, 100, 700, 32
     g = torch.Generator().manual_seed(3)

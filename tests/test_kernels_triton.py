@@ -1,4 +1,4 @@
-"""The Triton kernels against the PyTorch reference (``fastasr.kernels.reference``).
+"""The Triton kernels against the PyTorch reference (``fastasr.kernels.clustering.reference``).
 
 Runs on the CPU through the Triton interpreter. ``TRITON_INTERPRET=1`` must be set
 before Triton is first imported (``triton.jit`` fixes each function's mode, Triton's
@@ -11,7 +11,7 @@ lightning`` does). The kernels cannot be interpreted in that process, so the ker
 tests here skip and ``test_kernel_tests_in_fresh_process`` runs them in a child
 process where this module comes first. The variable, once set, stays set: Triton
 imports parts of itself lazily and checks it again then. It does not change which
-implementation ``fastasr.kernels.ops`` picks (only ``FASTASR_KERNELS`` does).
+implementation ``fastasr.kernels.clustering.ops`` picks (only ``FASTASR_KERNELS`` does).
 
 Sizes are small and odd on purpose: lengths not divisible by the block sizes, padded
 batches, more clusters than positions, ``K`` larger than a sequence's length.
@@ -39,13 +39,14 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from kernel_fixtures import clustered_codes  # noqa: E402
 
-from fastasr.kernels import availability, reference  # noqa: E402
+from fastasr.kernels import availability  # noqa: E402
+from fastasr.kernels.clustering import reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load(name: str):
-    """Import a kernel module; re-import it if it was first built in the other mode."""
+    """Import a kernel module (``clustering.triton_topk``); re-import it if it was first built in the other mode."""
     module = importlib.import_module(f"fastasr.kernels.{name}")
     kernel = next(v for k, v in vars(module).items() if k.startswith("_") and k.endswith("_kernel"))
     if availability.kernels_interpreted(kernel) != availability.interpreter_requested():
@@ -53,13 +54,13 @@ def _load(name: str):
     return module
 
 
-th = _load("triton_hashing")
-tk = _load("triton_kmeans")
-tc = _load("triton_clustered")
-tt = _load("triton_topk")
-tcen = _load("triton_centroid")
-tb = _load("triton_broadcast")
-ti = importlib.import_module("fastasr.kernels.triton_improved")  # no kernel of its own: it calls tcen's and tc's
+th = _load("clustering.triton_hashing")
+tk = _load("clustering.triton_kmeans")
+tc = _load("clustering.triton_clustered")
+tt = _load("clustering.triton_topk")
+tcen = _load("clustering.triton_centroid")
+tb = _load("clustering.triton_broadcast")
+ti = importlib.import_module("fastasr.kernels.clustering.triton_improved")  # no kernel of its own: it calls tcen's and tc's
 
 INTERPRETED = availability.kernels_interpreted(th._hash_kernel)
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -999,7 +1000,7 @@ def test_unavailable_without_triton_says_why(monkeypatch):
     with pytest.raises(availability.TritonUnavailableError, match="import triton"):
         availability.require_triton("hamming_kmeans", "cuda", interpreted=True)
     with pytest.raises(availability.TritonUnavailableError, match="import triton"):
-        availability.import_kernel_module("triton_kmeans")
+        availability.import_kernel_module("clustering.triton_kmeans")
 
 
 @pytest.fixture
@@ -1034,7 +1035,7 @@ def test_availability_decides_by_interpreter_state_and_compute_capability(monkey
 
 # ------------------------------------------------------------------ dispatch (ops.py)
 def test_ops_dispatch_rules(monkeypatch):
-    from fastasr.kernels import ops
+    from fastasr.kernels.clustering import ops
 
     cpu = torch.zeros(1)
     monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
@@ -1067,7 +1068,7 @@ def test_clustered_attention_through_triton_equals_reference(spec, split_from, m
     (clustered's centroid values by SDPA, or by the split-key kernels from
     ``ops.SPLIT_KEY_VALUES_FROM`` keys)."""
     from fastasr.attention import build_attention
-    from fastasr.kernels import ops
+    from fastasr.kernels.clustering import ops
 
     if split_from is not None:
         monkeypatch.setattr(ops, "SPLIT_KEY_VALUES_FROM", split_from)
@@ -1126,7 +1127,7 @@ def test_block_table_equals_its_reference(C, block_ns):
     """The block table's Triton launch gives the PyTorch twin's rows exactly (empty clusters,
     sequences shorter than C, a cluster holding every position), and counts handed in (as
     K-means returns them) give the same order as counts counted."""
-    from fastasr.kernels.cluster_order import block_table_reference
+    from fastasr.kernels.clustering.cluster_order import block_table_reference
 
     g = _gen(32)
     B, H, N = 3, 2, 300
@@ -1149,7 +1150,7 @@ def test_block_table_equals_its_reference(C, block_ns):
 def test_improved_clustered_sorts_once_per_call(monkeypatch):
     """One argsort of the cluster order serves the forward and backward products."""
     from fastasr.attention import build_attention
-    from fastasr.kernels import ops
+    from fastasr.kernels.clustering import ops
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     calls = []
@@ -1171,7 +1172,7 @@ def test_half_precision_reaches_the_triton_dots(monkeypatch):
     """bf16 inputs are not upcast before the sparse part: its two fused kernels get bf16
     q, k, v (fp32 accumulation inside), and the result stays close to fp32's."""
     from fastasr.attention import build_attention
-    from fastasr.kernels import ops
+    from fastasr.kernels.clustering import ops
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     seen = []
@@ -1310,7 +1311,7 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     ``InnerAttention.forward`` does (on a GPU with a device-side assert, no synchronisation)."""
     from fastasr.attention import build_attention
     from fastasr.attention.masking import check_lengths
-    from fastasr.kernels import ops
+    from fastasr.kernels.clustering import ops
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     if spec.endswith(" split-key values"):
@@ -1378,7 +1379,7 @@ def test_attention_copies_no_rows_of_the_model_layout(spec, monkeypatch):
     attention's centroid values below ``ops.SPLIT_KEY_VALUES_FROM`` keys are SDPA's on a GPU,
     the reference's here: not the kernels'.)"""
     from fastasr.attention import build_attention
-    from fastasr.kernels import ops
+    from fastasr.kernels.clustering import ops
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     if spec.endswith(" split-key values"):
@@ -1411,7 +1412,7 @@ def test_clustered_centroid_values_take_the_split_key_kernels_from_a_length(monk
     """Without top keys the Triton centroid kernels serve sequences of at least
     ``ops.SPLIT_KEY_VALUES_FROM`` keys; with top keys they serve every length (rows longer than
     the Triton top-k holds by ``torch.topk``); with ``FASTASR_KERNELS=reference`` none."""
-    from fastasr.kernels import ops
+    from fastasr.kernels.clustering import ops
 
     monkeypatch.setenv(ops.KERNELS_ENV, "triton")
     c = torch.zeros(1, 1, 3, 8, device=DEVICE)
@@ -1507,7 +1508,7 @@ def test_split_kmeans_stops_at_a_fixed_point(monkeypatch):
 
 
 # ------------------------------------------------------------------ layer norm
-tln = _load("triton_layer_norm")
+tln = _load("layers.triton_layer_norm")
 
 
 def _layer_norm_case(shape, dtype, seed):
@@ -1587,8 +1588,8 @@ def test_layer_norm_module_dispatch_and_autocast(monkeypatch):
     """``LayerNorm`` is ``nn.LayerNorm`` (its parameters and state dict) and takes the Triton
     kernels by ``FASTASR_KERNELS``' rules and ``TRITON_LAYER_NORM`` (on by default); under autocast, as torch's
     layer norm: float32 out of half-precision activations on CUDA, their dtype on the CPU."""
-    from fastasr.kernels import layer_norm as ln
-    from fastasr.kernels import ops
+    from fastasr.kernels import dispatch
+    from fastasr.kernels.layers import layer_norm as ln
 
     norm = ln.LayerNorm(20).to(DEVICE)
     torch_norm = torch.nn.LayerNorm(20).to(DEVICE)
@@ -1596,14 +1597,14 @@ def test_layer_norm_module_dispatch_and_autocast(monkeypatch):
     assert isinstance(norm, torch.nn.LayerNorm) and list(norm.state_dict()) == ["weight", "bias"]
     x = torch.randn(5, 20, device=DEVICE)
     w, b = norm.weight, norm.bias
-    monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
+    monkeypatch.delenv(dispatch.KERNELS_ENV, raising=False)
     cuda = x.device.type == "cuda"
     assert ln.TRITON_LAYER_NORM and ln.uses_triton(x, (20,), w, b) == cuda  # auto: CUDA tensors only
     monkeypatch.setattr(ln, "TRITON_LAYER_NORM", False)
     assert not ln.uses_triton(x, (20,), w, b)  # the switch off: torch's
-    monkeypatch.setenv(ops.KERNELS_ENV, "reference")
+    monkeypatch.setenv(dispatch.KERNELS_ENV, "reference")
     assert not ln.uses_triton(x, (20,), w, b)
-    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    monkeypatch.setenv(dispatch.KERNELS_ENV, "triton")
     assert ln.uses_triton(x, (20,), w, b)
     assert not ln.uses_triton(x, (20,), None, b)  # no weight, rows too wide, float64, two dims: torch's
     assert not ln.uses_triton(torch.zeros(2, tln.MAX_WIDTH + 1, device=DEVICE), (tln.MAX_WIDTH + 1,),
@@ -1623,13 +1624,13 @@ def test_layer_norm_module_dispatch_and_autocast(monkeypatch):
     with torch.autocast(x.device.type, dtype=torch.bfloat16):
         assert norm(x).dtype == torch.bfloat16
     assert norm(x).dtype == torch.float32
-    monkeypatch.setenv(ops.KERNELS_ENV, "reference")
+    monkeypatch.setenv(dispatch.KERNELS_ENV, "reference")
     with torch.autocast(x.device.type, dtype=torch.bfloat16):
         assert norm(x).dtype == torch_norm(x).dtype
 
 
 # ------------------------------------------------------------------ column sums (bias gradients)
-tcs = _load("triton_column_sums")
+tcs = _load("layers.triton_column_sums")
 
 
 @pytest.mark.parametrize("shape", [(1000, 192), (5, 48), (300, 768), (70, 300)])
@@ -1661,8 +1662,8 @@ def test_linear_module_dispatch_and_autocast(monkeypatch):
     and ``TRITON_BIAS_GRADIENTS`` it takes the Triton bias gradient, with torch's numbers: the
     same product forward, the same products backward, the bias's gradient summed in float32;
     under autocast in autocast's dtype, the parameters' gradients float32."""
-    from fastasr.kernels import linear as lin
-    from fastasr.kernels import ops
+    from fastasr.kernels import dispatch
+    from fastasr.kernels.layers import linear as lin
 
     layer = lin.Linear(20, 7).to(DEVICE)
     torch_layer = torch.nn.Linear(20, 7).to(DEVICE)
@@ -1670,15 +1671,15 @@ def test_linear_module_dispatch_and_autocast(monkeypatch):
     assert isinstance(layer, torch.nn.Linear) and list(layer.state_dict()) == ["weight", "bias"]
     x = torch.randn(3, 5, 20, generator=_gen(56)).to(DEVICE)
     w, b = layer.weight, layer.bias
-    monkeypatch.delenv(ops.KERNELS_ENV, raising=False)
+    monkeypatch.delenv(dispatch.KERNELS_ENV, raising=False)
     cuda = x.device.type == "cuda"
     assert not lin.uses_triton(x, w, b)  # the switch is off
     monkeypatch.setattr(lin, "TRITON_BIAS_GRADIENTS", True)
     assert lin.uses_triton(x, w, b) == cuda  # auto: CUDA tensors only
     monkeypatch.setattr(lin, "TRITON_BIAS_GRADIENTS", False)
-    monkeypatch.setenv(ops.KERNELS_ENV, "reference")
+    monkeypatch.setenv(dispatch.KERNELS_ENV, "reference")
     assert not lin.uses_triton(x, w, b)
-    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    monkeypatch.setenv(dispatch.KERNELS_ENV, "triton")
     assert lin.uses_triton(x, w, b)
     assert not lin.uses_triton(x, w, None)  # no bias, float64, no rows: torch's
     assert not lin.uses_triton(x.double(), w.double(), b.double())
@@ -1708,7 +1709,7 @@ def test_model_through_triton_layer_norm_and_bias_gradients_equals_torch(autocas
     (``FASTASR_KERNELS=triton``) gives torch's outputs and parameter gradients; under bfloat16
     autocast too, where its pre-norm layers' norms write bfloat16 for their projections (the
     values the projections cast their float32 output to)."""
-    from fastasr.kernels import ops
+    from fastasr.kernels import dispatch
     from fastasr.model import CTCModel
 
     g = _gen(52)
@@ -1719,7 +1720,7 @@ def test_model_through_triton_layer_norm_and_bias_gradients_equals_torch(autocas
     monkeypatch.setattr(tln._LayerNorm, "apply", lambda *a: launches.append("apply") or apply(*a))
     monkeypatch.setattr(tcs, "column_sums", lambda d: launches.append("column_sums") or column_sums(d))
     for backend in ("reference", "triton"):
-        monkeypatch.setenv(ops.KERNELS_ENV, backend)
+        monkeypatch.setenv(dispatch.KERNELS_ENV, backend)
         torch.manual_seed(0)
         model = CTCModel(vocab_size=9, feat_in=12, d_model=32, heads=2, ff_dim=64, layers=2, dropout=0.0,
                          attention="full", subsampling=1, positions="absolute").to(DEVICE)
@@ -1747,7 +1748,7 @@ def test_model_through_triton_layer_norm_and_bias_gradients_equals_torch(autocas
 
 
 # ------------------------------------------------------------------ GELU and dropout in one pass
-tgd = _load("triton_gelu_dropout")
+tgd = _load("layers.triton_gelu_dropout")
 
 
 @pytest.mark.parametrize("shape", [(3, 7, 40), (2, 1500)])  # the last program partly outside; two programs
@@ -1758,7 +1759,7 @@ def test_gelu_dropout_equals_gelu_times_the_streams_mask(shape, dtype, tol):
     gradients: that expression's, the mask drawn again by the backward (nothing stored), against
     autograd's in float64 (the kept values' zeros are the GELU's own, below about -5.5). A seed past 2^32 (its high word in the stream) and a non-contiguous
     incoming gradient."""
-    from fastasr.kernels.dropout import keep_mask
+    from fastasr.kernels.layers.dropout import keep_mask
 
     p, seed = 0.3, 2**40 + 12345
     g = _gen(61)
@@ -1784,20 +1785,20 @@ def test_gelu_dropout_module_takes_the_kernels_by_the_switch(monkeypatch):
     """``GeluDropout`` runs the kernels by ``FASTASR_KERNELS``' rules and ``TRITON_GELU_DROPOUT``,
     its seed from torch's generator (``manual_seed`` reproduces the mask), GELU alone in eval;
     under autocast in the activations' dtype, as torch's GELU and dropout."""
-    from fastasr.kernels import dropout as dropout_mod
-    from fastasr.kernels import ops
+    from fastasr.kernels import dispatch
+    from fastasr.kernels.layers import dropout as dropout_mod
 
     x = torch.randn(4, 300, generator=_gen(62)).to(DEVICE)
     module = dropout_mod.GeluDropout(0.25)
     calls = []
     monkeypatch.setattr(tgd, "gelu_dropout", lambda *a, run=tgd.gelu_dropout: calls.append(1) or run(*a))
-    monkeypatch.setenv(ops.KERNELS_ENV, "auto")
+    monkeypatch.setenv(dispatch.KERNELS_ENV, "auto")
     module(x)
     monkeypatch.setattr(dropout_mod, "TRITON_GELU_DROPOUT", True)
     module(x)
     assert len(calls) == (1 if x.device.type == "cuda" else 0)  # auto: CUDA tensors with the switch on
     monkeypatch.setattr(dropout_mod, "TRITON_GELU_DROPOUT", False)
-    monkeypatch.setenv(ops.KERNELS_ENV, "triton")
+    monkeypatch.setenv(dispatch.KERNELS_ENV, "triton")
     calls.clear()
     torch.manual_seed(3)
     a = module(x)

@@ -415,7 +415,7 @@ def test_pre_norm_layers_cast_their_norms_output_once_with_the_switch(monkeypatc
     run in float32.)"""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from fastasr.kernels import layer_norm
+    from fastasr.kernels.layers import layer_norm
     from fastasr.model.encoder import EncoderLayer
 
     B, N, d = 2, 24, 32

@@ -17,7 +17,7 @@ from torch import nn
 
 from fastasr.attention.masking import check_lengths
 from fastasr.attention.spec import Param, check_params
-from fastasr.kernels import ops
+from fastasr.kernels.clustering import ops
 
 __all__ = ["InnerAttention", "compute_dtype", "kernel_dtype"]
 

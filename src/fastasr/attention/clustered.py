@@ -7,7 +7,7 @@ O(N^2 E). The clustering is a discrete choice and is not differentiated; the
 gradient flows through the centroid means (to the queries), the keys and the
 values.
 
-Hashing and K-means run as kernels (:mod:`fastasr.kernels.ops`: C++ on a CPU,
+Hashing and K-means run as kernels (:mod:`fastasr.kernels.clustering.ops`: C++ on a CPU,
 Triton on a GPU); the centroid attention is two batched matrix products and a
 softmax (C++ with BLAS on a CPU; on a GPU one fused SDPA call or the split-key Triton
 kernels, and with top keys the fused Triton kernels); the centroids (their members' mean
@@ -27,9 +27,9 @@ from fastasr.attention.base import InnerAttention, compute_dtype, kernel_dtype
 from fastasr.attention.masking import key_mask
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
-from fastasr.kernels import ops, reference
+from fastasr.kernels.clustering import ops, reference
+from fastasr.kernels.clustering.reference import MAX_BITS
 from fastasr.kernels.ranges import profiled_range
-from fastasr.kernels.reference import MAX_BITS
 
 __all__ = ["ClusteredAttention", "CentroidAttention"]
 
@@ -115,7 +115,7 @@ class ClusteredAttention(InnerAttention):
         """Clustering and the dense ``(B, H, C, N)`` centroid attention (PyTorch reference).
 
         For :meth:`dense_weights` and tests; the forward pass gets the same numbers
-        from the fused :func:`fastasr.kernels.ops.centroid_attention`.
+        from the fused :func:`fastasr.kernels.clustering.ops.centroid_attention`.
         """
         B, H, N, E = q.shape
         assignments, counts, centroids = self.cluster_queries(q, lengths)

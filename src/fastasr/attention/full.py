@@ -54,7 +54,7 @@ from fastasr.attention.base import InnerAttention, compute_dtype
 from fastasr.attention.masking import key_mask, valid_positions, zero_padded_queries
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
-from fastasr.kernels.varlen import as_rows, padded_offsets, varlen_attn, varlen_available
+from fastasr.kernels.clustering.varlen import as_rows, padded_offsets, varlen_attn, varlen_available
 
 __all__ = ["FullAttention", "masked_attention", "packed_attention", "varlen_attention", "dense_attention",
            "padded_path", "forced_padded_path", "attends_in_float32", "PADDED_PATHS", "DEFAULT_PACK_FROM",
@@ -171,7 +171,7 @@ def varlen_attention(
 
     Utterance ``b``'s valid positions ``[bN, bN + L_b)`` form one sequence and its padding
     ``[bN + L_b, (b+1)N)`` another, so no row is gathered or scattered (module docstring).
-    Needs ``fastasr.kernels.varlen.varlen_available``.
+    Needs ``fastasr.kernels.clustering.varlen.varlen_available``.
     """
     B, H, N, E = q.shape
     lengths = lengths.to(device=q.device, dtype=torch.int32)

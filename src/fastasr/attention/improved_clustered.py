@@ -13,9 +13,9 @@ of every row to full attention is never larger than clustered attention's.
 
 The second term is computed per cluster as ``A^c_j V - sum_{l in T_j} A^c_jl V_l``
 (one dense product for all clusters, a K-row correction each); the first, per query,
-by :func:`fastasr.kernels.ops.improved_sparse` (fused in C++ on a CPU, fused in one
+by :func:`fastasr.kernels.clustering.ops.improved_sparse` (fused in C++ on a CPU, fused in one
 Triton launch forward and one backward on a GPU, the PyTorch reference otherwise); on a GPU
-both parts are one op with one backward (:func:`fastasr.kernels.ops.improved_clustered`).
+both parts are one op with one backward (:func:`fastasr.kernels.clustering.ops.improved_clustered`).
 
 Padded keys are never selected while a valid key remains: the selection ranks
 the masked *logits* (``-inf`` at padded keys), not the weights, so a sequence
@@ -30,7 +30,7 @@ from fastasr.attention.clustered import CLUSTERING_PARAMS, ClusteredAttention
 from fastasr.attention.masking import zero_padded_queries
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
-from fastasr.kernels import ops, reference
+from fastasr.kernels.clustering import ops, reference
 
 __all__ = ["ImprovedClusteredAttention"]
 

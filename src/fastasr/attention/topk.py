@@ -15,7 +15,7 @@ from fastasr.attention.base import InnerAttention, compute_dtype
 from fastasr.attention.masking import key_mask, zero_padded_queries
 from fastasr.attention.registry import register
 from fastasr.attention.spec import Param
-from fastasr.kernels.gathers import (
+from fastasr.kernels.clustering.gathers import (
     rows_gather_dot,
     rows_gather_weighted_sum,
     rows_scatter_outer,

@@ -1,8 +1,7 @@
 """Can the Triton kernels run here, and if not, why not.
 
-The Triton kernels (``triton_hashing``, ``triton_kmeans``, ``triton_clustered``, ``triton_topk``,
-``triton_centroid``, ``triton_broadcast``) run
-in one of two ways:
+The Triton kernels (the ``triton_*`` modules of :mod:`fastasr.kernels.clustering` and
+:mod:`fastasr.kernels.layers`) run in one of two ways:
 
 * compiled, on a CUDA device (tensors on ``cuda``, ``torch.cuda.is_available()``);
 * interpreted, on the CPU, when ``TRITON_INTERPRET=1`` was set *before* Triton and
@@ -14,7 +13,7 @@ Every public kernel entry point calls :func:`require_triton` first, so a kernel
 that cannot run fails at its first call with a :class:`TritonUnavailableError`
 naming the missing piece, instead of a missing symbol or an obscure pointer error
 deep inside Triton. Nothing here falls back silently: choosing the PyTorch
-reference instead is the dispatcher's job (``fastasr.kernels.ops``), and it only
+reference instead is the dispatcher's job (:mod:`fastasr.kernels.dispatch`), and it only
 does so by rule (CPU tensors) or by request (``FASTASR_KERNELS=reference``).
 
 This module imports neither Triton nor the kernel modules at import time.
@@ -160,7 +159,8 @@ def require_triton(op: str, device: torch.device | str, interpreted: bool) -> No
 
 
 def import_kernel_module(name: str):
-    """Import ``fastasr.kernels.<name>`` (a Triton kernel module), failing clearly.
+    """Import ``fastasr.kernels.<name>`` (a Triton kernel module, ``name`` as
+    ``clustering.triton_topk``), failing clearly.
 
     Raises :class:`TritonUnavailableError` naming Triton when it cannot be imported,
     so callers never see a bare ``ModuleNotFoundError`` from inside a kernel module.

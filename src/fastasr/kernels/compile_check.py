@@ -19,7 +19,7 @@ products (``HGMMA``, ``HMMA``), else the longest innermost loop, and of a loop i
 runs its trip count: the centroid backward's 575 hold an 89-instruction loop over a block's top
 keys, run as often as the most a row has there). It is a measure of a kernel's
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
-K-means' tile with stored signs is 277 instructions against 754 (benchmarks/gpu_notes.md).
+K-means' tile with stored signs is 277 instructions against 754 (benchmarks/gpu/notes.md).
 
 Every cubin's SASS is also searched for GPU-wide memory fences (``MEMBAR`` at GPU scope) and
 L1 invalidations (``CCTL.IVALL``): Triton puts both around every ``tl.atomic_add`` with its
@@ -118,17 +118,17 @@ def _configs():
     """(label, kernel, pointer dtypes, constexprs, launch options) as the launchers use them."""
     import triton.language as tl
 
-    from fastasr.kernels import cluster_order as co  # needs Triton
-    from fastasr.kernels import triton_broadcast as tb  # needs Triton
-    from fastasr.kernels import triton_centroid as tcen  # needs Triton
-    from fastasr.kernels import triton_clustered as tc  # needs Triton
-    from fastasr.kernels import triton_column_sums as tcs  # needs Triton
-    from fastasr.kernels import triton_gelu_dropout as tgd  # needs Triton
-    from fastasr.kernels import triton_hashing as th  # needs Triton
-    from fastasr.kernels import triton_improved as ti  # needs Triton
-    from fastasr.kernels import triton_kmeans as tk  # needs Triton
-    from fastasr.kernels import triton_layer_norm as tln  # needs Triton
-    from fastasr.kernels import triton_topk as tt  # needs Triton
+    from fastasr.kernels.clustering import cluster_order as co  # needs Triton
+    from fastasr.kernels.clustering import triton_broadcast as tb  # needs Triton
+    from fastasr.kernels.clustering import triton_centroid as tcen  # needs Triton
+    from fastasr.kernels.clustering import triton_clustered as tc  # needs Triton
+    from fastasr.kernels.clustering import triton_hashing as th  # needs Triton
+    from fastasr.kernels.clustering import triton_improved as ti  # needs Triton
+    from fastasr.kernels.clustering import triton_kmeans as tk  # needs Triton
+    from fastasr.kernels.clustering import triton_topk as tt  # needs Triton
+    from fastasr.kernels.layers import triton_column_sums as tcs  # needs Triton
+    from fastasr.kernels.layers import triton_gelu_dropout as tgd  # needs Triton
+    from fastasr.kernels.layers import triton_layer_norm as tln  # needs Triton
 
     torch_dtypes = {"fp32": tc.torch.float32, "bf16": tc.torch.bfloat16, "fp16": tc.torch.float16}
 

@@ -8,16 +8,18 @@ is loaded with ``torch.ops.load_library`` after the stamp is checked against thi
 checkout and this machine.
 
 When the library is missing or stale, :func:`available` returns False and warns once,
-saying why and how to build; the dispatcher (:mod:`fastasr.kernels.ops`) then runs the
+saying why and how to build; the dispatcher (:mod:`fastasr.kernels.dispatch`) then runs the
 PyTorch reference on CPU tensors (same results, several times slower). Asking for the
 C++ kernels explicitly (``FASTASR_KERNELS=native``) raises
 :class:`NativeUnavailableError` instead. The build itself fails loudly: a compiler
 error stops ``make install`` with the compiler's message.
 
-The ops here take the same arguments as their namesakes in
-:mod:`fastasr.kernels.reference` and give the same results (bit for bit for hashing and
-K-means; to float rounding for the products). float32 and float64; half-precision inputs
-are computed in float32 and returned in their own dtype.
+The clustering ops here are the C++ backend of
+:class:`~fastasr.kernels.clustering.backend.ClusteringBackend` (its signatures and shapes; the
+ops :data:`fastasr.kernels.dispatch.NATIVE_OPS` names) and give the reference's results (bit
+for bit for hashing and K-means; to float rounding for the products). float32 and float64;
+half-precision inputs are computed in float32 and returned in their own dtype. ``dropout`` is
+:mod:`fastasr.kernels.layers.dropout`'s.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-from fastasr.kernels import reference
-from fastasr.kernels.reference import MAX_BITS
+from fastasr.kernels.clustering import reference
+from fastasr.kernels.clustering.backend import MAX_BITS
 
 __all__ = [
     "NativeUnavailableError",
@@ -245,7 +247,7 @@ def _check_bits(op: str, bits: int) -> None:
 def hash_codes(
     x: torch.Tensor, planes: torch.Tensor, lengths: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Sign-random-projection codes ``(B, H, N)`` int64; see ``reference.hash_codes``."""
+    """Sign-random-projection codes ``(B, H, N)`` int64 (``ClusteringBackend.hash_codes``)."""
     require("hash_codes")
     _check_bits("hash_codes", planes.shape[-1])
     return torch.ops.fastasr_cpu.hash_codes(x.detach(), planes, _cpu_lengths(lengths))
@@ -260,7 +262,7 @@ def hamming_kmeans(
     *,
     bits: int = MAX_BITS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K-means in Hamming space, bit for bit ``reference.hamming_kmeans``."""
+    """K-means in Hamming space (``ClusteringBackend.hamming_kmeans``), bit for bit the reference's."""
     del generator
     require("hamming_kmeans")
     _check_bits("hamming_kmeans", bits)
@@ -307,7 +309,7 @@ def centroid_attention(
     scale: float,
     topk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each centroid's attention over the keys; see ``reference.centroid_attention``.
+    """Each centroid's attention over the keys (``ClusteringBackend.centroid_attention``).
 
     Per (batch, head): BLAS products into a reused ``(C, N)`` buffer around one C++
     pass per row (scale, mask, top-k, softmax); the ``(B, H, C, N)`` matrix is never
@@ -357,7 +359,7 @@ def improved_sparse(
     *,
     counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The fused per-query part of improved clustered attention; see ``reference.improved_sparse``
+    """The fused per-query part of improved clustered attention (``ClusteringBackend.improved_sparse``)
     (``counts``: unused, the C++ kernel groups the queries itself)."""
     require("improved_sparse")
     if max(q.shape[-1], v.shape[-1], top_idx.shape[-1]) > MAX_SPARSE_DIM:
@@ -391,7 +393,7 @@ class _Dropout(torch.autograd.Function):
 
 
 def dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    """``x * keep / (1 - p)`` with ``keep`` = ``fastasr.kernels.dropout.keep_mask(x.shape, p, seed)``.
+    """``x * keep / (1 - p)`` with ``keep`` = ``fastasr.kernels.layers.dropout.keep_mask(x.shape, p, seed)``.
 
     On all of torch's threads; the mask (one byte an element) is what the backward keeps.
     ``p`` in ``[0, 1)``, ``seed`` any int64.

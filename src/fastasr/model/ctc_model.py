@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastasr.kernels.dropout import Dropout
-from fastasr.kernels.linear import Linear
+from fastasr.kernels.layers.dropout import Dropout
+from fastasr.kernels.layers.linear import Linear
 from fastasr.model.chunking import ChunkContext, ChunkTraining
 from fastasr.model.encoder import AttentionLayer, AttentionSpec, TransformerEncoder
 from fastasr.model.frontend import ConvSubsampling, GlobalCMVN, SpecAugment

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
-from fastasr.kernels.dropout import Dropout, GeluDropout
-from fastasr.kernels.layer_norm import LayerNorm
-from fastasr.kernels.linear import Linear
+from fastasr.kernels.layers.dropout import Dropout, GeluDropout
+from fastasr.kernels.layers.layer_norm import LayerNorm
+from fastasr.kernels.layers.linear import Linear
 from fastasr.model.chunking import ChunkContext
 from fastasr.model.positional import RotaryPositions
 

@@ -14,7 +14,7 @@ import torch
 import torchaudio.functional as AF
 from torch import nn
 
-from fastasr.kernels.linear import Linear
+from fastasr.kernels.layers.linear import Linear
 
 
 class GlobalCMVN(nn.Module):

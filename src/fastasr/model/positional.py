@@ -20,7 +20,7 @@ import math
 import torch
 from torch import nn
 
-from fastasr.kernels.dropout import Dropout
+from fastasr.kernels.layers.dropout import Dropout
 
 POSITIONS = ("absolute", "rotary", "none")
 

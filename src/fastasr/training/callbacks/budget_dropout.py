@@ -110,7 +110,7 @@ class BudgetDropout(L.Callback):
 
 def dropout_modules(module: nn.Module) -> list[nn.Dropout]:
     """Every dropout module of ``module`` (``nn.Dropout`` and its subclasses, such as
-    :class:`fastasr.kernels.dropout.Dropout`)."""
+    :class:`fastasr.kernels.layers.dropout.Dropout`)."""
     return [m for m in module.modules() if isinstance(m, nn.Dropout)]
 
 

@@ -2,14 +2,14 @@
 
 :class:`LayerNorm` is :class:`torch.nn.LayerNorm` (the same parameters, state-dict keys and
 numbers) whose forward is :func:`layer_norm`. That is ``torch.nn.functional.layer_norm``, but
-where the Triton kernels of :mod:`fastasr.kernels.triton_layer_norm` run it instead, by
-``fastasr.kernels.ops``' rules for the op ``"layer_norm"`` (``FASTASR_KERNELS``):
+where the Triton kernels of :mod:`fastasr.kernels.layers.triton_layer_norm` run it instead, by
+:mod:`fastasr.kernels.dispatch`'s rules for the op ``"layer_norm"`` (``FASTASR_KERNELS``):
 
 * ``auto`` on a CUDA tensor: the Triton kernels while :data:`TRITON_LAYER_NORM` is True (the
-  default: on the H200 at a677210 the floor's step kernels 16.4 / 20.8 ms against torch's 24.9 /
+  default: on Hopper the floor's step kernels 16.4 / 20.8 ms against torch's 24.9 /
   29.3 at N = 800 / 3,200, the backward 210 against 404 µs a call; the eager step within its noise
   either way, since a Triton call costs the host about 480 µs to issue against torch's 200:
-  ``benchmarks/layer_norm_gpu.py``); ``make gpu-check``'s step table times torch's again
+  ``benchmarks/results/layer_norm_nvidia-h200.md``); ``make gpu-check``'s step table times torch's again
   ("torch layer norm");
 * ``triton``: the Triton kernels on every device (on the CPU under ``TRITON_INTERPRET=1``: how
   they are tested);
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastasr.kernels.availability import import_kernel_module
-from fastasr.kernels.ops import kernel_backend
+from fastasr.kernels.dispatch import kernel_backend
 
 __all__ = ["LayerNorm", "layer_norm", "uses_triton", "TRITON_LAYER_NORM", "CAST_ONCE"]
 
@@ -50,7 +50,7 @@ CAST_ONCE = False
 def uses_triton(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
     """True if :func:`layer_norm` runs the Triton kernels for these arguments (module doc)."""
     return (kernel_backend(x, "layer_norm", auto_triton=TRITON_LAYER_NORM) == "triton" and len(normalized_shape) == 1
-            and import_kernel_module("triton_layer_norm").applies(x, weight, bias))
+            and import_kernel_module("layers.triton_layer_norm").applies(x, weight, bias))
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
@@ -63,7 +63,7 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
         if cast_output and CAST_ONCE and torch.is_autocast_enabled(x.device.type):
             return out.to(torch.get_autocast_dtype(x.device.type))
         return out
-    kernels = import_kernel_module("triton_layer_norm")
+    kernels = import_kernel_module("layers.triton_layer_norm")
     device = x.device.type
     out_dtype = torch.get_autocast_dtype(device) if cast_output and torch.is_autocast_enabled(device) else None
     if device == "cuda" and torch.is_autocast_enabled("cuda"):  # as CUDA autocast runs torch's: in float32

@@ -4,10 +4,10 @@
 bias`` over each row of ``D`` values (the biased variance, as ``torch.nn.functional.layer_norm``),
 with its autograd backward. For rows many and short, as a sequence model's activations are
 (a batch of 64,000 positions of 192 values), where torch's CUDA kernels are far from the memory
-traffic: on the H100 and the H200 a training step's layer-norm backward took 330 µs for
+traffic: on Hopper GPUs a training step's layer-norm backward in torch takes 330 µs for
 ``(64000, 192)`` float32 rows, 263 of them in the kernel summing the weight's and bias's
 gradients, and the forward 114 µs, against 20-30 µs to read and write the rows once
-(``benchmarks/gpu_notes.md``).
+(``benchmarks/gpu/notes.md``).
 
 Design:
 
@@ -22,21 +22,21 @@ Design:
   ``(2, P, D)`` partials gives the gradients. No atomics, one read of ``x`` and ``dy`` and one
   write of ``dx``. A tile is one row and a program a warp for each 256 values of the row
   (:func:`backward_tile`), :data:`BACKWARD_WARPS_PER_SM` warps an SM: for the model's rows of
-  192, every sum over a row stays inside one warp (shuffles, no barrier across warps). On the
-  H200 at a677210, (64,000 × 192) rows: 202 against 412 µs bfloat16 for tiles of 8 rows × 8
+  192, every sum over a row stays inside one warp (shuffles, no barrier across warps). On
+  Hopper, (64,000 × 192) rows: 202 against 412 µs bfloat16 for tiles of 8 rows × 8
   warps, 3 programs an SM, 210 against 202 float32 (inside the noise; torch's: 404)
   (``benchmarks/results/layer_norm_nvidia-h200.md``; the host's issue time in every figure).
 
 The launchers cache each shape's launch (grid, tile, warps) and allocate once a call what the
 kernels write: the host's time a call counts as much as the kernels' where a step waits for its
-host (``benchmarks/layer_norm_gpu.py``'s second table: on the H200's host a forward + backward
-through these kernels took 384 µs to issue, torch's 164; the model's pre-norm call under
-autocast 483 against 199).
+host (``python -m benchmarks.step.layer_norm_gpu``'s second table: a forward + backward
+through these kernels takes 384 µs to issue, torch's 164; the model's pre-norm call under
+autocast 483 against 199; ``benchmarks/results/layer_norm_nvidia-h200.md``).
 
 Float32 arithmetic whatever the input's dtype; the output has the input's dtype or the one asked
 for, the input's gradient the input's, the weight's and bias's gradients theirs. Rows are read
 and written through their stride (the last dimension contiguous). Rows wider than
-:data:`MAX_WIDTH` and other dtypes are not served (:func:`applies`); :mod:`fastasr.kernels.layer_norm`
+:data:`MAX_WIDTH` and other dtypes are not served (:func:`applies`); :mod:`fastasr.kernels.layers.layer_norm`
 sends them to torch. Nothing reads a value back to the host.
 """
 
@@ -65,7 +65,7 @@ TILE = 2048
 FORWARD_VALUES_PER_THREAD = 16
 #: The backward: a warp a :data:`BACKWARD_VALUES_PER_WARP` values of a row (one row a tile), and
 #: as many programs as make :data:`BACKWARD_WARPS_PER_SM` warps an SM (each walks its share of
-#: the rows, holding two ``(D,)`` sums): (64,000 × 192) bfloat16 rows on the H200 in 202 µs
+#: the rows, holding two ``(D,)`` sums): (64,000 × 192) bfloat16 rows on Hopper in 202 µs
 #: against 412 for 8-row tiles of 8 warps, 3 programs an SM (float32: 210 against 202).
 BACKWARD_VALUES_PER_WARP = 256
 BACKWARD_WARPS_PER_SM = 32

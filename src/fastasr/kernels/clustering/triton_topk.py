@@ -1,6 +1,6 @@
 """Triton kernel: the indices of each row's ``k`` largest scores, by bisection in registers.
 
-``topk_indices(scores, k)`` is the Triton twin of ``fastasr.kernels.reference.topk_indices``
+``topk_indices(scores, k)`` is the Triton twin of ``fastasr.kernels.clustering.reference.topk_indices``
 for CUDA float32 rows: ``(..., N)`` scores -> ``(..., k)`` int64 indices of each row's ``k``
 largest entries, each row's in increasing position (``triton_centroid``'s backward walks
 them so; ``torch.topk``'s are in the scores' order). Improved clustered attention calls
@@ -17,7 +17,7 @@ that takes the same set (about ``32 - log2`` of the distance between the ``k``-t
 ``k+1``-th largest keys: 15-16 steps on average, 11-25, for rows of 800 and 3,200 Gaussian
 float32 scores with k = 32; ties at the ``k``-th score and ``-inf`` padding take more, at most
 32), and a program once all its rows have: 29-38 % faster than 32 steps a row at
-N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"). A row starts from a bracket of its own
+N = 800-4,096 (benchmarks/gpu/notes.md "Decisions"). A row starts from a bracket of its own
 keys (:data:`BRACKET`; half the steps on Gaussian scores); then the entries above ``T``
 are taken, and of those equal to ``T`` the lowest positions until ``k`` are taken: the row is
 read again a chunk at a time (:data:`STORE_ELEMENTS` a thread), and one running sum of both
@@ -35,12 +35,12 @@ import torch
 import triton
 import triton.language as tl
 
-from fastasr.kernels import reference
 from fastasr.kernels.availability import (
     kernels_interpreted,
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.clustering import reference
 from fastasr.kernels.grid import cdiv, next_power_of_2
 
 prepare_interpreter()
@@ -62,9 +62,9 @@ STORE_ELEMENTS: int | None = 4
 #: that many keys lie at or above it; taken where a count finds ``k`` there, padding's and ``-inf``'s
 #: groups left out), from above the row's largest key. The same keys; on rows of 800 and 3,200
 #: Gaussian scores with k = 32, 6.7-7.3 steps a row after one count, against 15.0-16.4 from the
-#: whole range: the top-k in 0.77-0.87 of the whole range's time at N = 800-4,096 on the H200
-#: (c72e613). ``make gpu-check``'s parts table times the whole range again ("top-k: Triton, whole
-#: int32 range").
+#: whole range: the top-k in 0.77-0.87 of the whole range's time at N = 800-4,096 on Hopper
+#: (benchmarks/results/clustering_nvidia-h200.md). ``make gpu-check``'s parts table times the
+#: whole range again ("top-k: Triton, whole int32 range").
 BRACKET = True
 BRACKET_GROUPS = 32
 #: ``-inf``'s int32 key as :func:`_row_keys` makes it (a negative float's bits, the lower 31
@@ -216,7 +216,7 @@ def topk_tile(n: int, rows: int) -> tuple[int, int]:
     table, 6 heads x 100 centroids, 65,536 tokens): at N = 800 and 1,024, 0.57 and 0.42 ms
     with a warp a row against 1.07 and 0.88 with 4 rows x 8 warps a program; at N = 3,200 to
     16,384 the two are within 6 % either way, so longer rows keep the shared program.
-    ``benchmarks/clustering_gpu.py --topk-tiles`` times other tiles against this one.
+    ``python -m benchmarks.attention.clustering_gpu --topk-tiles`` times other tiles against this one.
     """
     block_n = next_power_of_2(n)
     if block_n <= 1024:

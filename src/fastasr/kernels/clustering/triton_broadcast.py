@@ -31,7 +31,7 @@ Against the reference's ``torch.gather`` with an index expanded over ``D`` (int6
 element) and ``index_add`` / ``scatter_add`` (atomics per element), they move whole rows and sum
 on chip. Half precision stays half precision in and out of a broadcast; sums are float32.
 Rows wider than :data:`MAX_WIDTH`, more clusters than :data:`MAX_CLUSTERS` and sums larger than
-:data:`MAX_TILE` are not served (:func:`applies`); ``fastasr.kernels.ops`` sends them to the
+:data:`MAX_TILE` are not served (:func:`applies`); ``fastasr.kernels.clustering.ops`` sends them to the
 reference. Nothing reads a value back to the host.
 """
 
@@ -46,9 +46,9 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.clustering.triton_clustered import dot_config
 from fastasr.kernels.grid import cdiv, next_power_of_2
 from fastasr.kernels.rows import heads_inner, new_rows, unit_stride
-from fastasr.kernels.triton_clustered import dot_config
 
 prepare_interpreter()
 

@@ -2,7 +2,7 @@
 
 :class:`Linear` is :class:`torch.nn.Linear` (the same parameters, state-dict keys and numbers)
 whose forward is :func:`linear`. That is ``torch.nn.functional.linear``, but where the Triton
-kernel of :mod:`fastasr.kernels.triton_column_sums` runs, by ``fastasr.kernels.ops``' rules for
+kernel of :mod:`fastasr.kernels.layers.triton_column_sums` runs, by :mod:`fastasr.kernels.dispatch`'s rules for
 the op ``"column_sums"`` (``FASTASR_KERNELS``), an autograd op of its own: the forward torch's
 one product with the bias added by it (``addmm``), the backward torch's two products and the
 bias's gradient, the output gradient's sum over the rows, by the Triton kernel:
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastasr.kernels.availability import import_kernel_module
-from fastasr.kernels.ops import kernel_backend
+from fastasr.kernels.dispatch import kernel_backend
 
 __all__ = ["Linear", "linear", "uses_triton", "TRITON_BIAS_GRADIENTS"]
 
@@ -35,7 +35,7 @@ TRITON_BIAS_GRADIENTS = False
 def uses_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """True if :func:`linear` takes the Triton bias gradient for these arguments (module doc)."""
     return (bias is not None and kernel_backend(x, "column_sums", auto_triton=TRITON_BIAS_GRADIENTS) == "triton"
-            and weight.dim() == 2 and import_kernel_module("triton_column_sums").applies(x))
+            and weight.dim() == 2 and import_kernel_module("layers.triton_column_sums").applies(x))
 
 
 class _Linear(torch.autograd.Function):
@@ -51,7 +51,7 @@ class _Linear(torch.autograd.Function):
         d = dout.reshape(-1, dout.shape[-1])
         dx = (d @ weight).view(*dout.shape[:-1], weight.shape[1]) if ctx.needs_input_grad[0] else None
         dw = d.t() @ rows if ctx.needs_input_grad[1] else None
-        db = import_kernel_module("triton_column_sums").column_sums(d) if ctx.needs_input_grad[2] else None
+        db = import_kernel_module("layers.triton_column_sums").column_sums(d) if ctx.needs_input_grad[2] else None
         return dx, dw, db
 
 

@@ -7,7 +7,7 @@ its padding ``[bN + L_b, (b+1)N)`` another (:func:`padded_offsets`), so valid qu
 exactly their valid keys, nothing is gathered or scattered, and the offsets come from
 ``lengths`` on the device (no host synchronisation). Full attention runs its ``varlen`` path
 so (``fastasr.attention.full``), and clustered attention can run its centroids' values so
-(``fastasr.kernels.ops``: ``C`` centroid queries a valid sequence, none a padding one).
+(``fastasr.kernels.clustering.ops``: ``C`` centroid queries a valid sequence, none a padding one).
 """
 
 from __future__ import annotations

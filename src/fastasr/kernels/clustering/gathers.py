@@ -3,7 +3,7 @@
 ``out[r, t] = a[r] . b[idx[r, t]]`` and its relatives, computed through the rows in
 blocks so the ``(rows, K, E)`` gathered temporary stays bounded, with custom backward
 passes that never store it. Used by the reference clustered products
-(:mod:`fastasr.kernels.reference`) and by top-k attention.
+(:mod:`fastasr.kernels.clustering.reference`) and by top-k attention.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Triton kernels: the centroid attention of improved clustered attention, forward and backward.
 
 ``centroid_attention(centroids, k, v, lengths, scale, topk)`` is the Triton twin of
-``fastasr.kernels.reference.centroid_attention`` (same arguments, same results, differentiable
+``fastasr.kernels.clustering.reference.centroid_attention`` (same arguments, same results, differentiable
 in ``centroids``, ``k`` and ``v``) for fp32/fp16/bf16 keys and values. Every centroid attends to
 every valid key of its sequence; what is returned is its output ``values = softmax(l) v``, and
 its ``topk`` largest logits ``l`` as key positions ``top_idx`` with their weights ``top_w``.
@@ -24,7 +24,7 @@ tile (``C <=`` :func:`max_centroids`) and walks its keys in blocks:
   log-sum-exp, forms ``dP = dvalues v^T`` plus the top weights' gradients at their keys and
   ``ds = P (dP - D)`` with ``D = dvalues · values + Σ top_w dtop_w`` (the softmax's row term),
   and writes the block's ``dk`` and ``dv`` (each key belongs to one program; in i-clustered's
-  one op, :mod:`fastasr.kernels.triton_improved`, with the sparse part's float32 sums added) and adds its
+  one op, :mod:`fastasr.kernels.clustering.triton_improved`, with the sparse part's float32 sums added) and adds its
   ``dcentroids`` with one atomic per centroid and feature. One launch. The top weights'
   gradients reach their keys by compares over each block's ``C × BLOCK_N`` tile, one a top key:
   a row's top keys come from the Triton top-k in increasing position, so a block's are the next
@@ -40,9 +40,9 @@ values are read through their strides, ``dk`` and ``dv`` written in their layout
 is summed with atomics over key spans, so it is reproducible to rounding, not bit for bit.
 Top keys of rows longer than ``triton_topk.MAX_N``, which the Triton top-k cannot hold, are
 chosen by ``torch.topk`` on the logits these kernels write and their weights gathered (18-22 %
-faster than the reference's products there, benchmarks/gpu_notes.md "Decisions"). More
+faster than the reference's products there, benchmarks/gpu/notes.md "Decisions"). More
 centroids than :func:`max_centroids` are not served here (:func:`applies`);
-``fastasr.kernels.ops`` sends them to the reference.
+``fastasr.kernels.clustering.ops`` sends them to the reference.
 """
 
 from __future__ import annotations
@@ -53,16 +53,16 @@ import torch
 import triton
 import triton.language as tl
 
-from fastasr.kernels import reference
 from fastasr.kernels.availability import (
     kernels_interpreted,
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.clustering import reference
+from fastasr.kernels.clustering.triton_clustered import dot_config
+from fastasr.kernels.clustering.triton_topk import MAX_N, topk_softmax
 from fastasr.kernels.grid import cdiv, next_power_of_2
 from fastasr.kernels.rows import heads_inner, new_rows, unit_stride
-from fastasr.kernels.triton_clustered import dot_config
-from fastasr.kernels.triton_topk import MAX_N, topk_softmax
 
 prepare_interpreter()
 
@@ -75,8 +75,8 @@ MAX_CENTROIDS = 256
 SPLIT_KEYS = 512
 #: Rows of fewer keys take the half-precision backward of 65-128 centroids on heads of up to 32
 #: in 4 warps, not 8 (32 keys a block either way): the centroid attention alone in 0.76 / 0.63 of
-#: 8 warps' time at N = 800 / 1,024 on the H200, 1.03 / 0.95 at 3,200 / 4,096, 1.25 at 16,384
-#: (c72e613, clustering_nvidia-h200.md "backward 32 keys × 4 warps").
+#: 8 warps' time at N = 800 / 1,024 on Hopper, 1.03 / 0.95 at 3,200 / 4,096, 1.25 at 16,384
+#: (benchmarks/results/clustering_nvidia-h200.md "backward 32 keys × 4 warps").
 SHORT_BACKWARD_BELOW = 2048
 #: The float32 logits' rows (C a sequence, N keys each) lie this many floats apart at least:
 #: ``N`` rounded up, so that every row starts 64-byte aligned whatever a batch's padded length

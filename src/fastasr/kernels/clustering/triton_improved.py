@@ -1,8 +1,8 @@
 """Triton: improved clustered attention after its clustering, one autograd op.
 
 ``improved_clustered(q, k, v, centroids, assignments, counts, lengths, scale, topk)`` is
-:func:`fastasr.kernels.triton_centroid.centroid_attention` (values, top keys and their weights)
-followed by :func:`fastasr.kernels.triton_clustered.improved_sparse` (each query's exact
+:func:`fastasr.kernels.clustering.triton_centroid.centroid_attention` (values, top keys and their weights)
+followed by :func:`fastasr.kernels.clustering.triton_clustered.improved_sparse` (each query's exact
 attention on its cluster's top keys): the same launches forward, and one backward for both.
 The sparse part's backward sums the gradients of ``dk``, ``dv`` (at the top keys), the top
 weights and the centroid values in float32, and the centroid backward takes them as they are:
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from fastasr.kernels import triton_centroid as centroid_kernels
-from fastasr.kernels import triton_clustered as sparse_kernels
-from fastasr.kernels.cluster_order import cluster_order
+from fastasr.kernels.clustering import triton_centroid as centroid_kernels
+from fastasr.kernels.clustering import triton_clustered as sparse_kernels
+from fastasr.kernels.clustering.cluster_order import cluster_order
 from fastasr.kernels.ranges import profiled_range
 from fastasr.kernels.rows import unit_stride
 

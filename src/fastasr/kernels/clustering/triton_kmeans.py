@@ -1,7 +1,7 @@
 """Triton kernel: Lloyd's K-means on packed hash codes in Hamming space.
 
 ``hamming_kmeans(codes, lengths, clusters, iterations, generator, bits=...)`` is the
-Triton twin of ``fastasr.kernels.reference.hamming_kmeans`` and returns bit-for-bit
+Triton twin of ``fastasr.kernels.clustering.reference.hamming_kmeans`` and returns bit-for-bit
 the same assignments and counts (read that module's docstring for the rules: the
 evenly spaced deterministic initialisation, ``min(C, length)`` used centroids, ties
 to the lowest centroid index, strict per-bit majority, empty clusters keep their
@@ -30,7 +30,7 @@ reads them (one 16-byte vector load a thread and row) instead of unpacking each 
 code again: on sm_90, C = 100, 64 positions x 4 warps, one pipeline stage, a sweep's tile
 compiles to 277 instructions a thread against 754 (the unpacking's shifts, masks and selects, and scalar loads
 of the codes), for 128 bytes read a position and sweep against 8: 21-30 % faster a call of
-the one launch at N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"). Split sweeps unpack the
+the one launch at N = 800-4,096 (benchmarks/gpu/notes.md "Decisions"). Split sweeps unpack the
 codes: there the scratch gained nothing.
 
 When one program owns a whole sequence (``P = 1`` span per sequence) the program reads
@@ -40,7 +40,7 @@ strict per-bit majority updates the centroids in registers, and nothing but the
 assignments and counts is ever written; a sequence whose centroids stop moving stops there,
 as the C++ kernel's does (``reference.fixed_point_iteration``: on trained models' queries half
 of the 11 sweeps for Mini LibriSpeech utterances, 79 % for 430–770-position ones,
-benchmarks/results/kmeans_convergence.md). That is the case whenever the batch has
+benchmarks/gpu/notes.md). That is the case whenever the batch has
 enough sequences (``ONE_LAUNCH_FROM``). When it has not (a few long sequences), each
 sequence is split over ``P`` programs and every iteration is two launches: the sweep,
 whose programs add their accumulators with int32 atomics (order-independent, so the
@@ -61,14 +61,14 @@ import torch
 import triton
 import triton.language as tl
 
-from fastasr.kernels import reference, triton_hashing
 from fastasr.kernels.availability import (
     kernels_interpreted,
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.clustering import reference, triton_hashing
+from fastasr.kernels.clustering.reference import MAX_BITS, initial_centroids
 from fastasr.kernels.grid import cdiv, next_power_of_2
-from fastasr.kernels.reference import MAX_BITS, initial_centroids
 
 prepare_interpreter()
 
@@ -98,7 +98,7 @@ LLOYD_OPTIONS_WIDE = {"num_warps": 8, "num_stages": 1}
 #: ms a call against 32 x 4: N = 800: 1.06-1.10 against 1.15-1.23 (128 x 8: 1.15-1.37);
 #: N = 1,024-4,096: 1.00-1.48 against 1.30-2.30. Split sweeps keep 32 x 4 (no tile beat it in both runs).
 #: Two software-pipeline stages (Triton prefetches the next tile's codes): 0.84-0.93 of one
-#: stage's time at N = 800-4,096 on the H200 (c72e613, clustering_nvidia-h200.md "auto, 2
+#: stage's time at N = 800-4,096 on Hopper (benchmarks/results/clustering_nvidia-h200.md "auto, 2
 #: stages"); split sweeps keep one (1.01 at 16,384 and 65,536).
 ONE_LAUNCH_TILES = ((64, {"num_warps": 4, "num_stages": 2}), (128, {"num_warps": 8, "num_stages": 2}))
 #: The pipeline depth of the one launch that also hashes (:data:`HASH_IN_KMEANS`): the hash's
@@ -109,8 +109,8 @@ UPDATE_BLOCK_C = 32
 #: Whether :func:`hash_kmeans` hashes the vectors inside K-means' one launch (False: the hash
 #: kernel's launch, then K-means on its codes). Inside, the hash's products move into each
 #: sequence's program (1,272 instructions a 64-position tile on sm_90, once before the sweeps'
-#: 11 × 277) and the codes' write and read, the hash's launch and its gap go (benchmarks/
-#: gpu_notes.md "The hash inside K-means"). Off until a GPU times it: ``make gpu-check`` times
+#: 11 × 277) and the codes' write and read, the hash's launch and its gap go
+#: (benchmarks/gpu/notes.md "The hash inside K-means"). Off until a GPU times it: ``make gpu-check`` times
 #: both (``bench_io.KERNEL_SWITCHES`` "hash inside K-means").
 HASH_IN_KMEANS = False
 

@@ -2,7 +2,7 @@
 
 ``gelu_dropout(x, p, seed)``: ``dropout(gelu(x))`` (exact GELU, ``x Φ(x)``), each element kept
 with probability ``1 - p`` and the kept ones scaled by ``1 / (1 - p)``; differentiable in ``x``.
-The mask is :func:`fastasr.kernels.dropout.keep_mask`'s counter-based stream, the C++ CPU
+The mask is :func:`fastasr.kernels.layers.dropout.keep_mask`'s counter-based stream, the C++ CPU
 kernel's: element ``i`` (row-major) is kept by a hash of ``(seed, i)`` alone, so the backward
 draws it again instead of reading a stored one.
 
@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from fastasr.kernels.availability import kernels_interpreted, prepare_interpreter, require_triton
-from fastasr.kernels.dropout import drop_threshold, stream_words
 from fastasr.kernels.grid import cdiv
+from fastasr.kernels.layers.dropout import drop_threshold, stream_words
 
 prepare_interpreter()
 
@@ -42,7 +42,7 @@ _INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 @triton.jit
 def _mix32(x):
-    """lowbias32 (``fastasr.kernels.dropout._mix32``) on uint32 values."""
+    """lowbias32 (``fastasr.kernels.layers.dropout._mix32``) on uint32 values."""
     x = x ^ (x >> 16)
     x = x * 0x7FEB352D
     x = x ^ (x >> 15)
@@ -53,7 +53,7 @@ def _mix32(x):
 @triton.jit
 def _kept(offs, seed_lo, seed_hi, threshold):
     """Whether elements ``offs`` are kept: the top 24 bits of the stream's hash of ``(seed, i)``
-    at least ``threshold`` (``fastasr.kernels.dropout.keep_mask``)."""
+    at least ``threshold`` (``fastasr.kernels.layers.dropout.keep_mask``)."""
     h = offs.to(tl.uint32) * 0x9E3779B9 + seed_lo.to(tl.uint32)
     h = _mix32(_mix32(h) ^ seed_hi.to(tl.uint32))
     return (h >> 8) >= threshold

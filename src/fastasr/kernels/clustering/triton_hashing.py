@@ -1,7 +1,7 @@
 """Triton kernel: random-hyperplane hashing of vectors into packed int64 codes.
 
 ``hash_codes(x, planes, lengths)`` is the Triton twin of
-``fastasr.kernels.reference.hash_codes``: bit ``b`` of the code of ``x[b, h, n]`` is
+``fastasr.kernels.clustering.reference.hash_codes``: bit ``b`` of the code of ``x[b, h, n]`` is
 ``x[b, h, n] · planes[:E, b] + planes[E, b] > 0``, bits ≤ 63 so codes are
 non-negative, and padded positions (``n >= lengths[b]``) get code 0.
 
@@ -27,8 +27,8 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
+from fastasr.kernels.clustering.reference import check_hash_inputs
 from fastasr.kernels.grid import cdiv, next_power_of_2
-from fastasr.kernels.reference import check_hash_inputs
 
 prepare_interpreter()
 

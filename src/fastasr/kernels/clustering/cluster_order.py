@@ -1,6 +1,6 @@
 """Each (batch, head)'s positions sorted by cluster, and blocks of one cluster each.
 
-What the Triton clustered products (:mod:`fastasr.kernels.triton_clustered`) run on: one
+What the Triton clustered products (:mod:`fastasr.kernels.clustering.triton_clustered`) run on: one
 stable ``argsort`` per attention call, shared by every product of the forward and the
 backward pass, and a table of blocks built on the device without a host synchronisation,
 by one Triton launch (:func:`block_table`; :func:`block_table_reference` is its PyTorch twin, for tests).

@@ -1,18 +1,11 @@
-"""PyTorch reference implementations of the clustering primitives.
+"""The PyTorch reference backend of the clustering ops: every op of
+:class:`~fastasr.kernels.clustering.backend.ClusteringBackend` (its signatures, shapes and
+conventions), and the helpers the other backends share.
 
-These are the ground truth the Triton kernels are tested against, and the
-implementation :mod:`fastasr.kernels.ops` uses for CPU tensors. They are written
+These are the ground truth the C++ and Triton kernels are tested against, and what
+:mod:`fastasr.kernels.clustering.ops` runs where no kernel does. They are written
 for clarity first and reasonable speed second (no Python loops over batch,
 heads or positions).
-
-Conventions shared by every op (``B`` batch, ``H`` heads, ``N`` positions,
-``E`` features, ``C`` clusters, ``K`` selected keys per cluster):
-
-* ``lengths`` is ``(B,)`` integer or ``None`` (all positions valid); position
-  ``n`` of sequence ``b`` is valid iff ``n < lengths[b]``.
-* A hash code is an ``int64`` holding up to 63 bits (never negative).
-* Padded positions hash to ``0``, get cluster ``-1``, are never counted, and
-  produce ``0`` in :func:`clustered_dot` / :func:`clustered_weighted_sum`.
 
 K-means in Hamming space, exactly (the kernels must reproduce this bit for bit):
 
@@ -31,7 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from fastasr.kernels.gathers import gather_dot, gather_weighted_sum
+from fastasr.kernels.clustering.backend import MAX_BITS
+from fastasr.kernels.clustering.gathers import gather_dot, gather_weighted_sum
 from fastasr.kernels.padding import key_mask, valid_positions
 
 __all__ = [
@@ -42,6 +36,7 @@ __all__ = [
     "hash_codes",
     "check_hash_inputs",
     "hamming_kmeans",
+    "hash_kmeans",
     "fixed_point_iteration",
     "clustered_dot",
     "clustered_weighted_sum",
@@ -53,9 +48,8 @@ __all__ = [
     "centroid_logits",
     "centroid_attention",
     "improved_sparse",
+    "improved_clustered",
 ]
-
-MAX_BITS = 63  # a code must fit a non-negative int64
 
 
 def popcount(x: torch.Tensor) -> torch.Tensor:
@@ -87,19 +81,8 @@ def pack_bits(bits01: torch.Tensor) -> torch.Tensor:
 def hash_codes(
     x: torch.Tensor, planes: torch.Tensor, lengths: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """Sign-random-projection hash codes.
-
-    Args:
-        x: ``(B, H, N, E)`` vectors (any float dtype; projected in float32, or
-            float64 if ``x`` is float64).
-        planes: ``(E + 1, bits)`` hyperplanes, the last row being their offsets;
-            ``1 <= bits <= 63``.
-        lengths: ``(B,)`` valid lengths or None.
-
-    Returns:
-        ``(B, H, N)`` int64: bit ``b`` is set iff ``x @ planes[:E, b] + planes[E, b] > 0``.
-        Padded positions are 0.
-    """
+    """:meth:`ClusteringBackend.hash_codes <fastasr.kernels.clustering.backend.ClusteringBackend.hash_codes>`:
+    one product with the planes, its signs packed."""
     B, H, N, E = check_hash_inputs("hash_codes", x, planes)
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     w = planes.to(device=x.device, dtype=dtype)
@@ -157,23 +140,8 @@ def hamming_kmeans(
     *,
     bits: int = MAX_BITS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lloyd's K-means on hash codes with Hamming distance (see the module docstring).
-
-    Args:
-        codes: ``(B, H, N)`` int64 codes of at most ``bits`` bits.
-        lengths: ``(B,)`` valid lengths or None.
-        clusters: number of centroids ``C >= 1``; sequences shorter than ``C`` use
-            one centroid per valid position.
-        iterations: Lloyd iterations ``>= 0``.
-        generator: unused; the initialisation is deterministic. Accepted so that
-            every backend shares one signature.
-        bits: how many low bits of each code are significant (default 63; fewer
-            bits only saves work, the result is the same when the higher bits
-            are zero).
-
-    Returns:
-        ``assignments`` ``(B, H, N)`` int64 in ``[0, C)``, ``-1`` for padded
-        positions, and ``counts`` ``(B, H, C)`` int64 members per centroid.
+    """:meth:`ClusteringBackend.hamming_kmeans <fastasr.kernels.clustering.backend.ClusteringBackend.hamming_kmeans>`
+    by the rules of the module docstring.
 
     Implementation: with bits mapped to +-1, ``popcount(a ^ c) = (bits - <a, c>) / 2``
     (exact in float32), so the nearest centroid is the largest dot product, found
@@ -200,6 +168,20 @@ def hamming_kmeans(
         2, torch.where(assignments < 0, C, assignments), torch.ones_like(assignments)
     )
     return assignments, counts[..., :C]
+
+
+def hash_kmeans(
+    x: torch.Tensor,
+    planes: torch.Tensor,
+    lengths: torch.Tensor | None,
+    clusters: int,
+    iterations: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`ClusteringBackend.hash_kmeans <fastasr.kernels.clustering.backend.ClusteringBackend.hash_kmeans>`:
+    :func:`hash_codes`, then :func:`hamming_kmeans` on the planes' bits."""
+    codes = hash_codes(x, planes, lengths)
+    return hamming_kmeans(codes, lengths, clusters, iterations, generator, bits=planes.shape[1])
 
 
 def _check_kmeans(op: str, clusters: int, iterations: int) -> None:
@@ -260,7 +242,7 @@ def fixed_point_iteration(
 
     From there every later iteration repeats it exactly, so the kernels stop (the C++ kernel
     after that iteration, the Triton one-launch kernel after that sweep) and return what all
-    ``iterations`` would. The benchmark ``kmeans_convergence.py`` counts it on a model's queries.
+    ``iterations`` would.
     """
     _check_kmeans("fixed_point_iteration", clusters, iterations)
     B, H, N = codes.shape
@@ -286,17 +268,8 @@ def _per_query_index(topk_idx: torch.Tensor, assignments: torch.Tensor) -> torch
 def clustered_dot(
     q: torch.Tensor, k: torch.Tensor, topk_idx: torch.Tensor, assignments: torch.Tensor
 ) -> torch.Tensor:
-    """Dot products of every query with the top keys of its cluster.
-
-    Args:
-        q: ``(B, H, N, E)`` queries; k: ``(B, H, N, E)`` keys.
-        topk_idx: ``(B, H, C, K)`` int64 key positions selected per cluster.
-        assignments: ``(B, H, N)`` int64 cluster of each query, ``-1`` if padded.
-
-    Returns:
-        ``(B, H, N, K)``: ``q[n] . k[topk_idx[assignments[n], t]]``; 0 for padded queries.
-        Differentiable in ``q`` and ``k``.
-    """
+    """:meth:`ClusteringBackend.clustered_dot <fastasr.kernels.clustering.backend.ClusteringBackend.clustered_dot>`:
+    each query's keys gathered (:func:`~fastasr.kernels.clustering.gathers.gather_dot`)."""
     out = gather_dot(q, k, _per_query_index(topk_idx, assignments))
     return out.masked_fill((assignments < 0)[..., None], 0)
 
@@ -304,17 +277,8 @@ def clustered_dot(
 def clustered_weighted_sum(
     w: torch.Tensor, v: torch.Tensor, topk_idx: torch.Tensor, assignments: torch.Tensor
 ) -> torch.Tensor:
-    """Weighted sum of the values at the top keys of each query's cluster.
-
-    Args:
-        w: ``(B, H, N, K)`` weights; v: ``(B, H, N, E)`` values.
-        topk_idx: ``(B, H, C, K)`` int64 key positions selected per cluster.
-        assignments: ``(B, H, N)`` int64 cluster of each query, ``-1`` if padded.
-
-    Returns:
-        ``(B, H, N, E)``: ``sum_t w[n, t] * v[topk_idx[assignments[n], t]]``; 0 for
-        padded queries. Differentiable in ``w`` and ``v``.
-    """
+    """:meth:`ClusteringBackend.clustered_weighted_sum <fastasr.kernels.clustering.backend.ClusteringBackend.clustered_weighted_sum>`:
+    each query's values gathered (:func:`~fastasr.kernels.clustering.gathers.gather_weighted_sum`)."""
     w = w.masked_fill((assignments < 0)[..., None], 0)
     return gather_weighted_sum(w, v, _per_query_index(topk_idx, assignments))
 
@@ -329,13 +293,10 @@ def gather_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
     return x.gather(2, index)
 
 
-def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor) -> torch.Tensor:
-    """Per-cluster rows ``x (B, H, C, D)`` -> per-position rows ``(B, H, N, D)``, zeros where
-    ``assignments`` is -1 (padded); differentiable in ``x`` (each cluster's gradient: the sum
-    of its members').
-
-    One gather from ``x`` with an appended zero row that the padded positions index.
-    """
+def broadcast_clusters(x: torch.Tensor, assignments: torch.Tensor, *, like: torch.Tensor | None = None) -> torch.Tensor:
+    """:meth:`ClusteringBackend.broadcast_clusters <fastasr.kernels.clustering.backend.ClusteringBackend.broadcast_clusters>`:
+    one gather from ``x`` with an appended zero row that the padded positions index; the result
+    contiguous (``like`` unused)."""
     B, H, C, D = x.shape
     padded = torch.cat([x, x.new_zeros(B, H, 1, D)], dim=2)
     slot = assignments.remainder(C + 1)  # padded (-1): C, the zero row
@@ -360,20 +321,16 @@ def cluster_sums(rows: torch.Tensor, assignments: torch.Tensor, clusters: int) -
 
 
 def cluster_means(rows: torch.Tensor, assignments: torch.Tensor, counts: torch.Tensor, clusters: int) -> torch.Tensor:
-    """Each cluster's mean of its members' rows ``(B, H, C, D)``: :func:`cluster_sums` over
-    ``max(count, 1)`` (``counts (B, H, C)``, its members; an empty cluster's mean is 0), float32
-    (float64 stays). Differentiable in ``rows`` (each position's gradient: its cluster's over
+    """:meth:`ClusteringBackend.cluster_means <fastasr.kernels.clustering.backend.ClusteringBackend.cluster_means>`:
+    :func:`cluster_sums` over ``max(count, 1)`` (each position's gradient: its cluster's over
     its count)."""
     sums = cluster_sums(rows, assignments, clusters)
     return sums / counts.clamp(min=1)[..., None].to(sums.dtype)
 
 
 def topk_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices ``(..., k)`` of the ``k`` largest entries of each row of ``scores (..., N)``.
-
-    The order of the ``k`` indices is unspecified (callers use them as a set); ties
-    between equal scores are broken arbitrarily. No autograd.
-    """
+    """:meth:`ClusteringBackend.topk_indices <fastasr.kernels.clustering.backend.ClusteringBackend.topk_indices>`:
+    ``torch.topk``, unsorted (ties broken as it breaks them)."""
     return scores.detach().topk(k, dim=-1, sorted=False).indices
 
 
@@ -405,20 +362,11 @@ def centroid_attention(
     *,
     select=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each centroid's attention over the keys, its output and its top keys.
+    """:meth:`ClusteringBackend.centroid_attention <fastasr.kernels.clustering.backend.ClusteringBackend.centroid_attention>`:
+    the ``(B, H, C, N)`` logits (:func:`centroid_logits`), their softmax, its product with ``v``.
 
-    Args:
-        centroids: ``(B, H, C, E)``; k: ``(B, H, N, E)``; v: ``(B, H, N, Ev)``;
-            lengths: ``(B,)`` or None; scale: ``1/sqrt(E)``; topk: keys to select per
-            centroid, ``0 <= topk <= N`` (0: none).
-        select: an implementation of :func:`topk_indices` (default: this module's; the
-            Triton backend passes its kernel).
-
-    Returns:
-        ``values`` ``(B, H, C, Ev)`` = ``softmax(logits) @ v`` in ``v``'s dtype (the softmax
-        in the centroids' dtype), ``top_w`` ``(B, H, C, topk)`` the softmax at the
-        ``top_idx`` ``(B, H, C, topk)`` int64 keys of the largest logits (unordered).
-        Differentiable in ``centroids``, ``k``, ``v`` (``values`` and ``top_w``).
+    ``select``: an implementation of :func:`topk_indices` (default: this module's; the
+    dispatcher passes its own, so that on CUDA the Triton top-k selects).
     """
     logits = centroid_logits(centroids, k, lengths, scale)
     weights = logits.softmax(-1)
@@ -444,33 +392,12 @@ def improved_sparse(
     dot=None,
     wsum=None,
 ) -> torch.Tensor:
-    """The per-query part of improved clustered attention (Vyas et al. 2020, eq. 9-11).
+    """:meth:`ClusteringBackend.improved_sparse <fastasr.kernels.clustering.backend.ClusteringBackend.improved_sparse>`
+    by its formula, half-precision inputs computed in float32 (``counts`` unused).
 
-    For query ``n`` of cluster ``a`` and the valid keys ``T`` among ``top_idx[a]``::
-
-        out[n] = rest[a] + mass[a] * softmax_t(scale * q_n . k_T[t]) @ v_T
-        mass[a] = sum_t top_w[a, t]          rest[a] = values[a] - sum_t top_w[a, t] v_T[t]
-
-    i.e. the centroid's output with the part of its top keys replaced by the query's own
-    attention on them, renormalised to the same mass. Keys at or beyond a sequence's
-    length are not in ``T`` (they get no weight, even when the sequence is shorter than K).
-
-    Args:
-        q, k: ``(B, H, N, E)``; v: ``(B, H, N, Ev)``.
-        values: ``(B, H, C, Ev)`` the centroid outputs ``A^c V``.
-        top_w: ``(B, H, C, K)`` the centroid weights ``A^c`` at the top keys.
-        top_idx: ``(B, H, C, K)`` int64 key positions; assignments: ``(B, H, N)`` int64,
-            ``-1`` for padded queries; lengths: ``(B,)`` or None; scale: ``1/sqrt(E)``.
-        counts: ``(B, H, C)`` members per cluster when the caller has them (K-means returns
-            them): the Triton kernels' cluster order takes them instead of counting; unused here.
-        dot, wsum: implementations of :func:`clustered_dot` and
-            :func:`clustered_weighted_sum` (default: this module's). The Triton backend
-            passes its kernels; then half-precision ``q``, ``k``, ``v`` reach them as they
-            are (the softmax, the mass and the rest are float32).
-
-    Returns:
-        ``(B, H, N, Ev)`` in ``v``'s dtype, 0 for padded queries; differentiable in ``q``,
-        ``k``, ``v``, ``values`` and ``top_w``. The reference computes half inputs in float32.
+    ``dot``, ``wsum``: implementations of :func:`clustered_dot` and
+    :func:`clustered_weighted_sum` (default: this module's). With others given, half-precision
+    ``q``, ``k``, ``v`` reach them as they are (the softmax, the mass and the rest are float32).
     """
     out_dtype = v.dtype
     if dot is None:
@@ -491,3 +418,20 @@ def improved_sparse(
     out = wsum(p.to(v.dtype), v, top_idx, assignments) + gather_clusters(rest, assignments)
     valid = valid_positions(lengths, B, N, q.device)
     return out.masked_fill(~valid[:, None, :, None], 0).to(out_dtype)
+
+
+def improved_clustered(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    centroids: torch.Tensor,
+    assignments: torch.Tensor,
+    counts: torch.Tensor | None,
+    lengths: torch.Tensor | None,
+    scale: float,
+    topk: int,
+) -> torch.Tensor:
+    """:meth:`ClusteringBackend.improved_clustered <fastasr.kernels.clustering.backend.ClusteringBackend.improved_clustered>`:
+    :func:`centroid_attention`, then :func:`improved_sparse`."""
+    values, top_w, top_idx = centroid_attention(centroids, k, v, lengths, scale, topk)
+    return improved_sparse(q, k, v, values, top_w, top_idx, assignments, lengths, scale, counts=counts)

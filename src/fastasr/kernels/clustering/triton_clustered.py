@@ -1,6 +1,6 @@
 """Triton kernels: the sparse per-cluster products of improved clustered attention.
 
-Triton twins of ``fastasr.kernels.reference.clustered_dot`` and
+Triton twins of ``fastasr.kernels.clustering.reference.clustered_dot`` and
 ``clustered_weighted_sum`` (same shapes, same values, differentiable in the same
 arguments):
 
@@ -51,7 +51,7 @@ The fused sparse kernels read ``q``, ``k``, ``v`` and the incoming gradient thro
 strides and write ``out``, ``dq``, ``dk`` and ``dv`` in the layout of their inputs
 (:mod:`fastasr.kernels.rows`): a head-split view of projections is not copied. Centroid
 grouping and the broadcast of centroid outputs to the queries are
-:mod:`fastasr.kernels.triton_broadcast`'s.
+:mod:`fastasr.kernels.clustering.triton_broadcast`'s.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ from fastasr.kernels.availability import (
     prepare_interpreter,
     require_triton,
 )
-from fastasr.kernels.cluster_order import ClusterOrder, cluster_order
+from fastasr.kernels.clustering.cluster_order import ClusterOrder, cluster_order
 from fastasr.kernels.grid import next_power_of_2
 from fastasr.kernels.rows import heads_inner, new_rows, rows_view
 

@@ -22,7 +22,7 @@ low and high 32 bits.
 
 :class:`GeluDropout` is a feed-forward's GELU and the dropout after it, one module:
 :func:`gelu_dropout`, which is ``dropout(gelu(x))`` (the same calls, so the same numbers
-and draws), or where the Triton kernels of :mod:`fastasr.kernels.triton_gelu_dropout` run it
+and draws), or where the Triton kernels of :mod:`fastasr.kernels.layers.triton_gelu_dropout` run it
 (``FASTASR_KERNELS``' rules for the op ``"gelu_dropout"``: ``auto`` on a CUDA tensor when
 :data:`TRITON_GELU_DROPOUT` is True, off until a GPU times it, ``make gpu-check``'s step table
 "Triton GELU dropout"; ``triton`` everywhere) both in one pass each way, with this module's
@@ -39,7 +39,7 @@ from torch import nn
 
 from fastasr.kernels import native
 from fastasr.kernels.availability import import_kernel_module
-from fastasr.kernels.ops import kernel_backend
+from fastasr.kernels.dispatch import kernel_backend
 
 __all__ = ["Dropout", "dropout", "keep_mask", "uses_native", "GeluDropout", "gelu_dropout", "TRITON_GELU_DROPOUT",
            "stream_words", "drop_threshold"]
@@ -130,7 +130,7 @@ def gelu_dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tens
     drawn on the host, so a graph would hold one seed and replay one mask at every step, where
     torch's dropout draws a new one each replay."""
     if training and 0.0 < p < 1.0 and kernel_backend(x, "gelu_dropout", auto_triton=TRITON_GELU_DROPOUT) == "triton":
-        kernels = import_kernel_module("triton_gelu_dropout")
+        kernels = import_kernel_module("layers.triton_gelu_dropout")
         if kernels.applies(x) and not _capturing_cuda_graph():
             return kernels.gelu_dropout(x, p, _seed())
     return dropout(F.gelu(x), p, training)
