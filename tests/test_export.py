@@ -31,7 +31,7 @@ from fastasr.deploy.export import (  # noqa: E402
     export_recogniser,
     tokens_txt,
 )
-from fastasr.onnx.recogniser import OnnxRecogniser, fbank  # noqa: E402
+from fastasr.onnx.onnx_recogniser import OnnxRecogniser, fbank  # noqa: E402
 from fastasr.recognition.recogniser import RECOGNISER_KEY  # noqa: E402
 
 
@@ -158,7 +158,7 @@ def test_the_runtime_resamples_as_training_does(tmp_path, rate):
     """A file at another rate: the runtime's resampling is training's (torchaudio's) within float
     rounding, and so are the filterbanks of the resampled audio."""
     from fastasr.data.audio import load_audio
-    from fastasr.onnx.recogniser import read_audio
+    from fastasr.onnx.onnx_recogniser import read_audio
 
     t = np.arange(int(rate * 1.5)) / rate
     audio = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * np.random.default_rng(0).standard_normal(t.shape))
@@ -188,7 +188,7 @@ def test_the_swap_prints_what_the_matrix_measured(tmp_path):
 
 
 def test_the_runtime_loads_no_torch():
-    code = ("import sys, fastasr.onnx.transcribe, fastasr.onnx.recogniser, fastasr.onnx.sherpa; "
+    code = ("import sys, fastasr.onnx.transcribe, fastasr.onnx.onnx_recogniser, fastasr.onnx.sherpa; "
             "sys.exit('torch' in sys.modules or 'lightning' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 

@@ -100,7 +100,7 @@ def test_the_command_streams_and_prints_partials(tiny_corpus, tmp_path, capsys):
     from recogniser_fixtures import save_checkpoint
 
     from fastasr.config import CONFIG_DIR
-    from fastasr.recognition.transcription import run_transcription
+    from fastasr.recognition.transcription_job import run_transcription
 
     rec = tiny_recogniser(tiny_corpus, positions="absolute", seed=1)
     save_checkpoint(rec, tmp_path / "m.ckpt", seed=1)

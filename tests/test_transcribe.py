@@ -37,10 +37,15 @@ from fastasr.decoding.long_form import (
 )
 from fastasr.model import CTCModel
 from fastasr.model.frontend import ConvSubsampling
+from fastasr.recognition.audio_decoding import Transcription
 from fastasr.recognition.loading import load_recogniser
 from fastasr.recognition.scoring import decode_manifest
-from fastasr.recognition.transcribing import Transcription
-from fastasr.recognition.transcription import resolve_inputs, run_transcription, srt_text, summary
+from fastasr.recognition.transcription_job import (
+    resolve_inputs,
+    run_transcription,
+    srt_text,
+    summary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -256,7 +261,7 @@ def test_bad_recordings_are_named_and_odd_ones_are_read(tmp_path):
 
 
 def test_subtitles_group_words_by_count_and_pause():
-    from fastasr.recognition.transcribing import Word
+    from fastasr.recognition.audio_decoding import Word
 
     words = [Word(f"w{i}", i * 0.5, i * 0.5 + 0.4) for i in range(14)] + [Word("late", 20.0, 20.5)]
     text = srt_text(words)

@@ -3,7 +3,7 @@ function and prints. Nothing in the library imports this package.
 
 =======================================  ==========================================================
 ``train.py``, ``evaluate.py``            training and scoring (at the repository's root)
-``python -m fastasr.transcribe``         transcribe audio with a checkpoint (:mod:`fastasr.recognition.transcription`)
+``python -m fastasr.transcribe``         transcribe audio with a checkpoint (:mod:`fastasr.recognition.transcription_job`)
 ``python -m fastasr.export``             a checkpoint as an ONNX folder (:func:`fastasr.deploy.export.export_recogniser`)
 ``python -m fastasr.cli.tune``           the beam search's LM weight and word score on dev (:func:`fastasr.recognition.scoring.tune_recogniser`)
 ``python -m fastasr.cli.redecode``       a finished run's final decoding again (:func:`fastasr.recognition.final_decoding.final_decoding`)

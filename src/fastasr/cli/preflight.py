@@ -92,7 +92,7 @@ class EvaluatePreflight(Callback):
 class TranscribePreflight(Callback):
     """``python -m fastasr.transcribe``'s check that ``ckpt_path`` is a file and ``audio`` is set.
     The audio inputs themselves are checked one by one as they are read: one that is missing or
-    unreadable is reported and skipped (:mod:`fastasr.recognition.transcription`)."""
+    unreadable is reported and skipped (:mod:`fastasr.recognition.transcription_job`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         audio = ("audio", "an audio file, a directory, a manifest (.jsonl), a list [a.wav,b.wav] or - (paths on stdin)",

@@ -37,7 +37,7 @@ from fastasr.quiet import quiet_known_noise
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="transcribe")
 def main(cfg: DictConfig) -> None:
-    from fastasr.recognition.transcription import run_transcription, summary  # loads torch
+    from fastasr.recognition.transcription_job import run_transcription, summary  # loads torch
 
     quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
     report = run_transcription(cfg)

@@ -59,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from fastasr.corpora.espeak import Espeak
-from fastasr.corpora.lexicon import make_sentence
+from fastasr.corpora.sentences import make_sentence
 from fastasr.corpora.marker import mark_complete, needs_build
 from fastasr.corpora.speaking import (
     PAD_S,

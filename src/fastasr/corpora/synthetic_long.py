@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastasr.corpora.espeak import Espeak
-from fastasr.corpora.lexicon import make_sentence
+from fastasr.corpora.sentences import make_sentence
 from fastasr.corpora.speaking import (
     PAD_S,
     SAMPLE_RATE,

@@ -1,6 +1,6 @@
 """``python -m fastasr.onnx.transcribe model_dir=DIR audio=PATH [key=value ...]``: transcribe audio with
 an exported recogniser (``python -m fastasr.export``), without PyTorch: this module and what it
-imports load no torch (:mod:`fastasr.onnx.recogniser`). The command lives in the runtime's package,
+imports load no torch (:mod:`fastasr.onnx.onnx_recogniser`). The command lives in the runtime's package,
 not in :mod:`fastasr.cli`, so that the runtime is whole without the rest of fastasr's commands.
 
 Keys (docs/DEPLOY.md):
@@ -33,7 +33,7 @@ import soundfile as sf
 from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.decoding.transcript_formats import ctm_lines, srt_text
 from fastasr.decoding.windows import LongFormConfig
-from fastasr.onnx.recogniser import OnnxRecogniser
+from fastasr.onnx.onnx_recogniser import OnnxRecogniser
 
 DEFAULTS = {"model_dir": None, "audio": None, "int8": "false", "out": None, "ctm": "false", "srt": "false",
             "mode": "auto", "window_s": "10", "overlap_s": "4", "batch_size": "8", "threads": None,

@@ -1,4 +1,5 @@
-"""An exported recogniser (:mod:`fastasr.deploy.export`'s folder) run by onnxruntime, without PyTorch.
+"""The ONNX recogniser: an exported recogniser (:mod:`fastasr.deploy.export`'s folder) run by
+onnxruntime, without PyTorch (the PyTorch one is :mod:`fastasr.recognition.recogniser`).
 
 :class:`OnnxRecogniser` reads the folder: ``model.onnx`` (or ``model.int8.onnx``), the units
 and feature settings of ``recogniser.json``, and the lexicon it carries. It computes the
