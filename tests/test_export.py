@@ -220,15 +220,15 @@ def test_sherpa_onnx_decodes_the_same_units(tiny_corpus, tmp_path, recordings, k
 
 
 def test_the_commands_export_and_transcribe(tiny_corpus, tmp_path, recordings):
-    """python -m fastasr.export writes the folder beside the checkpoint's run and says what it
-    exported; python -m fastasr.onnx.transcribe prints path<TAB>text and writes the JSON lines, CTM
+    """fastasr-export writes the folder beside the checkpoint's run and says what it
+    exported; fastasr-onnx-transcribe prints path<TAB>text and writes the JSON lines, CTM
     and SRT; a missing checkpoint or an unknown key is one line and exit status 2."""
     recogniser = tiny_recogniser(tiny_corpus, attention="i-clustered-4")
     ckpt = tmp_path / "run" / "checkpoints" / "best.ckpt"
     ckpt.parent.mkdir(parents=True)
     torch.save({RECOGNISER_KEY: recogniser.to_dict(),
                 "state_dict": {f"model.{k}": v for k, v in recogniser.model.state_dict().items()}}, ckpt)
-    done = subprocess.run([sys.executable, "-m", "fastasr.export", f"ckpt_path={ckpt}", "int8=false"],
+    done = subprocess.run([sys.executable, "-m", "fastasr.cli.export", f"ckpt_path={ckpt}", "int8=false"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     out = tmp_path / "run" / "export"
@@ -248,7 +248,7 @@ def test_the_commands_export_and_transcribe(tiny_corpus, tmp_path, recordings):
     expected = recogniser.transcribe(str(recordings[0]), decoding={**recogniser.decoding_spec("beam_lm"),
                                                                     "beam_size": 20})[0]
     assert beam.stdout == f"{recordings[0]}\t{expected.text}\n"
-    refused = subprocess.run([sys.executable, "-m", "fastasr.export", f"ckpt_path={tmp_path / 'none.ckpt'}"],
+    refused = subprocess.run([sys.executable, "-m", "fastasr.cli.export", f"ckpt_path={tmp_path / 'none.ckpt'}"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "no such checkpoint file" in refused.stderr
     refused = subprocess.run([sys.executable, "-m", "fastasr.onnx.transcribe", f"model_dir={out}", "audio=x.wav", "beam=5"],

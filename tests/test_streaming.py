@@ -92,7 +92,7 @@ def test_chunk_context_in_seconds(tiny_corpus):
 
 
 def test_the_command_streams_and_prints_partials(tiny_corpus, tmp_path, capsys):
-    """``python -m fastasr.transcribe ... stream=true chunk=0.32``: partial lines on stderr, the final
+    """``fastasr-transcribe ... stream=true chunk=0.32``: partial lines on stderr, the final
     words on stdout equal to the chunked decoding's, a missing file reported, the context in the report."""
     import io
 

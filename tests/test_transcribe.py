@@ -1,4 +1,4 @@
-"""Transcription: ``Recogniser.transcribe`` and ``python -m fastasr.transcribe`` — inputs (files,
+"""Transcription: ``Recogniser.transcribe`` and ``fastasr-transcribe`` — inputs (files,
 directories, manifests without text, stdin, waveforms), word times, long recordings in one pass
 or in windows, and bad input named and survived."""
 
@@ -392,7 +392,7 @@ def test_the_command_refuses_a_missing_checkpoint_or_no_audio_before_its_run_dir
         ((f"ckpt_path={ckpt}", "audio=[]"), "audio is not set"),
     ]
     for args, message in cases:
-        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "fastasr.transcribe", *args,
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "fastasr.cli.transcribe", *args,
                                f"paths.output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and f"transcribe: {message}" in done.stderr, done.stderr[-2000:]
         assert "Traceback" not in done.stderr and done.stdout == ""
@@ -406,7 +406,7 @@ def test_the_command_line_reads_stdin_and_fails_only_when_nothing_is_transcribed
     (tmp_path / "bad.wav").write_text("not audio")
 
     def run(audio: str, stdin: str, name: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "fastasr.transcribe", f"ckpt_path={trained}", f"audio={audio}",
+        return subprocess.run([sys.executable, "-m", "fastasr.cli.transcribe", f"ckpt_path={trained}", f"audio={audio}",
                                "device=cpu", f"hydra.run.dir={tmp_path / name}"],
                               input=stdin, capture_output=True, text=True, timeout=300, cwd=tmp_path)
 

@@ -1,11 +1,11 @@
 """Transcribe audio with a trained checkpoint.
 
-Usage::
+Usage (``python -m fastasr.cli.transcribe`` and ``python -m fastasr.transcribe`` run the same)::
 
-    python -m fastasr.transcribe ckpt_path=CKPT audio=PATH [overrides]
-    python -m fastasr.transcribe ckpt_path=CKPT audio=recordings/ decoding=beam_lm attention=auto
-    python -m fastasr.transcribe ckpt_path=CKPT audio='[a.wav,b.flac]' output.srt=true output.ctm=true
-    find /data -name '*.wav' | python -m fastasr.transcribe ckpt_path=CKPT audio=-
+    fastasr-transcribe ckpt_path=CKPT audio=PATH [overrides]
+    fastasr-transcribe ckpt_path=CKPT audio=recordings/ decoding=beam_lm attention=auto
+    fastasr-transcribe ckpt_path=CKPT audio='[a.wav,b.flac]' output.srt=true output.ctm=true
+    find /data -name '*.wav' | fastasr-transcribe ckpt_path=CKPT audio=-
 
 ``audio`` is a file, a directory (searched recursively for audio files by extension:
 ``fastasr.data.recordings.AUDIO_EXTENSIONS``), a manifest (``.jsonl``/``.json``: ``audio_filepath``

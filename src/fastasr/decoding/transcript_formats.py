@@ -1,6 +1,6 @@
 """A transcription and its files, without PyTorch: :class:`Transcription` with its timed
 :class:`Word` s (one JSON line each), SubRip subtitles (:func:`srt_text`) and NIST CTM
-(:func:`ctm_lines`). ``python -m fastasr.transcribe`` (``Recogniser.transcribe``) and the ONNX
+(:func:`ctm_lines`). ``fastasr-transcribe`` (``Recogniser.transcribe``) and the ONNX
 runtime (:mod:`fastasr.onnx`) give the same objects and write the same files."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Word:
 @dataclass
 class Transcription:
     """What ``Recogniser.transcribe`` and the ONNX runtime's ``OnnxRecogniser.transcribe`` give for
-    one input (and ``python -m fastasr.transcribe`` / ``python -m fastasr.onnx.transcribe`` write
+    one input (and ``fastasr-transcribe`` / ``fastasr-onnx-transcribe`` write
     as one JSON line).
 
     Attributes:

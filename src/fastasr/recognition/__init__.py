@@ -7,7 +7,7 @@ timed words), :mod:`~fastasr.recognition.bundle_format`
 (the entry's layout, its version and checks), :mod:`~fastasr.recognition.checkpoint_averaging` (averaged
 weights), :mod:`~fastasr.recognition.scoring` (a labelled manifest's error rates, the LM-weight
 search), :mod:`~fastasr.recognition.evaluation` (what evaluate.py runs),
-:mod:`~fastasr.recognition.transcription_job` (what ``python -m fastasr.transcribe`` runs),
+:mod:`~fastasr.recognition.transcription_job` (what ``fastasr-transcribe`` runs),
 :mod:`~fastasr.recognition.final_decoding` (training's final decoding: the test split with real
 words). Imports ``data``, ``model``, ``lm``, ``decoding`` and the shared modules; never ``training``.
 """

@@ -25,7 +25,7 @@ buffers of the model, so they are in the checkpoint's weights and nowhere else.
   to replace it.
 * :meth:`Recogniser.transcribe` turns audio files or waveforms (no reference needed, any length,
   any rate, any channel count) into ``Transcription`` s with timed ``Word`` s
-  (:mod:`fastasr.recognition.audio_decoding`): the API of ``python -m fastasr.transcribe``
+  (:mod:`fastasr.recognition.audio_decoding`): the API of ``fastasr-transcribe``
   (``fastasr.recognition.transcription_job``, docs/TRANSCRIBE.md).
   :meth:`Recogniser.decoder` picks the decoder (greedy, beam, beam + LM).
 
@@ -338,7 +338,7 @@ class Recogniser:
                         num_workers: int = 0, progress: bool = False, on_bad_audio: str = "skip",
                         seed: int | None = None) -> Iterator[Transcription]:
         """:meth:`transcribe`, yielding each :class:`Transcription` as soon as its batch is decoded
-        (in input order): what ``python -m fastasr.transcribe`` prints and writes as it goes."""
+        (in input order): what ``fastasr-transcribe`` prints and writes as it goes."""
         return iter_transcriptions(self, audio, batch_size, sample_rate=sample_rate, decoding=decoding,
                                    long_form=long_form, device=device, num_workers=num_workers, progress=progress,
                                    on_bad_audio=on_bad_audio, seed=seed)

@@ -1,4 +1,4 @@
-"""The transcription job: what the transcribe command runs (:func:`run_transcription`) around the
+"""The transcription job: what ``fastasr-transcribe`` runs (:func:`run_transcription`) around the
 recogniser's loop (:mod:`fastasr.recognition.audio_decoding`): its inputs (:func:`resolve_inputs`),
 its output files and its closing lines (:func:`summary`); the output formats are
 :mod:`fastasr.decoding.transcript_formats`'. The command's usage is in :mod:`fastasr.cli.transcribe`.
