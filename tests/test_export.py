@@ -173,7 +173,9 @@ def test_the_runtime_resamples_as_training_does(tmp_path, rate):
 
 
 def test_the_swap_prints_what_the_matrix_measured(tmp_path):
-    from fastasr.deploy.export import swap_costs
+    """The lines come from the costs the package ships (``swap_costs.json``, no docs read) or
+    those passed in, :func:`matrix_swap_costs` of a results folder."""
+    from fastasr.deploy.export import matrix_swap_costs, swap_costs
 
     (tmp_path / "matrix-a").mkdir()
     (tmp_path / "matrix-a" / "matrix.csv").write_text(
@@ -181,10 +183,21 @@ def test_the_swap_prints_what_the_matrix_measured(tmp_path):
         "clustered-100,full,failed,,,\n")
     (tmp_path / "matrix-b").mkdir()
     (tmp_path / "matrix-b" / "matrix.csv").write_text("train,eval,status,per,cer,wer\nfull,full,ok,20,,70\n")
-    assert swap_costs("i-clustered-100", tmp_path) == [
+    costs = matrix_swap_costs(tmp_path)
+    assert swap_costs("i-clustered-100", costs) == [
         "matrix-a: PER 25.00 with i-clustered-100, 26.50 with full (+1.50 points)"]
-    assert swap_costs("clustered-100", tmp_path) == []  # no usable cell: nothing claimed
-    assert any(line.startswith("matrix-long: PER") for line in swap_costs("i-clustered-100"))  # the committed ones
+    assert swap_costs("clustered-100", costs) == []  # no usable cell: nothing claimed
+    assert any(line.startswith("matrix-long: PER") for line in swap_costs("i-clustered-100"))  # the shipped ones
+
+
+def test_the_shipped_swap_costs_are_the_committed_matrices():
+    """``fastasr/deploy/swap_costs.json`` is what ``docs/results/*/matrix.csv`` hold: a matrix
+    result committed without regenerating it fails here."""
+    from fastasr.config import PROJECT_ROOT
+    from fastasr.deploy.export import SWAP_COSTS_FILE, matrix_swap_costs
+
+    assert json.loads(SWAP_COSTS_FILE.read_text()) == matrix_swap_costs(PROJECT_ROOT / "docs" / "results"), (
+        "regenerate: python -c \"from fastasr.deploy.export import write_swap_costs; write_swap_costs('docs/results')\"")
 
 
 def test_the_runtime_loads_no_torch():

@@ -151,6 +151,18 @@ def test_a_command_outside_cli_is_caught(tmp_path):
     assert not is_command(tool)
 
 
+def test_no_library_code_reads_the_docs_folder():
+    """A non-editable install has no ``docs/``: no module builds a path into it (``"docs"`` as a
+    path part, or ``"docs/results..."``, in code; a message may name a page for the reader)."""
+    readers = []
+    for path in sorted((SRC / "fastasr").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    node.value == "docs" or node.value.startswith("docs/results")):
+                readers.append(f"{module_name(path, SRC)}:{node.lineno}")
+    assert readers == []
+
+
 def test_a_forbidden_import_is_caught(tmp_path):
     """The check fails when a forbidden import is added: an lm module importing decoding (a
     higher layer), and a model module importing data (a NEVER pair)."""

@@ -73,7 +73,7 @@ SRT_PAUSE_SECONDS = 1.0  # a pause this long between two words starts a new subt
 
 def _timestamp(seconds: float) -> str:
     ms = int(round(seconds * 1000))
-    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d},{ms % 1000:03d}"
+    return f"{ms // 3_600_000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d},{ms % 1000:03d}"
 
 
 def srt_text(words: Iterable[Any]) -> str:
