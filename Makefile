@@ -3,6 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# the console scripts of pyproject.toml [project.scripts], installed into the venv by make install
+BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CORPUS := data/synthetic/.complete
 # The C++ CPU attention kernels (src/fastasr/kernels/csrc); NATIVE=0 installs without them
@@ -37,24 +39,24 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(NATIVE_LIB): $(STAMP) $(NATIVE_SRC)
-	@$(PY) -m fastasr.kernels.native build || { echo "error: the C++ CPU attention kernels did not build (compiler output above). 'make install NATIVE=0' installs without them; CPU attention then runs the PyTorch reference." >&2; exit 1; }
+	@$(BIN)/fastasr-kernels build || { echo "error: the C++ CPU attention kernels did not build (compiler output above). 'make install NATIVE=0' installs without them; CPU attention then runs the PyTorch reference." >&2; exit 1; }
 
-install: $(KERNELS)  ## create .venv, install fastasr with its dev and slurm extras, build the C++ CPU kernels
+install: $(KERNELS)  ## create .venv, install fastasr (its console scripts fastasr-* into .venv/bin) with its dev, slurm and deploy extras, build the C++ CPU kernels
 
 native: $(NATIVE_LIB)  ## (re)build the C++ CPU attention kernels after editing src/fastasr/kernels/csrc
 
 $(CORPUS): $(KERNELS)
-	$(PY) -m fastasr.corpora.synthetic --out data/synthetic
+	$(BIN)/fastasr-corpus synthetic --out data/synthetic
 
 data: $(CORPUS)  ## synthesise the built-in espeak-ng corpus under data/synthetic (offline)
 
 features: $(CORPUS)  ## filterbank caches of the config's manifests under data/feature_cache; overrides as train: make features ARGS="features=fbank80"
-	$(PY) -m fastasr.cli.features $(ARGS)
+	$(BIN)/fastasr-features $(ARGS)
 
 LM := data/synthetic/lm/words-3gram.arpa
 
 $(LM): $(CORPUS)
-	$(PY) -m fastasr.cli.lm build --manifest data/synthetic/train.jsonl --order 3 --out $(LM) --dev data/synthetic/dev.jsonl
+	$(BIN)/fastasr-lm build --manifest data/synthetic/train.jsonl --order 3 --out $(LM) --dev data/synthetic/dev.jsonl
 
 lm: $(LM)  ## word 3-gram LM (ARPA, modified Kneser-Ney) of the built-in corpus's training transcripts (seconds)
 
@@ -80,16 +82,16 @@ gpu-check:  ## on a GPU machine, with its own Python (torch, triton, lightning; 
 	PYTHON=$(PYTHON) bash benchmarks/gpu_check.sh
 
 calibrate-auto: $(KERNELS)  ## measure this machine's full/i-clustered crossovers into conf/attention/auto.yaml
-	$(PY) -m fastasr.cli.calibrate $(ARGS)
+	$(BIN)/fastasr-calibrate $(ARGS)
 
 matrix: $(CORPUS)  ## train-with-X / decode-with-Y table (conf/cross_eval.yaml)
-	$(PY) -m fastasr.cross_eval $(ARGS)
+	$(BIN)/fastasr-matrix $(ARGS)
 
 .PHONY: data-long budget
 LONG_CORPUS := data/synthetic_long/.complete
 
 $(LONG_CORPUS): $(KERNELS)
-	$(PY) -m fastasr.corpora.synthetic --out data/synthetic_long --min-seconds 10 --max-seconds 40 --train 600 --dev 60 --test 60
+	$(BIN)/fastasr-corpus synthetic --out data/synthetic_long --min-seconds 10 --max-seconds 40 --train 600 --dev 60 --test 60
 
 data-long: $(LONG_CORPUS)  ## synthesise the long-utterance corpus (10-40 s, 600/60/60, 3.6 h of training audio) under data/synthetic_long (offline)
 
@@ -105,15 +107,15 @@ base-model: $(KERNELS)  ## the base model to fine-tune from: Mini LibriSpeech (S
 JOINED_CORPUS := data/synthetic_joined/.complete
 
 $(JOINED_CORPUS): $(CORPUS)
-	$(PY) -m fastasr.corpora.join data/synthetic/train.jsonl data/synthetic_joined --count 150 --min-seconds 10 --max-seconds 30
+	$(BIN)/fastasr-corpus join data/synthetic/train.jsonl data/synthetic_joined --count 150 --min-seconds 10 --max-seconds 30
 
 data-joined: $(JOINED_CORPUS)  ## the built-in training set plus 150 utterances of 10-30 s (~0.9 h) joined across voices (data=synthetic_joined, docs/TRANSCRIBE.md)
 
 budget: $(LONG_CORPUS)  ## dev PER for a wall-clock budget, against training and forward time (Figure 1; conf/budget.yaml, docs/BUDGET.md)
-	$(PY) -m fastasr.cli.budget $(ARGS)
+	$(BIN)/fastasr-budget $(ARGS)
 
 report: $(KERNELS)  ## static HTML report of a run or matrix dir: make report DIR=outputs/...
-	$(PY) -m fastasr.cli.report $(DIR)
+	$(BIN)/fastasr-report $(DIR)
 
 clean:  ## remove the venv, generated data and outputs
 	rm -rf $(VENV) data/synthetic data/feature_cache outputs multirun .pytest_cache src/fastasr/kernels/_build

@@ -46,7 +46,7 @@ from fastasr.data.features import Fbank  # noqa: E402
 from fastasr.data.manifest import read_manifest  # noqa: E402
 from fastasr.decoding.windows import LongFormConfig  # noqa: E402
 from fastasr.deploy.export import export_recogniser  # noqa: E402
-from fastasr.onnx.recogniser import OnnxRecogniser, fbank  # noqa: E402
+from fastasr.onnx.onnx_recogniser import OnnxRecogniser, fbank  # noqa: E402
 from fastasr.recognition.loading import load_recogniser  # noqa: E402
 
 

@@ -108,7 +108,7 @@ save_out() {  # the device tool brings back what is under $OUT, also from a call
 }
 
 train_builtin() {
-  "$PY" -m fastasr.corpora.synthetic --out data/synthetic --workers "$(nproc)" || return 1
+  "$PY" -m fastasr.cli.corpus synthetic --out data/synthetic --workers "$(nproc)" || return 1
   "$PY" -m fastasr.cli.lm build --manifest data/synthetic/train.jsonl --order 3 \
     --out data/synthetic/lm/words-3gram.arpa --dev data/synthetic/dev.jsonl || return 1
   rm -rf "$RUN"
@@ -125,7 +125,7 @@ FSDD_MINUTES=${GPU_CHECK_FSDD_MINUTES:-4}
 # 57 MB wheel, which with FSDD's 27 MB would pass the device's 64 MiB carry, and FSDD's
 # vocabulary is its ten digit words.
 train_fsdd() {
-  "$PY" -m fastasr.corpora.digits "$FSDD_SRC" data/fsdd_speakers --split speakers || return 1
+  "$PY" -m fastasr.cli.corpus digits "$FSDD_SRC" data/fsdd_speakers --split speakers || return 1
   rm -rf "$FSDD_RUN"
   "$PY" train.py data=manifest tokenizer=char data.train_manifest=data/fsdd_speakers/train.jsonl \
     data.dev_manifest=data/fsdd_speakers/dev.jsonl data.test_manifest=data/fsdd_speakers/test.jsonl \
@@ -144,7 +144,7 @@ TABLE2_DIR=outputs/budget/table2-frames-gpu
 # Table 2 on the GPU: the long corpus as `make data-long` builds it, then the budget study's
 # table2_frames members for TABLE2_SECONDS each in bf16, from scratch
 table2_gpu() {
-  [ -f data/synthetic_long/.complete ] || "$PY" -m fastasr.corpora.synthetic --out data/synthetic_long \
+  [ -f data/synthetic_long/.complete ] || "$PY" -m fastasr.cli.corpus synthetic --out data/synthetic_long \
     --min-seconds 10 --max-seconds 40 --train 600 --dev 60 --test 60 --workers "$(nproc)" || return 1
   rm -rf "$TABLE2_DIR"
   "$PY" -m fastasr.cli.budget budget=table2_frames budget.name=table2-frames-gpu budget.wandb=disabled \
@@ -168,7 +168,7 @@ fi
 SUMMARY=$RESULTS/gpu_check_$SLUG$PART.md
 [ "$TRAIN" = 0 ] || step "make train (3 min of training, test, beam + LM)" 300 bash -c train_builtin
 if [ "$KERNEL_STEPS" != 0 ]; then
-  step "Triton compile check (sm_90)" 60 "$PY" -m fastasr.kernels.compile_check --jobs "$CORES" --loops
+  step "Triton compile check (sm_90)" 60 "$PY" -m fastasr.cli.kernels compile-check --jobs "$CORES" --loops
   step "tests compiled on CUDA" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
     tests/test_kernels_triton.py tests/test_attention_padding.py
   step "tests that need a GPU (pytest -m cuda)" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider \

@@ -64,7 +64,7 @@ def test_calibration_writes_both_crossovers_and_keeps_the_comments(tmp_path):
     cfg = OmegaConf.load(yaml)
     assert {cfg.crossover, cfg.crossover_no_grad} <= {16, 32, 33}
     text = yaml.read_text()
-    assert text.count("# calibrated:") == 1 and "fastasr.cli.calibrate" in text
+    assert text.count("# calibrated:") == 1 and "fastasr-calibrate" in text
     kept = [line for line in original.splitlines() if not line.startswith(("# calibrated", "crossover"))]
     assert all(line in text for line in kept)
     assert build_attention(cfg).spec == f"auto-{cfg.crossover}"

@@ -1,4 +1,4 @@
-"""``python -m fastasr.cli.redecode RUN_DIR [KEY=VALUE ...]``: a finished run's final decoding again."""
+"""``fastasr-redecode RUN_DIR [KEY=VALUE ...]``: a finished run's final decoding again."""
 
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ import pytest
 import soundfile as sf
 from corpus_fixtures import tone, write_wav
 
-from fastasr.corpora.shape_audio import plan_long
-from fastasr.corpora.shape_short import plan_segments
-from fastasr.corpora.shape_subsets import proportional_order, top_speakers
 from fastasr.corpora.shapes import build_shape, main
+from fastasr.corpora.shapes.audio import plan_long
+from fastasr.corpora.shapes.short import plan_segments
+from fastasr.corpora.shapes.subsets import proportional_order, top_speakers
 from fastasr.data.manifest import read_manifest, write_manifest
 
 RATE = 16000
@@ -316,7 +316,7 @@ def char_checkpoint(tmp_path) -> Path:
 
 
 def test_align_words_finds_the_words_of_stub_emissions():
-    from fastasr.corpora.shape_short import align_words
+    from fastasr.corpora.shapes.short import align_words
     from fastasr.data.manifest import Utterance
     from fastasr.data.tokenizer import Tokenizer
 
@@ -367,7 +367,7 @@ def test_short_shape_cuts_mid_gap_with_the_checkpoint_frame_period(tmp_path, cha
 
 
 def test_word_spans_on_a_tiny_checkpoint_s_own_emissions(tmp_path, char_checkpoint):
-    from fastasr.corpora.shape_short import word_spans
+    from fastasr.corpora.shapes.short import word_spans
     from fastasr.recognition.loading import load_recogniser
 
     rec = load_recogniser(char_checkpoint)

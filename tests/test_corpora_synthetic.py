@@ -8,17 +8,17 @@ import re
 import pytest
 import soundfile as sf
 
-from fastasr.corpora import lexicon, speaking, synthetic
+from fastasr.corpora import sentences, speaking, synthetic
 from fastasr.corpora.espeak import Espeak, normalize_phoneme
 from fastasr.corpora.marker import MARKER
 from fastasr.data.manifest import read_manifest
 
 
 def test_lexicon_has_at_least_1000_plain_words():
-    words = lexicon.vocabulary()
+    words = sentences.vocabulary()
     assert len(words) >= 1000
     assert all(re.fullmatch(r"[a-z]+", w) for w in words)
-    lex = lexicon.load_lexicon()
+    lex = sentences.load_lexicon()
     assert {"det", "noun", "verb", "adj"} <= set(lex)
 
 

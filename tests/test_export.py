@@ -31,7 +31,7 @@ from fastasr.deploy.export import (  # noqa: E402
     export_recogniser,
     tokens_txt,
 )
-from fastasr.onnx.recogniser import OnnxRecogniser, fbank  # noqa: E402
+from fastasr.onnx.onnx_recogniser import OnnxRecogniser, fbank  # noqa: E402
 from fastasr.recognition.recogniser import RECOGNISER_KEY  # noqa: E402
 
 
@@ -158,7 +158,7 @@ def test_the_runtime_resamples_as_training_does(tmp_path, rate):
     """A file at another rate: the runtime's resampling is training's (torchaudio's) within float
     rounding, and so are the filterbanks of the resampled audio."""
     from fastasr.data.audio import load_audio
-    from fastasr.onnx.recogniser import read_audio
+    from fastasr.onnx.onnx_recogniser import read_audio
 
     t = np.arange(int(rate * 1.5)) / rate
     audio = (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * np.random.default_rng(0).standard_normal(t.shape))
@@ -173,7 +173,9 @@ def test_the_runtime_resamples_as_training_does(tmp_path, rate):
 
 
 def test_the_swap_prints_what_the_matrix_measured(tmp_path):
-    from fastasr.deploy.export import swap_costs
+    """The lines come from the costs the package ships (``swap_costs.json``, no docs read) or
+    those passed in, :func:`matrix_swap_costs` of a results folder."""
+    from fastasr.deploy.export import matrix_swap_costs, swap_costs
 
     (tmp_path / "matrix-a").mkdir()
     (tmp_path / "matrix-a" / "matrix.csv").write_text(
@@ -181,14 +183,25 @@ def test_the_swap_prints_what_the_matrix_measured(tmp_path):
         "clustered-100,full,failed,,,\n")
     (tmp_path / "matrix-b").mkdir()
     (tmp_path / "matrix-b" / "matrix.csv").write_text("train,eval,status,per,cer,wer\nfull,full,ok,20,,70\n")
-    assert swap_costs("i-clustered-100", tmp_path) == [
+    costs = matrix_swap_costs(tmp_path)
+    assert swap_costs("i-clustered-100", costs) == [
         "matrix-a: PER 25.00 with i-clustered-100, 26.50 with full (+1.50 points)"]
-    assert swap_costs("clustered-100", tmp_path) == []  # no usable cell: nothing claimed
-    assert any(line.startswith("matrix-long: PER") for line in swap_costs("i-clustered-100"))  # the committed ones
+    assert swap_costs("clustered-100", costs) == []  # no usable cell: nothing claimed
+    assert any(line.startswith("matrix-long: PER") for line in swap_costs("i-clustered-100"))  # the shipped ones
+
+
+def test_the_shipped_swap_costs_are_the_committed_matrices():
+    """``fastasr/deploy/swap_costs.json`` is what ``docs/results/*/matrix.csv`` hold: a matrix
+    result committed without regenerating it fails here."""
+    from fastasr.config import PROJECT_ROOT
+    from fastasr.deploy.export import SWAP_COSTS_FILE, matrix_swap_costs
+
+    assert json.loads(SWAP_COSTS_FILE.read_text()) == matrix_swap_costs(PROJECT_ROOT / "docs" / "results"), (
+        "regenerate: python -c \"from fastasr.deploy.export import write_swap_costs; write_swap_costs('docs/results')\"")
 
 
 def test_the_runtime_loads_no_torch():
-    code = ("import sys, fastasr.onnx.transcribe, fastasr.onnx.recogniser, fastasr.onnx.sherpa; "
+    code = ("import sys, fastasr.onnx.transcribe, fastasr.onnx.onnx_recogniser, fastasr.onnx.sherpa; "
             "sys.exit('torch' in sys.modules or 'lightning' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
@@ -220,15 +233,15 @@ def test_sherpa_onnx_decodes_the_same_units(tiny_corpus, tmp_path, recordings, k
 
 
 def test_the_commands_export_and_transcribe(tiny_corpus, tmp_path, recordings):
-    """python -m fastasr.export writes the folder beside the checkpoint's run and says what it
-    exported; python -m fastasr.onnx.transcribe prints path<TAB>text and writes the JSON lines, CTM
+    """fastasr-export writes the folder beside the checkpoint's run and says what it
+    exported; fastasr-onnx-transcribe prints path<TAB>text and writes the JSON lines, CTM
     and SRT; a missing checkpoint or an unknown key is one line and exit status 2."""
     recogniser = tiny_recogniser(tiny_corpus, attention="i-clustered-4")
     ckpt = tmp_path / "run" / "checkpoints" / "best.ckpt"
     ckpt.parent.mkdir(parents=True)
     torch.save({RECOGNISER_KEY: recogniser.to_dict(),
                 "state_dict": {f"model.{k}": v for k, v in recogniser.model.state_dict().items()}}, ckpt)
-    done = subprocess.run([sys.executable, "-m", "fastasr.export", f"ckpt_path={ckpt}", "int8=false"],
+    done = subprocess.run([sys.executable, "-m", "fastasr.cli.export", f"ckpt_path={ckpt}", "int8=false"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     out = tmp_path / "run" / "export"
@@ -248,7 +261,7 @@ def test_the_commands_export_and_transcribe(tiny_corpus, tmp_path, recordings):
     expected = recogniser.transcribe(str(recordings[0]), decoding={**recogniser.decoding_spec("beam_lm"),
                                                                     "beam_size": 20})[0]
     assert beam.stdout == f"{recordings[0]}\t{expected.text}\n"
-    refused = subprocess.run([sys.executable, "-m", "fastasr.export", f"ckpt_path={tmp_path / 'none.ckpt'}"],
+    refused = subprocess.run([sys.executable, "-m", "fastasr.cli.export", f"ckpt_path={tmp_path / 'none.ckpt'}"],
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "no such checkpoint file" in refused.stderr
     refused = subprocess.run([sys.executable, "-m", "fastasr.onnx.transcribe", f"model_dir={out}", "audio=x.wav", "beam=5"],

@@ -33,7 +33,7 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
     proc = subprocess.run(
-        [sys.executable, "-m", "fastasr.kernels.compile_check", "--arch", "90", "--loops"],
+        [sys.executable, "-m", "fastasr.cli.kernels", "compile-check", "--arch", "90", "--loops"],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -418,7 +418,7 @@ echo "$*" >> "$FAKE_LOG"
 case "$*" in
   *get_device_name*) echo "Fake GPU 80GB" ;;
   *git_commit*) echo abc1234 ;;
-  *compile_check*) echo "$BENCH_DEADLINE $(date +%s)" > "$FAKE_LOG.deadline"; sleep "$FAKE_COMPILE_S" ;;
+  *compile-check*) echo "$BENCH_DEADLINE $(date +%s)" > "$FAKE_LOG.deadline"; sleep "$FAKE_COMPILE_S" ;;
   *fastasr.cli.budget*) mkdir -p outputs/budget/table2-frames-gpu && echo "| member |" > outputs/budget/table2-frames-gpu/budget.md ;;
 esac
 exit 0
@@ -468,7 +468,7 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert summary.count("skipped: the 41 s budget is spent") == 8 and "budget 41 s" in summary
     assert "| FSDD speaker-disjoint | skipped: no data/fsdd_src/recordings" in summary
     calls = "\n".join(calls)
-    assert "compile_check --jobs" in calls and "pytest" not in calls and "clustering_gpu" not in calls
+    assert "compile-check --jobs" in calls and "pytest" not in calls and "clustering_gpu" not in calls
     env.update(GPU_CHECK_BUDGET_S="480", FAKE_COMPILE_S="0")
     calls, _ = gpu_check()
     pytest_call = next(c for c in calls if c.startswith("-m pytest"))
@@ -483,8 +483,8 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     (tmp_path / "data" / "fsdd_src" / "recordings").mkdir(parents=True)
     env.update(GPU_CHECK_KERNELS="0", GPU_CHECK_FSDD_MINUTES="3")
     calls, summary = gpu_check("fsdd")
-    assert not any(c.startswith(("benchmarks/", "-m pytest", "-m fastasr.kernels")) for c in calls), calls
-    assert "-m fastasr.corpora.digits data/fsdd_src data/fsdd_speakers --split speakers" in calls
+    assert not any(c.startswith(("benchmarks/", "-m pytest", "-m fastasr.cli.kernels")) for c in calls), calls
+    assert "-m fastasr.cli.corpus digits data/fsdd_src data/fsdd_speakers --split speakers" in calls
     train = next(c for c in calls if c.startswith("train.py"))
     assert train.startswith("train.py data=manifest tokenizer=char data.train_manifest=data/fsdd_speakers/train.jsonl")
     assert "trainer.max_time=00:00:03:00" in train and "name=gpu-check-fsdd" in train

@@ -103,7 +103,7 @@ def test_smoke_matrix_is_complete_and_resumable(tiny_corpus, tmp_path, monkeypat
 
     # The command-line entry point (what `make matrix` runs) reuses the same directory
     proc = subprocess.run(
-        [sys.executable, "-m", "fastasr.cross_eval", *_smoke_overrides(tiny_corpus, tmp_path)],
+        [sys.executable, "-m", "fastasr.cli.matrix", *_smoke_overrides(tiny_corpus, tmp_path)],
         capture_output=True, text=True, cwd=PROJECT_ROOT, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

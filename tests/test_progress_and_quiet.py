@@ -111,7 +111,7 @@ def test_evaluate_shows_progress_on_a_terminal(words_ckpt, tiny_corpus, tmp_path
 
 
 def test_transcribe_shows_progress_when_asked_and_ends_with_its_outputs(words_ckpt, tiny_corpus, tmp_path):  # noqa: F811
-    common = ("-m", "fastasr.transcribe", f"ckpt_path={words_ckpt}", f"audio={tiny_corpus / 'test.jsonl'}",
+    common = ("-m", "fastasr.cli.transcribe", f"ckpt_path={words_ckpt}", f"audio={tiny_corpus / 'test.jsonl'}",
               "device=cpu", "decoding=greedy", f"paths.output_dir={tmp_path}")
     quiet, shown = run(*common), run(*common, "progress=true")
     for done in (quiet, shown):

@@ -92,7 +92,7 @@ def test_chunk_context_in_seconds(tiny_corpus):
 
 
 def test_the_command_streams_and_prints_partials(tiny_corpus, tmp_path, capsys):
-    """``python -m fastasr.transcribe ... stream=true chunk=0.32``: partial lines on stderr, the final
+    """``fastasr-transcribe ... stream=true chunk=0.32``: partial lines on stderr, the final
     words on stdout equal to the chunked decoding's, a missing file reported, the context in the report."""
     import io
 
@@ -100,7 +100,7 @@ def test_the_command_streams_and_prints_partials(tiny_corpus, tmp_path, capsys):
     from recogniser_fixtures import save_checkpoint
 
     from fastasr.config import CONFIG_DIR
-    from fastasr.recognition.transcription import run_transcription
+    from fastasr.recognition.transcription_job import run_transcription
 
     rec = tiny_recogniser(tiny_corpus, positions="absolute", seed=1)
     save_checkpoint(rec, tmp_path / "m.ckpt", seed=1)

@@ -1,4 +1,4 @@
-"""Transcription: ``Recogniser.transcribe`` and ``python -m fastasr.transcribe`` — inputs (files,
+"""Transcription: ``Recogniser.transcribe`` and ``fastasr-transcribe`` — inputs (files,
 directories, manifests without text, stdin, waveforms), word times, long recordings in one pass
 or in windows, and bad input named and survived."""
 
@@ -37,10 +37,15 @@ from fastasr.decoding.long_form import (
 )
 from fastasr.model import CTCModel
 from fastasr.model.frontend import ConvSubsampling
+from fastasr.recognition.audio_decoding import Transcription
 from fastasr.recognition.loading import load_recogniser
 from fastasr.recognition.scoring import decode_manifest
-from fastasr.recognition.transcribing import Transcription
-from fastasr.recognition.transcription import resolve_inputs, run_transcription, srt_text, summary
+from fastasr.recognition.transcription_job import (
+    resolve_inputs,
+    run_transcription,
+    srt_text,
+    summary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -256,7 +261,7 @@ def test_bad_recordings_are_named_and_odd_ones_are_read(tmp_path):
 
 
 def test_subtitles_group_words_by_count_and_pause():
-    from fastasr.recognition.transcribing import Word
+    from fastasr.recognition.audio_decoding import Word
 
     words = [Word(f"w{i}", i * 0.5, i * 0.5 + 0.4) for i in range(14)] + [Word("late", 20.0, 20.5)]
     text = srt_text(words)
@@ -387,7 +392,7 @@ def test_the_command_refuses_a_missing_checkpoint_or_no_audio_before_its_run_dir
         ((f"ckpt_path={ckpt}", "audio=[]"), "audio is not set"),
     ]
     for args, message in cases:
-        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "fastasr.transcribe", *args,
+        done = subprocess.run([sys.executable, "-X", "importtime", "-m", "fastasr.cli.transcribe", *args,
                                f"paths.output_dir={tmp_path / 'out'}"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2 and f"transcribe: {message}" in done.stderr, done.stderr[-2000:]
         assert "Traceback" not in done.stderr and done.stdout == ""
@@ -401,7 +406,7 @@ def test_the_command_line_reads_stdin_and_fails_only_when_nothing_is_transcribed
     (tmp_path / "bad.wav").write_text("not audio")
 
     def run(audio: str, stdin: str, name: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "fastasr.transcribe", f"ckpt_path={trained}", f"audio={audio}",
+        return subprocess.run([sys.executable, "-m", "fastasr.cli.transcribe", f"ckpt_path={trained}", f"audio={audio}",
                                "device=cpu", f"hydra.run.dir={tmp_path / name}"],
                               input=stdin, capture_output=True, text=True, timeout=300, cwd=tmp_path)
 

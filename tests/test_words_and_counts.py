@@ -75,10 +75,10 @@ def test_a_failed_evaluate_leaves_no_directory(words_ckpt, tmp_path):
 
 
 def test_transcribing_with_a_phoneme_model_gives_words(words_ckpt, tiny_corpus, tmp_path):
-    """``python -m fastasr.transcribe ckpt_path=CKPT audio=DIR``: beam search with the checkpoint's
+    """``fastasr-transcribe ckpt_path=CKPT audio=DIR``: beam search with the checkpoint's
     lexicon and LM, every word a lexicon word; greedy decoding marks phonetic words as such."""
     audio = tiny_corpus / "wav"
-    done = run("-m", "fastasr.transcribe", f"ckpt_path={words_ckpt}", f"audio={audio}", "device=cpu",
+    done = run("-m", "fastasr.cli.transcribe", f"ckpt_path={words_ckpt}", f"audio={audio}", "device=cpu",
                f"paths.output_dir={tmp_path / 'outputs'}")
     assert done.returncode == 0, done.stderr
     assert "decoding: beam 500 + LM (decoding=auto), real words" in done.stderr

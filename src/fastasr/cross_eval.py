@@ -1,6 +1,6 @@
-"""``python -m fastasr.cross_eval [overrides]`` (what ``make matrix`` runs): the approximation
-matrix under the name the project's outside contract gives it; the command is
-:mod:`fastasr.cli.matrix` (conf/cross_eval.yaml, docs/MATRIX.md)."""
+"""``python -m fastasr.cross_eval [overrides]``: kept only because the project's outside contract
+(DESIGN.md's command list) names it. The command is :mod:`fastasr.cli.matrix`, installed as
+``fastasr-matrix`` (what ``make matrix`` runs; conf/cross_eval.yaml, docs/MATRIX.md)."""
 
 from fastasr.cli.matrix import main
 

@@ -1,4 +1,4 @@
-"""Progress bars of the long commands: ``evaluate.py`` and ``python -m fastasr.transcribe``.
+"""Progress bars of the long commands: ``evaluate.py`` and ``fastasr-transcribe``.
 
 One setting, ``progress``, in ``conf/evaluate.yaml`` and ``conf/transcribe.yaml``:
 ``auto`` (the default) shows a bar when stderr, where the bar is drawn, is a terminal, so a

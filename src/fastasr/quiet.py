@@ -1,6 +1,6 @@
 """Third-party messages that are not the user's to act on, silenced in one place.
 
-The commands (``train.py``, ``evaluate.py``, ``python -m fastasr.transcribe``, ``python -m
+The commands (``train.py``, ``evaluate.py``, ``fastasr-transcribe``, ``python -m
 fastasr.cross_eval``, ``python -m fastasr.cli.budget``) call :func:`quiet_known_noise`
 first. Each entry below matches one exact message of a library, with the reason it says nothing
 the user can act on; everything else, the warnings about the user's config and data above all,

@@ -14,7 +14,7 @@ A training run (``outputs/runs/<name>``, or a matrix member's ``.../runs/<spec>`
     recogs-<tag>.txt errs-<tag>.txt errs-units-<tag>.txt   beside it: per-utterance hypotheses and
                          aligned errors of one decoding (tag = manifest stem and decoder, e.g. test-beam)
     tune.json            the decoding tuner's grid (python -m fastasr.cli.tune), in its run directory
-    transcripts.jsonl    a transcription's output (python -m fastasr.transcribe): one JSON line per file
+    transcripts.jsonl    a transcription's output (fastasr-transcribe): one JSON line per file
     transcribe.json      its report: files transcribed, files that could not be (and why), settings, speed
     transcripts.ctm srt/<id>.srt   its optional CTM file and SubRip subtitles
 
@@ -43,7 +43,7 @@ CSV_DIR = "csv"
 ATTENTION_MAPS_DIR = "attention_maps"
 RESULTS_FILE = "results.json"
 TUNE_FILE = "tune.json"
-# A transcription's files (python -m fastasr.transcribe).
+# A transcription's files (fastasr-transcribe).
 TRANSCRIPTS_FILE = "transcripts.jsonl"
 TRANSCRIBE_REPORT_FILE = "transcribe.json"
 CTM_FILE = "transcripts.ctm"

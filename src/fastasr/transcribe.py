@@ -1,6 +1,6 @@
-"""``python -m fastasr.transcribe ckpt_path=CKPT audio=PATH [overrides]``: the transcription
-command under the name the project's outside contract gives it; the command is
-:mod:`fastasr.cli.transcribe` (usage there, and in docs/TRANSCRIBE.md)."""
+"""``python -m fastasr.transcribe ckpt_path=CKPT audio=PATH [overrides]``: kept only because the
+project's outside contract (DESIGN.md's command list) names it. The command is
+:mod:`fastasr.cli.transcribe`, installed as ``fastasr-transcribe`` (usage there, docs/TRANSCRIBE.md)."""
 
 from fastasr.cli.transcribe import main
 

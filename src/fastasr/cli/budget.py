@@ -1,4 +1,4 @@
-"""``python -m fastasr.cli.budget [overrides]`` (what ``make budget`` runs): compose
+"""``fastasr-budget [overrides]`` (what ``make budget`` runs; or ``python -m fastasr.cli.budget``): compose
 ``conf/budget.yaml``, run the study, print budget.md, then where it is
 (``budget: <dir>/budget.md (every member: <dir>/budget.csv)``) as the last line.
 

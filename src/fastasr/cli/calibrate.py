@@ -1,8 +1,9 @@
 """Measure where improved clustered attention overtakes full attention on this machine.
 
-    python -m fastasr.cli.calibrate                 # writes conf/attention/auto.yaml
-    make calibrate-auto                                   # the same
-    python -m fastasr.cli.calibrate --dry-run       # print only
+    fastasr-calibrate                  # writes conf/attention/auto.yaml
+    make calibrate-auto                # the same
+    python -m fastasr.cli.calibrate    # the same
+    fastasr-calibrate --dry-run        # print only
 
 For each N of a grid, full attention and ``i-clustered`` (with the parameters in the
 target YAML) run on ``--tokens`` tokens per call (B = tokens / N, H and E as given),
@@ -49,7 +50,7 @@ def write_crossovers(path: Path, train: int, decode: int, note: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastasr.cli.calibrate", description=__doc__,
+    p = argparse.ArgumentParser(prog="fastasr-calibrate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--yaml", type=Path, default=DEFAULT_YAML, help="the auto attention config to update")
     p.add_argument("--ns", type=int, nargs="+", default=list(GRID))
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
         results[train] = crossover(measure(args.ns, args.tokens, args.heads, args.dim, clustered,
                                            args.repeats, train))
     note = (f"{platform.machine()} with {os.cpu_count()} cores, {torch.get_num_threads()} torch thread(s), H={args.heads} E={args.dim}, "
-            f"{args.tokens} tokens per call, {datetime.date.today()}, `python -m fastasr.cli.calibrate`")
+            f"{args.tokens} tokens per call, {datetime.date.today()}, `fastasr-calibrate`")
     print(f"crossover (training) {results[True]}, crossover_no_grad (decoding) {results[False]} "
           f"({time.perf_counter() - started:.0f} s)")
     if not args.dry_run:

@@ -1,4 +1,5 @@
-"""``python -m fastasr.export ckpt_path=CKPT [out=DIR] [int8=true] [check=true]``: write a trained
+"""``fastasr-export ckpt_path=CKPT [out=DIR] [int8=true] [check=true]`` (or ``python -m
+fastasr.cli.export``): write a trained
 checkpoint as an exported folder (:func:`fastasr.deploy.export.export_recogniser`; docs/DEPLOY.md).
 
 ``out`` defaults to ``<the checkpoint's run directory>/export`` (``exported`` beside a checkpoint
@@ -20,17 +21,17 @@ def main(argv: list[str] | None = None) -> None:
     for arg in sys.argv[1:] if argv is None else argv:
         key, sep, value = arg.partition("=")
         if not sep or key not in DEFAULTS:
-            raise SystemExit(f"fastasr.export: {arg!r}; expected key=value with a key of {sorted(DEFAULTS)}")
+            raise SystemExit(f"fastasr-export: {arg!r}; expected key=value with a key of {sorted(DEFAULTS)}")
         args[key] = value
     ckpt = Path(args["ckpt_path"] or "")
     if not args["ckpt_path"] or not ckpt.is_file():
-        print(f"fastasr.export: ckpt_path={args['ckpt_path']}: no such checkpoint file; expected "
-              "python -m fastasr.export ckpt_path=CKPT [out=DIR]", file=sys.stderr)
+        print(f"fastasr-export: ckpt_path={args['ckpt_path']}: no such checkpoint file; expected "
+              "fastasr-export ckpt_path=CKPT [out=DIR]", file=sys.stderr)
         raise SystemExit(2)
     flags = {}
     for key in ("int8", "check"):
         if args[key].lower() not in ("true", "false"):
-            print(f"fastasr.export: {key}={args[key]!r}; expected true or false", file=sys.stderr)
+            print(f"fastasr-export: {key}={args[key]!r}; expected true or false", file=sys.stderr)
             raise SystemExit(2)
         flags[key] = args[key].lower() == "true"
     run = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
@@ -46,7 +47,11 @@ def main(argv: list[str] | None = None) -> None:
         size = (result.out / name).stat().st_size
         print(f"{result.out / name}\t{size / 1e6:.2f} MB")
     if result.swapped:
-        print(f"fastasr.export: {result.swapped}", file=sys.stderr)
+        print(f"fastasr-export: {result.swapped}", file=sys.stderr)
     if result.max_abs_diff is not None:
-        print(f"fastasr.export: attention {result.attention}; onnxruntime against PyTorch: largest log-probability "
+        print(f"fastasr-export: attention {result.attention}; onnxruntime against PyTorch: largest log-probability "
               f"difference {result.max_abs_diff:.2e}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

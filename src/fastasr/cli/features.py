@@ -1,4 +1,4 @@
-"""``python -m fastasr.cli.features [overrides of conf/train.yaml]`` (``make features``): the
+"""``fastasr-features [overrides of conf/train.yaml]`` (``make features``; or ``python -m fastasr.cli.features``): the
 feature caches of ``data.train/dev/test_manifest`` under ``data.cache.dir``, for the features
 training would compute (the training config composed and derived as ``train.py`` does it;
 :func:`fastasr.data.feature_cache.build_for_config`). Prints one line per cache.
@@ -18,10 +18,10 @@ from fastasr.training.derived_config import resolve_train_config
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m fastasr.cli.features [hydra overrides of conf/train.yaml]``."""
+    """``fastasr-features [hydra overrides of conf/train.yaml]``."""
     overrides = list(sys.argv[1:] if argv is None else argv)
     if {"-h", "--help"} & set(overrides):
-        print("usage: python -m fastasr.cli.features [hydra overrides of conf/train.yaml]\n"
+        print("usage: fastasr-features [hydra overrides of conf/train.yaml]\n"
               "Builds the feature caches of data.train/dev/test_manifest under data.cache.dir\n"
               "(e.g. data=manifest data.train_manifest=T.jsonl ... features=fbank80).")
         return

@@ -1,8 +1,8 @@
-"""``python -m fastasr.cli.lm build``: an n-gram LM (ARPA) from the transcripts of manifests.
+"""``fastasr-lm build`` (or ``python -m fastasr.cli.lm build``): an n-gram LM (ARPA) from the transcripts of manifests.
 
-    python -m fastasr.cli.lm build --manifest data/synthetic/train.jsonl     # -> data/synthetic/lm/words-3gram.arpa
-    python -m fastasr.cli.lm build --manifest T.jsonl --units chars --order 6 --out chars-6gram.arpa --dev D.jsonl
-    python -m fastasr.cli.lm build --manifest T.jsonl --frequent-words 50000 --language en --out open.arpa --lexicon-out open.lex
+    fastasr-lm build --manifest data/synthetic/train.jsonl     # -> data/synthetic/lm/words-3gram.arpa
+    fastasr-lm build --manifest T.jsonl --units chars --order 6 --out chars-6gram.arpa --dev D.jsonl
+    fastasr-lm build --manifest T.jsonl --frequent-words 50000 --language en --out open.arpa --lexicon-out open.lex
 
 Word LMs serve lexicon decoding; character LMs (tokens = the char tokenizer's units, ``|``
 between words) serve lexicon-free decoding of char models. ``--frequent-words N`` opens a word
@@ -24,7 +24,7 @@ from fastasr.lm.build import build
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastasr.cli.lm", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="fastasr-lm", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="estimate an ARPA n-gram LM from manifests' transcripts")
     b.add_argument("--manifest", action="append", required=True, help="training manifest (repeatable)")

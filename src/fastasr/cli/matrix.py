@@ -1,4 +1,5 @@
-"""``python -m fastasr.cross_eval [overrides]`` (what ``make matrix`` runs): compose
+"""``fastasr-matrix [overrides]`` (what ``make matrix`` runs; also ``python -m fastasr.cli.matrix`` and,
+by the outside contract's name, ``python -m fastasr.cross_eval``): compose
 ``conf/cross_eval.yaml``, run the matrix, print matrix.md, then where it is (``matrix: <dir>/matrix.md (every cell: <dir>/matrix.csv)``) as the last line.
 
 Exits non-zero when a cell failed, naming matrix.csv.

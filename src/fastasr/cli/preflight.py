@@ -1,6 +1,6 @@
 """Hydra callbacks that refuse a command before its run directory is made.
 
-``train.py``, ``evaluate.py`` and ``python -m fastasr.transcribe`` name them in their Hydra configs
+``train.py``, ``evaluate.py`` and ``fastasr-transcribe`` name them in their Hydra configs
 (``conf/hydra/default.yaml``, ``evaluate.yaml``, ``transcribe.yaml``). Hydra calls :meth:`~hydra.experimental.callback.Callback.on_run_start`
 after composing the config and before it creates the run directory and writes its ``.hydra/``
 and log, so a refused command leaves no trace in any run directory (and no empty one). A
@@ -90,9 +90,9 @@ class EvaluatePreflight(Callback):
 
 
 class TranscribePreflight(Callback):
-    """``python -m fastasr.transcribe``'s check that ``ckpt_path`` is a file and ``audio`` is set.
+    """``fastasr-transcribe``'s check that ``ckpt_path`` is a file and ``audio`` is set.
     The audio inputs themselves are checked one by one as they are read: one that is missing or
-    unreadable is reported and skipped (:mod:`fastasr.recognition.transcription`)."""
+    unreadable is reported and skipped (:mod:`fastasr.recognition.transcription_job`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         audio = ("audio", "an audio file, a directory, a manifest (.jsonl), a list [a.wav,b.wav] or - (paths on stdin)",

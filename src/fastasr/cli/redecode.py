@@ -1,4 +1,4 @@
-"""``python -m fastasr.cli.redecode RUN_DIR [--out DIR] [KEY=VALUE ...]``: a finished run's final
+"""``fastasr-redecode RUN_DIR [--out DIR] [KEY=VALUE ...]`` (or ``python -m fastasr.cli.redecode``): a finished run's final
 decoding again, without training (:func:`fastasr.training.fit.decode_run`, what training hands over to).
 
 The run's ``config.yaml`` with the ``KEY=VALUE`` overrides (OmegaConf dot-list, e.g.
@@ -24,7 +24,7 @@ from fastasr.training.fit import decode_run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastasr.cli.redecode", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fastasr-redecode", description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="a finished training run (outputs/runs/NAME)")
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE changes to the run's config.yaml")
     parser.add_argument("--out", help="where the decoding's files go (default: RUN_DIR/redecoded)")

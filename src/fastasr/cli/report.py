@@ -1,4 +1,4 @@
-"""``python -m fastasr.cli.report DIRECTORY [--out FILE]``: one self-contained HTML page of a run
+"""``fastasr-report DIRECTORY [--out FILE]`` (or ``python -m fastasr.cli.report``): one self-contained HTML page of a run
 directory (curves, summary, attention maps) or a matrix directory (the table, per-cell curves):
 :func:`fastasr.studies.report.build_report`. Prints the page's path.
 """
@@ -13,7 +13,7 @@ from fastasr.studies.report import build_report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fastasr.cli.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fastasr-report", description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", help="a run directory (outputs/runs/NAME) or a matrix directory (outputs/matrix/NAME)")
     parser.add_argument("--out", help="HTML file to write (default: DIRECTORY/report.html)")
     args = parser.parse_args(argv)

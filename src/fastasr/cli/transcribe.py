@@ -1,11 +1,11 @@
 """Transcribe audio with a trained checkpoint.
 
-Usage::
+Usage (``python -m fastasr.cli.transcribe`` and ``python -m fastasr.transcribe`` run the same)::
 
-    python -m fastasr.transcribe ckpt_path=CKPT audio=PATH [overrides]
-    python -m fastasr.transcribe ckpt_path=CKPT audio=recordings/ decoding=beam_lm attention=auto
-    python -m fastasr.transcribe ckpt_path=CKPT audio='[a.wav,b.flac]' output.srt=true output.ctm=true
-    find /data -name '*.wav' | python -m fastasr.transcribe ckpt_path=CKPT audio=-
+    fastasr-transcribe ckpt_path=CKPT audio=PATH [overrides]
+    fastasr-transcribe ckpt_path=CKPT audio=recordings/ decoding=beam_lm attention=auto
+    fastasr-transcribe ckpt_path=CKPT audio='[a.wav,b.flac]' output.srt=true output.ctm=true
+    find /data -name '*.wav' | fastasr-transcribe ckpt_path=CKPT audio=-
 
 ``audio`` is a file, a directory (searched recursively for audio files by extension:
 ``fastasr.data.recordings.AUDIO_EXTENSIONS``), a manifest (``.jsonl``/``.json``: ``audio_filepath``
@@ -37,7 +37,7 @@ from fastasr.quiet import quiet_known_noise
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="transcribe")
 def main(cfg: DictConfig) -> None:
-    from fastasr.recognition.transcription import run_transcription, summary  # loads torch
+    from fastasr.recognition.transcription_job import run_transcription, summary  # loads torch
 
     quiet_known_noise()  # third-party messages that are not the user's to act on (fastasr.quiet)
     report = run_transcription(cfg)

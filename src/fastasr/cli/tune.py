@@ -1,8 +1,8 @@
-"""``python -m fastasr.cli.tune ckpt_path=CKPT [overrides]``: tune the beam search's LM weight
+"""``fastasr-tune ckpt_path=CKPT [overrides]`` (or ``python -m fastasr.cli.tune``): tune the beam search's LM weight
 and word score on the dev split.
 
-    python -m fastasr.cli.tune ckpt_path=PATH                       # decoding=beam_lm, dev split
-    python -m fastasr.cli.tune ckpt_path=PATH data.dev_manifest=D.jsonl decoding.lm.path=LM tune.lm_weight=[0,1,2]
+    fastasr-tune ckpt_path=PATH                       # decoding=beam_lm, dev split
+    fastasr-tune ckpt_path=PATH data.dev_manifest=D.jsonl decoding.lm.path=LM tune.lm_weight=[0,1,2]
 
 The model runs once over the manifest; each grid point re-runs only the search
 (:func:`fastasr.recognition.scoring.tune_recogniser`). The lexicon and word LM are the checkpoint's own

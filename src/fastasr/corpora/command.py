@@ -14,8 +14,8 @@ from fastasr.data.manifest import write_manifest
 
 
 def parser(module: str, doc: str, src_help: str, out_help: str) -> argparse.ArgumentParser:
-    """``python -m fastasr.corpora.<module> SRC OUT ...``: the first paragraph of ``doc`` describes it."""
-    p = argparse.ArgumentParser(prog=f"python -m fastasr.corpora.{module}", description=doc.split("\n\n")[0])
+    """``fastasr-corpus <module> SRC OUT ...`` (``_`` written ``-``): the first paragraph of ``doc`` describes it."""
+    p = argparse.ArgumentParser(prog=f"fastasr-corpus {module.replace('_', '-')}", description=doc.split("\n\n")[0])
     p.add_argument("src", help=src_help)
     p.add_argument("out", help=out_help)
     return p

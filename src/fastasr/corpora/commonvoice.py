@@ -1,6 +1,6 @@
 """Common Voice (one language of a release) → ``train.jsonl``, ``dev.jsonl``, ``test.jsonl``.
 
-    python -m fastasr.corpora.commonvoice SRC OUT [--sample-rate 16000]
+    fastasr-corpus commonvoice SRC OUT [--sample-rate 16000]
 
 ``SRC`` is the language directory of an extracted release (``cv-corpus-*/<lang>/``,
 holding ``train.tsv``, ``dev.tsv``, ``test.tsv`` and ``clips/*.mp3``), or the release
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -134,7 +133,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "output directory for train/dev/test.jsonl")
     p.add_argument("--sample-rate", type=int, help="decode the clips once to 16-bit WAV at this rate")
     return command.run(p, argv, lambda a: convert(a.src, a.out, a.sample_rate))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Connected-digit strings from recorded human speech (AudioMNIST or FSDD) → train/dev/test manifests.
 
-    python -m fastasr.corpora.digits SRC OUT [--sample-rate R] [--seed 0] [--split speakers|recordings]
+    fastasr-corpus digits SRC OUT [--sample-rate R] [--seed 0] [--split speakers|recordings]
         [--train N --dev N --test N] [--dev-speakers K|a,b --test-speakers K|c] [--force]
 
 ``SRC`` is a local copy of AudioMNIST or of the Free Spoken Digit Dataset (layout detected,
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -258,7 +257,3 @@ def main(argv: Sequence[str] | None = None) -> int:
               args.force, args.split)
 
     return command.run(p, argv, run)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Joined utterances: a manifest's utterances joined with pauses into longer ones, voices mixed.
 
-    python -m fastasr.corpora.join data/synthetic/train.jsonl data/synthetic_joined \\
+    fastasr-corpus join data/synthetic/train.jsonl data/synthetic_joined \\
         [--count 500] [--min-seconds 10 --max-seconds 30] [--pause-s 0.2 1.0] [--seed 0] [--force]
 
 A model trained on single utterances meets, in a long recording, what it never saw in training:
@@ -153,7 +153,7 @@ def build_joined_corpus(manifest: str | Path, out: str | Path, count: int = 500,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastasr.corpora.join", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="fastasr-corpus join", description=__doc__.split("\n")[0])
     p.add_argument("manifest", help="the manifest whose utterances are joined (JSON lines)")
     p.add_argument("out", help="output directory: train.jsonl (source + joined), joined.jsonl, wav/")
     p.add_argument("--count", type=int, default=500, help="joined utterances to make")
@@ -165,7 +165,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even when complete")
     return run(p, argv, lambda a: build_joined_corpus(a.manifest, a.out, a.count, a.min_seconds, a.max_seconds,
                                                       tuple(a.pause_s), a.seed, a.force))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """A Kaldi data directory (as WSJ and Switchboard recipes prepare them) → one manifest.
 
-    python -m fastasr.corpora.kaldi SRC OUT [--name NAME] [--allow-pipes]
+    fastasr-corpus kaldi SRC OUT [--name NAME] [--allow-pipes]
 
 writes ``OUT/<NAME>.jsonl`` (``NAME``: SRC's directory name, e.g. ``train_si284``). ``SRC``
 holds ``wav.scp`` (``<recording-id> <path>`` or ``<recording-id> <command> |``),
@@ -26,7 +26,6 @@ from __future__ import annotations
 import io
 import logging
 import subprocess
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -177,7 +176,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--name", help="manifest name (default: SRC's directory name)")
     p.add_argument("--allow-pipes", action="store_true", help="run the 'cmd |' entries of wav.scp")
     return command.run(p, argv, lambda a: convert(a.src, a.out, a.name, a.allow_pipes))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

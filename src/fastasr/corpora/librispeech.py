@@ -1,6 +1,6 @@
 """LibriSpeech → manifests, one per part found (``train-clean-100.jsonl``, ``dev-clean.jsonl``, ...).
 
-    python -m fastasr.corpora.librispeech SRC OUT [--parts dev-clean test-clean] [--phonemes]
+    fastasr-corpus librispeech SRC OUT [--parts dev-clean test-clean] [--phonemes]
 
 ``SRC`` is the extracted ``LibriSpeech/`` directory (holding part directories such as
 ``train-clean-100/<speaker>/<chapter>/<speaker>-<chapter>.trans.txt`` with the FLAC files
@@ -17,7 +17,6 @@ number of such utterances and the most frequent missing words are reported.
 from __future__ import annotations
 
 import logging
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -128,7 +127,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--parts", nargs="+", help="only these parts (default: every part found)")
     p.add_argument("--phonemes", action="store_true", help="add CMUdict phonemes (ARPAbet, no stress)")
     return command.run(p, argv, lambda a: convert(a.src, a.out, a.parts, a.phonemes))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

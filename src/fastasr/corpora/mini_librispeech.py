@@ -1,6 +1,6 @@
 """Mini LibriSpeech (``train-clean-5``) → a fixed speaker-disjoint train/dev/test split.
 
-    python -m fastasr.corpora.mini_librispeech SRC OUT
+    fastasr-corpus mini-librispeech SRC OUT
 
 ``SRC`` is a local copy of a repository or directory holding ``LibriSpeech/train-clean-5``
 (the public repository ``zhangrui0712/Voice-Age`` has it complete), the ``LibriSpeech``
@@ -27,7 +27,6 @@ the same source finds ``OUT/.complete`` and does nothing (``--force`` rebuilds).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -119,7 +118,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--train-minutes", type=float, default=None, metavar="M",
                    help="keep only M minutes of train, taken from every training speaker in turn")
     return command.run(p, argv, lambda a: build(a.src, a.out, a.force, a.train_minutes))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
 """The built-in corpus: English speech synthesised offline with espeak-ng.
 
-    python -m fastasr.corpora.synthetic --out data/synthetic [--seed 0] \
+    fastasr-corpus synthetic --out data/synthetic [--seed 0] \
         [--train 3000 --dev 300 --test 300] [--workers 2] [--force]
-    python -m fastasr.corpora.synthetic --out data/synthetic_long \
+    fastasr-corpus synthetic --out data/synthetic_long \
         --min-seconds 10 --max-seconds 40 [--train 600 --dev 60 --test 60]     (make data-long)
 
 writes ``train.jsonl``, ``dev.jsonl``, ``test.jsonl`` and ``wav/<split>/*.wav``
@@ -51,7 +51,6 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -59,8 +58,8 @@ from pathlib import Path
 import numpy as np
 
 from fastasr.corpora.espeak import Espeak
-from fastasr.corpora.lexicon import make_sentence
 from fastasr.corpora.marker import mark_complete, needs_build
+from fastasr.corpora.sentences import make_sentence
 from fastasr.corpora.speaking import (
     PAD_S,
     SAMPLE_RATE,
@@ -202,7 +201,7 @@ def build_corpus(out: str | Path, seed: int = 0, counts: Mapping[str, int] | Non
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fastasr.corpora.synthetic", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="fastasr-corpus synthetic", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="output directory (manifests + wav/)")
     p.add_argument("--seed", type=int, default=0, help="same seed → same corpus")
     p.add_argument("--train", type=int, default=None, help="train utterances (default 3000; long: 600)")
@@ -232,7 +231,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     build_corpus(args.out, seed=args.seed, counts=counts, workers=args.workers, force=args.force,
                  durations=durations)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

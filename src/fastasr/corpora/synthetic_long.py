@@ -1,6 +1,6 @@
 """Long utterances for the built-in corpus: the paper's long-sequence regime.
 
-    python -m fastasr.corpora.synthetic --out data/synthetic_long \\
+    fastasr-corpus synthetic --out data/synthetic_long \\
         --min-seconds 10 --max-seconds 40 [--train 600 --dev 60 --test 60]     (make data-long)
 
 An utterance of the long corpus (``data=synthetic_long``) is several sentences of the
@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastasr.corpora.espeak import Espeak
-from fastasr.corpora.lexicon import make_sentence
+from fastasr.corpora.sentences import make_sentence
 from fastasr.corpora.speaking import (
     PAD_S,
     SAMPLE_RATE,

@@ -1,6 +1,6 @@
 """TIMIT → ``train.jsonl`` (462 speakers), ``dev.jsonl`` (50) and ``test.jsonl`` (the 24-speaker core test).
 
-    python -m fastasr.corpora.timit SRC OUT [--partial]
+    fastasr-corpus timit SRC OUT [--partial]
 
 ``SRC`` is the TIMIT directory holding ``TRAIN/`` and ``TEST/`` (directly or under
 ``data/`` or ``TIMIT/``), with ``<DR>/<SPEAKER>/<SENTENCE>.{WAV,PHN,WRD,TXT}`` below in
@@ -23,7 +23,6 @@ for training and the 48 to the standard 39 for scoring PER (``fastasr.data.phone
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -170,7 +169,3 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "output directory for train/dev/test.jsonl")
     p.add_argument("--partial", action="store_true", help="build even if speakers of a split are missing")
     return command.run(p, argv, lambda a: convert(a.src, a.out, a.partial))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,7 +6,7 @@ Optional: ``phonemes`` (space-separated units, ``|`` between words),
 ``speaker``, ``id`` (defaults to the audio file's stem). Other fields are
 ignored when reading.
 
-A manifest of audio to transcribe (``python -m fastasr.transcribe``) needs no ``text``:
+A manifest of audio to transcribe (``fastasr-transcribe``) needs no ``text``:
 ``read_manifest(path, require_text=False)`` reads it (``Utterance.text`` is then None where
 the line has none). Training and evaluation read with the default ``require_text=True``, and a
 line without ``text`` is a bad line there.
@@ -190,7 +190,7 @@ def read_manifest(path: str | Path, on_error: str = "skip", check_audio: bool = 
     if not utterances:
         hint = ""
         if "missing field 'text'" in first_error:
-            hint = " (a manifest without text can be transcribed: python -m fastasr.transcribe audio=MANIFEST)"
+            hint = " (a manifest without text can be transcribed: fastasr-transcribe audio=MANIFEST)"
         first = f"; the first: {first_error}{hint}" if first_error else ""
         raise ManifestError(
             f"manifest {path}: no valid utterance ({n_lines} lines, {bad} bad); expected at least one{first}"

@@ -1,6 +1,6 @@
 """A transcription and its files, without PyTorch: :class:`Transcription` with its timed
 :class:`Word` s (one JSON line each), SubRip subtitles (:func:`srt_text`) and NIST CTM
-(:func:`ctm_lines`). ``python -m fastasr.transcribe`` (``Recogniser.transcribe``) and the ONNX
+(:func:`ctm_lines`). ``fastasr-transcribe`` (``Recogniser.transcribe``) and the ONNX
 runtime (:mod:`fastasr.onnx`) give the same objects and write the same files."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ class Word:
 @dataclass
 class Transcription:
     """What ``Recogniser.transcribe`` and the ONNX runtime's ``OnnxRecogniser.transcribe`` give for
-    one input (and ``python -m fastasr.transcribe`` / ``python -m fastasr.onnx.transcribe`` write
+    one input (and ``fastasr-transcribe`` / ``fastasr-onnx-transcribe`` write
     as one JSON line).
 
     Attributes:
@@ -73,7 +73,7 @@ SRT_PAUSE_SECONDS = 1.0  # a pause this long between two words starts a new subt
 
 def _timestamp(seconds: float) -> str:
     ms = int(round(seconds * 1000))
-    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d},{ms % 1000:03d}"
+    return f"{ms // 3_600_000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d},{ms % 1000:03d}"
 
 
 def srt_text(words: Iterable[Any]) -> str:

@@ -24,7 +24,10 @@ attentions (clustered, i-clustered, LSH, top-k, and ``auto``, which switches bet
 i-clustered by length) decide with data-dependent control flow on the host — K-means iteration
 counts, sorting and gathering by cluster, C++ and Triton kernels — that an ONNX graph cannot hold
 as one exact computation; they export with the attention swapped to full, the swap
-``evaluate.py attention=full`` and the approximation matrix measure (:data:`SWAP_NOTE`).
+``evaluate.py attention=full`` and the approximation matrix measure (:data:`SWAP_NOTE`). What the
+committed matrices measured for it ships with the package, in ``swap_costs.json`` beside this
+module (:func:`swap_costs`; generated from ``docs/results/*/matrix.csv`` by
+:func:`write_swap_costs`, and a test holds the two equal); this module reads no docs.
 """
 
 from __future__ import annotations
@@ -43,7 +46,6 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
-from fastasr.config import PROJECT_ROOT
 from fastasr.recognition.recogniser import Recogniser
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,8 @@ OUTPUT_NAMES = ("log_probs", "log_probs_len")
 OPSET = 17
 #: The operators whose weights ``model.int8.onnx`` holds in int8: the matrix products. onnxruntime's
 #: integer convolutions (``ConvInteger``) are slower on a CPU than its float ones: with them the
-#: built-in model ran 1.6x slower than fp32, without them 1.3-1.4x faster (2026-11-29, 2-core Xeon,
-#: docs/results/export/RESULTS.md).
+#: built-in model runs 1.6x slower than fp32 on a 2-core CPU, without them 1.3-1.4x faster
+#: (docs/results/export/RESULTS.md).
 INT8_OPS = ("MatMul",)
 #: The attentions that export as they are.
 EXPORTABLE = ("full",)
@@ -94,24 +96,45 @@ def exported_attention(trained: str | dict[str, Any]) -> tuple[str, str | None]:
                                                               else "")
 
 
-def swap_costs(trained: str, results: Path | None = None) -> list[str]:
-    """What the committed approximation matrices (``docs/results/*/matrix.csv``, or ``results``'
-    subfolders) measured for a model trained with ``trained`` and decoded with full attention,
-    against decoding with its own: one line a matrix, e.g. ``matrix-long: PER 25.10 with
-    i-clustered-100, 24.87 with full (-0.23 points)``. Empty where no matrix trained it."""
-    results = results if results is not None else PROJECT_ROOT / "docs" / "results"
-    lines = []
-    for table in sorted(results.glob("*/matrix.csv")):
+#: The swap's costs the package ships: :func:`matrix_swap_costs` of the committed matrices.
+SWAP_COSTS_FILE = Path(__file__).with_name("swap_costs.json")
+
+
+def matrix_swap_costs(results: str | os.PathLike) -> list[dict[str, Any]]:
+    """For every ``<matrix>/matrix.csv`` under ``results`` (the repository's ``docs/results``) and
+    every attention it trained with both its own and full attention decoded: ``{"matrix",
+    "trained", "metric", "own", "full"}`` (the error rates in percent, rounded to 4 places)."""
+    costs = []
+    for table in sorted(Path(results).glob("*/matrix.csv")):
         with open(table, encoding="utf-8", newline="") as f:
             cells = {(r["train"], r["eval"]): r for r in csv.DictReader(f) if r.get("status") == "ok"}
-        own, full = cells.get((trained, trained)), cells.get((trained, "full"))
-        if own is None or full is None:
-            continue
-        metric = "per" if own.get("per") else "cer"
-        a, b = float(own[metric]), float(full[metric])
-        lines.append(f"{table.parent.name}: {metric.upper()} {a:.2f} with {trained}, {b:.2f} with full "
-                     f"({b - a:+.2f} points)")
-    return lines
+        for (trained, decoded), own in sorted(cells.items()):
+            full = cells.get((trained, "full"))
+            if decoded != trained or trained == "full" or full is None:
+                continue
+            metric = "per" if own.get("per") else "cer"
+            costs.append({"matrix": table.parent.name, "trained": trained, "metric": metric,
+                          "own": round(float(own[metric]), 4), "full": round(float(full[metric]), 4)})
+    return costs
+
+
+def write_swap_costs(results: str | os.PathLike, path: str | os.PathLike = SWAP_COSTS_FILE) -> None:
+    """Write :func:`matrix_swap_costs` of ``results`` to ``path`` (the package's ``swap_costs.json``):
+    run after a matrix's result is committed,
+    ``python -c "from fastasr.deploy.export import write_swap_costs; write_swap_costs('docs/results')"``."""
+    Path(path).write_text(json.dumps(matrix_swap_costs(results), indent=1) + "\n", encoding="utf-8")
+
+
+def swap_costs(trained: str, costs: list[dict[str, Any]] | None = None) -> list[str]:
+    """What the approximation matrices measured for a model trained with ``trained`` and decoded
+    with full attention, against decoding with its own: one line a matrix, e.g. ``matrix-long:
+    PER 25.10 with i-clustered-100, 24.87 with full (-0.23 points)``. Empty where no matrix trained
+    it. ``costs``: :func:`matrix_swap_costs`' entries; by default the package's
+    (:data:`SWAP_COSTS_FILE`)."""
+    if costs is None:
+        costs = json.loads(SWAP_COSTS_FILE.read_text(encoding="utf-8"))
+    return [f"{c['matrix']}: {c['metric'].upper()} {c['own']:.2f} with {trained}, {c['full']:.2f} with full "
+            f"({c['full'] - c['own']:+.2f} points)" for c in costs if c["trained"] == trained]
 
 
 @dataclass

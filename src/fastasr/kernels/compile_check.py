@@ -1,8 +1,8 @@
 """Compile every Triton kernel for a CUDA architecture without a GPU.
 
-    python -m fastasr.kernels.compile_check            # sm_90
-    python -m fastasr.kernels.compile_check --arch 80 --verbose
-    python -m fastasr.kernels.compile_check --only kmeans --loops   # + each hot loop's length
+    fastasr-kernels compile-check            # sm_90
+    fastasr-kernels compile-check --arch 80 --verbose
+    fastasr-kernels compile-check --only kmeans --loops   # + each hot loop's length
 
 The interpreter (``TRITON_INTERPRET=1``) checks what the kernels compute, but not
 that they compile: dtype rules, ``tl.dot`` shapes and register pressure only show
@@ -49,7 +49,6 @@ import multiprocessing
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -488,7 +487,9 @@ def occupancy(report: KernelReport) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """``fastasr-kernels compile-check [arguments]`` (:mod:`fastasr.cli.kernels`)."""
+    parser = argparse.ArgumentParser(prog="fastasr-kernels compile-check", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: sm_90)")
     parser.add_argument("--only", default=None, help="compile only configurations whose name contains this")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
@@ -526,7 +527,3 @@ def main(argv=None) -> int:
     print(f"sm_{args.arch}: {len(reports) - bad} of {len(reports)} kernel configurations compile without spills, "
           "GPU-wide fences or int-to-float conversions in a loop")
     return 1 if bad else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

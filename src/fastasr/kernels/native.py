@@ -1,6 +1,6 @@
 """The C++ CPU kernels (``csrc/*.cpp``): building, loading, and their Python ops.
 
-``make install`` builds them (``python -m fastasr.kernels.native build``, about 40 s on
+``make install`` builds them (``fastasr-kernels build``, about 40 s on
 2 cores) into ``src/fastasr/kernels/_build/``: one shared library registering the
 ``torch.ops.fastasr_cpu`` operators and a stamp (source hash, torch version, compiler
 flags, the CPU features of the build machine). Loading needs no compiler: the library
@@ -142,7 +142,7 @@ def build(verbose: bool = False) -> Path:
 
 
 # ------------------------------------------------------------------------------ load
-_BUILD_HINT = "build them with `make install` or `python -m fastasr.kernels.native build`"
+_BUILD_HINT = "build them with `make install` or `fastasr-kernels build`"
 
 
 def _stale_reason() -> str | None:
@@ -404,8 +404,8 @@ def dropout(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    """``python -m fastasr.kernels.native build|check``."""
-    parser = argparse.ArgumentParser(prog="python -m fastasr.kernels.native", description=__doc__.split("\n")[0])
+    """``fastasr-kernels build|check`` (:mod:`fastasr.cli.kernels`)."""
+    parser = argparse.ArgumentParser(prog="fastasr-kernels", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "check"], help="build the kernels, or say whether they load")
     parser.add_argument("--verbose", action="store_true", help="show the compiler commands")
     args = parser.parse_args(argv)
@@ -419,7 +419,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("fastasr C++ CPU kernels: loaded")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,8 @@
-"""``python -m fastasr.onnx.transcribe model_dir=DIR audio=PATH [key=value ...]``: transcribe audio with
-an exported recogniser (``python -m fastasr.export``), without PyTorch: this module and what it
-imports load no torch (:mod:`fastasr.onnx.recogniser`). The command lives in the runtime's package,
-not in :mod:`fastasr.cli`, so that the runtime is whole without the rest of fastasr's commands.
+"""``fastasr-onnx-transcribe model_dir=DIR audio=PATH [key=value ...]``: transcribe audio with
+an exported recogniser (``fastasr-export``), without PyTorch: this module and what it
+imports load no torch (:mod:`fastasr.onnx.onnx_recogniser`). Also ``python -m fastasr.onnx.transcribe``.
+The one command outside :mod:`fastasr.cli`: that package's commands import torch, and the runtime
+must be whole without it.
 
 Keys (docs/DEPLOY.md):
     model_dir=DIR      the exported folder
@@ -11,10 +12,10 @@ Keys (docs/DEPLOY.md):
     out=null           a directory for transcripts.jsonl (and transcripts.ctm, srt/<id>.srt)
     ctm=false srt=false
     mode=auto          auto / windowed: windows of window_s seconds overlapping by overlap_s, as
-                       python -m fastasr.transcribe reads a recording with full attention; one_pass
+                       fastasr-transcribe reads a recording with full attention; one_pass
     window_s=10 overlap_s=4 batch_size=8 threads=null
     decoding=greedy    greedy | beam (the folder's lexicon) | beam_lm (its lexicon and word LM): the
-                       beam search of python -m fastasr.transcribe (fastasr.decoding.beam), with
+                       beam search of fastasr-transcribe (fastasr.decoding.beam), with
     beam_size=500 lm_weight=2.0 word_score=0.0   its settings (conf/decoding/beam.yaml's defaults)
 
 Prints ``path<TAB>text`` per recording on stdout, and a closing line on stderr; exit status 2
@@ -33,7 +34,7 @@ import soundfile as sf
 from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.decoding.transcript_formats import ctm_lines, srt_text
 from fastasr.decoding.windows import LongFormConfig
-from fastasr.onnx.recogniser import OnnxRecogniser
+from fastasr.onnx.onnx_recogniser import OnnxRecogniser
 
 DEFAULTS = {"model_dir": None, "audio": None, "int8": "false", "out": None, "ctm": "false", "srt": "false",
             "mode": "auto", "window_s": "10", "overlap_s": "4", "batch_size": "8", "threads": None,
@@ -43,7 +44,7 @@ DECODINGS = ("greedy", "beam", "beam_lm")
 
 def refuse(message: str) -> None:
     """One line on stderr and exit status 2."""
-    print(f"fastasr.onnx.transcribe: {message}", file=sys.stderr)
+    print(f"fastasr-onnx-transcribe: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -57,7 +58,7 @@ def parse(argv: list[str]) -> dict[str, str | None]:
         args[key] = value
     for key in ("model_dir", "audio"):
         if not args[key]:
-            refuse(f"{key} is not set; expected {key}=... (python -m fastasr.onnx.transcribe model_dir=DIR audio=PATH)")
+            refuse(f"{key} is not set; expected {key}=... (fastasr-onnx-transcribe model_dir=DIR audio=PATH)")
     return args
 
 
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                                        decoder=decoder):
             if not t.ok:
                 failed.append(t)
-                print(f"fastasr.onnx.transcribe: skipped {t.error}", file=sys.stderr)
+                print(f"fastasr-onnx-transcribe: skipped {t.error}", file=sys.stderr)
                 continue
             done, seconds = done + 1, seconds + t.duration
             print(f"{t.audio_filepath}\t{t.text}", flush=True)
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.close()
     wall = time.perf_counter() - started
     rtf = f", RTF {wall / seconds:.3f}" if seconds else ""
-    print(f"fastasr.onnx.transcribe: {done} of {done + len(failed)} input(s) transcribed ({seconds:.1f} s of audio "
+    print(f"fastasr-onnx-transcribe: {done} of {done + len(failed)} input(s) transcribed ({seconds:.1f} s of audio "
           f"in {wall:.1f} s{rtf}; {'int8' if flags['int8'] else 'fp32'}, {args['decoding']}, attention "
           f"{recogniser.export.get('attention')})", file=sys.stderr)
     return 0 if done or not failed else 1

@@ -25,8 +25,8 @@ buffers of the model, so they are in the checkpoint's weights and nowhere else.
   to replace it.
 * :meth:`Recogniser.transcribe` turns audio files or waveforms (no reference needed, any length,
   any rate, any channel count) into ``Transcription`` s with timed ``Word`` s
-  (:mod:`fastasr.recognition.transcribing`): the API of ``python -m fastasr.transcribe``
-  (``fastasr.recognition.transcription``, docs/TRANSCRIBE.md).
+  (:mod:`fastasr.recognition.audio_decoding`): the API of ``fastasr-transcribe``
+  (``fastasr.recognition.transcription_job``, docs/TRANSCRIBE.md).
   :meth:`Recogniser.decoder` picks the decoder (greedy, beam, beam + LM).
 
 Scoring a labelled manifest (error rates against its transcripts) is the evaluation layer's:
@@ -54,13 +54,13 @@ from fastasr.data.tokenizer import Tokenizer, unit_metric
 from fastasr.decoding.builder import build_decoder, build_lexicon, resolve_lm, resolve_source
 from fastasr.lm.bundled import BundledLM
 from fastasr.model import CTCModel
+from fastasr.recognition.audio_decoding import Transcription, iter_transcriptions
 from fastasr.recognition.bundle_format import (
     FORMAT,
     check_format,
     split_attention,
 )
 from fastasr.recognition.streaming import RecognitionStream, chunk_context
-from fastasr.recognition.transcribing import Transcription, iter_transcriptions
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ class Recogniser:
                         num_workers: int = 0, progress: bool = False, on_bad_audio: str = "skip",
                         seed: int | None = None) -> Iterator[Transcription]:
         """:meth:`transcribe`, yielding each :class:`Transcription` as soon as its batch is decoded
-        (in input order): what ``python -m fastasr.transcribe`` prints and writes as it goes."""
+        (in input order): what ``fastasr-transcribe`` prints and writes as it goes."""
         return iter_transcriptions(self, audio, batch_size, sample_rate=sample_rate, decoding=decoding,
                                    long_form=long_form, device=device, num_workers=num_workers, progress=progress,
                                    on_bad_audio=on_bad_audio, seed=seed)

@@ -29,7 +29,7 @@ from fastasr.data.features import Fbank
 from fastasr.data.recordings import Recording, recording_audio
 from fastasr.decoding.transcript_formats import Transcription
 from fastasr.model.chunking import ChunkContext
-from fastasr.recognition.transcribing import transcription_of
+from fastasr.recognition.audio_decoding import transcription_of
 
 
 @dataclass

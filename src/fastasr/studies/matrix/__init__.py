@@ -1,6 +1,6 @@
 """The approximation matrix (Table 1 of Vyas et al. 2020): train with X, evaluate with Y.
 
-    python -m fastasr.cross_eval [matrix=smoke|default|paper_wsj] [overrides]   (make matrix)
+    fastasr-matrix [matrix=smoke|default|paper_wsj] [overrides]   (make matrix)
 
 For every *train spec* (``full``, ``shared-full``, ``lsh-1``, …) a model is trained with
 ``python train.py experiment=matrix_member member=<spec>`` — here in-process, through the

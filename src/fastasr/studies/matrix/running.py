@@ -218,7 +218,7 @@ def _decoder_text(cfg: DictConfig) -> str:
 
 def _commands(invocation: Sequence[str], members: Sequence[Member]) -> list[str]:
     lines = ["# the whole matrix (trains what is missing, then decodes every pair):"]
-    lines.append(" ".join(["python -m fastasr.cross_eval", *(shlex.quote(o) for o in invocation)]))
+    lines.append(" ".join(["fastasr-matrix", *(shlex.quote(o) for o in invocation)]))
     if members:
         lines.append("# or each model alone (a Hydra multirun of these is equivalent):")
         lines += [m.command for m in members]
@@ -246,7 +246,7 @@ def run_matrix(cfg: DictConfig, invocation: Sequence[str] = ()) -> MatrixResult:
 
     ``cfg`` is the composed ``cross_eval`` config. Members are composed from ``train.yaml``
     with Hydra's compose API, initialised here on the project's config directory when it is
-    not already (it is under ``python -m fastasr.cross_eval``). ``invocation``: the
+    not already (it is under ``fastasr-matrix``). ``invocation``: the
     command-line overrides, recorded in matrix.md.
     """
     if not GlobalHydra.instance().is_initialized():

@@ -1,4 +1,4 @@
-"""The source of a corpus shape (``python -m fastasr.corpora.shapes``): its train/dev/test manifests
+"""The source of a corpus shape (``fastasr-corpus shapes``): its train/dev/test manifests
 read and checked, and the helpers every shape uses (keyed random draws, the path of a written
 utterance)."""
 

@@ -1,7 +1,7 @@
-"""Transcribe audio files with a trained checkpoint: what ``python -m fastasr.transcribe``
-runs (:func:`run_transcription`), its inputs (:func:`resolve_inputs`) and its closing lines
-(:func:`summary`); the output formats are :mod:`fastasr.decoding.transcript_formats`'. The command's
-usage is in :mod:`fastasr.cli.transcribe`.
+"""The transcription job: what ``fastasr-transcribe`` runs (:func:`run_transcription`) around the
+recogniser's loop (:mod:`fastasr.recognition.audio_decoding`): its inputs (:func:`resolve_inputs`),
+its output files and its closing lines (:func:`summary`); the output formats are
+:mod:`fastasr.decoding.transcript_formats`'. The command's usage is in :mod:`fastasr.cli.transcribe`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The ``short`` shape (``python -m fastasr.corpora.shapes short``): 1-4 s segments cut at word
+"""The ``short`` shape (``fastasr-corpus shapes short``): 1-4 s segments cut at word
 boundaries placed by a forced alignment against a character-unit checkpoint's emissions. Its
 description: :mod:`fastasr.corpora.shapes`."""
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fastasr.corpora.shape_source import (
+from fastasr.corpora.shapes.source import (
     SPLITS,
     wav_path,
 )

@@ -1,4 +1,4 @@
-"""Transcribing recordings with a recogniser: the loop behind ``Recogniser.transcribe`` and what
+"""Audio decoding: the loop behind ``Recogniser.transcribe`` that turns recordings into text, and what
 it gives, one :class:`~fastasr.decoding.transcript_formats.Transcription` a recording with its
 timed words (defined without PyTorch, so the ONNX runtime gives the same objects).
 

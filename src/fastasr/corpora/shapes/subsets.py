@@ -1,4 +1,4 @@
-"""The shapes that select or resample a corpus's utterances (``python -m fastasr.corpora.shapes``):
+"""The shapes that select or resample a corpus's utterances (``fastasr-corpus shapes``):
 ``tiny`` (a proportional subset), ``speakers`` (the K speakers with the most training audio) and
 ``resample`` (every utterance at another rate). Their descriptions: :mod:`fastasr.corpora.shapes`."""
 
@@ -10,7 +10,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 
 from fastasr.corpora.paths import CorpusLayoutError
-from fastasr.corpora.shape_source import (
+from fastasr.corpora.shapes.source import (
     SPLITS,
     wav_path,
 )

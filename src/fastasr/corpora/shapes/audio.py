@@ -1,4 +1,4 @@
-"""The shapes that make new audio from a corpus's utterances (``python -m fastasr.corpora.shapes``):
+"""The shapes that make new audio from a corpus's utterances (``fastasr-corpus shapes``):
 ``long`` (one speaker's consecutive utterances joined) and ``noisy`` (coloured noise and babble
 of the same split). Their descriptions: :mod:`fastasr.corpora.shapes`."""
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fastasr.corpora.join import join_audio, joined_record
-from fastasr.corpora.shape_source import (
+from fastasr.corpora.shapes.source import (
     SPLITS,
     draw_rng,
     wav_path,

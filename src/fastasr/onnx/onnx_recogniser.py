@@ -1,15 +1,16 @@
-"""An exported recogniser (:mod:`fastasr.deploy.export`'s folder) run by onnxruntime, without PyTorch.
+"""The ONNX recogniser: an exported recogniser (:mod:`fastasr.deploy.export`'s folder) run by
+onnxruntime, without PyTorch (the PyTorch one is :mod:`fastasr.recognition.recogniser`).
 
 :class:`OnnxRecogniser` reads the folder: ``model.onnx`` (or ``model.int8.onnx``), the units
 and feature settings of ``recogniser.json``, and the lexicon it carries. It computes the
 training's Kaldi filterbanks with kaldi-native-fbank (:func:`fbank`: the same settings as
 ``fastasr.data.features.Fbank``, int16-scaled samples, no dither), runs the model over a
-recording in one pass or in the same overlapping windows as ``python -m fastasr.transcribe``
+recording in one pass or in the same overlapping windows as ``fastasr-transcribe``
 (:func:`fastasr.decoding.windows.plan_windows`), and decodes greedily by the same rules as
 ``fastasr.decoding.greedy.GreedyDecoder``: the argmax path, repeats merged, blanks dropped, a
 phoneme model's phonetic words looked up in the lexicon; or by the beam search with the folder's
 lexicon and LM (:meth:`OnnxRecogniser.beam_decoder`: ``fastasr.decoding.beam``, torch-free). A word's time spans its units' argmax
-runs on that path (``python -m fastasr.transcribe`` times words by a forced alignment of the
+runs on that path (``fastasr-transcribe`` times words by a forced alignment of the
 same units instead: the two agree within a few output frames).
 
 Imports: numpy, onnxruntime, kaldi-native-fbank, soundfile, sentencepiece (subword units),
@@ -146,7 +147,7 @@ class OnnxRecogniser:
         for path in (model, folder / "recogniser.json"):
             if not path.is_file():
                 raise FileNotFoundError(f"{path}: no such file; expected a folder written by "
-                                        "python -m fastasr.export ckpt_path=CKPT out=DIR")
+                                        "fastasr-export ckpt_path=CKPT out=DIR")
         state = json.loads((folder / "recogniser.json").read_text(encoding="utf-8"))
         options = onnxruntime.SessionOptions()
         if threads:
@@ -201,7 +202,7 @@ class OnnxRecogniser:
 
     def beam_decoder(self, lm: bool = True, options: BeamSearchOptions | None = None) -> BeamSearchDecoder:
         """The beam search over the folder's units with its lexicon and, with ``lm``, its word LM
-        (:class:`fastasr.decoding.beam.BeamSearchDecoder`, the one ``python -m fastasr.transcribe
+        (:class:`fastasr.decoding.beam.BeamSearchDecoder`, the one ``fastasr-transcribe
         decoding=beam_lm`` uses: the same words for the same log-probabilities). Raises ValueError
         when the folder has no lexicon, or no LM and ``lm`` is asked for."""
         if self.lexicon is None:

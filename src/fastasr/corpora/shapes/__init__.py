@@ -1,6 +1,8 @@
-"""Corpus shapes: a built corpus's train/dev/test manifests reshaped into another corpus.
+"""Corpus shapes: a built corpus's train/dev/test manifests reshaped into another corpus. This
+package's root holds the shapes' table (:data:`SHAPES`), the build API (:func:`build_shape`) and
+the arguments of the command that runs them (:func:`main`, run as ``fastasr-corpus shapes``):
 
-    python -m fastasr.corpora.shapes SHAPE SRC OUT [options] [--seed 0] [--force]
+    fastasr-corpus shapes SHAPE SRC OUT [options] [--seed 0] [--force]
 
 ``SRC`` holds ``{train,dev,test}.jsonl`` of any corpus in the manifest format (docs/DATA.md),
 including the output of another shape, so shapes compose (``tiny`` of ``short``, ``noisy`` of
@@ -46,10 +48,10 @@ lines (invalid JSON or fields, missing or unreadable audio, duplicate ids) and u
 are reported and skipped with a count. Each split's line, then one summary line (utterances,
 hours and speakers per split), is printed at the end.
 
-This module is the command and the shapes' registry; the shapes are built by
-:mod:`fastasr.corpora.shape_subsets` (tiny, speakers, resample), :mod:`fastasr.corpora.shape_audio`
-(long, noisy) and :mod:`fastasr.corpora.shape_short` (short), from a source read by
-:mod:`fastasr.corpora.shape_source`.
+The shapes are built by
+:mod:`fastasr.corpora.shapes.subsets` (tiny, speakers, resample), :mod:`fastasr.corpora.shapes.audio`
+(long, noisy) and :mod:`fastasr.corpora.shapes.short` (short), from a source read by
+:mod:`fastasr.corpora.shapes.source`.
 """
 
 from __future__ import annotations
@@ -58,7 +60,6 @@ import argparse
 import hashlib
 import inspect
 import shutil
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,10 +69,10 @@ from fastasr.corpora import command
 from fastasr.corpora.command import write_split
 from fastasr.corpora.marker import mark_complete, needs_build
 from fastasr.corpora.paths import CorpusLayoutError, require_dir
-from fastasr.corpora.shape_audio import build_long, build_noisy
-from fastasr.corpora.shape_short import build_short
-from fastasr.corpora.shape_source import LAYOUT, SPLITS, read_corpus, source_hashes
-from fastasr.corpora.shape_subsets import build_resample, build_speakers, build_tiny
+from fastasr.corpora.shapes.audio import build_long, build_noisy
+from fastasr.corpora.shapes.short import build_short
+from fastasr.corpora.shapes.source import LAYOUT, SPLITS, read_corpus, source_hashes
+from fastasr.corpora.shapes.subsets import build_resample, build_speakers, build_tiny
 
 SHAPE_VERSION = 1  # bump when a shape's output for given settings changes
 
@@ -151,9 +152,9 @@ def build_shape(shape: str, src: str | Path, out: str | Path, *, seed: int = 0, 
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m fastasr.corpora.shapes", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="fastasr-corpus shapes", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="shape", required=True, metavar="SHAPE",
-                           help=" | ".join(SHAPES) + " (python -m fastasr.corpora.shapes SHAPE -h: its options)")
+                           help=" | ".join(SHAPES) + " (fastasr-corpus shapes SHAPE -h: its options)")
     parsers = {}
     for name, shape in SHAPES.items():
         sp = sub.add_parser(name, help=shape.help, description=shape.help)
@@ -191,7 +192,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_shape(a.shape, a.src, a.out, seed=a.seed, force=a.force, **options)
 
     return command.run(_parser(), argv, build)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,7 @@
-"""Template sentences over the lexicon of ``words.txt`` (~1400 common English words in
-classes: det, adj, noun, pron, modal, neg, verb, prep, adv, conj)."""
+"""The built-in corpus's sentences: templates filled from the word classes of ``words.txt``
+(~1400 common English words in classes: det, adj, noun, pron, modal, neg, verb, prep, adv, conj).
+Not a pronunciation lexicon (that is :mod:`fastasr.data.lexicon`): this module writes the text
+that :mod:`fastasr.corpora.synthetic` speaks."""
 
 from __future__ import annotations
 
