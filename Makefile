@@ -100,7 +100,7 @@ SRC ?=
 
 base-model: $(KERNELS)  ## the base model to fine-tune from: Mini LibriSpeech (SRC=path/to/train-clean-5), 12,000 updates, resumable (docs/RECIPES.md)
 	@test -n "$(SRC)" || { echo "error: make base-model needs SRC=<LibriSpeech train-clean-5 directory> (docs/DATA.md: Mini LibriSpeech)" >&2; exit 2; }
-	$(PY) -m fastasr.corpora.mini_librispeech $(SRC) data/mini_librispeech
+	$(BIN)/fastasr-corpus mini-librispeech $(SRC) data/mini_librispeech
 	$(PY) train.py data=manifest experiment=base_model $(ARGS)
 
 .PHONY: data-joined
