@@ -283,7 +283,7 @@ def centroid_tiles(C: int, E: int, EV: int, dot_dtype, backward: bool, keys: int
     (fp32 operands, the backward's extra tiles, ``C > 128``); the half-precision backward of
     65-128 centroids on heads of up to 32 in 4 warps on rows shorter than
     :data:`SHORT_BACKWARD_BELOW`. Each configuration compiles for sm_90 without spills
-    (``python -m fastasr.kernels.compile_check``)."""
+    (``fastasr-kernels compile-check``)."""
     block_c = max(64, next_power_of_2(C))  # fewer rows took more registers on sm_90
     block_e = max(16, next_power_of_2(max(E, EV)))
     width = block_c * (4 if dot_dtype == tl.float32 else 1) * (2 if backward else 1) * max(1, block_e // 32)

@@ -26,7 +26,7 @@ from fastasr.kernels.rows import unit_stride
 __all__ = ["improved_clustered", "applies", "MAX_CENTROIDS"]
 
 #: Most centroids the one op serves: the centroid backward's tile of 256 centroids spills on sm_90
-#: once it also adds the sparse part's gradients (``python -m fastasr.kernels.compile_check``), so
+#: once it also adds the sparse part's gradients (``fastasr-kernels compile-check``), so
 #: more go through the two ops.
 MAX_CENTROIDS = 128
 

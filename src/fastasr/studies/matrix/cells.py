@@ -130,7 +130,7 @@ def ordered(cells: Cells, train: Sequence[str], evals: Sequence[str]) -> list[Ce
 def decoding_label(decoding: Mapping[str, Any] | None) -> str:
     """A short name of a resolved ``conf/decoding`` mapping for matrix.csv: the decoder's name
     and a hash of its settings (files by their names, so a moved data directory keeps cells
-    current), e.g. ``greedy-1a2b3c4d``; None is the default greedy decoding."""
+    current), e.g. ``greedy-<8 hex digits>``; None is the default greedy decoding."""
     spec = dict(decoding or {"name": "greedy"})
     for key in ("lexicon", "lm"):
         if isinstance(spec.get(key), Mapping):
