@@ -136,8 +136,8 @@ def cluster_sum_tile(C: int, D: int, dtype: torch.dtype) -> dict:
     """The sums' tile: every cluster and the whole row in one accumulator, 64 positions a tile,
     a warp for each 1,024 values of the accumulator (at least 4), for each 512 with float32 rows
     (whose full-precision products hold more: 8 warps spilled a 256 × 32 tile on sm_90 when one
-    program stores its sums); no spills at any served shape (``python -m
-    fastasr.kernels.compile_check``)."""
+    program stores its sums); no spills at any served shape (``fastasr-kernels
+    compile-check``)."""
     block_c, block_d = _sum_blocks(C, D)
     per_warp = 512 if dtype == torch.float32 else 1024
     return {"BLOCK_N": 64, "BLOCK_C": block_c, "BLOCK_D": block_d, "num_warps": max(4, block_c * block_d // per_warp)}

@@ -341,8 +341,8 @@ def _blocks(K: int, E: int, dot_dtype) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, BLOCK_E): K and E whole; fewer rows for wider tiles.
 
     For K = 32 and E = 32/64 this keeps every kernel at 4 warps between about 30 and
-    160 registers per thread with no spills on sm_90 (``python -m
-    fastasr.kernels.compile_check``). Not tuned on a GPU yet.
+    160 registers per thread with no spills on sm_90 (``fastasr-kernels
+    compile-check``). Not tuned on a GPU yet.
     """
     block_k = max(16, next_power_of_2(K))
     block_e = max(16, next_power_of_2(E))
