@@ -43,8 +43,7 @@ from fastasr.recognition.transcribing import Transcription
 from fastasr.recognition.transcription import resolve_inputs, run_transcription, srt_text, summary
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from long_recordings import build_long_recording  # noqa: E402
+from benchmarks.pipeline.long_recordings import build_long_recording  # noqa: E402
 
 RATE = 16000
 FEATURES = FeatureConfig(sample_rate=RATE, num_mel_bins=40, channels=1)

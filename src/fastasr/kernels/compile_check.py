@@ -19,7 +19,7 @@ products (``HGMMA``, ``HMMA``), else the longest innermost loop, and of a loop i
 runs its trip count: the centroid backward's 575 hold an 89-instruction loop over a block's top
 keys, run as often as the most a row has there). It is a measure of a kernel's
 work that needs no GPU (not a timing: latency, occupancy and memory are not in it), e.g. that
-K-means' tile with stored signs is 277 instructions against 754 (benchmarks/gpu_notes.md).
+K-means' tile with stored signs is 277 instructions against 754 (benchmarks/gpu/notes.md).
 
 Every cubin's SASS is also searched for GPU-wide memory fences (``MEMBAR`` at GPU scope) and
 L1 invalidations (``CCTL.IVALL``): Triton puts both around every ``tl.atomic_add`` with its

@@ -9,7 +9,7 @@ where the Triton kernels of :mod:`fastasr.kernels.triton_layer_norm` run it inst
   default: on the H200 at a677210 the floor's step kernels 16.4 / 20.8 ms against torch's 24.9 /
   29.3 at N = 800 / 3,200, the backward 210 against 404 µs a call; the eager step within its noise
   either way, since a Triton call costs the host about 480 µs to issue against torch's 200:
-  ``benchmarks/layer_norm_gpu.py``); ``make gpu-check``'s step table times torch's again
+  ``benchmarks/step/layer_norm_gpu.py``); ``make gpu-check``'s step table times torch's again
   ("torch layer norm");
 * ``triton``: the Triton kernels on every device (on the CPU under ``TRITON_INTERPRET=1``: how
   they are tested);

@@ -77,7 +77,7 @@ KERNELS_ENV = "FASTASR_KERNELS"
 #: partial outputs merged by a second launch; one launch backward); shorter ones one fused SDPA
 #: call (:func:`fused_centroid_values`), whose forward has one program a (batch, head) and 128
 #: centroids: 6 programs for one 65,536-key sequence of 6 heads. The split-key kernels are the
-#: faster at 65,536 keys, SDPA at 16,384 and below (benchmarks/gpu_notes.md "Decisions").
+#: faster at 65,536 keys, SDPA at 16,384 and below (benchmarks/gpu/notes.md "Decisions").
 SPLIT_KEY_VALUES_FROM = 32768
 #: Whether :func:`fused_centroid_values` runs FlashAttention's variable-length kernel where it
 #: can (:func:`fastasr.kernels.varlen.varlen_available`: CUDA, half precision) instead of SDPA
@@ -221,7 +221,7 @@ def _cluster_rows_backend(x: torch.Tensor, op: str, *shape):
 
     The Triton kernels take a clustered-100 call 20-26 % less time than the reference's
     ``index_add`` and gather, an i-clustered-100 call 8-12 %, at every N from 1,024 to 65,536
-    (benchmarks/gpu_notes.md "Decisions")."""
+    (benchmarks/gpu/notes.md "Decisions")."""
     backend = _backend(x, op)
     return backend if backend is reference or backend.applies(x, *shape) else reference
 
@@ -262,7 +262,7 @@ def centroid_attention(
 
     Where the Triton kernels run, :func:`fastasr.kernels.triton_centroid.centroid_attention`
     for the shapes it serves: with top keys always (faster than torch's products and softmax
-    at every N, benchmarks/gpu_notes.md "Decisions"; its logits stay float32 where torch's
+    at every N, benchmarks/gpu/notes.md "Decisions"; its logits stay float32 where torch's
     product rounds them to bf16), without (clustered attention) for sequences of at least
     :data:`SPLIT_KEY_VALUES_FROM` keys.
     Otherwise, on CUDA without top keys, in half precision or float32 and unless

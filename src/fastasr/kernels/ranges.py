@@ -4,7 +4,7 @@
 where a profiler (torch.profiler, the autograd profiler, ``emit_nvtx``) is on, and nothing
 otherwise: ``record_function`` creates its range whether or not anything records it, about
 6 µs of host time a range on the 2-core Xeon (``timeit``, 2026-11-29), four ranges an
-attention call; the check costs 0.3 µs. Profiles (``benchmarks/gpu_step.py --profile``,
+attention call; the check costs 0.3 µs. Profiles (``benchmarks/step/gpu.py --profile``,
 ``profile_step``) show the same ranges as before.
 """
 

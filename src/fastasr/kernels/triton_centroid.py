@@ -40,7 +40,7 @@ values are read through their strides, ``dk`` and ``dv`` written in their layout
 is summed with atomics over key spans, so it is reproducible to rounding, not bit for bit.
 Top keys of rows longer than ``triton_topk.MAX_N``, which the Triton top-k cannot hold, are
 chosen by ``torch.topk`` on the logits these kernels write and their weights gathered (18-22 %
-faster than the reference's products there, benchmarks/gpu_notes.md "Decisions"). More
+faster than the reference's products there, benchmarks/gpu/notes.md "Decisions"). More
 centroids than :func:`max_centroids` are not served here (:func:`applies`);
 ``fastasr.kernels.ops`` sends them to the reference.
 """

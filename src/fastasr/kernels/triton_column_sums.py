@@ -5,7 +5,7 @@ float32 and returned in the rows' dtype (as ``rows.sum(0)``). For many short row
 layer's output gradient is (64,000 positions of 192 or 768 values), where torch's reduction over
 the outer dimension was far from the memory traffic: on the H100 and the H200 a training step's
 bias gradients took 104-109 µs a call, against 5-20 µs to read the rows once
-(``benchmarks/gpu_notes.md``).
+(``benchmarks/gpu/notes.md``).
 
 Design: ``programs`` × column blocks of programs (a few an SM in all), each walking every
 ``programs``-th tile of ``ROWS`` rows of its columns and adding the tile to a ``(ROWS, BLOCK_D)``

@@ -30,7 +30,7 @@ reads them (one 16-byte vector load a thread and row) instead of unpacking each 
 code again: on sm_90, C = 100, 64 positions x 4 warps, one pipeline stage, a sweep's tile
 compiles to 277 instructions a thread against 754 (the unpacking's shifts, masks and selects, and scalar loads
 of the codes), for 128 bytes read a position and sweep against 8: 21-30 % faster a call of
-the one launch at N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"). Split sweeps unpack the
+the one launch at N = 800-4,096 (benchmarks/gpu/notes.md "Decisions"). Split sweeps unpack the
 codes: there the scratch gained nothing.
 
 When one program owns a whole sequence (``P = 1`` span per sequence) the program reads
@@ -40,7 +40,7 @@ strict per-bit majority updates the centroids in registers, and nothing but the
 assignments and counts is ever written; a sequence whose centroids stop moving stops there,
 as the C++ kernel's does (``reference.fixed_point_iteration``: on trained models' queries half
 of the 11 sweeps for Mini LibriSpeech utterances, 79 % for 430–770-position ones,
-benchmarks/results/kmeans_convergence.md). That is the case whenever the batch has
+benchmarks/gpu/notes.md "Answered questions"). That is the case whenever the batch has
 enough sequences (``ONE_LAUNCH_FROM``). When it has not (a few long sequences), each
 sequence is split over ``P`` programs and every iteration is two launches: the sweep,
 whose programs add their accumulators with int32 atomics (order-independent, so the
@@ -79,7 +79,7 @@ __all__ = ["hamming_kmeans", "hash_kmeans", "spans_per_sequence", "MAX_CLUSTERS"
 #: centroids' bit vectors live in registers. ``C = 100`` (the paper's) uses 128.
 MAX_CLUSTERS = 256
 #: With at least this many sequences (batch x heads) every sequence gets one program and all
-#: iterations run in one launch (measured by ``clustering_gpu.py``'s K-means table: one launch
+#: iterations run in one launch (measured by ``attention/clustering_gpu.py``'s K-means table: one launch
 #: is as fast or faster from 96 sequences of N = 4,096, 1.67 against 2.05 ms at 120 of 3,200;
 #: 8.3 against 1.4 ms at 24 of 16,384; benchmarks/results/clustering_*.md).
 ONE_LAUNCH_FROM = 96
@@ -110,7 +110,7 @@ UPDATE_BLOCK_C = 32
 #: kernel's launch, then K-means on its codes). Inside, the hash's products move into each
 #: sequence's program (1,272 instructions a 64-position tile on sm_90, once before the sweeps'
 #: 11 × 277) and the codes' write and read, the hash's launch and its gap go (benchmarks/
-#: gpu_notes.md "The hash inside K-means"). Off until a GPU times it: ``make gpu-check`` times
+#: gpu/notes.md "The hash inside K-means"). Off until a GPU times it: ``make gpu-check`` times
 #: both (``bench_io.KERNEL_SWITCHES`` "hash inside K-means").
 HASH_IN_KMEANS = False
 

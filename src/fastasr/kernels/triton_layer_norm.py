@@ -7,7 +7,7 @@ with its autograd backward. For rows many and short, as a sequence model's activ
 traffic: on the H100 and the H200 a training step's layer-norm backward took 330 µs for
 ``(64000, 192)`` float32 rows, 263 of them in the kernel summing the weight's and bias's
 gradients, and the forward 114 µs, against 20-30 µs to read and write the rows once
-(``benchmarks/gpu_notes.md``).
+(``benchmarks/gpu/notes.md``).
 
 Design:
 
@@ -29,7 +29,7 @@ Design:
 
 The launchers cache each shape's launch (grid, tile, warps) and allocate once a call what the
 kernels write: the host's time a call counts as much as the kernels' where a step waits for its
-host (``benchmarks/layer_norm_gpu.py``'s second table: on the H200's host a forward + backward
+host (``benchmarks/step/layer_norm_gpu.py``'s second table: on the H200's host a forward + backward
 through these kernels took 384 µs to issue, torch's 164; the model's pre-norm call under
 autocast 483 against 199).
 

@@ -17,7 +17,7 @@ that takes the same set (about ``32 - log2`` of the distance between the ``k``-t
 ``k+1``-th largest keys: 15-16 steps on average, 11-25, for rows of 800 and 3,200 Gaussian
 float32 scores with k = 32; ties at the ``k``-th score and ``-inf`` padding take more, at most
 32), and a program once all its rows have: 29-38 % faster than 32 steps a row at
-N = 800-4,096 (benchmarks/gpu_notes.md "Decisions"). A row starts from a bracket of its own
+N = 800-4,096 (benchmarks/gpu/notes.md "Decisions"). A row starts from a bracket of its own
 keys (:data:`BRACKET`; half the steps on Gaussian scores); then the entries above ``T``
 are taken, and of those equal to ``T`` the lowest positions until ``k`` are taken: the row is
 read again a chunk at a time (:data:`STORE_ELEMENTS` a thread), and one running sum of both
@@ -212,11 +212,11 @@ def topk_tile(n: int, rows: int) -> tuple[int, int]:
     longer rows, as many whole rows as fit in ``_ELEMENTS`` scores a program, 8 warps from
     4,096 scores a program, else 4.
 
-    Measured by ``clustering_gpu.py`` (benchmarks/results/clustering_*.md, the parts
+    Measured by ``attention/clustering_gpu.py`` (benchmarks/results/clustering_*.md, the parts
     table, 6 heads x 100 centroids, 65,536 tokens): at N = 800 and 1,024, 0.57 and 0.42 ms
     with a warp a row against 1.07 and 0.88 with 4 rows x 8 warps a program; at N = 3,200 to
     16,384 the two are within 6 % either way, so longer rows keep the shared program.
-    ``benchmarks/clustering_gpu.py --topk-tiles`` times other tiles against this one.
+    ``benchmarks/attention/clustering_gpu.py --topk-tiles`` times other tiles against this one.
     """
     block_n = next_power_of_2(n)
     if block_n <= 1024:
