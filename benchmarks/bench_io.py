@@ -73,8 +73,8 @@ def slugify(name: str) -> str:
 
 
 #: What a CPU's or GPU's model name carries that does not tell machines apart: trademark signs,
-#: "Processor"/"CPU", "N-Core", the clock ("@ 2.20GHz").
-_NAME_NOISE = re.compile(r"\((?:r|tm|c)\)|\b(?:processor|cpu)\b|\b\d+-core\b|@\s*[\d.]+\s*[gm]hz", re.IGNORECASE)
+#: "Processor", "N-Core", the clock ("CPU @ 2.20GHz").
+_NAME_NOISE = re.compile(r"\((?:r|tm|c)\)|\bprocessor\b|\b\d+-core\b|(?:\bcpu\s*)?@\s*[\d.]+\s*[gm]hz", re.IGNORECASE)
 
 
 def machine_slug(name: str) -> str:

@@ -88,7 +88,9 @@ def test_one_spelling_a_machine():
     ("AMD EPYC-2c", "amd-epyc-2c"),
     ("AMD EPYC 7B13 64-Core Processor-16c", "amd-epyc-7b13-16c"),
     ("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz-8c", "intel-xeon-platinum-8480-8c"),
+    ("Intel(R) Core(TM) i7-9700K CPU @ 3.60GHz-8c", "intel-core-i7-9700k-8c"),
     ("NVIDIA H200", "nvidia-h200"),
+    ("cpu-interpreter", "cpu-interpreter"),  # gpu_table.py's --device cpu plumbing run
     ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
 ])
 def test_machine_slug(name, slug):

@@ -9,7 +9,7 @@ What ``trainer.precision`` costs per update: ``32-true`` against ``bf16-mixed`` 
 ``trainer.precision: auto`` takes where the CPU multiplies bfloat16 natively,
 :func:`fastasr.training.derived_config.auto_precision`). The model is the one ``python train.py
 <overrides>`` trains (its ``model`` config composed by Hydra; 40 characters of output, the
-features' bins in), built twice from one seed. A step is ``step_time.Stepper``'s, what training
+features' bins in), built twice from one seed. A step is ``step/cpu.py Stepper``'s, what training
 does with one batch: forward (under ``torch.autocast("cpu", torch.bfloat16)`` for bf16, as
 Lightning's ``bf16-mixed`` runs it), CTC, backward, gradient clipping at 10 and a RAdam update
 with training's weight decay, with SpecAugment on. Each batch holds ``--frames`` 10-ms frames of
