@@ -76,10 +76,10 @@ lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check src tests benchmarks train.py evaluate.py
 
 bench: $(KERNELS)  ## CPU table: ours vs pytorch-fast-transformers (if installed) vs SDPA → benchmarks/results/
-	$(PY) benchmarks/cpu_bench.py $(ARGS)
+	$(PY) -m benchmarks.attention.cpu_table $(ARGS)
 
 gpu-check:  ## on a GPU machine, with its own Python (torch, triton, lightning; other deps from .whl/): a 3-min make train, compile check, Triton tests, bench, model step → benchmarks/results/ (~8 min)
-	PYTHON=$(PYTHON) bash benchmarks/gpu_check.sh
+	PYTHON=$(PYTHON) bash benchmarks/gpu/check.sh
 
 calibrate-auto: $(KERNELS)  ## measure this machine's full/i-clustered crossovers into conf/attention/auto.yaml
 	$(BIN)/fastasr-calibrate $(ARGS)

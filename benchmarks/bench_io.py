@@ -1,4 +1,6 @@
-"""Helpers shared by the benchmark scripts (run as `python benchmarks/<script>.py`)."""
+"""Helpers shared by the benchmark scripts (run as ``python -m benchmarks.<folder>.<script>`` from
+the repository root): the machine's name, result files, the commit, kernel switches, time budgets.
+Timing is :mod:`benchmarks.timing`'s."""
 
 from __future__ import annotations
 
@@ -61,13 +63,25 @@ def machine_info(device) -> dict:
         slug = info["gpu"]
     else:
         slug = f"{cpu}-{cores}c"
-    info["slug"] = slugify(slug)
+    info["slug"] = machine_slug(slug)
     return info
 
 
 def slugify(name: str) -> str:
     """``name`` for a file name: lower case, each run of other characters one ``-``."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+#: What a CPU's or GPU's model name carries that does not tell machines apart: trademark signs,
+#: "Processor", "N-Core", the clock ("CPU @ 2.20GHz").
+_NAME_NOISE = re.compile(r"\((?:r|tm|c)\)|\bprocessor\b|\b\d+-core\b|(?:\bcpu\s*)?@\s*[\d.]+\s*[gm]hz", re.IGNORECASE)
+
+
+def machine_slug(name: str) -> str:
+    """The one file-name spelling of a machine (a GPU's name, or a CPU's model name and ``-<cores>c``):
+    ``Intel(R) Xeon(R) Processor-2c`` -> ``intel-xeon-2c``, ``AMD EPYC 7B13 64-Core Processor-2c``
+    -> ``amd-epyc-7b13-2c``, ``NVIDIA H100 80GB HBM3`` -> ``nvidia-h100-80gb-hbm3``."""
+    return slugify(_NAME_NOISE.sub(" ", name))
 
 
 def load_average() -> str:
@@ -101,9 +115,18 @@ def result_stem(out_dir: str | Path, name: str, info: dict) -> Path:
 
 
 def command_line(script: str) -> str:
-    """The command that wrote a table (``script`` under benchmarks/, with this process's arguments),
-    as a Markdown code span."""
-    return f"`python benchmarks/{script} {' '.join(sys.argv[1:])}`".replace("` `", "")
+    """The command that wrote a table (``script`` under benchmarks/, ``step/cpu.py``, run as its
+    module with this process's arguments), as a Markdown code span."""
+    module = "benchmarks." + script.removesuffix(".py").replace("/", ".")
+    return f"`python -m {module} {' '.join(sys.argv[1:])}`".replace(" `", "`")
+
+
+def child_env() -> dict:
+    """This process's environment for a benchmark's own subprocess (``python -m benchmarks...``):
+    the repository root and its ``src/`` first on ``PYTHONPATH``."""
+    root = Path(__file__).resolve().parents[1]
+    paths = [str(root), str(root / "src"), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
 def measure_and_write(measure: Callable, write_table: Callable, args) -> None:
@@ -155,14 +178,6 @@ def switched_label(spec: str, switches) -> str:
     return ", ".join((spec, *switches))
 
 
-def synchronize(device) -> None:
-    """Wait for the work queued on ``device`` (nothing to wait for off CUDA)."""
-    import torch
-
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def use_interpreted_kernels(script: str) -> bool:
     """For a GPU script's ``--device cpu`` plumbing run: route fastasr's ops to the Triton
     kernels on CPU tensors, which needs them interpreted (``TRITON_INTERPRET=1``, set before
@@ -177,7 +192,7 @@ def use_interpreted_kernels(script: str) -> bool:
     return True
 
 
-#: Unix time by which a benchmark script stops starting new rows (set by ``gpu_check.sh`` for
+#: Unix time by which a benchmark script stops starting new rows (set by ``gpu/check.sh`` for
 #: each step from its time cap, so a step ends with its tables written instead of being killed).
 DEADLINE_ENV = "BENCH_DEADLINE"
 

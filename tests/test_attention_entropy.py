@@ -1,20 +1,14 @@
-"""benchmarks/attention_entropy.py: how sharp each layer's attention is in a checkpoint."""
+"""benchmarks/models/attention_entropy.py: how sharp each layer's attention is in a checkpoint."""
 
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import attention_entropy as entropy  # noqa: E402  (benchmarks/ is no package)
-
-from fastasr.model import CTCModel  # noqa: E402
+from benchmarks.models import attention_entropy as entropy
+from fastasr.model import CTCModel
 
 
 def test_uniform_attention_has_the_entropy_log_of_the_valid_keys_and_one_hot_none():

@@ -256,7 +256,7 @@ def test_packed_full_attention_runs_under_inference_mode():
 
 
 def test_full_attention_path_per_device_dtype_and_length():
-    """The measured choice (benchmarks/gpu_notes.md "Decisions"): CPU key mask; on a GPU in half
+    """The measured choice (benchmarks/gpu/notes.md "Decisions"): CPU key mask; on a GPU in half
     precision the key mask below dense_from (2,048), dense below varlen_from (32,768), varlen
     from there (dense where varlen cannot run); in fp32 the key mask below pack_from and
     packing from it. (Decided on meta tensors.)"""

@@ -1,4 +1,4 @@
-"""benchmarks/cpu_bench.py (what `make bench` runs): the table, the targets, the paper's column."""
+"""benchmarks/attention/cpu_table.py (what `make bench` runs): the table, the targets, the paper's column."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run(tmp_path, *extra) -> str:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "cpu_bench.py"), "--quick", "--out-dir", str(tmp_path), *extra],
-        capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""},
+        [sys.executable, "-m", "benchmarks.attention.cpu_table", "--quick", "--out-dir", str(tmp_path), *extra],
+        capture_output=True, text=True, timeout=600, env={"PYTHONPATH": str(ROOT / "src"), "PATH": ""}, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (md,) = tmp_path.glob("cpu_*.md")
@@ -40,54 +40,14 @@ def test_cpu_bench_writes_the_table_with_or_without_the_papers_code(tmp_path):
     assert "vs pytorch-fast-transformers 0.4.0: not measured (skipped (--no-theirs))" in text
 
 
-def test_host_overhead_times_the_launchers_with_the_launches_stubbed(tmp_path):
-    """benchmarks/host_overhead.py: one forward + backward of i-clustered-100 through the Triton
-    path on the CPU, each launch a no-op that counts itself (12: the launch test's i-clustered in
-    float32, its block table twice), the host's microseconds and where they go."""
-    pytest.importorskip("triton")
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "host_overhead.py"), "--specs", "i-clustered-100", "--repeats", "3",
-         "--warmups", "1", "--profile", "--out-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (md,) = tmp_path.glob("host_overhead_*.md")
-    text = md.read_text()
-    row = next(line for line in text.splitlines() if line.startswith("| i-clustered-100 |"))
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1] == "12" and 0 < float(cells[3]) <= float(cells[2]) <= float(cells[4]), row
-    assert "### i-clustered-100: functions by their own time over 3 calls (cProfile)" in text
-
-
-def test_topk_steps_counts_fewer_steps_bracketed_for_the_same_keys(tmp_path):
-    """benchmarks/topk_steps.py: the kernel's bisection run in PyTorch from the whole int32 range
-    and from BRACKET's bracket; both take the same keys (else it exits non-zero), and bracketed
-    rows take fewer steps: at most 0.6 times as many on rows of 800 (k = 32: 32 groups of 25),
-    fewer on rows of 100 (groups of 3 or 4 bound less)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "topk_steps.py"), "--ns", "100", "800", "--rows", "200",
-         "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = {line.split("|")[1].strip(): line for line in (tmp_path / "topk_steps.md").read_text().splitlines()
-            if line.startswith(("| 100 |", "| 800 |"))}
-    for n, most in (("100", 1.0), ("800", 0.6)):
-        whole, bracketed = (float(cell.split()[0]) for cell in rows[n].strip("|").split("|")[2:4])
-        assert bracketed < most * whole, rows[n]
-
-
 def test_step_times_floor_with_torch_dropout_keeps_the_feed_forwards_gelu():
-    """benchmarks/step_time.py's "floor, torch dropout": every dropout torch's own, the
+    """benchmarks/step/cpu.py's "floor, torch dropout": every dropout torch's own, the
     feed-forward's ``GeluDropout`` a GELU and torch's dropout, so in eval the same model as the
     floor (the same weights: one seed)."""
     import torch
     from torch import nn
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import step_time
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks.step import cpu as step_time
     floor, torch_dropout = (step_time.build_model(spec, 1) for spec in (step_time.FLOOR, step_time.FLOOR_TORCH_DROPOUT))
     dropouts = [m for m in torch_dropout.modules() if isinstance(m, nn.Dropout)]
     assert dropouts and all(type(m) is nn.Dropout for m in dropouts)
@@ -98,7 +58,7 @@ def test_step_times_floor_with_torch_dropout_keeps_the_feed_forwards_gelu():
 
 @pytest.mark.parametrize("graphed", ["GraphedStepper", "UpdateGraphedStepper"])
 def test_gpu_step_graphed_split_step_updates_the_model_as_the_eager_step(monkeypatch, graphed):
-    """benchmarks/gpu_step.py's ``GraphedStepper`` and ``UpdateGraphedStepper``, whose captures
+    """benchmarks/step/gpu.py's ``GraphedStepper`` and ``UpdateGraphedStepper``, whose captures
     run eagerly off CUDA: the first's split step (the forward; CTC on its detached output; CTC's
     gradient copied into the backward's input; backward, clipping and RAdam), the second's
     update on its own copy of the gradients, leave the parameters ``GpuStepper``'s step leaves,
@@ -106,11 +66,7 @@ def test_gpu_step_graphed_split_step_updates_the_model_as_the_eager_step(monkeyp
     than the one it captured."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_step
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks.step import gpu as gpu_step
     monkeypatch.setattr(gpu_step, "DEVICE", torch.device("cpu"))
     batch = gpu_step.make_batch(32, 64)
     moved = {}  # each parameter's change over the two steps (lr 1e-4: compared as changes, not values)

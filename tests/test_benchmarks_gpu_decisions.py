@@ -1,23 +1,21 @@
-"""benchmarks/gpu_decisions.py: the kernel settings a GPU's tables decide, read off tables the
+"""benchmarks/gpu/decisions.py: the kernel settings a GPU's tables decide, read off tables the
 test writes in the benchmarks' formats (no GPU)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-try:
-    import bench_io
-    import gpu_decisions as gd
-finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+from benchmarks import bench_io
+from benchmarks.gpu import decisions as gd
 
-# clustering_gpu.py's tables as it writes them (headings, "N × B" rows, cells that failed)
+ROOT = Path(__file__).resolve().parents[1]
+
+# attention/clustering_gpu.py's tables as it writes them (headings, "N × B" rows, cells that failed)
 CLUSTERING = """# The clustering step on NVIDIA H200
 
 ## No host synchronisation in forward + backward
@@ -51,10 +49,10 @@ CLUSTERING = """# The clustering step on NVIDIA H200
 | 16384 × 4 | 0.600 | 0.550 | 2.500 | 2.200 | 0.80 | 0.70 |
 """
 
-# gpu_step.py's: the step under a dated line, then the kernels alone
+# step/gpu.py's: the step under a dated line, then the kernels alone
 STEP = """# One training step of the paper's model on NVIDIA H200
 
-`python benchmarks/gpu_step.py`
+`python benchmarks/step/gpu.py`
 
 2026-11-29, torch 2.11.0+cu130, commit abc1234. 9 layers of 6 heads × 32.
 
@@ -204,7 +202,7 @@ def test_the_models_own_switches_are_decided_on_the_steps_kernels_and_lose_no_st
 
 
 def test_the_step_as_cuda_graphs_is_built_where_every_graphed_step_wins_at_800():
-    """gpu_step.py's "<spec>, as CUDA graphs" columns against their eager steps: a training step
+    """step/gpu.py's "<spec>, as CUDA graphs" columns against their eager steps: a training step
     captured as graphs is worth building where each wins at N = 800 and none loses elsewhere."""
     graphed = STEP.replace(" | full's path |\n|---|---:|---:|---:|---:|---:|---:|---:|---|",
                            " | floor, as CUDA graphs | clustered-100, as CUDA graphs | full's path |\n"
@@ -247,9 +245,10 @@ def test_the_script_writes_its_verdicts_and_compares_with_a_commit(tmp_path):
     git("add", ".")
     git("commit", "-qm", "tables then")
     (results / "clustering_fake-gpu.md").write_text(CLUSTERING.replace("| auto |", "| auto, renamed |"))
-    script = [sys.executable, str(ROOT / "benchmarks" / "gpu_decisions.py"), "--gpu", "fake-gpu", "--results", str(results)]
+    script = [sys.executable, "-m", "benchmarks.gpu.decisions", "--gpu", "fake-gpu", "--results", str(results)]
+    on_path = {"PYTHONPATH": str(ROOT)}  # the script runs as a module of the repository's benchmarks package
     proc = subprocess.run([*script, "--baseline", "HEAD", "--same", "auto, renamed=auto"], capture_output=True,
-                          text=True, cwd=repo, env={"PATH": "/usr/bin:/bin", "FASTASR_COMMIT": "abc1234"})
+                          text=True, cwd=repo, env={"PATH": "/usr/bin:/bin", "FASTASR_COMMIT": "abc1234", **on_path})
     assert proc.returncode == 0, proc.stderr
     text = (results / "gpu_decisions_fake-gpu.md").read_text()
     assert "\n- `ops.SPLIT_KEY_VALUES_FROM: the N the rows pass from`: from N = 16,384\n" in text
@@ -258,7 +257,9 @@ def test_the_script_writes_its_verdicts_and_compares_with_a_commit(tmp_path):
     assert "commit abc1234" in text and "## Each column against commit HEAD's" in text
     # 0.500 now against 0.400 then, by its new name
     assert "| auto, renamed | auto | clustering: Hamming K-means | 800: 1.25 · 3,200: 1.00 · 16,384: 1.00 | slower at N = 800 |" in text
-    proc = subprocess.run([*script, "--same", "auto"], capture_output=True, text=True, cwd=repo)
+    proc = subprocess.run([*script, "--same", "auto"], capture_output=True, text=True, cwd=repo,
+                          env={**os.environ, **on_path})
     assert proc.returncode == 2 and "--same takes NOW=THEN pairs; got ['auto']" in proc.stderr
-    proc = subprocess.run([*script[:-4], "--gpu", "other-gpu", "--results", str(results)], capture_output=True, text=True)
+    proc = subprocess.run([*script[:-4], "--gpu", "other-gpu", "--results", str(results)], capture_output=True, text=True,
+                          cwd=ROOT)
     assert proc.returncode == 2 and "no clustering_other-gpu.md or gpu_step_other-gpu.md under" in proc.stderr

@@ -1,4 +1,4 @@
-"""benchmarks/layer_norm_gpu.py without a GPU: its arguments checked before anything is timed, and
+"""benchmarks/step/layer_norm_gpu.py without a GPU: its arguments checked before anything is timed, and
 a clear exit where no CUDA device is visible."""
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "layer_norm_gpu.py"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "benchmarks.step.layer_norm_gpu", *args], capture_output=True, text=True, env=env,
                           timeout=120, cwd=ROOT)
 
 

@@ -1,19 +1,15 @@
-"""benchmarks/precision_step.py: a recipe's model stepped in float32 and under bf16 autocast."""
+"""benchmarks/step/precision.py: a recipe's model stepped in float32 and under bf16 autocast."""
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import precision_step  # noqa: E402
+from benchmarks.step import precision as precision_step
 
 
 def test_precision_step_times_the_recipes_model_both_ways_and_writes_the_table(tmp_path, monkeypatch):
-    monkeypatch.setattr(sys, "argv", ["precision_step.py", "--lengths", "96", "48"])
+    monkeypatch.setattr(sys, "argv", ["step/precision.py", "--lengths", "96", "48"])
     built = []
     real_build = precision_step.build_stepper
 

@@ -258,12 +258,12 @@ def test_feature_cache_bench_runs_on_the_tiny_corpus(tiny_corpus, tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, str(root / "benchmarks" / "feature_cache_bench.py"), "--out-dir", str(tmp_path / "out"),
+    cmd = [sys.executable, "-m", "benchmarks.pipeline.feature_cache", "--out-dir", str(tmp_path / "out"),
            f"data.train_manifest={tiny_corpus / 'train.jsonl'}", f"data.dev_manifest={tiny_corpus / 'dev.jsonl'}",
            f"data.test_manifest={tiny_corpus / 'test.jsonl'}", f"data.cache.dir={tmp_path / 'cache'}",
            "data.num_workers=0"]
     env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=170)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=170, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (result,) = (tmp_path / "out").glob("feature_cache_*.json")
     data = json.loads(result.read_text())

@@ -1,5 +1,5 @@
 """The Triton kernels built for the GPU without one: the real compiler (bundled ptxas) for
-sm_90, and ``benchmarks/gpu_bench.py``'s plumbing on the CPU. Each runs in a subprocess
+sm_90, and ``benchmarks/attention/gpu_table.py``'s plumbing on the CPU. Each runs in a subprocess
 without ``TRITON_INTERPRET`` (the interpreted kernels are ``tests/test_kernels_triton.py``)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_kernels_compile_for_sm90_without_spills(tmp_path):
     and register spills only show here. With ``--loops``: K-means' sweeps reading stored
     signs (the one launch's) issue at most 0.65 times the instructions a tile of those
     unpacking the codes (the split's), in each tile the launcher uses (0.46-0.60 with Triton
-    3.6, benchmarks/gpu_notes.md), and hashing the queries in that launch leaves its sweeps'
+    3.6, benchmarks/gpu/notes.md), and hashing the queries in that launch leaves its sweeps'
     tile as it is (within 8 instructions: 405 against 403 for 64 x 4).
     """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -88,7 +88,7 @@ def test_hot_loop_is_the_innermost_loop_with_tensor_core_products():
 
 
 def test_a_report_fails_on_a_compile_error_a_spill_a_fence_or_a_conversion():
-    """``KernelReport.fails``, which ``compile_check``'s exit status and ``kernel_resources.py``
+    """``KernelReport.fails``, which ``compile_check``'s exit status and ``gpu/kernel_resources.py``
     both read: a configuration that did not compile, spills, holds a GPU-wide fence or converts
     integers to floats in a loop fails."""
     from fastasr.kernels.compile_check import KernelReport
@@ -155,11 +155,11 @@ def test_gpu_fences_are_counted_as_acq_rel_atomics_compile():
 
 
 def _run_gpu_bench_quick(tmp_path, *extra):
-    script = ROOT / "benchmarks" / "gpu_bench.py"
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FASTASR_KERNELS")}
     proc = subprocess.run(
-        [sys.executable, str(script), "--quick", "--device", "cpu", "--out-dir", str(tmp_path), *extra],
-        capture_output=True, text=True, env=env, timeout=900,
+        [sys.executable, "-m", "benchmarks.attention.gpu_table", "--quick", "--device", "cpu", "--out-dir", str(tmp_path),
+         *extra],
+        capture_output=True, text=True, env=env, timeout=900, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "check ok" in proc.stdout
@@ -175,7 +175,7 @@ def _run_gpu_bench_quick(tmp_path, *extra):
 @pytest.mark.slow
 @pytest.mark.timeout(960)
 def test_gpu_bench_quick_cpu_smoke(tmp_path):
-    """benchmarks/gpu_bench.py plumbing on the CPU: check, time, write csv/md/png (one N, fp32)."""
+    """benchmarks/attention/gpu_table.py plumbing on the CPU: check, time, write csv/md/png (one N, fp32)."""
     rows = _run_gpu_bench_quick(tmp_path, "--ns", "32", "--dtypes", "float32")
     assert {r["dtype"] for r in rows} == {"float32"}
 
@@ -195,13 +195,9 @@ def test_kernel_switches_name_settings_they_change():
     context only: a renamed setting fails here, not after a GPU has started."""
     import importlib
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_io
-        import clustering_gpu
-        import gpu_step
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks import bench_io
+    from benchmarks.attention import clustering_gpu
+    from benchmarks.step import gpu as gpu_step
     used = {s for _, switches in clustering_gpu.CALLS for s in switches}
     used |= {s for *_, switches in gpu_step.VARIANTS.values() for s in switches}
     assert used == set(bench_io.KERNEL_SWITCHES)
@@ -219,13 +215,13 @@ def test_kernel_switches_name_settings_they_change():
     assert bench_io.switched_label("clustered-100", names[:1]) == "clustered-100, split-key centroid values"
 
 
-def _run_cpu_plumbing(script: str, tmp_path, *args) -> str:
-    """``benchmarks/<script> --device cpu ...`` under the Triton interpreter; its stdout."""
+def _run_cpu_plumbing(module: str, tmp_path, *args) -> str:
+    """``python -m benchmarks.<module> --device cpu ...`` under the Triton interpreter; its stdout."""
     env = {k: v for k, v in os.environ.items() if k != "FASTASR_KERNELS"}
     env["TRITON_INTERPRET"] = "1"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--device", "cpu",
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--device", "cpu",
                            "--out-dir", str(tmp_path), *args],
-                          capture_output=True, text=True, env=env, timeout=600)
+                          capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -233,10 +229,10 @@ def _run_cpu_plumbing(script: str, tmp_path, *args) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_clustering_gpu_cpu_plumbing(tmp_path):
-    """benchmarks/clustering_gpu.py end to end on the CPU (tiny sizes, 4 clusters): every
+    """benchmarks/attention/clustering_gpu.py end to end on the CPU (tiny sizes, 4 clusters): every
     section written, every call (and the one with the kernel switch) run, nothing failed or
     differing, so that a GPU's few minutes are not lost to the script."""
-    _run_cpu_plumbing("clustering_gpu.py", tmp_path, "--ns", "64", "--tokens", "128", "--repeats", "1",
+    _run_cpu_plumbing("attention.clustering_gpu", tmp_path, "--ns", "64", "--tokens", "128", "--repeats", "1",
                       "--check-n", "64", "--clusters", "4", "--heads", "1", "--topk-tiles", "1:1", "--kmeans-stages", "2", "--tiles", "16:2:128", "--sparse-tiles", "16:2",
                       "--centroid-bwd-tiles", "64:8")
     md = (tmp_path / "clustering_cpu-interpreter.md").read_text()
@@ -258,12 +254,8 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
     assert "| auto, 2 stages |" in md and "| sparse part: fused, 16 rows × 2 warps |" in md
     for bad in ("fail", "differ", "synchronises"):
         assert bad not in md.lower(), md
-    # every column that times an alternative has its rule in gpu_decisions.py (FAMILIES, SWITCH_RULES)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_decisions
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    # every column that times an alternative has its rule in gpu/decisions.py (FAMILIES, SWITCH_RULES)
+    from benchmarks.gpu import decisions as gpu_decisions
     tables = gpu_decisions.load(tmp_path, "cpu-interpreter")
     decided = {(row.table, row.candidate) for row in gpu_decisions.decide(tables)[0]}
     references = {"spans (auto)", "auto", "auto, unpacked signs", "one launch", "split", "sparse part: products + torch",
@@ -279,11 +271,11 @@ def test_clustering_gpu_cpu_plumbing(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(660)
 def test_gpu_step_cpu_plumbing(tmp_path):
-    """benchmarks/gpu_step.py on the CPU: a step of each kind of variant (one with the kernel
+    """benchmarks/step/gpu.py on the CPU: a step of each kind of variant (one with the kernel
     switch set) and the floor ratios in the table, and the profile of one step. The variants
     share one step function; i-clustered's interpreted top-k over 1,200 centroid rows would
     take most of this test's time, and test_clustering_gpu_cpu_plumbing runs its kernels."""
-    _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
+    _run_cpu_plumbing("step.gpu", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--rounds", "1", "--variants", "full", "full, dense", "clustered-100", "floor",
                       "clustered-100, split-key centroid values", "clustered-100, hash inside K-means",
                       "clustered-100, varlen centroid values", "floor, torch layer norm",
@@ -301,7 +293,7 @@ def test_gpu_step_cpu_plumbing(tmp_path):
     assert "The same steps' GPU kernels alone" in md and md.count("CUDA only") == 11
     waits = md.split("The step less its kernels")[1].splitlines()
     assert next(line for line in waits if line.startswith("| 64 (2) |")) == "| 64 (2) |" + " – |" * 11  # no kernels
-    _run_cpu_plumbing("gpu_step.py", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
+    _run_cpu_plumbing("step.gpu", tmp_path, "--lengths", "64", "--frames", "128", "--layers", "1",
                       "--profile", "clustered-100", "floor")
     profile = (tmp_path / "gpu_step_profile_cpu-interpreter.txt").read_text()
     assert "### clustered-100, N = 64: one step" in profile and "### floor, N = 64: one step" in profile
@@ -316,11 +308,7 @@ def test_kernel_time_counts_each_kernel_once():
 
     from torch.autograd import DeviceType
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_io
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks import bench_io
 
     def event(device, us, annotation=False):
         return SimpleNamespace(device_type=device, self_device_time_total=us, is_user_annotation=annotation)
@@ -334,11 +322,7 @@ def test_kernel_time_counts_each_kernel_once():
 def test_benchmark_failure_cells_name_the_error_in_one_line():
     """A failed cell of the GPU tables: the error's type and its first line cut to the width,
     and an error without a message still makes a cell (rather than ending the run)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_io
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks import bench_io
     assert bench_io.failure(ValueError("bad tile\nsecond line"), 5) == "ValueError: bad t"
     assert bench_io.failure(RuntimeError()) == "RuntimeError: "
 
@@ -349,11 +333,7 @@ def test_centroid_backward_tile_switch_sets_its_tile_whatever_the_rows_length():
     length), the forward's tile the launcher's."""
     import triton.language as tl
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import clustering_gpu
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks.attention import clustering_gpu
     from fastasr.kernels.clustering import triton_centroid
 
     forward = triton_centroid.centroid_tiles(100, 32, 32, tl.bfloat16, False, 800)
@@ -369,12 +349,8 @@ def test_benchmark_budget_stops_new_rows_and_says_where(monkeypatch, tmp_path):
     """``bench_io.Budget``: unlimited without seconds or ``$BENCH_DEADLINE``; once spent it
     notes once where the tables stop, and clustering_gpu's tables start no row past it (the
     header stays, so the file says what was cut); a malformed deadline is an error naming it."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_io
-        import clustering_gpu
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks import bench_io
+    from benchmarks.attention import clustering_gpu
     monkeypatch.delenv(bench_io.DEADLINE_ENV, raising=False)
     lines: list[str] = []
     assert not bench_io.Budget().spent(lines, "x") and not bench_io.Budget(3600).spent(lines, "x")
@@ -396,11 +372,7 @@ def test_benchmark_budget_stops_new_rows_and_says_where(monkeypatch, tmp_path):
     assert not any(line.startswith("| 64 ") for line in lines)
     clustering_gpu.attention_table(lines, [64], 1)
     assert not any(line.startswith("| 64 ") for line in lines)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import gpu_step
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks.step import gpu as gpu_step
     from fastasr.kernels.clustering import ops
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # --device cpu's condition; nothing runs a kernel here
@@ -413,11 +385,12 @@ def test_benchmark_budget_stops_new_rows_and_says_where(monkeypatch, tmp_path):
 
 
 _FAKE_GPU_PYTHON = """#!/usr/bin/env bash
-# python on a GPU machine, for gpu_check.sh's own logic: names a GPU, logs each call
+# python on a GPU machine, for gpu/check.sh's own logic: names a GPU, logs each call
 echo "$*" >> "$FAKE_LOG"
 case "$*" in
   *get_device_name*) echo "Fake GPU 80GB" ;;
   *git_commit*) echo abc1234 ;;
+  *machine_slug*) echo fake-gpu-80gb ;;
   *compile-check*) echo "$BENCH_DEADLINE $(date +%s)" > "$FAKE_LOG.deadline"; sleep "$FAKE_COMPILE_S" ;;
   *fastasr.cli.budget*) mkdir -p outputs/budget/table2-frames-gpu && echo "| member |" > outputs/budget/table2-frames-gpu/budget.md ;;
 esac
@@ -435,8 +408,8 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     (exit 0)."""
     import shutil
 
-    (tmp_path / "benchmarks").mkdir()
-    shutil.copy(ROOT / "benchmarks" / "gpu_check.sh", tmp_path / "benchmarks" / "gpu_check.sh")
+    (tmp_path / "benchmarks" / "gpu").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "gpu" / "check.sh", tmp_path / "benchmarks" / "gpu" / "check.sh")
     fake = tmp_path / "fakepy"
     fake.write_text(_FAKE_GPU_PYTHON)
     fake.chmod(0o755)
@@ -452,7 +425,7 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
         results = tmp_path / "benchmarks" / "results"
         for old in results.glob("gpu_check_*.md"):
             old.unlink()
-        proc = subprocess.run(["bash", str(tmp_path / "benchmarks" / "gpu_check.sh")], capture_output=True,
+        proc = subprocess.run(["bash", str(tmp_path / "benchmarks" / "gpu" / "check.sh")], capture_output=True,
                               text=True, env=env, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         summary = (results / f"gpu_check_fake-gpu-80gb_{part}.md").read_text()
@@ -473,17 +446,17 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     calls, _ = gpu_check()
     pytest_call = next(c for c in calls if c.startswith("-m pytest"))
     assert " -n " in pytest_call and "tests/test_kernels_triton.py" in pytest_call
-    assert [c.split()[0] for c in calls if c.startswith("benchmarks/")] == [
-        "benchmarks/gpu_step.py", "benchmarks/gpu_bench.py", "benchmarks/full_paths.py",
-        "benchmarks/layer_norm_gpu.py", "benchmarks/gpu_step.py", "benchmarks/clustering_gpu.py",
-        "benchmarks/gpu_decisions.py"]
+    assert [c.split()[1] for c in calls if c.startswith("-m benchmarks.")] == [
+        "benchmarks.step.gpu", "benchmarks.attention.gpu_table", "benchmarks.attention.full_paths",
+        "benchmarks.step.layer_norm_gpu", "benchmarks.step.gpu", "benchmarks.attention.clustering_gpu",
+        "benchmarks.gpu.decisions"]
     assert any(c.startswith("-m pytest") and "-m cuda tests/" in c for c in calls)
     # FSDD carried: its step alone (no kernel steps) builds the speaker-disjoint split and trains
     # with the documented data=manifest command, its budget cut to GPU_CHECK_FSDD_MINUTES
     (tmp_path / "data" / "fsdd_src" / "recordings").mkdir(parents=True)
     env.update(GPU_CHECK_KERNELS="0", GPU_CHECK_FSDD_MINUTES="3")
     calls, summary = gpu_check("fsdd")
-    assert not any(c.startswith(("benchmarks/", "-m pytest", "-m fastasr.cli.kernels")) for c in calls), calls
+    assert not any(c.startswith(("-m benchmarks.", "-m pytest", "-m fastasr.cli.kernels")) for c in calls), calls
     assert "-m fastasr.cli.corpus digits data/fsdd_src data/fsdd_speakers --split speakers" in calls
     train = next(c for c in calls if c.startswith("train.py"))
     assert train.startswith("train.py data=manifest tokenizer=char data.train_manifest=data/fsdd_speakers/train.jsonl")
@@ -511,11 +484,7 @@ def test_benchmark_tables_name_the_commit_and_changes(tmp_path, monkeypatch):
     """The commit a table names: the short hash, ``+changes`` once a tracked file differs from it
     (a GPU machine's copy can carry an older ``.git`` than its files), ``FASTASR_COMMIT`` where
     set, ``unknown`` outside a checkout."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import bench_io
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    from benchmarks import bench_io
     monkeypatch.delenv("FASTASR_COMMIT", raising=False)
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -547,5 +516,5 @@ def test_tests_that_need_a_gpu_are_marked_cuda_and_run_by_the_gpu_check():
         assert self_skip not in text, path.name
         marked += [path.name] * text.count("@pytest.mark.cuda")
     assert {"test_attention_dtypes.py", "test_mixed_precision.py"} <= set(marked), marked
-    check = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
+    check = (ROOT / "benchmarks" / "gpu" / "check.sh").read_text()
     assert '-m cuda tests/' in check

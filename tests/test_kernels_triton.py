@@ -923,7 +923,7 @@ SPARSE_CASES = [
 
 
 # each case; one also with the other query rows a block that ``make gpu-check`` times
-# (``clustering_gpu.py --sparse-tiles``: more blocks a cluster)
+# (``attention/clustering_gpu.py --sparse-tiles``: more blocks a cluster)
 SPARSE_RUNS = [(*case, None) for case in SPARSE_CASES] + [(*SPARSE_CASES[1], rows) for rows in (16, 32)]
 
 
@@ -1277,7 +1277,7 @@ class _LaunchProbe:
 
 # Triton launches of one forward + backward on a padded batch with few sequences (one K-means
 # launch: every Lloyd iteration runs in it), and a ceiling on the torch kernels around them: the
-# counts today (benchmarks/gpu_notes.md, "Launches"), so a change that adds one fails here.
+# counts today (benchmarks/gpu/notes.md, "Launches"), so a change that adds one fails here.
 _LAUNCHES = {
     # the centroids' sums of their queries and the broadcast of their values, each one launch
     # forward and one backward (the other's kernel)
@@ -1298,7 +1298,7 @@ _LAUNCHES = {
 
 _INTERPRETER_ONLY = pytest.mark.skipif(
     not INTERPRETED, reason="counts launches in the Triton interpreter; on a GPU "
-    "benchmarks/clustering_gpu.py checks synchronisation with torch.cuda.set_sync_debug_mode")
+    "benchmarks/attention/clustering_gpu.py checks synchronisation with torch.cuda.set_sync_debug_mode")
 
 
 @_INTERPRETER_ONLY

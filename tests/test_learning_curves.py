@@ -1,21 +1,17 @@
-"""benchmarks/learning_curves.py: the learning-curve tables of docs/results/*/RESULTS.md from run CSV logs."""
+"""benchmarks/models/learning_curves.py: the learning-curve tables of docs/results/*/RESULTS.md from run CSV logs."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "learning_curves.py"
-
 
 @pytest.fixture(scope="module")
 def curves():
-    spec = importlib.util.spec_from_file_location("learning_curves", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks.models import learning_curves
+
+    return learning_curves
 
 
 def write_run(root: Path, name: str, epochs: list[tuple[int, float, float, float]]) -> Path:

@@ -1,4 +1,4 @@
-"""benchmarks/long_recordings.py: long recordings joined from test utterances, and the
+"""benchmarks/pipeline/long_recordings.py: long recordings joined from test utterances, and the
 measurement of one pass vs windows against utterance-by-utterance decoding (smoke-tested
 on a 20-second recording of the tiny corpus)."""
 
@@ -16,9 +16,7 @@ import soundfile as sf
 from fastasr.data.manifest import read_manifest, write_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from long_recordings import _attention, build_long_recording, render  # noqa: E402
-
+from benchmarks.pipeline.long_recordings import _attention, build_long_recording, render  # noqa: E402
 from fastasr.decoding.long_form import inner_attention_cost  # noqa: E402
 
 RATE = 16000
@@ -86,11 +84,11 @@ def test_the_benchmark_runs_on_a_20_second_recording_of_the_tiny_corpus(tiny_cor
     ckpt = train(compose_train(tiny_corpus, tmp_path / "model", "name=m", "trainer.max_epochs=1", "test=false",
                                "final_decoding=null")).last_ckpt
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "long_recordings.py"), "--ckpt", ckpt,
+        [sys.executable, "-m", "benchmarks.pipeline.long_recordings", "--ckpt", ckpt,
          "--manifest", str(tiny_corpus / "test.jsonl"), "--seconds", "20", "--attentions", "full", "i_clustered",
          "--modes", "one_pass", "windowed", "--window-s", "6", "--work-dir", str(tmp_path / "work"),
          "--out-dir", str(tmp_path / "out"), "--machine", "test"],
-        capture_output=True, text=True, timeout=900)
+        capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "out" / "long_recordings_test.json").read_text())
     assert [r["duration"] >= 20 for r in report["recordings"]] == [True]

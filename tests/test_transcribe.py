@@ -48,8 +48,7 @@ from fastasr.recognition.transcription_job import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from long_recordings import build_long_recording  # noqa: E402
+from benchmarks.pipeline.long_recordings import build_long_recording  # noqa: E402
 
 RATE = 16000
 FEATURES = FeatureConfig(sample_rate=RATE, num_mel_bins=40, channels=1)

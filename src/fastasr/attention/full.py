@@ -28,8 +28,8 @@ rounding, padded queries output 0):
   synchronisation, no gather.
 
 The choice, per device, dtype and N, is the fastest path of ``make gpu-check``'s full-attention
-table (``benchmarks/full_paths.py``; the numbers behind each threshold are in
-benchmarks/gpu_notes.md "Decisions"): on a CPU ``mask``. On a GPU in half precision ``mask``
+table (``benchmarks/attention/full_paths.py``; the numbers behind each threshold are in
+benchmarks/gpu/notes.md "Decisions"): on a CPU ``mask``. On a GPU in half precision ``mask``
 below ``dense_from`` positions (2,048), ``dense`` from there below ``varlen_from`` (32,768),
 ``varlen`` from there; ``dense`` where varlen cannot run. In float32 ``mask`` below
 ``pack_from`` positions (8,192) and ``packed`` from there.
@@ -37,7 +37,7 @@ below ``dense_from`` positions (2,048), ``dense`` from there below ``varlen_from
 On a CPU, half-precision inputs shorter than :data:`CPU_HALF_IN_FLOAT32_BELOW` positions attend
 in float32 (cast in, the output cast back): torch's CPU flash kernel is slower in bfloat16 than
 in float32 there (forward + backward, 4,000 tokens: 3.1× at N = 80, 1.2× at N = 325; from
-N = 1,024 bfloat16 is the faster: ``benchmarks/cpu_half_attention.py``, docs/BENCHMARKS.md
+N = 1,024 bfloat16 is the faster: benchmarks/gpu/notes.md "Answered questions", docs/BENCHMARKS.md
 "Full attention on a CPU").
 """
 
@@ -71,7 +71,7 @@ DEFAULT_PACK_FROM = 8192
 #: from which it takes ``varlen`` instead of ``dense`` (module docstring).
 DEFAULT_DENSE_FROM, DEFAULT_VARLEN_FROM = 2048, 32768
 #: N below which half-precision inputs on a CPU attend in float32 (module docstring; measured by
-#: benchmarks/cpu_half_attention.py, docs/BENCHMARKS.md "Full attention on a CPU").
+#: benchmarks/gpu/notes.md "Answered questions", docs/BENCHMARKS.md "Full attention on a CPU").
 CPU_HALF_IN_FLOAT32_BELOW = 1024
 
 

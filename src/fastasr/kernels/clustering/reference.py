@@ -242,7 +242,7 @@ def fixed_point_iteration(
 
     From there every later iteration repeats it exactly, so the kernels stop (the C++ kernel
     after that iteration, the Triton one-launch kernel after that sweep) and return what all
-    ``iterations`` would.
+    ``iterations`` would. benchmarks/gpu/notes.md "Answered questions" has its counts on models' queries.
     """
     _check_kmeans("fixed_point_iteration", clusters, iterations)
     B, H, N = codes.shape

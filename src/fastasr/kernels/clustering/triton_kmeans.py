@@ -40,7 +40,7 @@ strict per-bit majority updates the centroids in registers, and nothing but the
 assignments and counts is ever written; a sequence whose centroids stop moving stops there,
 as the C++ kernel's does (``reference.fixed_point_iteration``: on trained models' queries half
 of the 11 sweeps for Mini LibriSpeech utterances, 79 % for 430–770-position ones,
-benchmarks/gpu/notes.md). That is the case whenever the batch has
+benchmarks/gpu/notes.md "Answered questions"). That is the case whenever the batch has
 enough sequences (``ONE_LAUNCH_FROM``). When it has not (a few long sequences), each
 sequence is split over ``P`` programs and every iteration is two launches: the sweep,
 whose programs add their accumulators with int32 atomics (order-independent, so the
@@ -79,7 +79,7 @@ __all__ = ["hamming_kmeans", "hash_kmeans", "spans_per_sequence", "MAX_CLUSTERS"
 #: centroids' bit vectors live in registers. ``C = 100`` (the paper's) uses 128.
 MAX_CLUSTERS = 256
 #: With at least this many sequences (batch x heads) every sequence gets one program and all
-#: iterations run in one launch (measured by ``clustering_gpu.py``'s K-means table: one launch
+#: iterations run in one launch (measured by ``attention/clustering_gpu.py``'s K-means table: one launch
 #: is as fast or faster from 96 sequences of N = 4,096, 1.67 against 2.05 ms at 120 of 3,200;
 #: 8.3 against 1.4 ms at 24 of 16,384; benchmarks/results/clustering_*.md).
 ONE_LAUNCH_FROM = 96

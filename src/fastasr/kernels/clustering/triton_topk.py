@@ -212,7 +212,7 @@ def topk_tile(n: int, rows: int) -> tuple[int, int]:
     longer rows, as many whole rows as fit in ``_ELEMENTS`` scores a program, 8 warps from
     4,096 scores a program, else 4.
 
-    Measured by ``clustering_gpu.py`` (benchmarks/results/clustering_*.md, the parts
+    Measured by ``attention/clustering_gpu.py`` (benchmarks/results/clustering_*.md, the parts
     table, 6 heads x 100 centroids, 65,536 tokens): at N = 800 and 1,024, 0.57 and 0.42 ms
     with a warp a row against 1.07 and 0.88 with 4 rows x 8 warps a program; at N = 3,200 to
     16,384 the two are within 6 % either way, so longer rows keep the shared program.

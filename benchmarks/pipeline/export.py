@@ -1,0 +1,188 @@
+"""An exported recogniser against its checkpoint: the same words, the int8 copy's cost, and speed.
+
+    python -m benchmarks.pipeline.export --ckpt outputs/runs/default/checkpoints/averaged.ckpt \\
+        --manifest data/synthetic/test.jsonl --minutes 10
+    python -m benchmarks.pipeline.export --ckpt CKPT --manifest TINY/test.jsonl --minutes 0.3 --out-dir /tmp/b  (smoke)
+
+Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
+
+1. ``python -m fastasr.export``'s function writes the folder (fp32 and int8) to ``--work-dir``.
+2. Every utterance of ``--manifest``: filterbanks once (training's, ``fastasr.data.features``),
+   then the log-probabilities of PyTorch (eager, the checkpoint's model with full attention: the
+   exported graph's), onnxruntime fp32 and onnxruntime int8, one utterance a call. Each is
+   decoded by the same greedy rules (``fastasr.onnx.onnx_recogniser.OnnxRecogniser.decode``): the
+   greedy transcripts of fp32 against PyTorch's (how many identical), the largest
+   log-probability difference, and each one's WER (and PER / CER) against the references.
+3. A recording of ``--minutes`` made of the manifest's utterances joined with 0.3 s pauses, read
+   in the transcription command's windows (10 s, 4 s overlap, 8 a call) by each runtime.
+4. sherpa-onnx (where installed) decodes each utterance of the same fp32 folder: how many give
+   the runtime's greedy units (a char model's words, a phoneme model's phonemes).
+5. Speed: the model's wall time (features → log-probabilities; the same features for all three)
+   over the audio's duration, the real-time factor, on ``--threads`` threads for torch and
+   onnxruntime alike; the filterbank's own RTF for training's (torchaudio) and the runtime's
+   (kaldi-native-fbank). Best of ``--repeats`` passes.
+
+Writes ``--out-dir``/export_<corpus directory>_<machine>.md and .json. Time it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import soundfile as sf
+import torch
+
+from benchmarks import timing
+from benchmarks.bench_io import load_average, machine_info
+from fastasr.data.features import Fbank  # noqa: E402
+from fastasr.data.manifest import read_manifest  # noqa: E402
+from fastasr.decoding.windows import LongFormConfig  # noqa: E402
+from fastasr.deploy.export import export_recogniser  # noqa: E402
+from fastasr.onnx.onnx_recogniser import OnnxRecogniser, fbank  # noqa: E402
+from fastasr.recognition.loading import load_recogniser  # noqa: E402
+
+
+def best_of(repeats: int, run) -> tuple[float, object]:
+    """The shortest wall time of ``repeats`` calls of ``run`` and the last call's result."""
+    out = []
+
+    def call():
+        out[:] = [run()]
+
+    return timing.measure(call, warmup=0, repeats=repeats).min_ms / 1e3, out[0]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ckpt", required=True)
+    ap.add_argument("--manifest", required=True)
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--work-dir", default="outputs/export_bench")
+    ap.add_argument("--out-dir", default="benchmarks/results")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    work, out_dir = Path(args.work_dir), Path(args.out_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    recogniser = load_recogniser(args.ckpt)
+    trained = recogniser.model.attention_spec
+    exported = export_recogniser(recogniser, work / "export", source=args.ckpt)  # sets the model's attention to the graph's
+    fp32 = OnnxRecogniser.load(work / "export", threads=args.threads)
+    int8 = OnnxRecogniser.load(work / "export", int8=True, threads=args.threads)
+    model = recogniser.model.eval()
+
+    def torch_run(features: list[np.ndarray]) -> list[np.ndarray]:
+        lengths = torch.tensor([f.shape[0] for f in features])
+        x = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(f) for f in features], batch_first=True)
+        with torch.inference_mode():
+            lp, n = model(x, lengths)
+        return [lp[i, :k].numpy() for i, k in enumerate(n.tolist())]
+
+    runtimes = {"PyTorch eager": torch_run, "onnxruntime fp32": fp32.run, "onnxruntime int8": int8.run}
+    utterances = read_manifest(args.manifest)
+    base = Path(args.manifest).parent
+    waves = [sf.read(str(u.audio_filepath if Path(u.audio_filepath).is_absolute() else base / u.audio_filepath),
+                     dtype="float32")[0] for u in utterances]
+    seconds = sum(w.shape[0] for w in waves) / float(fp32.features["sample_rate"])
+    train_fbank = Fbank(recogniser.features)
+    fbank_rtf = {
+        "training's (torchaudio)": best_of(args.repeats, lambda: [train_fbank(torch.from_numpy(w)) for w in waves])[0] / seconds,
+        "the runtime's (kaldi-native-fbank)": best_of(args.repeats, lambda: [fbank(w, fp32.features) for w in waves])[0] / seconds,
+    }
+    features = [train_fbank(torch.from_numpy(w)).numpy() for w in waves]
+
+    rows, outputs = {}, {}
+    refs = [u.text for u in utterances]
+    for name, run in runtimes.items():
+        wall, lps = best_of(args.repeats, lambda run=run: [run([f])[0] for f in features])
+        outputs[name] = lps
+        decoded = [fp32.decode(lp, w.shape[0] / float(fp32.features["sample_rate"])) for lp, w in zip(lps, waves)]
+        hyps = [" ".join(d[1]) for d in decoded]
+        units = [[u for u in d[0] if u != fp32.tokenizer.word_boundary] for d in decoded]
+        ref_units = [fp32.tokenizer.scored_units(fp32.tokenizer.units(u)) for u in utterances]
+        rows[name] = {"wer": 100 * jiwer.wer(refs, hyps),
+                      "unit_er": 100 * jiwer.wer([" ".join(r) for r in ref_units], [" ".join(u) for u in units]),
+                      "rtf": wall / seconds, "hyps": hyps}
+    torch_lps = outputs["PyTorch eager"]
+    same = {name: sum(a == b for a, b in zip(rows[name]["hyps"], rows["PyTorch eager"]["hyps"])) for name in rows}
+    max_diff = {name: max(float(np.abs(a - b).max()) for a, b in zip(outputs[name], torch_lps)) for name in rows}
+
+    # the long recording: the utterances joined, read in the transcription command's windows
+    rate = int(fp32.features["sample_rate"])
+    pieces, total = [], 0
+    while total < args.minutes * 60 * rate:
+        for w in waves:
+            pieces += [w, np.zeros(int(0.3 * rate), np.float32)]
+            total += w.shape[0] + int(0.3 * rate)
+            if total >= args.minutes * 60 * rate:
+                break
+    long_wave = np.concatenate(pieces)[: int(args.minutes * 60 * rate)]
+    long_features = train_fbank(torch.from_numpy(long_wave)).numpy()
+    long_seconds = long_wave.shape[0] / rate
+    window = LongFormConfig(mode="windowed")
+    long_rtf = {}
+    for name, run in runtimes.items():
+        fp32.run = run  # the same windows and stitching (OnnxRecogniser.log_probs) for every runtime
+        long_rtf[name] = best_of(args.repeats, lambda: fp32.log_probs(long_features, window, batch_size=8))[0] / long_seconds
+    fp32.run = runtimes["onnxruntime fp32"]
+
+    sherpa_same = None
+    try:  # sherpa-onnx on the same folder: its greedy units against the runtime's (one pass per utterance)
+        from fastasr.onnx.sherpa import sherpa_recognizer
+
+        sherpa = sherpa_recognizer(work / "export", threads=args.threads)
+        sherpa_same = 0
+        for w in waves:
+            stream = sherpa.create_stream()
+            stream.accept_waveform(int(fp32.features["sample_rate"]), w)
+            sherpa.decode_stream(stream)
+            ours = fp32.transcribe_waveform(w, long_form=LongFormConfig(mode="one_pass"))
+            sherpa_same += stream.result.text.split() == (ours.text.split() if fp32.tokenizer.kind != "phoneme"
+                                                          else ours.units)
+    except ImportError:
+        pass
+
+    info = machine_info("cpu")
+    sizes = {f: (exported.out / f).stat().st_size / 1e6 for f in ("model.onnx", "model.int8.onnx")}
+    result = {"date": datetime.date.today().isoformat(), "machine": info, "load": load_average(), "ckpt": args.ckpt,
+              "manifest": args.manifest, "utterances": len(utterances), "seconds": round(seconds, 1),
+              "trained_attention": trained, "exported_attention": exported.attention, "sizes_mb": sizes,
+              "identical_greedy": same, "max_logprob_diff": max_diff, "fbank_rtf": fbank_rtf,
+              "long_seconds": long_seconds, "long_rtf": long_rtf, "sherpa_identical_units": sherpa_same,
+              "rows": {k: {kk: vv for kk, vv in v.items() if kk != "hyps"} for k, v in rows.items()}}
+    unit = "PER" if fp32.tokenizer.kind == "phoneme" else "CER"
+    lines = [f"# Export: {args.ckpt}", "",
+             f"{result['date']}, {info['cpu']}, {info['cores']} cores, {args.threads} threads, load {result['load']}; "
+             f"torch {info['torch']}; trained with {trained}, exported with {exported.attention}.", "",
+             f"Test set: {args.manifest}, {len(utterances)} utterances, {seconds:.0f} s; greedy decoding, the same rules for all.", "",
+             f"| runtime | model size (MB) | greedy transcripts identical to PyTorch | largest log-prob difference | WER (%) | {unit} (%) | RTF, utterances | RTF, {args.minutes:g}-min recording |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    size_of = {"PyTorch eager": sizes["model.onnx"], "onnxruntime fp32": sizes["model.onnx"], "onnxruntime int8": sizes["model.int8.onnx"]}
+    for name, row in rows.items():
+        lines.append(f"| {name} | {size_of[name]:.1f} | {same[name]} / {len(utterances)} | {max_diff[name]:.1e} | "
+                     f"{row['wer']:.2f} | {row['unit_er']:.2f} | {row['rtf']:.4f} | {long_rtf[name]:.4f} |")
+    if sherpa_same is not None:
+        lines += ["", f"sherpa-onnx (the same folder, fp32, one pass each): greedy units identical to the runtime's for "
+                      f"{sherpa_same} / {len(utterances)} utterances."]
+    lines += ["", "Filterbank RTF: " + ", ".join(f"{k} {v:.4f}" for k, v in fbank_rtf.items()), "",
+              f"Speed-up of int8 over PyTorch eager: {rows['PyTorch eager']['rtf'] / rows['onnxruntime int8']['rtf']:.2f}x "
+              f"(utterances), {long_rtf['PyTorch eager'] / long_rtf['onnxruntime int8']:.2f}x (recording); "
+              f"fp32: {rows['PyTorch eager']['rtf'] / rows['onnxruntime fp32']['rtf']:.2f}x, "
+              f"{long_rtf['PyTorch eager'] / long_rtf['onnxruntime fp32']:.2f}x."]
+    stem = f"export_{Path(args.manifest).resolve().parent.name}_{info['slug']}"  # the corpus, the machine
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print("\n".join(lines))
+    return result
+
+
+if __name__ == "__main__":
+    main()
