@@ -50,9 +50,8 @@ def test_durations_speakers_and_phonemes(long_corpus):
             for n in counts:
                 sentences.append(" ".join(words[:n]))
                 words = words[n:]
-            voice = speaking.espeak_voice_name(u.speaker)
-            expected = " | ".join(" | ".join(" ".join(w) for w in es.phonemize(s, voice)) for s in sentences)
-            assert u.phonemes == expected
+            expected = " | ".join(speaking.phonemes_of(es, s, u.speaker) for s in sentences)
+            assert u.phonemes == expected and len(u.phonemes.split(" | ")) == len(u.text.split())
             assert not re.search("[ˈˌ]", u.phonemes) and "|  |" not in u.phonemes
     assert not speakers["train"] & speakers["dev"] and not speakers["train"] & speakers["test"]
     assert not speakers["dev"] & speakers["test"]

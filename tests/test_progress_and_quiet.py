@@ -158,6 +158,30 @@ def test_known_noise_is_silenced_and_the_users_warnings_show(caplog):
     assert [r.getMessage() for r in caplog.records] == ["a torch.fx message that is not the known note"]
 
 
+LIGHTNING_PROBE = """
+import logging, sys
+if sys.argv[1] == "configured":  # as a command's Hydra job logging does before the training modules load
+    logging.basicConfig(level=logging.INFO, format="ROOT %(message)s", stream=sys.stdout)
+import lightning
+from fastasr.quiet import quiet_known_noise
+quiet_known_noise()
+logging.getLogger("lightning.pytorch.utilities.rank_zero").info("GPU available: False, used: False")
+"""
+
+
+@pytest.mark.parametrize("root", ["configured", "bare"])
+def test_lightning_logs_once_through_the_commands_handlers(root):
+    """Lightning's messages go through the root logger's handlers alone, once, when logging is set
+    up (not a second time as ``INFO: ...`` from the handler Lightning adds at import); without a
+    root handler (Lightning as a library) its own handler stays, and its messages still show."""
+    done = run("-c", LIGHTNING_PROBE, root)
+    assert done.returncode == 0, done.stderr
+    if root == "configured":
+        assert (done.stdout, done.stderr) == ("ROOT GPU available: False, used: False\n", "")
+    else:
+        assert done.stdout == "" and "GPU available: False, used: False" in done.stderr
+
+
 WANDB_PROBE = """
 import logging, sys
 from hydra import compose, initialize_config_dir

@@ -5,8 +5,10 @@ it, and a rejected config writes nothing into any run directory."""
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,18 +18,28 @@ from test_train_eval import TINY_MODEL, compose_train, data_overrides
 from fastasr.config import PROJECT_ROOT
 from fastasr.rundir import RunDir
 from fastasr.training.derived_config import resolve_train_config
-from fastasr.training.fit import train
 from fastasr.training.run_guard import RunRefused, check_run_dir
 
-FINISHED = ["trainer.max_epochs=1", "+trainer.limit_train_batches=1", "test=false", "callbacks.attention_maps=null"]
+# (no sanity validation: the one validation prints each decoded dev example once)
+FINISHED = ["trainer.max_epochs=1", "+trainer.limit_train_batches=1", "test=false", "callbacks.attention_maps=null",
+            "trainer.num_sanity_val_steps=0"]
 
 
 @pytest.fixture(scope="module")
-def finished_run(tiny_corpus, tmp_path_factory):
-    """A finished run named ``default`` (fit_done.json written), as ``make train`` leaves one."""
+def finished_train_py(tiny_corpus, tmp_path_factory):
+    """``python train.py`` to a finished run named ``default``: the process (its output) and its
+    outputs directory."""
     out = tmp_path_factory.mktemp("outputs")
-    result = train(compose_train(tiny_corpus, out, *FINISHED))
-    run = RunDir(result.run_dir)
+    done = train_py(tiny_corpus, out)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, out
+
+
+@pytest.fixture(scope="module")
+def finished_run(finished_train_py):
+    """A finished run named ``default`` (fit_done.json written), as ``make train`` leaves one."""
+    _, out = finished_train_py
+    run = RunDir(out / "runs" / "default")
     assert run.read_fit_done() is not None and run.name == "default"
     return out, run
 
@@ -44,6 +56,46 @@ def train_py(tiny_corpus: Path, out: Path, *args: str, python: tuple[str, ...] =
                "trainer.accelerator=cpu", "trainer.enable_progress_bar=false", f"paths.output_dir={out}",
                *FINISHED, *args]
     return subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+
+
+HYDRA_PREFIX = re.compile(r"\[[^]]+\]\[[^]]+\]\[[A-Z]+\] - ")  # [time][logger][LEVEL] - : Hydra's job logging
+LEVEL_PREFIX = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL): ")  # Lightning's own stderr handler's format
+
+
+def log_records(console: str) -> list[str]:
+    """The records of a command's console output, each without its logging prefix (Hydra's or
+    Lightning's): a record starts at a line with a prefix and holds the lines up to the next one (the
+    model summary's table, a decoded example's HYP line); every other line before the first prefix
+    is a record of its own."""
+    records: list[str] = []
+    continues = False
+    for line in console.splitlines():
+        prefix = HYDRA_PREFIX.match(line) or LEVEL_PREFIX.match(line)
+        if prefix:
+            records.append(line[prefix.end():])
+            continues = True
+        elif continues and records:
+            records[-1] += "\n" + line
+        else:
+            records.append(line)
+    return records
+
+
+def test_a_run_prints_each_log_line_once(finished_train_py):
+    """Each message of a ``train.py`` run, Lightning's included, shows once on the console, in
+    Hydra's format, and is in the run's log file (Lightning's own handler printed each of its
+    messages a second time, as ``INFO: <message>``). Records are compared without their prefix, so
+    one message in two formats counts twice; a record's continuation lines count with it, not alone
+    (the model summary's table draws the same rule twice); blank records are left out. With no
+    sanity validation, the dev examples are decoded once (a sanity pass would print them again)."""
+    done, out = finished_train_py
+    console = done.stdout + done.stderr
+    assert not [line for line in console.splitlines() if LEVEL_PREFIX.match(line)], console
+    records = [r for r in log_records(done.stdout) + log_records(done.stderr) if r.strip()]
+    assert [r for r, n in Counter(records).items() if n > 1] == [], console
+    log_file = (out / "runs" / "default" / "train.log").read_text()
+    for message in ("Seed set to", "GPU available:", "Total params", "`Trainer.fit` stopped"):  # Lightning's
+        assert console.count(message) == 1 and log_file.count(message) == 1, (message, console)
 
 
 def test_the_readme_example_after_a_finished_run_is_refused_and_the_run_kept(tiny_corpus, finished_run):

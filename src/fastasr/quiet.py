@@ -7,12 +7,17 @@ the user can act on; everything else, the warnings about the user's config and d
 still shows. wandb's banner and offline summary are off by its own setting
 (``conf/logger/default.yaml``: ``settings.silent``), and :func:`fastasr.training.loggers.finish_wandb`
 says in one line where the run went.
+
+Lightning's own messages ("GPU available: ...", the model summary) go through the handlers the
+command's logging set up (Hydra's console and the run's log file), once: see
+:func:`lightning_logs_through_root`.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 import warnings
 
 # (message regex, category, why it is not the user's to act on): Python warnings, matched at the
@@ -53,9 +58,42 @@ class _DropMatching(logging.Filter):
         return not any(p.match(message) for p in self.patterns)
 
 
+# The loggers to which Lightning attaches a handler of its own when it is imported: `lightning`
+# always (a stderr handler printing "INFO: <message>"), `lightning.pytorch` / `lightning.fabric`
+# (and the standalone packages') when the root logger has no handler yet.
+LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+
+
+def lightning_logs_through_root() -> None:
+    """Hand Lightning's log records to the root logger's handlers alone.
+
+    Importing ``lightning`` adds a stderr handler to the ``lightning`` logger while its children
+    propagate to the root too, so under a command's logging (Hydra's console and its job log file)
+    each message of Lightning's printed twice: ``INFO: GPU available: ...`` from Lightning's
+    handler, then ``[time][lightning...][INFO] - GPU available: ...`` from Hydra's, and only the
+    second reached the run's log file. Imported before the root had a handler, Lightning instead
+    stops its children propagating, and its messages miss the log file. Here Lightning's handlers
+    go and its loggers propagate, so each message shows once, in the command's format, on the
+    console and in the log file. Nothing changes while the root logger has no handler (Lightning
+    used as a library without logging set up: its own handlers are then the only ones) or before
+    Lightning is imported: the commands call this after importing their modules.
+    """
+    if not logging.getLogger().handlers:
+        return
+    for name in LIGHTNING_LOGGERS:
+        if name not in sys.modules:
+            continue
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:  # Lightning's, no other
+            logger.removeHandler(handler)
+        logger.propagate = True
+
+
 def quiet_known_noise() -> None:
-    """Install the filters of :data:`WARNINGS` and :data:`LOG_RECORDS` (idempotent: a second
-    call adds nothing)."""
+    """Install the filters of :data:`WARNINGS` and :data:`LOG_RECORDS` and route Lightning's
+    messages through the root logger's handlers (:func:`lightning_logs_through_root`);
+    idempotent: a second call adds nothing."""
+    lightning_logs_through_root()
     for message, category, _ in WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=category)  # an equal filter is not added twice
     for name, message, _ in LOG_RECORDS:

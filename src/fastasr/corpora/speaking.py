@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,8 @@ from fastasr.corpora.espeak import Espeak
 from fastasr.data.audio import resample, write_wav
 
 __all__ = ["SAMPLE_RATE", "SPLITS", "Job", "Style", "colored_noise", "draw_style", "espeak_voice_name",
-           "mix_and_write", "phonemes_of", "speak", "voices", "worker_init"]
+           "mix_and_write", "phonemes_of", "speak", "split_phonetic_words", "voices", "word_phonemes",
+           "worker_init"]
 
 SAMPLE_RATE = 16000
 SPLITS = ("train", "dev", "test")
@@ -129,8 +131,74 @@ def speak(es: Espeak, text: str, style: Style) -> np.ndarray:
 
 
 def phonemes_of(es: Espeak, text: str, voice: str) -> str:
-    """The manifest's ``phonemes`` of ``text`` spoken by ``voice``: units, `` | `` between words."""
-    return " | ".join(" ".join(w) for w in es.phonemize(text, espeak_voice_name(voice)))
+    """The manifest's ``phonemes`` of ``text`` spoken by ``voice``: units, `` | `` between words,
+    one phonetic word a word of ``text`` (:func:`word_phonemes`)."""
+    return " | ".join(" ".join(w) for w in word_phonemes(es, text, voice))
+
+
+def word_phonemes(es: Espeak, text: str, voice: str) -> list[list[str]]:
+    """The units espeak-ng speaks for ``text`` with ``voice``, one list for each of its words
+    (split on whitespace).
+
+    espeak-ng speaks a few word pairs as one phonetic word: its dictionary's entries such as
+    "with the" (``w ɪ ð ð ə``), "of a" (``ə v ə``) or "for a" (``f ɚ ɹ ə``), and the New York
+    voice's "my huge" (``m aɪ j uː dʒ``, the h dropped). Such a phonetic word is split where its
+    words' own phonemes (each word phonemized alone) align with it best
+    (:func:`split_phonetic_words`), so the units stay those spoken and each word has its own."""
+    name = espeak_voice_name(voice)
+    spoken = es.phonemize(text, name)
+    words = text.split()
+    if len(spoken) == len(words):
+        return spoken
+    alone = [[u for w in es.phonemize(word, name) for u in w] for word in words]
+    try:
+        return split_phonetic_words(spoken, alone)
+    except ValueError as err:
+        raise ValueError(f"{text!r} spoken by {voice}: {err}") from None
+
+
+def split_phonetic_words(spoken: Sequence[Sequence[str]], alone: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Split the phonetic words ``spoken`` into one unit list for each word, given each word's
+    own units ``alone``: every boundary of ``spoken`` is kept, and a phonetic word that holds
+    several words is cut where the sum of the edit distances between each word's units and its
+    own is least (each word at least one unit; of equal cuts, the later). ValueError when
+    there are more phonetic words than words, or fewer units than words."""
+    if len(spoken) > len(alone):
+        raise ValueError(f"{len(spoken)} phonetic words for {len(alone)} words")
+    units = [u for w in spoken for u in w]
+    ends = set(accumulate(len(w) for w in spoken))  # the cuts espeak-ng made, which every split keeps
+    n, length = len(alone), len(units)
+    # best[i][p]: least cost of the first i words over units[:p]; back[i][p]: where word i-1 starts
+    best = [[np.inf] * (length + 1) for _ in range(n + 1)]
+    back = [[0] * (length + 1) for _ in range(n + 1)]
+    best[0][0] = 0.0
+    for i in range(1, n + 1):
+        for end in range(1, length + 1):
+            for start in range(end - 1, -1, -1):  # the word's units: units[start:end]
+                if best[i - 1][start] < np.inf:
+                    cost = best[i - 1][start] + _edit_distance(units[start:end], alone[i - 1])
+                    if cost < best[i][end]:
+                        best[i][end], back[i][end] = cost, start
+                if start in ends:  # a word does not reach over a boundary espeak-ng spoke
+                    break
+    if best[n][length] == np.inf:
+        raise ValueError(f"{length} units for {n} words")
+    words, end = [], length
+    for i in range(n, 0, -1):
+        start = back[i][end]
+        words.append(units[start:end])
+        end = start
+    return words[::-1]
+
+
+def _edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
+    """Levenshtein distance between two unit sequences."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
 
 
 def mix_and_write(rng: np.random.Generator, job: Job, speech: np.ndarray, pad_samples: Sequence[int],

@@ -33,8 +33,10 @@ dev93 or the TIMIT dev set do) and is a fair model-selection proxy for test.
 (``espeak_TextToPhonemes``), split into units (espeak's own phoneme
 segmentation, so diphthongs, affricates and long vowels stay one unit), with
 stress marks dropped, r-coloured vowels written as vowel + ``ɹ`` and the
-triphthongs ``aɪə``/``aɪɚ`` as ``aɪ`` + ``ə``/``ɚ``; ``|`` separates words. The
-inventory is 57 units over the four accents.
+triphthongs ``aɪə``/``aɪɚ`` as ``aɪ`` + ``ə``/``ɚ``; ``|`` separates words, one phonetic
+word a word of ``text`` (a word pair espeak-ng speaks as one, "with the" → ``w ɪ ð ð ə``, is
+cut between its words: :func:`fastasr.corpora.speaking.word_phonemes`). The inventory is 57
+units over the four accents.
 
 Determinism: every utterance draws from its own generator seeded by
 ``(seed, split, index)`` and is synthesised by a freshly loaded copy of
@@ -65,6 +67,7 @@ from fastasr.corpora.speaking import (
     SAMPLE_RATE,
     SPLITS,
     Job,
+    Style,
     draw_style,
     mix_and_write,
     phonemes_of,
@@ -81,7 +84,7 @@ from fastasr.data.manifest import write_manifest
 
 log = logging.getLogger(__name__)
 
-GENERATOR_VERSION = 2  # bump when the output for a given seed changes
+GENERATOR_VERSION = 3  # bump when the output for a given seed changes (3: every word its phonetic word)
 MIN_DURATION, MAX_DURATION = 1.0, 8.0
 LONG_COUNTS = {"train": 600, "dev": 60, "test": 60}  # default size of a long corpus (make data-long)
 
@@ -92,6 +95,34 @@ def synthesize_utterance(job: Job) -> dict:
         return synthesize_long_utterance(job)
     es = Espeak()
     rng = np.random.default_rng([job.seed, SPLITS.index(job.split), job.index])
+    style, pad_samples, text, speech = _spoken_sentence(es, rng, job)
+    _, fields = mix_and_write(rng, job, speech, pad_samples, float(np.mean(speech**2)))
+    return {
+        "audio_filepath": fields["audio_filepath"],
+        "duration": fields["duration"],
+        "text": text,
+        "phonemes": phonemes_of(es, text, style.voice),
+        "speaker": style.voice,
+        "rate_wpm": style.rate,
+        "pitch": style.pitch,
+        "noise": fields["noise"],
+        "snr_db": fields["snr_db"],
+    }
+
+
+def utterance_text(job: Job) -> tuple[str, str, str]:
+    """``(text, phonemes, speaker)`` of the utterance :func:`synthesize_utterance` makes of
+    ``job``, without its noise or its file (the speech is still synthesised: a sentence is
+    redrawn until it is spoken in 1-8 s)."""
+    es = Espeak()
+    rng = np.random.default_rng([job.seed, SPLITS.index(job.split), job.index])
+    style, _, text, _ = _spoken_sentence(es, rng, job)
+    return text, phonemes_of(es, text, style.voice), style.voice
+
+
+def _spoken_sentence(es: Espeak, rng: np.random.Generator, job: Job) -> tuple[Style, list[int], str, np.ndarray]:
+    """The style, the silence either side (samples), the sentence and its speech of one
+    utterance: ``rng``'s draws before the noise's."""
     style = draw_style(rng, job.split)
     pads = rng.uniform(*PAD_S, size=2)
     target = int(rng.integers(2, 21))
@@ -109,19 +140,7 @@ def synthesize_utterance(job: Job) -> dict:
             break
     else:
         raise RuntimeError(f"{job.split} {job.index}: no sentence of {MIN_DURATION}-{MAX_DURATION} s in 20 attempts")
-
-    _, fields = mix_and_write(rng, job, speech, pad_samples, float(np.mean(speech**2)))
-    return {
-        "audio_filepath": fields["audio_filepath"],
-        "duration": fields["duration"],
-        "text": text,
-        "phonemes": phonemes_of(es, text, style.voice),
-        "speaker": style.voice,
-        "rate_wpm": style.rate,
-        "pitch": style.pitch,
-        "noise": fields["noise"],
-        "snr_db": fields["snr_db"],
-    }
+    return style, pad_samples, text, speech
 
 
 # --------------------------------------------------------------------- corpus

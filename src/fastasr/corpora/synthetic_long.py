@@ -46,7 +46,7 @@ from fastasr.corpora.speaking import (
     speak,
 )
 
-LONG_GENERATOR_VERSION = 1  # bump when the output of a long corpus for a given seed changes
+LONG_GENERATOR_VERSION = 2  # bump when the output of a long corpus for a given seed changes (2: every word its phonetic word)
 LONG_STREAM = 1  # 4th entry of the per-utterance seed: long utterances draw apart from short ones
 SENTENCE_WORDS = (4, 16)  # words per sentence (make_sentence's target), uniform
 PAUSE_S = (0.15, 0.6)  # silence between two sentences

