@@ -81,9 +81,13 @@ def test_chunk_context_in_seconds(tiny_corpus):
     assert chunk_context(rec, 0.64, None).size == 16 and chunk_context(rec, 0.64, None).left_chunks is None
     assert chunk_context(rec, 0.3, 1.0).size == 8 and chunk_context(rec, 0.3, 1.0).left_chunks == 4  # 25 frames
     assert chunk_context(rec, 0.01, 0).size == 1
-    assert chunk_context(rec, 0.64, "auto").left_chunks is None  # trained without chunks: all
+    # trained without chunks (or with every earlier frame): 10 s, 250 frames, rounded up to 16 chunks
+    assert chunk_context(rec, 0.64, "auto").left_chunks == 16
+    assert chunk_context(rec, 0.64, "all").left_chunks is None  # every earlier frame, asked for
     trained = tiny_recogniser(tiny_corpus, streaming={"chunk_sizes": [8], "full_context": 0.5, "left_frames": 32})
     assert chunk_context(trained, 0.64, "auto").left_chunks == 2
+    unbounded = tiny_recogniser(tiny_corpus, streaming={"chunk_sizes": [8], "left_frames": None})
+    assert chunk_context(unbounded, 0.64, "auto").left_frames == 256
     for bad, key in ((0, "chunk="), ("x", "chunk="), (float("nan"), "chunk=")):
         with pytest.raises(ValueError, match=key):
             chunk_context(rec, bad, None)
