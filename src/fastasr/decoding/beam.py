@@ -229,7 +229,7 @@ class BeamSearchDecoder:
             words = self.tokenizer.units_to_words(units)
         return Hypothesis(units=units, words=words, score=float(result.score), frames=frames)
 
-    def stream(self, max_unsettled: int = 1000) -> BeamStream:
+    def stream(self, max_unsettled: int = 250) -> BeamStream:
         """Search over log-probabilities that arrive chunk by chunk, with the LM state carried
         across chunks, its memory bounded (:class:`BeamStream`). One stream at a time per
         decoder: the search's state lives in the decoder."""
@@ -247,13 +247,15 @@ class BeamStream:
     flashlight's ``prune`` drops them. Pruning leaves the search itself unchanged (it keeps every
     live hypothesis and its LM state; only their paths before the settled frame go, and their
     scores shift by one constant), so the words are exactly the unpruned search's. Where the
-    hypotheses have not agreed for ``max_unsettled`` frames (40 s at 40 ms; rare: a beam's
+    hypotheses have not agreed for ``max_unsettled`` frames (10 s at 40 ms; rare: a beam's
     hypotheses usually share all but the last second or two), the best hypothesis's path up to
     ``max_unsettled`` frames back is committed instead, and the final words may then differ
     from the whole recording's search where a hypothesis that disagreed there wins later.
+    Settling reads every live hypothesis's unsettled path once a chunk: its cost grows with
+    the beam and the unsettled frames, both bounded.
     """
 
-    def __init__(self, decoder: BeamSearchDecoder, max_unsettled: int = 1000) -> None:
+    def __init__(self, decoder: BeamSearchDecoder, max_unsettled: int = 250) -> None:
         if max_unsettled < 1:
             raise ValueError(f"max_unsettled={max_unsettled}; expected >= 1 frame")
         self.decoder = decoder
