@@ -49,8 +49,9 @@ def simulated(rec, wave, decoding, chunk, left):
         rec.set_chunked_decoding(None)
 
 
-@pytest.mark.parametrize("attention", ["full", {"name": "i-clustered", "clusters": 4, "topk": 3, "seed": 2}],
-                         ids=["full", "i-clustered"])
+@pytest.mark.parametrize("attention", ["full", {"name": "clustered", "clusters": 4, "seed": 2},
+                                       {"name": "i-clustered", "clusters": 4, "topk": 3, "seed": 2}],
+                         ids=["full", "clustered", "i-clustered"])
 @pytest.mark.parametrize("decoding", ["greedy", "beam_lm"])
 def test_streamed_words_equal_the_simulated_chunked_decoding(tiny_corpus, waveform, attention, decoding):
     rec = tiny_recogniser(tiny_corpus, attention=attention, positions="absolute", utterance_cmvn=True, seed=1)
@@ -81,9 +82,13 @@ def test_chunk_context_in_seconds(tiny_corpus):
     assert chunk_context(rec, 0.64, None).size == 16 and chunk_context(rec, 0.64, None).left_chunks is None
     assert chunk_context(rec, 0.3, 1.0).size == 8 and chunk_context(rec, 0.3, 1.0).left_chunks == 4  # 25 frames
     assert chunk_context(rec, 0.01, 0).size == 1
-    assert chunk_context(rec, 0.64, "auto").left_chunks is None  # trained without chunks: all
+    # trained without chunks (or with every earlier frame): 10 s, 250 frames, rounded up to 16 chunks
+    assert chunk_context(rec, 0.64, "auto").left_chunks == 16
+    assert chunk_context(rec, 0.64, "all").left_chunks is None  # every earlier frame, asked for
     trained = tiny_recogniser(tiny_corpus, streaming={"chunk_sizes": [8], "full_context": 0.5, "left_frames": 32})
     assert chunk_context(trained, 0.64, "auto").left_chunks == 2
+    unbounded = tiny_recogniser(tiny_corpus, streaming={"chunk_sizes": [8], "left_frames": None})
+    assert chunk_context(unbounded, 0.64, "auto").left_frames == 256
     for bad, key in ((0, "chunk="), ("x", "chunk="), (float("nan"), "chunk=")):
         with pytest.raises(ValueError, match=key):
             chunk_context(rec, bad, None)
@@ -121,3 +126,68 @@ def test_the_command_streams_and_prints_partials(tiny_corpus, tmp_path, capsys):
     assert stdout.getvalue() == f"{path}\t{expected.text}\n"
     assert report["transcribed"] == 1 and report["failed"][0]["path"].endswith("missing.wav")
     assert report["stream"] == {"chunk": "chunks of 0.32 s (8 frames), left context every earlier frame"}
+
+
+def _chunks(total: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+    bounds = [0]
+    while bounds[-1] < total:
+        bounds.append(min(total, bounds[-1] + int(rng.integers(1, 12))))
+    return list(zip(bounds, bounds[1:]))
+
+
+@pytest.mark.parametrize("kind", ["phoneme", "char"])
+def test_greedy_partials_are_appended_chunk_by_chunk(tiny_corpus, monkeypatch, kind):
+    """After every chunk the greedy stream's hypothesis is the decoder's over everything so far
+    (units, frames, words through the lexicon), built by appending: the whole path is never
+    decoded again, and each partial's units extend the previous one's."""
+    from fastasr.decoding.greedy import GreedyDecoder
+
+    rec = tiny_recogniser(tiny_corpus, kind=kind)
+    decoder = rec.decoder("greedy")
+    rng = np.random.default_rng(0)
+    V = rec.vocab_size
+    best = torch.from_numpy(rng.choice(V, 600, p=[0.5] + [0.5 / (V - 1)] * (V - 1)))
+    best[100:140] = rec.tokenizer.vocab.index("|")  # a run of boundaries
+    log_probs = torch.nn.functional.one_hot(best, V).float().log_softmax(-1)
+    expected = [decoder(log_probs[:end]) for _, end in _chunks(600, np.random.default_rng(1))]
+    monkeypatch.setattr(GreedyDecoder, "decode_path", lambda *a: pytest.fail("the whole path decoded again"))
+    stream, previous = decoder.stream(), []
+    for (start, end), want in zip(_chunks(600, np.random.default_rng(1)), expected):
+        stream.accept(log_probs[start:end])
+        got = stream.partial()
+        assert (got.units, got.frames, got.words) == (want.units, want.frames, want.words)
+        assert got.units[:len(previous)] == previous or previous[-1:] == ["|"]
+        previous = got.units
+    assert len(stream.finish().words) > 3
+
+
+def _spoken(rec, words: int, rng: np.random.Generator) -> torch.Tensor:
+    """Peaked ``(T, V)`` log-probabilities of random lexicon words, each unit two frames and a blank."""
+    vocab = rec.tokenizer.vocab
+    lexicon = sorted(rec.lexicon.entries)
+    path = []
+    for word in rng.choice(lexicon, words):
+        units = list(rec.lexicon.entries[word].most_common(1)[0][0]) + ["|"]
+        for unit in units:
+            path += [vocab.index(unit)] * 2 + [0]
+    log_probs = torch.full((len(path), len(vocab)), -8.0) + torch.from_numpy(rng.random((len(path), len(vocab)))).float()
+    log_probs[torch.arange(len(path)), torch.tensor(path)] = -0.05
+    return log_probs.log_softmax(-1)
+
+
+def test_the_beam_search_stream_settles_its_prefix_and_stays_bounded(tiny_corpus):
+    """A long beam + LM stream commits the prefix every live hypothesis shares: the search's
+    buffer stays short however long the stream, and the words equal one search over the whole."""
+    rec = tiny_recogniser(tiny_corpus)
+    decoder = rec.decoder({"name": "beam", "beam_size": 20, "lm": {"source": "auto"}})
+    log_probs = _spoken(rec, 150, np.random.default_rng(0))
+    whole = decoder(log_probs)
+    stream, held = decoder.stream(), []
+    for start, end in _chunks(log_probs.shape[0], np.random.default_rng(2)):
+        stream.accept(log_probs[start:end])
+        held.append(stream.buffered)
+    final = stream.finish()
+    assert log_probs.shape[0] > 2000 and max(held) < 150 and stream.settled > log_probs.shape[0] - 150
+    assert final.words == whole.words and final.units == whole.units and final.frames == whole.frames
+    assert final.score == pytest.approx(whole.score, rel=1e-6, abs=1e-3)
+    assert len(final.words) == 150

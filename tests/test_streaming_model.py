@@ -175,3 +175,70 @@ def test_a_chunked_training_step_back_propagates(attention):
     loss.backward()
     grad = m.encoder.layers[0].attn.q_proj.weight.grad
     assert torch.isfinite(loss) and grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+# every attention of the registry a stream takes: the exact per-query ones (full, top-k) attend with
+# the chunk's queries alone; the others run on the window's queries, kept in the cache
+EVERY_ATTENTION = [
+    ("full", {}), ("topk-3", {}), ({"name": "clustered", "clusters": 4, "seed": 3}, {}),
+    ({"name": "i-clustered", "clusters": 4, "topk": 3, "seed": 3}, {}),
+    ({"name": "lsh", "rounds": 2, "chunk": 4, "buckets": 4, "seed": 3}, {"shared_qk": True}),
+    ({"name": "auto", "crossover_no_grad": 8, "clusters": 4, "topk": 3, "seed": 3}, {}),
+]
+
+
+def _name(a):
+    return a if isinstance(a, str) else a["name"]
+
+
+@pytest.mark.parametrize("attention, extra", EVERY_ATTENTION, ids=[_name(a) for a, _ in EVERY_ATTENTION])
+def test_every_attention_streams_as_the_simulated_forward(attention, extra):
+    m = model(attention, positions="rotary", **extra)
+    ctx = ChunkContext(3, left_chunks=2)
+    feats = torch.randn(1, 130, 12)
+    with torch.no_grad():  # as decoding runs (auto's crossover depends on it)
+        expected = m(feats, torch.tensor([130]), ctx)[0][0]
+    stream = m.start_stream(ctx)
+    got = torch.cat([stream.accept(feats[0, i:i + 11]) for i in range(0, 130, 11)] + [stream.finish()])
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS, ids=lambda a: a if isinstance(a, str) else a["name"])
+def test_the_layer_caches_never_exceed_the_window_and_stay_constant(attention):
+    """After each chunk every layer holds at most the left context (keys, values, the convolution's
+    frames; the window's queries only for the clustered variants), and after enough chunks exactly
+    that: the same lengths at chunk 10 as at chunk 60."""
+    m = model(attention)
+    ctx = ChunkContext(2, left_chunks=3)  # 6 frames of left context
+    stream = m.start_stream(ctx)
+    lengths = []
+    for _ in range(60):
+        stream.accept(torch.randn(2 * 4, 12))  # one chunk: 2 encoder frames of 4 input frames
+        for state in stream.layers:
+            assert state.frames <= 6 and state.values.shape[2] == state.frames
+            assert state.queries.shape[2] == (0 if attention == "full" else state.frames)
+            assert state.conv_left.shape[1] == 2  # kernel 5: two frames before the chunk
+        lengths.append([state.frames for state in stream.layers])
+    assert lengths[9] == lengths[59] == [6, 6] and lengths[0] == [2, 2]
+    assert stream.pending.shape[0] == 0 and stream.before.shape[1] == 4  # the front end's frames
+
+
+def test_a_streamed_chunk_projects_and_attends_with_its_own_queries_only(monkeypatch):
+    """Full attention in a stream: the chunk's C queries against the window's L + C keys."""
+    import fastasr.model.encoder as encoder
+
+    shapes = []
+    real = encoder.chunk_attention
+
+    def spy(q, k, v, top=None):
+        shapes.append((q.shape[2], k.shape[2]))
+        return real(q, k, v, top)
+
+    monkeypatch.setattr(encoder, "chunk_attention", spy)
+    m = model()
+    projected = []
+    m.encoder.layers[0].attn.q_proj.register_forward_hook(lambda mod, args, out: projected.append(args[0].shape[1]))
+    stream = m.start_stream(ChunkContext(4, left_chunks=2))
+    stream.accept(torch.randn(4 * 4 * 6, 12))  # six chunks
+    assert set(projected) == {4}
+    assert shapes[::2] == [(4, 4), (4, 8), (4, 12), (4, 12), (4, 12), (4, 12)]  # layer 1 of each chunk

@@ -45,7 +45,7 @@ from flashlight.lib.text.dictionary import Dictionary, create_word_dict
 
 from fastasr.data.lexicon import Lexicon
 from fastasr.data.tokenizer import BLANK, Tokenizer
-from fastasr.decoding.hypothesis import Hypothesis, tidy_boundary_indices
+from fastasr.decoding.hypothesis import Hypothesis, PathWords, tidy_boundary_indices
 from fastasr.lm.bundled import BundledLM
 
 log = logging.getLogger(__name__)
@@ -229,37 +229,116 @@ class BeamSearchDecoder:
             words = self.tokenizer.units_to_words(units)
         return Hypothesis(units=units, words=words, score=float(result.score), frames=frames)
 
-    def stream(self) -> BeamStream:
+    def stream(self, max_unsettled: int = 250) -> BeamStream:
         """Search over log-probabilities that arrive chunk by chunk, with the LM state carried
-        across chunks (:class:`BeamStream`). One stream at a time per decoder: the search's
-        state lives in the decoder."""
-        return BeamStream(self)
+        across chunks, its memory bounded (:class:`BeamStream`). One stream at a time per
+        decoder: the search's state lives in the decoder."""
+        return BeamStream(self, max_unsettled)
 
 
 class BeamStream:
     """The beam search of a stream (flashlight's incremental decoding): ``accept(log_probs)`` per
     chunk, ``partial()`` the best hypothesis so far, ``finish()`` the final one, which equals the
-    decoder's over the whole ``(T, V)`` (the same search, fed in pieces). The search keeps every
-    frame's hypotheses until ``finish``: memory grows with the stream's length."""
+    decoder's over the whole ``(T, V)`` (the same search, fed in pieces).
 
-    def __init__(self, decoder: BeamSearchDecoder) -> None:
+    Memory stays bounded: the search holds its hypotheses of every frame back to the last frame
+    where all its live hypotheses agree (the same units and words up to it: the *settled* prefix);
+    after each chunk the settled frames are committed here (their units and words, read once) and
+    flashlight's ``prune`` drops them. Pruning leaves the search itself unchanged (it keeps every
+    live hypothesis and its LM state; only their paths before the settled frame go, and their
+    scores shift by one constant), so the words are exactly the unpruned search's. Where the
+    hypotheses have not agreed for ``max_unsettled`` frames (10 s at 40 ms; rare: a beam's
+    hypotheses usually share all but the last second or two), the best hypothesis's path up to
+    ``max_unsettled`` frames back is committed instead, and the final words may then differ
+    from the whole recording's search where a hypothesis that disagreed there wins later.
+    Settling reads every live hypothesis's unsettled path once a chunk: its cost grows with
+    the beam and the unsettled frames, both bounded.
+    """
+
+    def __init__(self, decoder: BeamSearchDecoder, max_unsettled: int = 250) -> None:
+        if max_unsettled < 1:
+            raise ValueError(f"max_unsettled={max_unsettled}; expected >= 1 frame")
         self.decoder = decoder
-        self.frames = 0
+        self.max_unsettled = max_unsettled
+        self.frames = 0  # emission frames decoded
+        self.settled = 0  # path positions committed: the search's buffer starts at this one
+        self.last: int | None = None  # the last committed position's unit id
+        self.path = PathWords(decoder.tokenizer, decoder.tokenizer.units_to_words)
+        self.words: list[str] = []  # the committed words (lexicon search)
+        self.offset = 0.0  # the scores pruning subtracted
         decoder._search.decode_begin()
+
+    @property
+    def buffered(self) -> int:
+        """Frames the search holds hypotheses of (the unsettled ones)."""
+        return self.frames - self.settled + 1
 
     def accept(self, log_probs: Any) -> None:
         emissions = self.decoder._emissions(log_probs)
         if emissions.shape[0]:
             self.decoder._search.decode_step(emissions.ctypes.data, emissions.shape[0], emissions.shape[1])
             self.frames += emissions.shape[0]
+            self._settle()
+
+    def _settle(self) -> None:
+        """Commit the prefix every live hypothesis shares and prune the search to after it."""
+        search = self.decoder._search
+        hyps = search.get_all_final_hypothesis()  # the live hypotheses (the last frame's)
+        if not hyps:
+            return
+        tokens = np.array([h.tokens for h in hyps])  # (hypotheses, buffer + 1): buffer position 0 first
+        words = np.array([h.words for h in hyps])
+        differ = ((tokens != tokens[:1]) | (words != words[:1])).any(0)
+        common = int(differ.argmax()) if differ.any() else tokens.shape[1]
+        held = tokens.shape[1] - 1
+        best = 0
+        if held - common > self.max_unsettled:  # no agreement for too long: the best path's prefix
+            best = max(range(len(hyps)), key=lambda i: hyps[i].score)
+            common = held - self.max_unsettled
+        # flashlight prunes where the best path last ended a word at or before `common` (so it may
+        # keep more), the position its get_best_hypothesis with the same look-back ends at
+        look_back = max(1, held - common)
+        settled = len(search.get_best_hypothesis(look_back).tokens) - 1
+        search.prune(look_back)
+        if settled > 0:
+            self.offset += max(h.score for h in hyps)  # what pruning subtracted from every score
+            self._commit(tokens[best, :settled], words[best, :settled])
+
+    def _add(self, path: PathWords, tokens: Any, last: int | None, frames: int | None) -> int | None:
+        """Add a stretch of path positions (from ``self.settled`` on) to ``path``; the last unit id.
+        ``frames``: the frames decoded, for the appended closing frame's position (None: none)."""
+        blank, vocab = self.decoder._blank_id, self.decoder.vocab
+        for i, t in enumerate(tokens.tolist() if hasattr(tokens, "tolist") else tokens):
+            at = self.settled + i  # position 0 is the search's start token, position t + 1 frame t
+            if t != blank and (at == 0 or t != last):
+                frame = max(at - 1, 0)
+                path.add(vocab[t], frame if frames is None else min(frame, max(frames - 1, 0)))
+            last = t
+        return last
+
+    def _word_labels(self, words: Any) -> list[str]:
+        return [self.decoder._words.get_entry(int(w)) for w in words if w >= 0]
+
+    def _commit(self, tokens: np.ndarray, words: np.ndarray) -> None:
+        self.last = self._add(self.path, tokens, self.last, None)
+        if self.decoder.lexicon is not None:
+            self.words += self._word_labels(words)
+        self.settled += len(tokens)
+
+    def _hypothesis(self, result, frames: int) -> Hypothesis:
+        """The committed prefix and ``result``'s path over the search's buffer, as one hypothesis."""
+        path = self.path.fork()
+        self._add(path, result.tokens, self.last, frames)
+        words = self.words + self._word_labels(result.words) if self.decoder.lexicon is not None else None
+        return path.hypothesis(score=float(result.score) + self.offset, words=words)
 
     def partial(self) -> Hypothesis:
         if not self.frames:
             return Hypothesis(units=[], words=[], frames=[])
-        return self.decoder._hypothesis(self.decoder._search.get_best_hypothesis(), self.frames)
+        return self._hypothesis(self.decoder._search.get_best_hypothesis(), self.frames)
 
     def finish(self) -> Hypothesis:
         search, closing = self.decoder._search, self.decoder._closing()
         search.decode_step(closing.ctypes.data, 1, closing.shape[1])
         search.decode_end()
-        return self.decoder._hypothesis(search.get_all_final_hypothesis()[0], self.frames)
+        return self._hypothesis(search.get_all_final_hypothesis()[0], self.frames)

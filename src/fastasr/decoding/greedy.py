@@ -6,7 +6,7 @@ import torch
 
 from fastasr.data.lexicon import Lexicon
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.decoding.hypothesis import Hypothesis, tidy_boundary_indices, word_groups
+from fastasr.decoding.hypothesis import Hypothesis, PathWords, tidy_boundary_indices, word_groups
 
 
 def ctc_greedy(log_probs: torch.Tensor, lengths: torch.Tensor, blank: int = 0) -> list[list[int]]:
@@ -70,10 +70,14 @@ class GreedyDecoder:
         raw = tok.decode(best[frames].tolist())
         kept = tidy_boundary_indices(raw, tok.word_boundary)
         units, frames = [raw[i] for i in kept], [frames[i] for i in kept]
+        return Hypothesis(units=units, words=self.words_of(units), frames=frames)
+
+    def words_of(self, units: list[str]) -> list[str]:
+        """The words of ``units``: through the lexicon for a phoneme model that has one (a
+        pronunciation it does not know stays a phonetic word), else the tokenizer's."""
         if self._words is None:
-            return Hypothesis(units=units, words=tok.units_to_words(units), frames=frames)
-        words = [self._words.get(tuple(g), "".join(g)) for g in word_groups(units, tok.word_boundary)]
-        return Hypothesis(units=units, words=words, frames=frames)
+            return self.tokenizer.units_to_words(units)
+        return [self._words.get(tuple(g), "".join(g)) for g in word_groups(units, self.tokenizer.word_boundary)]
 
     def stream(self) -> GreedyStream:
         """Decoding of log-probabilities that arrive chunk by chunk (:class:`GreedyStream`)."""
@@ -82,17 +86,36 @@ class GreedyDecoder:
 
 class GreedyStream:
     """Greedy decoding of a stream: ``accept(log_probs)`` per chunk, ``partial()`` the hypothesis
-    so far, ``finish()`` the final one, equal to the decoder's over the whole ``(T, V)``."""
+    so far, ``finish()`` the final one, equal to the decoder's over the whole ``(T, V)``.
+
+    Each chunk's best path is read once: its units are appended to what the earlier chunks gave
+    (:class:`~fastasr.decoding.hypothesis.PathWords`), so a chunk costs the same at any point of
+    the stream (what grows is the list of words so far that ``partial()`` copies out)."""
 
     def __init__(self, decoder: GreedyDecoder) -> None:
         self.decoder = decoder
-        self.path: list[torch.Tensor] = []
+        self.path = PathWords(decoder.tokenizer, decoder.words_of)
+        self.frames = 0  # frames accepted
+        self.last: int | None = None  # the last frame's argmax
 
     def accept(self, log_probs: torch.Tensor) -> None:
-        self.path.append(log_probs.detach().argmax(dim=-1).cpu())
+        best = log_probs.detach().argmax(dim=-1).cpu()  # (T,)
+        if not best.shape[0]:
+            return
+        tok = self.decoder.tokenizer
+        starts = torch.ones_like(best, dtype=torch.bool)
+        starts[1:] = best[1:] != best[:-1]
+        if self.last is not None:
+            starts[0] = bool(best[0] != self.last)
+        starts &= best != tok.blank_id
+        frames = starts.nonzero().flatten().tolist()
+        for frame, unit in zip(frames, tok.decode(best[frames].tolist())):
+            self.path.add(unit, self.frames + frame)
+        self.last = int(best[-1])
+        self.frames += best.shape[0]
 
     def partial(self) -> Hypothesis:
-        return self.decoder.decode_path(torch.cat(self.path) if self.path else torch.zeros(0, dtype=torch.long))
+        return self.path.hypothesis()
 
     def finish(self) -> Hypothesis:
         return self.partial()

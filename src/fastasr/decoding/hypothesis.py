@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fastasr.data.tokenizer import WORD_BOUNDARY
+from fastasr.data.subword import WORD_START
+from fastasr.data.tokenizer import SUBWORD_KINDS, WORD_BOUNDARY
 
 
 @dataclass
@@ -74,3 +76,55 @@ def word_frames(units: Sequence[str], spans: Sequence[tuple[int, int]], boundary
                 word_start: str | None = None) -> list[tuple[int, int]]:
     """``[start, end)`` frames of each word: from its first unit's start to its last unit's end."""
     return [(spans[g[0]][0], spans[g[-1]][1]) for g in word_unit_groups(units, boundary, word_start)]
+
+
+class PathWords:
+    """The units, frames and words of a CTC path that arrives a unit at a time (a stream's
+    decoding), at a cost a unit that does not grow with the path: :meth:`add` each unit the path
+    emits (blanks and repeats already dropped) with its frame; :meth:`hypothesis` gives what
+    :func:`tidy_boundary_indices` and ``words_of`` would give over all the units at once.
+
+    ``words_of(units)``: the words of a run of units (a tokenizer's ``units_to_words``, or a
+    lexicon's spellings); it must split at word boundaries (``|``; for sentencepiece units, a
+    piece starting with ``▁``), as every one here does. Words are computed once, when the next
+    word starts; only the word still open is recomputed at each :meth:`hypothesis`.
+    """
+
+    def __init__(self, tokenizer, words_of) -> None:
+        self.boundary = tokenizer.word_boundary
+        self.word_start = WORD_START if tokenizer.kind in SUBWORD_KINDS else None
+        self.words_of = words_of
+        self.units: list[str] = []
+        self.frames: list[int] = []
+        self.words: list[str] = []  # the words of units[:_open]
+        self._open = 0  # units[_open:]: the word still open
+        self._boundary: int | None = None  # frame of a boundary kept back until a unit follows it
+
+    def add(self, unit: str, frame: int) -> None:
+        if unit == self.boundary:
+            if self.units and self._boundary is None:  # a leading or repeated boundary is dropped
+                self._boundary = frame
+                self.words += self.words_of(self.units[self._open:])
+                self._open = len(self.units) + 1
+            return
+        if self._boundary is not None:
+            self.units.append(self.boundary)
+            self.frames.append(self._boundary)
+            self._boundary = None
+        elif self.word_start is not None and unit.startswith(self.word_start):
+            self.words += self.words_of(self.units[self._open:])
+            self._open = len(self.units)
+        self.units.append(unit)
+        self.frames.append(frame)
+
+    def fork(self) -> PathWords:
+        """A copy that units can be added to without changing this one."""
+        other = copy.copy(self)
+        other.units, other.frames, other.words = list(self.units), list(self.frames), list(self.words)
+        return other
+
+    def hypothesis(self, score: float | None = None, words: list[str] | None = None) -> Hypothesis:
+        """The :class:`Hypothesis` so far (``words``: these instead of the units' words)."""
+        if words is None:
+            words = self.words + self.words_of(self.units[self._open:])
+        return Hypothesis(units=list(self.units), words=words, score=score, frames=list(self.frames))

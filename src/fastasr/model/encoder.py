@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fastasr.attention import build_attention
+from fastasr.attention import AutoAttention, FullAttention, TopKAttention, build_attention
 from fastasr.kernels.layers.dropout import Dropout, GeluDropout
 from fastasr.kernels.layers.layer_norm import LayerNorm
 from fastasr.kernels.layers.linear import Linear
@@ -97,6 +97,62 @@ class AttentionLayer(nn.Module):
             out = chunk.unwindow(self.inner(qw, kw, chunk.windows(v, lengths)[0], window_lengths), n)
         b, h, n, e = out.shape
         return self.dropout(self.out_proj(out.transpose(1, 2).reshape(b, n, h * e)))
+
+    def stream(self, x: torch.Tensor, state: LayerStream) -> torch.Tensor:
+        """One chunk ``x (B, C, D)`` of a stream → ``(B, C, D)``: only the chunk's queries, keys
+        and values are projected; the keys and values of the left context come from ``state``'s
+        cache, which then takes the chunk's and drops what leaves the window. The same numbers as
+        :meth:`forward` with ``state.chunk`` (the chunk's rows of its window), up to rounding.
+
+        Full and top-k attention give each query its own weights: the chunk's ``C`` queries attend
+        to the window's ``L + C`` keys, ``C·(L + C)`` scores. Every other variant's output for a
+        query depends on the window's other queries (clustered and i-clustered attention form their
+        clusters over the window's queries, LSH its buckets over its shared queries and keys): for
+        them (and ``auto``, which switches between the two by the window's length) the cache keeps
+        the left context's queries too, and the inner attention runs on the window's ``L + C``
+        queries as the simulated decoding runs it, linear in ``L + C`` for those variants
+        (projections are still computed once a frame)."""
+        q = self._split(self.q_proj(x))
+        k = q if self.k_proj is None else self._split(self.k_proj(x))
+        v = self._split(self.v_proj(x))
+        if self.rotary is not None:
+            q, k = ((self.rotary(q, state.position),) * 2 if k is q
+                    else (self.rotary(q, state.position), self.rotary(k, state.position)))
+        keys = torch.cat([state.keys, k], 2)
+        values = torch.cat([state.values, v], 2)
+        per_query = isinstance(self.inner, (FullAttention, TopKAttention))
+        queries = None if per_query or k is q else torch.cat([state.queries, q], 2)
+        inner = self.inner
+        if isinstance(inner, AutoAttention):
+            # chosen by the length of a whole window, as the simulated decoding of a recording
+            # longer than one window chooses it (its windows padded to that length)
+            left = state.chunk.left_frames
+            inner = inner.choose(keys.shape[2] if left is None else left + state.chunk.size)
+        if isinstance(inner, (FullAttention, TopKAttention)):
+            out = chunk_attention(q, keys, values, inner.k if isinstance(inner, TopKAttention) else None)
+        else:
+            out = inner(keys if k is q else queries, keys, values, None)[:, :, -x.shape[1]:]
+        state.keep(keys, values, queries)
+        b, h, n, e = out.shape
+        return self.dropout(self.out_proj(out.transpose(1, 2).reshape(b, n, h * e)))
+
+
+def chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, top: int | None = None) -> torch.Tensor:
+    """``softmax(q k^T / sqrt(E)) v`` for queries ``(B, H, C, E)`` over keys and values
+    ``(B, H, W, E)``, none padded: full attention of a stream's chunk over its window; ``top``:
+    each query's ``top`` largest scores only (top-k attention). Half-precision inputs on a CPU
+    are computed in float32 (as :class:`~fastasr.attention.FullAttention` does there)."""
+    dtype = q.dtype
+    if q.device.type == "cpu" and dtype in (torch.float16, torch.bfloat16):
+        q, k, v = q.float(), k.float(), v.float()
+    if top is None:
+        return nn.functional.scaled_dot_product_attention(q, k, v).to(dtype)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5  # (B, H, C, W)
+    best = scores.topk(min(top, k.shape[2]), dim=-1)
+    weights = best.values.softmax(-1)  # (B, H, C, top)
+    picked = v[:, :, None].expand(-1, -1, q.shape[2], -1, -1).gather(
+        3, best.indices[..., None].expand(-1, -1, -1, -1, v.shape[-1]))  # (B, H, C, top, E)
+    return (weights[..., None] * picked).sum(3).to(dtype)
 
 
 class ConvolutionModule(nn.Module):
@@ -201,36 +257,52 @@ class EncoderLayer(nn.Module):
 
     def stream(self, x: torch.Tensor, state: LayerStream) -> torch.Tensor:
         """One chunk ``x (B, C, d)`` of a stream → ``(B, C, d)``; ``state`` holds the left context
-        and is advanced. The same numbers as :meth:`forward` with ``state.chunk``."""
-        window = torch.cat([state.left, x], 1)
+        (keys, values, the convolution's frames) and is advanced. The same numbers as
+        :meth:`forward` with ``state.chunk``; only the chunk's ``C`` frames are computed."""
         c = x.shape[1]
-        offset = state.position - state.left.shape[1]
         if self.norm_first:
-            x = x + self.attn(self.norm1(window), None, offset=offset)[:, -c:]
+            x = x + self.attn.stream(self.norm1(x), state)
             if self.conv is not None:
                 out, state.conv_left = self.conv.stream(self.norm_conv(x), state.conv_left)
                 x = x + out
             x = x + self.ff(self.norm2(x))
         else:
-            x = self.norm1(x + self.attn(window, None, offset=offset)[:, -c:])
+            x = self.norm1(x + self.attn.stream(x, state))
             x = self.norm2(x + self.ff(x))
-        left_frames = state.chunk.left_frames
-        state.left = window if left_frames is None else window[:, max(0, window.shape[1] - left_frames):]
         state.position += c
         return x
 
 
 class LayerStream:
-    """What one encoder layer keeps between the chunks of a stream: its input over the left
-    context (``left``, ``(B, ≤ left_frames, d)``), the convolution module's gated frames before
-    the chunk (``conv_left``), and the position of the next chunk's first frame."""
+    """What one encoder layer keeps between the chunks of a stream: the attention's keys and
+    values of the left context (``keys``, ``values``: ``(B, H, ≤ left_frames, E)``, rotated
+    when the model has rotary positions), the left context's queries for the variants that need
+    them (:meth:`AttentionLayer.stream`; else an empty tensor), the convolution module's gated
+    frames before the chunk (``conv_left``, ``(B, half_kernel, d)``), and the position of the
+    next chunk's first frame. After each chunk it holds at most ``chunk.left_frames`` frames
+    (every earlier frame when that is None)."""
 
     def __init__(self, layer: EncoderLayer, chunk: ChunkContext, batch: int, like: torch.Tensor):
         d = layer.norm1.normalized_shape[0]
+        heads = layer.attn.heads
         self.chunk = chunk
-        self.left = like.new_zeros(batch, 0, d)
+        self.keys = like.new_zeros(batch, heads, 0, d // heads)
+        self.values = self.keys
+        self.queries = self.keys
         self.conv_left = None if layer.conv is None else like.new_zeros(batch, layer.conv.half_kernel, d)
         self.position = 0
+
+    @property
+    def frames(self) -> int:
+        """Frames of left context held (the cache's length)."""
+        return self.keys.shape[2]
+
+    def keep(self, keys: torch.Tensor, values: torch.Tensor, queries: torch.Tensor | None) -> None:
+        """Hold the last ``chunk.left_frames`` frames of a window's keys, values (and queries)."""
+        left = self.chunk.left_frames
+        start = 0 if left is None else max(0, keys.shape[2] - left)
+        self.keys, self.values = keys[:, :, start:], values[:, :, start:]
+        self.queries = self.keys[:, :, :0] if queries is None else queries[:, :, start:]
 
 
 class TransformerEncoder(nn.Module):

@@ -2,8 +2,12 @@
 
 Filterbank frames arrive in any pieces; every ``chunk.size × subsampling`` of them make a chunk,
 which runs through the model's front end and each encoder layer with what that layer kept of the
-earlier chunks (:class:`fastasr.model.encoder.LayerStream`: its input over the left context, the
-convolution module's last frames), and gives the chunk's log-probabilities. The numbers are those
+earlier chunks (:class:`fastasr.model.encoder.LayerStream`: the attention's keys and values over
+the left context, the convolution module's last frames), and gives the chunk's log-probabilities.
+Only the chunk's frames are computed: its queries attend to the cached keys and the chunk's own,
+``C·(L + C)`` scores a head for ``C`` frames a chunk and ``L`` of left context, and the caches
+drop what leaves the window, so with a bounded left context every chunk costs the same however
+long the stream (:meth:`fastasr.model.encoder.AttentionLayer.stream`). The numbers are those
 of ``CTCModel.forward(features, lengths, chunk)`` over the whole recording (the chunked context
 the model trains and simulates with), up to the order of floating-point sums:
 

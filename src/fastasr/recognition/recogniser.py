@@ -356,7 +356,9 @@ class Recogniser:
             print(stream.finish().text)                 # the final words, timed
 
         ``left``: seconds of left context (rounded up to whole chunks); ``"auto"``: the model's
-        training left context when it trained with chunks, else all; None: all
+        training left context when it trained with chunks, else 10 s
+        (:data:`fastasr.recognition.streaming.DEFAULT_LEFT_SECONDS`), so a chunk costs the same
+        however long the stream; ``"all"`` or None: every earlier frame
         (:func:`fastasr.recognition.streaming.chunk_context`). The final words equal the
         simulated chunked decoding's (:meth:`set_chunked_decoding`)."""
         return RecognitionStream(self, chunk_context(self, chunk, left), decoding, stream_id)

@@ -51,12 +51,28 @@ class Partial:
     compute_seconds: float
 
 
+#: Seconds of left context ``left=auto`` gives a model that trained without chunks (or with an
+#: unbounded left context): such a model attended over whole training utterances, and the
+#: recipes' are shorter than this (the built-in corpus's a few seconds, Common Voice's at most
+#: about 10 s, LibriSpeech's 12 s on average), so it keeps most of the context it learnt to use,
+#: while a stream's chunk costs the same at its first minute and its sixtieth: at 40 ms a frame,
+#: a 0.64 s chunk's 16 queries attend to at most 266 keys (a chunk-trained model's default 2.56 s,
+#: 80). Checkpoints do not record their longest training utterance; ``left=`` sets any other
+#: bound, ``left=all`` (or null) every earlier frame (a cost that grows with the stream).
+DEFAULT_LEFT_SECONDS = 10.0
+
+#: Spellings of an unbounded left context (``left=all``; None is ``left=null``).
+UNBOUNDED_LEFT = (None, "all")
+
+
 def chunk_context(recogniser: Any, chunk_s: float, left_s: float | str | None = "auto") -> ChunkContext:
     """The :class:`ChunkContext` of ``chunk_s`` seconds of audio a chunk, in the recogniser's encoder
     frames (:attr:`~fastasr.recognition.recogniser.Recogniser.frame_seconds` each, rounded to the
     nearest whole number, at least 1), with ``left_s`` seconds of left context rounded up to whole
     chunks: ``"auto"``, the left context the model trained with (``model.streaming.left_frames``)
-    when it trained with chunks, else every earlier frame; None: every earlier frame.
+    when it trained with chunks and a bounded one, else :data:`DEFAULT_LEFT_SECONDS` (a bounded
+    default for every model: a chunk's cost stays constant however long the stream); ``"all"`` or
+    None: every earlier frame (a chunk's cost then grows with the stream).
 
     Raises ValueError naming ``chunk`` / ``left`` for a value that is not a positive number."""
     step = recogniser.frame_seconds
@@ -70,15 +86,18 @@ def chunk_context(recogniser: Any, chunk_s: float, left_s: float | str | None = 
     if left_s == "auto":
         streaming = recogniser.model_config.get("streaming") or {}
         left = streaming.get("left_frames") if streaming.get("chunk_sizes") else None
-    elif left_s is None:
+        if left is None:
+            left = round(DEFAULT_LEFT_SECONDS / step)
+    elif left_s in UNBOUNDED_LEFT:
         left = None
     else:
         try:
             left_s = float(left_s)
         except (TypeError, ValueError):
-            raise ValueError(f"left={left_s!r}; expected seconds of left context, auto or null (all)") from None
+            raise ValueError(f"left={left_s!r}; expected seconds of left context, auto, or all (or null): "
+                             "every earlier frame") from None
         if left_s < 0 or not math.isfinite(left_s):
-            raise ValueError(f"left={left_s}; expected seconds >= 0, auto or null (all)")
+            raise ValueError(f"left={left_s}; expected seconds >= 0, auto, or all (or null): every earlier frame")
         left = round(left_s / step)
     return ChunkContext.with_left_frames(size, left)
 
