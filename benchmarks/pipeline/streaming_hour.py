@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +30,7 @@ import soundfile as sf
 import torch
 
 from benchmarks.bench_io import git_commit, load_average, machine_info, result_stem
+from benchmarks.timing import Clock
 from fastasr.data.manifest import read_manifest
 from fastasr.recognition.streaming import RecognitionStream, chunk_context
 
@@ -133,11 +133,11 @@ def main(argv: list[str] | None = None) -> None:
     context = chunk_context(rec, args["chunk"], args["left"]).describe(rec.frame_seconds)
     results = {}
     for decoding in args["decoding"].split(","):
-        started = time.perf_counter()
+        clock = Clock()
         rows = run(rec, audio, args, decoding)
         first = summary(rows, min(50.0, seconds - 10), min(60.0, seconds))
         last = summary(rows, seconds - 60 if seconds > 120 else seconds - 10, seconds)
-        results[decoding] = {"first": first, "last": last, "wall_s": time.perf_counter() - started,
+        results[decoding] = {"first": first, "last": last, "wall_s": clock.seconds(),
                              "rtf": sum(r["ms"] for r in rows) / 1000 / seconds}
         print(f"{decoding}: minute 1 {first['median_ms']:.1f} ms a chunk, last {last['median_ms']:.1f} ms; "
               f"RSS {first['rss_mib']:.0f} -> {last['rss_mib']:.0f} MiB", flush=True)
