@@ -38,6 +38,10 @@ audio, ``OUT/wav/<split>/*.wav`` (16-bit PCM). The shapes:
   Segments outside the range are regrouped with the previous segment when that fits, else
   dropped, with counts. An utterance whose transcript the checkpoint cannot spell, or with too
   few frames for it, is reported and skipped.
+* ``voices``: train unchanged; every dev and test speaker's voice made child-like, F0 raised by
+  semitones drawn from ``--semitones`` (4 7) and formants scaled by a factor drawn from
+  ``--formant-scale`` (1.15 1.25), once per speaker, the duration kept
+  (:mod:`fastasr.corpora.shape_voices`). Each line records ``voice``.
 
 Every shape is deterministic for ``--seed`` (draws are keyed by seed, split and utterance id)
 and idempotent (``OUT/.complete`` holds the shape, its options and a hash of the source
@@ -48,7 +52,8 @@ hours and speakers per split), is printed at the end.
 
 This module is the command and the shapes' registry; the shapes are built by
 :mod:`fastasr.corpora.shape_subsets` (tiny, speakers, resample), :mod:`fastasr.corpora.shape_audio`
-(long, noisy) and :mod:`fastasr.corpora.shape_short` (short), from a source read by
+(long, noisy), :mod:`fastasr.corpora.shape_short` (short) and :mod:`fastasr.corpora.shape_voices`
+(voices), from a source read by
 :mod:`fastasr.corpora.shape_source`.
 """
 
@@ -72,6 +77,7 @@ from fastasr.corpora.shape_audio import build_long, build_noisy
 from fastasr.corpora.shape_short import build_short
 from fastasr.corpora.shape_source import LAYOUT, SPLITS, read_corpus, source_hashes
 from fastasr.corpora.shape_subsets import build_resample, build_speakers, build_tiny
+from fastasr.corpora.shape_voices import build_voices
 
 SHAPE_VERSION = 1  # bump when a shape's output for given settings changes
 
@@ -94,6 +100,7 @@ SHAPES: dict[str, Shape] = {
     "speakers": Shape("train of the K speakers with the most audio; dev / test unchanged", build_speakers, False),
     "noisy": Shape("coloured noise + babble of the same split at a random SNR", build_noisy, True),
     "short": Shape("1-4 s segments cut at force-aligned word boundaries", build_short, True),
+    "voices": Shape("train unchanged; dev / test speakers given child-like pitch and formants", build_voices, True),
 }
 
 
@@ -181,6 +188,11 @@ def _parser() -> argparse.ArgumentParser:
                                   help="other utterances of the split summed into the babble")
     parsers["short"].add_argument("--align-ckpt", required=True,
                                   help="a fastasr checkpoint with character units, for forced alignment")
+    parsers["voices"].add_argument("--semitones", type=float, nargs=2, default=(4.0, 7.0), metavar=("LOW", "HIGH"),
+                                   help="F0 raise drawn uniformly per dev / test speaker (semitones)")
+    parsers["voices"].add_argument("--formant-scale", type=float, nargs=2, default=(1.15, 1.25),
+                                   metavar=("LOW", "HIGH"),
+                                   help="formant scaling drawn uniformly per dev / test speaker (> 1: shorter vocal tract)")
     return p
 
 
