@@ -18,7 +18,7 @@ import torchaudio.compliance.kaldi as kaldi
 from lightning.fabric.utilities.data import _set_sampler_epoch
 
 from fastasr.cli import features as features_command
-from fastasr.data.augment import perturbed_num_samples
+from fastasr.data.augment import Variant, perturbed_num_samples
 from fastasr.data.datamodule import ASRDataModule
 from fastasr.data.feature_cache import (
     CacheConfig,
@@ -73,7 +73,7 @@ def test_key_covers_settings_audio_and_manifest(tiny_corpus, tmp_path):
     for other in (replace(CFG, num_mel_bins=80), replace(CFG, sample_rate=8000),
                   replace(CFG, frame_length_ms=20.0), replace(CFG, frame_shift_ms=5.0)):
         assert cache_key(utts, other) != key
-    assert cache_key(utts, CFG, speed=0.9) != key and cache_key(utts, CFG, dtype="float16") != key
+    assert cache_key(utts, CFG, Variant(speed=0.9)) != key and cache_key(utts, CFG, dtype="float16") != key
     assert cache_key(utts[:1], CFG) != key  # another manifest
     # the audio changes (a copy re-written: new mtime)
     wav = tmp_path / "a.wav"
@@ -210,17 +210,17 @@ def test_speed_perturbation_reads_per_factor_caches(tiny_corpus, tmp_path, no_au
     dm = make_dm(tiny_corpus, tmp_path, augment={"speed_perturb": True}, features={"num_mel_bins": 40, "dither": 0.0})
     dm.setup("fit")
     source = dm.datasets["train"].source
-    assert isinstance(source, CachedFeatures) and sorted(source.caches) == [0.9, 1.0, 1.1]
+    assert isinstance(source, CachedFeatures) and sorted(v.speed for v in source.caches) == [0.9, 1.0, 1.1]
     assert len({c.directory for c in source.caches.values()}) == 3
     no_audio()
     train = dm.datasets["train"]
     for u in train.utterances:
         factor = source.augment.speed_factor(u.id)
         feats = train[train.utterances.index(u)]["features"]
-        assert torch.equal(feats, source.caches[factor][u.id])
+        assert torch.equal(feats, source.caches[source.variant(u)][u.id])
         assert feats.shape[0] == Fbank(CFG).num_frames(perturbed_num_samples(round(u.duration * 16000), factor))
     dev = dm.datasets["dev"]
-    assert sorted(dev.source.caches) == [1.0] and dev.source.augment is None
+    assert list(dev.source.caches) == [Variant()] and dev.source.augment is None
 
 
 def test_noise_bypasses_the_training_cache(tiny_corpus, tmp_path, caplog):

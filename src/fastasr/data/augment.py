@@ -1,4 +1,4 @@
-"""Training-only waveform augmentation: speed perturbation and additive noise.
+"""Training-only augmentation: speed perturbation, additive noise, VTLP and pitch perturbation.
 
 * **Speed perturbation** (Ko et al. 2015; Kaldi's and lhotse's 3-way 0.9/1.0/1.1):
   the waveform is resampled by ``1 / factor`` (``torchaudio``'s windowed-sinc
@@ -10,6 +10,20 @@
   file from a noise set (a manifest or a directory of audio files) is scaled so
   that the signal-to-noise ratio, over the whole utterance, is an SNR drawn
   uniformly from ``noise_snr_db``, and added. Short noise files are looped.
+* **VTLP** (vocal-tract length perturbation, Jaitly & Hinton 2013): the filterbank's frequency
+  axis is warped by a factor chosen uniformly per utterance and epoch from ``vtlp_factors``
+  (``torchaudio.compliance.kaldi.fbank``'s ``vtln_warp``: Kaldi's piecewise-linear warp, the
+  bins between 100 Hz and Nyquist − 500 Hz moved to ``f / factor``), so a factor > 1 moves
+  the energy up the mel axis as a shorter vocal tract would. A feature-side change: the
+  waveform and the frame count stay.
+* **Pitch perturbation**: F0 moved by a number of semitones chosen uniformly per utterance and
+  epoch from ``pitch_semitones``, the formants kept (:func:`fastasr.data.voice.change_voice`),
+  the duration kept.
+
+An utterance's perturbations in an epoch are a :class:`Variant` (speed, VTLP factor, semitones),
+each drawn on its own. The factors are few and fixed so that a feature cache can hold one copy
+of the training set per variant (``fastasr.data.feature_cache``), as lhotse and icefall cache
+speed perturbation: the costly pitch shift is computed once per copy, not once per epoch.
 
 Every random draw is a function of ``(seed, epoch, utterance id)`` only — not of
 the DataLoader worker, the batch order or the process — so a run is
@@ -29,17 +43,42 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import product
 from pathlib import Path
+from typing import NamedTuple
 
 import soundfile as sf
 import torch
 
 from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import resample
+from fastasr.data.voice import change_voice
 
 log = logging.getLogger(__name__)
 
 _MAX_DENOMINATOR = 100  # speed factors are used as the fraction p/q closest to them (0.9 = 9/10)
+VTLP_RANGE = (0.7, 1.4)  # a sanity bound: VTLP draws from 0.9-1.1, a child's formants are about 1.15-1.25 an adult's
+MAX_SEMITONES = 12.0
+
+
+class Variant(NamedTuple):
+    """One perturbed version of an utterance: what a feature-cache copy holds."""
+
+    speed: float = 1.0  # speed perturbation factor (waveform resampled, length / speed)
+    warp: float = 1.0  # VTLP factor of the filterbank (1.0: Kaldi's plain filterbank)
+    semitones: float = 0.0  # pitch perturbation, formants kept (0: none)
+
+    @classmethod
+    def of(cls, variant: Variant | float) -> Variant:
+        """A ``Variant``; a bare number is a speed factor (the callers from before VTLP)."""
+        return variant if isinstance(variant, Variant) else cls(speed=float(variant))
+
+    def describe(self) -> str:
+        """``speed 0.9, VTLP 1.1, pitch +2 semitones``; the identity parts left out ("" for none)."""
+        parts = [f"speed {self.speed:g}"] if self.speed != 1.0 else []
+        parts += [f"VTLP {self.warp:g}"] if self.warp != 1.0 else []
+        parts += [f"pitch {self.semitones:+g} semitones"] if self.semitones != 0.0 else []
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -51,11 +90,26 @@ class AugmentConfig:
     noise: str | None = None  # noise manifest (.jsonl with audio_filepath), audio file or directory of them
     noise_prob: float = 0.5  # probability that an utterance gets noise
     noise_snr_db: tuple[float, float] = (10.0, 20.0)  # SNR range (dB), drawn uniformly
+    vtlp: bool = False  # warp each training utterance's filterbank by a factor from vtlp_factors
+    vtlp_factors: tuple[float, ...] = (0.9, 1.0, 1.1)  # chosen uniformly per utterance and epoch
+    pitch_shift: bool = False  # move each training utterance's F0 by semitones from pitch_semitones
+    pitch_semitones: tuple[float, ...] = (-2.0, 0.0, 2.0)  # chosen uniformly per utterance and epoch
 
     def __post_init__(self) -> None:
         factors = tuple(float(f) for f in self.speed_factors)
         if not factors or any(not math.isfinite(f) or f <= 0 for f in factors):
             raise ValueError(f"data.augment.speed_factors {list(self.speed_factors)}; expected factors > 0")
+        warps = tuple(float(f) for f in self.vtlp_factors)
+        lo, hi = VTLP_RANGE
+        if not warps or any(not lo <= f <= hi for f in warps):
+            raise ValueError(f"data.augment.vtlp_factors {list(self.vtlp_factors)}; expected factors within "
+                             f"[{lo}, {hi}]")
+        steps = tuple(float(s) for s in self.pitch_semitones)
+        if not steps or any(not abs(s) <= MAX_SEMITONES for s in steps):
+            raise ValueError(f"data.augment.pitch_semitones {list(self.pitch_semitones)}; expected semitones "
+                             f"within [-{MAX_SEMITONES:g}, {MAX_SEMITONES:g}]")
+        object.__setattr__(self, "vtlp_factors", warps)
+        object.__setattr__(self, "pitch_semitones", steps)
         snr = tuple(float(s) for s in self.noise_snr_db)
         if len(snr) != 2 or not snr[0] <= snr[1]:
             raise ValueError(f"data.augment.noise_snr_db {list(self.noise_snr_db)}; expected [low, high] with low ≤ high")
@@ -71,12 +125,28 @@ class AugmentConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.speed_perturb or self.noise is not None
+        return self.speed_perturb or self.noise is not None or self.vtlp or self.pitch_shift
 
     @property
     def factors(self) -> tuple[float, ...]:
         """The speed factors in use: ``speed_factors`` when perturbing, else ``(1.0,)``."""
         return self.speed_factors if self.speed_perturb else (1.0,)
+
+    @property
+    def warps(self) -> tuple[float, ...]:
+        """The VTLP factors in use: ``vtlp_factors`` when warping, else ``(1.0,)``."""
+        return self.vtlp_factors if self.vtlp else (1.0,)
+
+    @property
+    def semitones(self) -> tuple[float, ...]:
+        """The pitch shifts in use: ``pitch_semitones`` when shifting, else ``(0.0,)``."""
+        return self.pitch_semitones if self.pitch_shift else (0.0,)
+
+    @property
+    def variants(self) -> tuple[Variant, ...]:
+        """Every variant an utterance can take: speed × VTLP × pitch factors in use (one
+        feature-cache copy each; ``(Variant(),)`` without them)."""
+        return tuple(Variant(*v) for v in product(self.factors, self.warps, self.semitones))
 
     @property
     def needs_audio(self) -> bool:
@@ -109,6 +179,16 @@ def speed_perturb(wav: torch.Tensor, factor: float) -> torch.Tensor:
         return wav
     frac = _as_fraction(factor)
     return resample(wav, frac.numerator, frac.denominator)
+
+
+def perturb(wav: torch.Tensor, variant: Variant | float, sample_rate: int) -> torch.Tensor:
+    """A variant's waveform: speed-perturbed, then pitch-shifted (formants kept). The VTLP
+    factor is the filterbank's (``Fbank(wav, warp=variant.warp)``), not applied here."""
+    variant = Variant.of(variant)
+    wav = speed_perturb(wav, variant.speed)
+    if variant.semitones != 0.0:
+        wav = change_voice(wav, sample_rate, variant.semitones)
+    return wav
 
 
 def mix_at_snr(speech: torch.Tensor, noise: torch.Tensor, snr_db: float) -> torch.Tensor:
@@ -250,12 +330,27 @@ class WaveformAugment:
         """The generator of one utterance's draws in this epoch; ``stream`` separates uses."""
         return torch.Generator().manual_seed(draw_seed(self.seed, self.epoch, stream, utterance_id))
 
+    def _pick(self, choices: tuple[float, ...], utterance_id: str, stream: str) -> float:
+        if len(choices) == 1:
+            return choices[0]
+        return choices[int(torch.randint(len(choices), (1,), generator=self.generator(utterance_id, stream)))]
+
     def speed_factor(self, utterance_id: str) -> float:
         """This epoch's speed factor for an utterance (1.0 when speed perturbation is off)."""
-        factors = self.config.factors
-        if len(factors) == 1:
-            return factors[0]
-        return factors[int(torch.randint(len(factors), (1,), generator=self.generator(utterance_id, "speed")))]
+        return self._pick(self.config.factors, utterance_id, "speed")
+
+    def vtlp_factor(self, utterance_id: str) -> float:
+        """This epoch's VTLP factor for an utterance (1.0 when VTLP is off)."""
+        return self._pick(self.config.warps, utterance_id, "vtlp")
+
+    def pitch_semitones(self, utterance_id: str) -> float:
+        """This epoch's pitch shift for an utterance (0.0 when pitch perturbation is off)."""
+        return self._pick(self.config.semitones, utterance_id, "pitch")
+
+    def variant(self, utterance_id: str) -> Variant:
+        """This epoch's variant of an utterance: its speed, VTLP and pitch draws (each its own stream)."""
+        return Variant(self.speed_factor(utterance_id), self.vtlp_factor(utterance_id),
+                       self.pitch_semitones(utterance_id))
 
     def add_noise(self, wav: torch.Tensor, utterance_id: str) -> torch.Tensor:
         """Noise at a drawn SNR with probability ``noise_prob`` (unchanged otherwise)."""
@@ -269,8 +364,11 @@ class WaveformAugment:
         return mix_at_snr(wav, self.noise.segment(wav.numel(), gen), snr)
 
     def __call__(self, wav: torch.Tensor, utterance_id: str) -> torch.Tensor:
-        """``wav (T,)`` at ``sample_rate`` → augmented ``(T',)``, ``T' = ceil(T / factor)``."""
-        return self.add_noise(speed_perturb(wav, self.speed_factor(utterance_id)), utterance_id)
+        """``wav (T,)`` at ``sample_rate`` → augmented ``(T',)``, ``T' = ceil(T / factor)``:
+        speed, pitch, then noise. This epoch's VTLP factor (:meth:`vtlp_factor`) is for the
+        filterbank to apply."""
+        variant = Variant(self.speed_factor(utterance_id), 1.0, self.pitch_semitones(utterance_id))
+        return self.add_noise(perturb(wav, variant, self.sample_rate), utterance_id)
 
 
 class EpochListeners:

@@ -1,16 +1,19 @@
 """Feature cache: filterbanks computed once into sharded NumPy arrays with an index.
 
-A cache holds the features of one manifest for one feature setting (and one speed
-factor) in a directory under ``data.cache.dir``::
+A cache holds the features of one manifest for one feature setting (and one training
+variant: speed factor, VTLP factor, pitch shift; ``fastasr.data.augment.Variant``) in a
+directory under ``data.cache.dir``::
 
-    <corpus>_<manifest stem>[_sp<factor>]-<key[:16]>/
+    <corpus>_<manifest stem>[_sp<factor>][_vtlp<factor>][_ps<±semitones>]-<key[:16]>/
         index.json        key, feature settings, per utterance [shard, first frame, frames]
         shard-00000.npy   (frames, bins) float32 (or float16): utterances one after another
         ...
 
 **Key.** ``cache_key`` hashes the feature settings (sample rate, bins, frame length
-and shift; dither is excluded, features are cached without it), the speed factor,
-the storage dtype, and every utterance's id, resolved audio path, file size and
+and shift; dither is excluded, features are cached without it), the variant (the
+speed factor; the VTLP factor and the pitch shift with the voice method's version where
+they are not the identity, so the keys of plain and speed-perturbed caches are what they
+were before VTLP), the storage dtype, and every utterance's id, resolved audio path, file size and
 modification time. The key is part of the directory name and is checked against
 ``index.json`` on opening, so a cache built with other settings, from another
 manifest or from audio that has changed since is never used: it is simply not
@@ -51,9 +54,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import BadAudioError
-from fastasr.data.augment import AugmentConfig, speed_perturb
+from fastasr.data.augment import AugmentConfig, Variant, perturb
 from fastasr.data.features import Fbank, FeatureConfig, load_utterance_audio, with_native_rate
 from fastasr.data.manifest import Utterance, read_manifest
+from fastasr.data.voice import VOICE_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class FeatureCacheError(RuntimeError):
 class CacheConfig:
     """``data.cache`` (``conf/data/*.yaml``)."""
 
-    dir: str | None = None  # root directory; one subdirectory per manifest × features × speed factor
+    dir: str | None = None  # root directory; one subdirectory per manifest × features × variant
     mode: str = "off"  # off: never; auto: use a matching cache when present; build: build it when missing
     dtype: str = "float32"  # stored precision: float32 (exact) or float16 (half the disk)
 
@@ -97,17 +101,25 @@ class CacheConfig:
 # ------------------------------------------------------------------ keys and names
 
 
-def _settings(config: FeatureConfig, speed: float, dtype: str) -> dict:
+def _settings(config: FeatureConfig, variant: Variant | float, dtype: str) -> dict:
+    variant = Variant.of(variant)
     features = asdict(config)
     features.pop("dither")  # cached features are computed without dither
-    return {"version": FORMAT_VERSION, "features": features, "speed": float(speed), "dtype": dtype}
+    settings = {"version": FORMAT_VERSION, "features": features, "speed": float(variant.speed), "dtype": dtype}
+    if variant.warp != 1.0:  # only where used: the keys of plain and speed-only caches stay as they were
+        settings["vtlp"] = float(variant.warp)
+    if variant.semitones != 0.0:
+        settings["pitch_semitones"] = float(variant.semitones)
+        settings["voice_version"] = VOICE_VERSION
+    return settings
 
 
-def cache_key(utterances: Sequence[Utterance], config: FeatureConfig, speed: float = 1.0,
+def cache_key(utterances: Sequence[Utterance], config: FeatureConfig, variant: Variant | float = 1.0,
               dtype: str = "float32") -> str:
-    """SHA-256 (hex) of the feature settings (dither excluded), speed factor, dtype and, for
-    every utterance (order-independent), its id, audio path, file size and mtime."""
-    h = hashlib.sha256(json.dumps(_settings(config, speed, dtype), sort_keys=True).encode())
+    """SHA-256 (hex) of the feature settings (dither excluded), variant (a number: a speed
+    factor), dtype and, for every utterance (order-independent), its id, audio path, file
+    size and mtime."""
+    h = hashlib.sha256(json.dumps(_settings(config, variant, dtype), sort_keys=True).encode())
     for utt_id, path in sorted((u.id, u.audio_filepath) for u in utterances):
         try:
             st = os.stat(path)
@@ -118,16 +130,24 @@ def cache_key(utterances: Sequence[Utterance], config: FeatureConfig, speed: flo
     return h.hexdigest()
 
 
-def cache_prefix(manifest_path: str | Path, speed: float = 1.0) -> str:
-    """``<corpus dir>_<manifest stem>[_sp<factor>]``: the readable part of a cache's name."""
+def cache_prefix(manifest_path: str | Path, variant: Variant | float = 1.0) -> str:
+    """``<corpus dir>_<manifest stem>[_sp<factor>][_vtlp<factor>][_ps<±semitones>]``: the
+    readable part of a cache's name."""
+    variant = Variant.of(variant)
     manifest_path = Path(manifest_path).resolve()
     prefix = f"{manifest_path.parent.name}_{manifest_path.stem}"
-    return prefix if speed == 1.0 else f"{prefix}_sp{speed:g}"
+    if variant.speed != 1.0:
+        prefix += f"_sp{variant.speed:g}"
+    if variant.warp != 1.0:
+        prefix += f"_vtlp{variant.warp:g}"
+    if variant.semitones != 0.0:
+        prefix += f"_ps{variant.semitones:+g}"
+    return prefix
 
 
-def cache_dir(root: str | Path, manifest_path: str | Path, key: str, speed: float = 1.0) -> Path:
+def cache_dir(root: str | Path, manifest_path: str | Path, key: str, variant: Variant | float = 1.0) -> Path:
     """The directory of the cache with ``key`` for ``manifest_path`` under ``root``."""
-    return Path(root) / f"{cache_prefix(manifest_path, speed)}-{key[:16]}"
+    return Path(root) / f"{cache_prefix(manifest_path, variant)}-{key[:16]}"
 
 
 # ------------------------------------------------------------------ reading
@@ -209,8 +229,8 @@ class _ComputeFeatures(Dataset):
     """Feature computation for the builder's DataLoader: ``(index, features or None, reason)``;
     unusable audio is found by the checks the dataset makes (``load_utterance_audio``)."""
 
-    def __init__(self, utterances: Sequence[Utterance], config: FeatureConfig, speed: float) -> None:
-        self.utterances, self.fbank, self.speed = list(utterances), Fbank(config), float(speed)
+    def __init__(self, utterances: Sequence[Utterance], config: FeatureConfig, variant: Variant) -> None:
+        self.utterances, self.fbank, self.variant = list(utterances), Fbank(config), variant
 
     def __len__(self) -> int:
         return len(self.utterances)
@@ -221,17 +241,20 @@ class _ComputeFeatures(Dataset):
             wav = load_utterance_audio(utt, self.fbank.config)
         except BadAudioError as err:  # a bad file in a corpus of thousands is reported, not fatal
             return i, None, err.reason
-        return i, self.fbank(speed_perturb(wav, self.speed), train=False), ""
+        wav = perturb(wav, self.variant, self.fbank.config.sample_rate)
+        return i, self.fbank(wav, train=False, warp=self.variant.warp), ""
 
 
 def build_feature_cache(utterances: Sequence[Utterance], config: FeatureConfig | Mapping, directory: str | Path,
-                        key: str, speed: float = 1.0, dtype: str = "float32", num_workers: int = 0,
+                        key: str, variant: Variant | float = 1.0, dtype: str = "float32", num_workers: int = 0,
                         frames_per_shard: int = FRAMES_PER_SHARD) -> FeatureCache:
-    """Compute the features of ``utterances`` (no dither; speed-perturbed by ``speed``) and
+    """Compute the features of ``utterances`` (no dither; perturbed as ``variant`` says: a
+    number is a speed factor) and
     publish them atomically as ``directory``. If another process published the same cache
     meanwhile, that one is kept. Utterances whose audio is unusable (``BadAudioError``) are
     logged and listed in ``skipped``; duplicate ids keep their first occurrence."""
     config = FeatureConfig.from_dict(config)
+    variant = Variant.of(variant)
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -260,7 +283,7 @@ def build_feature_cache(utterances: Sequence[Utterance], config: FeatureConfig |
                 shards.append(name)
                 pending, pending_frames = [], 0
 
-        loader = DataLoader(_ComputeFeatures(unique, config, speed), batch_size=None, num_workers=num_workers)
+        loader = DataLoader(_ComputeFeatures(unique, config, variant), batch_size=None, num_workers=num_workers)
         for done, (i, feats, reason) in enumerate(loader, start=1):
             utt = unique[i]
             if feats is None:
@@ -275,7 +298,7 @@ def build_feature_cache(utterances: Sequence[Utterance], config: FeatureConfig |
             if done % 1000 == 0:
                 log.info("feature cache %s: %d / %d utterances", directory.name, done, len(unique))
         flush()
-        index = {"version": FORMAT_VERSION, "key": key, "settings": _settings(config, speed, dtype),
+        index = {"version": FORMAT_VERSION, "key": key, "settings": _settings(config, variant, dtype),
                  "shards": shards, "entries": entries, "skipped": skipped}
         (tmp / INDEX_NAME).write_text(json.dumps(index))
         try:
@@ -295,35 +318,36 @@ def build_feature_cache(utterances: Sequence[Utterance], config: FeatureConfig |
 
 
 def open_feature_cache(utterances: Sequence[Utterance], manifest_path: str | Path, config: FeatureConfig,
-                       cache: CacheConfig | Mapping, speed: float = 1.0, num_workers: int = 0) -> FeatureCache | None:
-    """The cache of ``manifest_path``'s ``utterances`` for ``config`` and ``speed``: opened when
-    present; built when missing in ``build`` mode; None when missing in ``auto`` mode or off.
-    Caches of the same manifest that no longer match are named in the log."""
+                       cache: CacheConfig | Mapping, variant: Variant | float = 1.0,
+                       num_workers: int = 0) -> FeatureCache | None:
+    """The cache of ``manifest_path``'s ``utterances`` for ``config`` and ``variant`` (a number:
+    a speed factor): opened when present; built when missing in ``build`` mode; None when
+    missing in ``auto`` mode or off. Caches of the same manifest that no longer match are
+    named in the log."""
     cache = CacheConfig.from_dict(cache)
     if not cache.enabled:
         return None
-    key = cache_key(utterances, config, speed, cache.dtype)
-    directory = cache_dir(cache.dir, manifest_path, key, speed)
+    variant = Variant.of(variant)
+    which = f" ({variant.describe()})" if variant != Variant() else ""
+    key = cache_key(utterances, config, variant, cache.dtype)
+    directory = cache_dir(cache.dir, manifest_path, key, variant)
     if (directory / INDEX_NAME).is_file():
         found = FeatureCache(directory, key)
-        log.info("features of %s%s from cache %s", manifest_path, f" (speed {speed:g})" if speed != 1.0 else "",
-                 directory)
+        log.info("features of %s%s from cache %s", manifest_path, which, directory)
         if found.skipped:
             log.warning("feature cache %s: %d utterance(s) had unusable audio when it was built and are skipped, e.g. %s",
                         directory, len(found.skipped), next(iter(found.skipped.items())))
         return found
-    others = sorted(p.name for p in Path(cache.dir).glob(f"{cache_prefix(manifest_path, speed)}-*")
+    others = sorted(p.name for p in Path(cache.dir).glob(f"{cache_prefix(manifest_path, variant)}-*")
                     if p.is_dir() and p != directory)
     if others:
         log.info("feature cache(s) %s under %s were built from other feature settings or audio and are not used; "
                  "delete them to free the disk", ", ".join(others), cache.dir)
     if cache.mode == "build":
-        log.info("building the feature cache of %s%s in %s", manifest_path,
-                 f" (speed {speed:g})" if speed != 1.0 else "", directory)
-        return build_feature_cache(utterances, config, directory, key, speed, cache.dtype, num_workers)
+        log.info("building the feature cache of %s%s in %s", manifest_path, which, directory)
+        return build_feature_cache(utterances, config, directory, key, variant, cache.dtype, num_workers)
     log.info("no feature cache of %s%s under %s: features are computed on the fly (`make features "
-             "ARGS=\"<this run's overrides>\"` or data.cache.mode=build builds it)", manifest_path,
-             f" (speed {speed:g})" if speed != 1.0 else "", cache.dir)
+             "ARGS=\"<this run's overrides>\"` or data.cache.mode=build builds it)", manifest_path, which, cache.dir)
     return None
 
 
@@ -332,7 +356,7 @@ def open_feature_cache(utterances: Sequence[Utterance], manifest_path: str | Pat
 
 def build_for_config(data_cfg: Mapping) -> list[FeatureCache]:
     """Build (or find) the caches of a data config's train/dev/test manifests; for train,
-    one per speed factor when ``augment.speed_perturb`` is on. Returns them."""
+    one per variant of ``augment`` (speed × VTLP × pitch factors in use). Returns them."""
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.create(data_cfg) if not OmegaConf.is_config(data_cfg) else data_cfg
@@ -360,7 +384,7 @@ def build_for_config(data_cfg: Mapping) -> list[FeatureCache]:
             log.info("train: not cached: data.augment.noise mixes noise into the audio, so training computes "
                      "its features on the fly")
             continue
-        for speed in augment.factors if split == "train" else (1.0,):
-            built.append(open_feature_cache(utterances, cfg[key], config, cache, speed,
+        for variant in augment.variants if split == "train" else (Variant(),):
+            built.append(open_feature_cache(utterances, cfg[key], config, cache, variant,
                                             int(cfg.get("num_workers", 0))))
     return built

@@ -9,11 +9,13 @@ split with :func:`feature_source`:
   features; in training, add dither in the power domain (``ReadTimeDither``);
 * training with noise mixing → ``AudioFeatures`` whatever the cache mode (noise is drawn
   anew every epoch and needs the waveform); the log says so;
-* training with speed perturbation alone → ``CachedFeatures`` over one cache per factor
-  (lhotse/icefall's per-factor copies): this epoch's factor picks the cache.
+* training with speed perturbation, VTLP and/or pitch perturbation (no noise) →
+  ``CachedFeatures`` over one cache per variant (speed × VTLP × pitch factors; lhotse/icefall's
+  per-factor copies): this epoch's variant of the utterance picks the cache.
 
 Every source also answers ``frame_range(duration)``: the frames of the shortest and
-the longest version an utterance can take (speed perturbation changes its length), so
+the longest version an utterance can take (speed perturbation changes its length; VTLP and
+pitch perturbation keep it), so
 batches are priced at the longest (the frame budget holds) and the CTC length filter
 uses the shortest.
 """
@@ -28,7 +30,7 @@ from pathlib import Path
 import torch
 
 from fastasr.data.audio import BadAudioError
-from fastasr.data.augment import WaveformAugment, perturbed_num_samples
+from fastasr.data.augment import Variant, WaveformAugment, perturbed_num_samples
 from fastasr.data.feature_cache import CacheConfig, FeatureCache, open_feature_cache
 from fastasr.data.features import INT16_SCALE, Fbank, FeatureConfig, load_utterance_audio
 from fastasr.data.manifest import Utterance
@@ -53,8 +55,16 @@ class FeatureSource:
         frames = [self.config.num_frames(perturbed_num_samples(samples, f)) for f in self.factors]
         return min(frames), max(frames)
 
+    @property
+    def variants(self) -> tuple[Variant, ...]:
+        return self.augment.config.variants if self.augment is not None else (Variant(),)
+
     def speed_factor(self, utt: Utterance) -> float:
         return self.augment.speed_factor(utt.id) if self.augment is not None else 1.0
+
+    def variant(self, utt: Utterance) -> Variant:
+        """This epoch's variant of a training utterance (``Variant()`` without augmentation)."""
+        return self.augment.variant(utt.id) if self.augment is not None else Variant()
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the augmentation's draws (no-op without augmentation)."""
@@ -68,7 +78,8 @@ class FeatureSource:
 
 
 class AudioFeatures(FeatureSource):
-    """Features computed from the audio at load time: load → augment (train) → ``Fbank``."""
+    """Features computed from the audio at load time: load → augment (train) → ``Fbank``
+    (warped by this epoch's VTLP factor in training)."""
 
     def __init__(self, fbank: Fbank, augment: WaveformAugment | None = None) -> None:
         super().__init__(fbank.config, augment)
@@ -79,7 +90,7 @@ class AudioFeatures(FeatureSource):
         (``load_utterance_audio``'s checks) raises ``BadAudioError``."""
         wav = load_utterance_audio(utt, self.config)
         if train and self.augment is not None:
-            wav = self.augment(wav, utt.id)
+            return self.fbank(self.augment(wav, utt.id), train=True, warp=self.augment.vtlp_factor(utt.id))
         return self.fbank(wav, train=train)
 
 
@@ -119,25 +130,27 @@ class ReadTimeDither:
 
 
 class CachedFeatures(FeatureSource):
-    """Features read from feature caches, one per speed factor (``{1.0: cache}`` without
-    speed perturbation); ``ReadTimeDither`` in training when ``config.dither > 0``."""
+    """Features read from feature caches, one per variant (``{Variant(): cache}`` without
+    augmentation; a number as a key is a speed factor); ``ReadTimeDither`` in training when
+    ``config.dither > 0``."""
 
-    def __init__(self, caches: Mapping[float, FeatureCache], config: FeatureConfig,
+    def __init__(self, caches: Mapping[Variant | float, FeatureCache], config: FeatureConfig,
                  augment: WaveformAugment | None = None) -> None:
         super().__init__(config, augment)
-        missing = sorted(set(self.factors) - set(caches))
+        caches = {Variant.of(v): c for v, c in caches.items()}
+        missing = [v for v in self.variants if v not in caches]
         if missing:
-            raise ValueError(f"CachedFeatures: no cache for speed factor(s) {missing}")
-        self.caches = dict(caches)
+            raise ValueError(f"CachedFeatures: no cache for {', '.join(v.describe() or 'the plain features' for v in missing)}")
+        self.caches = caches
         self.dither = ReadTimeDither(config) if config.dither > 0 else None
 
     def __call__(self, utt: Utterance, train: bool = False) -> torch.Tensor:
-        """``(frames, bins)`` float32 from the cache of this epoch's speed factor (train) or 1.0.
+        """``(frames, bins)`` float32 from the cache of this epoch's variant (train) or the plain one.
 
         An utterance the cache builder skipped for unusable audio raises ``BadAudioError``
         with the builder's reason, as its audio would on the fly (the dataset skips and
         reports it); any other missing utterance is a ``FeatureCacheError``."""
-        cache = self.caches[self.speed_factor(utt) if train else 1.0]
+        cache = self.caches[self.variant(utt) if train else Variant()]
         if utt.id in cache.skipped:
             raise BadAudioError(utt.audio_filepath, f"{cache.skipped[utt.id]} (found when the feature cache "
                                                     f"{cache.directory.name} was built)")
@@ -170,10 +183,15 @@ def feature_source(split: str, manifest_path: str | Path | None, utterances: lis
         log.info("%s: data.augment.noise mixes noise into the audio, so %s features are computed on the fly "
                  "(the feature cache serves the other splits)", split, split)
         return AudioFeatures(fbank, augment)
+    variants = augment.config.variants if augment is not None else (Variant(),)
+    if len(variants) > 1 and (augment.config.vtlp or augment.config.pitch_shift):
+        log.info("%s: %d feature copies, one per variant (speed %s × VTLP %s × pitch %s semitones)", split,
+                 len(variants), *("/".join(f"{x:g}" for x in axis) for axis in
+                                  (augment.config.factors, augment.config.warps, augment.config.semitones)))
     caches = {}
-    for factor in augment.config.factors if augment is not None else (1.0,):
-        found = open_feature_cache(utterances, manifest_path, config, cache, factor, num_workers)
+    for variant in variants:
+        found = open_feature_cache(utterances, manifest_path, config, cache, variant, num_workers)
         if found is None:
             return AudioFeatures(fbank, augment)
-        caches[factor] = found
+        caches[variant] = found
     return CachedFeatures(caches, config, augment)

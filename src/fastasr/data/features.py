@@ -142,12 +142,17 @@ class Fbank:
     def num_frames(self, num_samples: int) -> int:
         return self.config.num_frames(num_samples)
 
-    def __call__(self, waveform: torch.Tensor, train: bool = False) -> torch.Tensor:
-        """``waveform (T,)`` float in [-1, 1] at ``config.sample_rate`` → ``(frames, num_mel_bins)`` float32."""
+    def __call__(self, waveform: torch.Tensor, train: bool = False, warp: float = 1.0) -> torch.Tensor:
+        """``waveform (T,)`` float in [-1, 1] at ``config.sample_rate`` → ``(frames, num_mel_bins)`` float32.
+
+        ``warp`` ≠ 1: the mel bins' frequency axis warped by Kaldi's VTLN warp (``vtln_warp``;
+        bins between 100 Hz and Nyquist − 500 Hz at ``f / warp``, piecewise linear outside), so
+        ``warp`` > 1 moves energy up the mel axis: VTLP in training (``data.augment.vtlp``)."""
         c = self.config
         wav = waveform.reshape(1, -1).to(torch.float32) * INT16_SCALE
         if wav.shape[1] < c.window_samples:
             wav = nn.functional.pad(wav, (0, c.window_samples - wav.shape[1]))
+        vtln = {"vtln_warp": float(warp)} if warp != 1.0 else {}  # 1.0: the call exactly as without VTLP
         return kaldi.fbank(
             wav,
             num_mel_bins=c.num_mel_bins,
@@ -156,6 +161,7 @@ class Fbank:
             dither=c.dither if train else 0.0,
             energy_floor=0.0,
             sample_frequency=c.sample_rate,
+            **vtln,
         )
 
     def stream(self) -> FbankStream:

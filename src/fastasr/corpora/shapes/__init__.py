@@ -40,6 +40,10 @@ audio, ``OUT/wav/<split>/*.wav`` (16-bit PCM). The shapes:
   Segments outside the range are regrouped with the previous segment when that fits, else
   dropped, with counts. An utterance whose transcript the checkpoint cannot spell, or with too
   few frames for it, is reported and skipped.
+* ``voices``: train unchanged; every dev and test speaker's voice made child-like, F0 raised by
+  semitones drawn from ``--semitones`` (4 7) and formants scaled by a factor drawn from
+  ``--formant-scale`` (1.15 1.25), once per speaker, the duration kept
+  (:mod:`fastasr.corpora.shapes.voices`). Each line records ``voice``.
 
 Every shape is deterministic for ``--seed`` (draws are keyed by seed, split and utterance id)
 and idempotent (``OUT/.complete`` holds the shape, its options and a hash of the source
@@ -50,8 +54,8 @@ hours and speakers per split), is printed at the end.
 
 The shapes are built by
 :mod:`fastasr.corpora.shapes.subsets` (tiny, speakers, resample), :mod:`fastasr.corpora.shapes.audio`
-(long, noisy) and :mod:`fastasr.corpora.shapes.short` (short), from a source read by
-:mod:`fastasr.corpora.shapes.source`.
+(long, noisy), :mod:`fastasr.corpora.shapes.short` (short) and :mod:`fastasr.corpora.shapes.voices`
+(voices), from a source read by :mod:`fastasr.corpora.shapes.source`.
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from fastasr.corpora.shapes.audio import build_long, build_noisy
 from fastasr.corpora.shapes.short import build_short
 from fastasr.corpora.shapes.source import LAYOUT, SPLITS, read_corpus, source_hashes
 from fastasr.corpora.shapes.subsets import build_resample, build_speakers, build_tiny
+from fastasr.corpora.shapes.voices import build_voices
 
 SHAPE_VERSION = 1  # bump when a shape's output for given settings changes
 
@@ -95,6 +100,7 @@ SHAPES: dict[str, Shape] = {
     "speakers": Shape("train of the K speakers with the most audio; dev / test unchanged", build_speakers, False),
     "noisy": Shape("coloured noise + babble of the same split at a random SNR", build_noisy, True),
     "short": Shape("1-4 s segments cut at force-aligned word boundaries", build_short, True),
+    "voices": Shape("train unchanged; dev / test speakers given child-like pitch and formants", build_voices, True),
 }
 
 
@@ -182,6 +188,11 @@ def _parser() -> argparse.ArgumentParser:
                                   help="other utterances of the split summed into the babble")
     parsers["short"].add_argument("--align-ckpt", required=True,
                                   help="a fastasr checkpoint with character units, for forced alignment")
+    parsers["voices"].add_argument("--semitones", type=float, nargs=2, default=(4.0, 7.0), metavar=("LOW", "HIGH"),
+                                   help="F0 raise drawn uniformly per dev / test speaker (semitones)")
+    parsers["voices"].add_argument("--formant-scale", type=float, nargs=2, default=(1.15, 1.25),
+                                   metavar=("LOW", "HIGH"),
+                                   help="formant scaling drawn uniformly per dev / test speaker (> 1: shorter vocal tract)")
     return p
 
 
