@@ -46,7 +46,8 @@ from fastasr.data.features import (
 )
 from fastasr.data.manifest import Utterance, read_manifest
 from fastasr.data.resumable import ResumableDataLoader, training_position
-from fastasr.data.sampler import FrameBudgetBatchSampler, budget_for_batches
+from fastasr.data.sampler import FrameBudgetBatchSampler, budget_for_batches, price
+from fastasr.data.shapes import BatchShapes, ShapedCollate
 from fastasr.data.tokenizer import KINDS, Tokenizer, UnknownUnitError, ctc_min_frames
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,11 @@ class ASRDataModule(pl.LightningDataModule):
         pin_memory: pin batches (for GPU training).
         cache: ``data.cache`` (``CacheConfig`` fields: dir, mode, dtype): the feature cache.
         augment: ``data.augment`` (``AugmentConfig`` fields): training-only augmentation.
+        batch_shapes: training only: pad every batch to its bucket's fixed (utterances, frames)
+            shape (:mod:`fastasr.data.shapes`), so that a captured step replays a handful of
+            graphs; ``auto`` (``train.py`` resolves it to ``capture_steps``'s decision; left
+            unresolved it is off) or a bool.
+        shape_buckets: with ``batch_shapes``, the number of buckets, and so of shapes.
     """
 
     def __init__(
@@ -123,6 +129,8 @@ class ASRDataModule(pl.LightningDataModule):
         pin_memory: bool = False,
         cache: Mapping | None = None,
         augment: Mapping | None = None,
+        batch_shapes: bool | str = False,
+        shape_buckets: int = 8,
     ) -> None:
         super().__init__()
         if on_bad_utterance not in ("skip", "raise"):
@@ -158,6 +166,13 @@ class ASRDataModule(pl.LightningDataModule):
         self.pin_memory = pin_memory
         self.cache_config = CacheConfig.from_dict(cache)
         self.augment_config = AugmentConfig.from_dict(augment)
+        if batch_shapes not in (True, False, "auto"):
+            raise ValueError(f"batch_shapes {batch_shapes!r}; expected true, false or auto")
+        self.batch_shapes = batch_shapes is True
+        if int(shape_buckets) < 1:
+            raise ValueError(f"shape_buckets {shape_buckets}; expected ≥ 1")
+        self.shape_buckets = int(shape_buckets)
+        self._train_shapes: BatchShapes | None = None
         self.tokenizer: Tokenizer | None = self._tokenizer_from(vocab) if vocab is not None else None
         self.cmvn_stats: tuple[torch.Tensor, torch.Tensor] | None = (
             self._stats_from(cmvn_stats) if cmvn_stats is not None else None
@@ -317,16 +332,71 @@ class ASRDataModule(pl.LightningDataModule):
                          len(lengths), self.min_batches_per_epoch, self.min_frames_per_batch)
         return self._train_budget
 
+    def set_train_budget(self, frames: int) -> None:
+        """Train with a budget of ``frames`` priced frames from now on (``data.max_frames_per_batch``
+        replaced: what ``callbacks.largest_batch_probe`` found the device holds); the training
+        loader built after this call uses it, ``min_batches_per_epoch`` still applying."""
+        if frames <= 0:
+            raise ValueError(f"set_train_budget: {frames} frames; expected > 0")
+        self.max_frames_per_batch = int(frames)
+        self._train_budget = None
+        self._train_shapes = None
+
+    def budget_ceiling(self) -> int:
+        """The largest training budget worth trying: the whole training set's price divided
+        among ``min_batches_per_epoch`` batches (one batch an epoch without it); what
+        :meth:`train_frames_per_batch` would lower a larger one to."""
+        lengths = self._dataset("train").frame_lengths()
+        replicas, _ = self._replicas()
+        return budget_for_batches(lengths, 1 << 62, max(1, (self.min_batches_per_epoch or 1) * replicas),
+                                  **self.pricing)
+
+    def pessimistic_batch(self, frames: int, seed: int = 0) -> dict:
+        """A batch of the most a ``frames`` budget takes of the longest training utterances: as
+        many rows of the longest length as the budget prices (capped by ``max_batch_size``),
+        random features, each row with the most labels a training utterance has. What
+        ``callbacks.largest_batch_probe`` tries to find the budget a device holds."""
+        ds = self._dataset("train")
+        longest = max(ds.frame_lengths())
+        rows = max(1, int(frames // price(longest, 1, **self.pricing)))
+        if self.max_batch_size:
+            rows = min(rows, int(self.max_batch_size))
+        labels = max(int(t.shape[0]) for t in ds.targets)
+        g = torch.Generator().manual_seed(seed)
+        vocab = len(self.tokenizer) if self.tokenizer is not None else 2
+        return {"features": torch.randn(rows, longest, self.feature_dim, generator=g),
+                "feature_lengths": torch.full((rows,), longest, dtype=torch.long),
+                "targets": torch.randint(1, max(vocab, 2), (rows, labels), generator=g),
+                "target_lengths": torch.full((rows,), labels, dtype=torch.long),
+                "ids": [f"probe-{i}" for i in range(rows)], "texts": [""] * rows, "transcripts": [""] * rows,
+                "skipped": []}
+
+    @property
+    def train_shapes(self) -> BatchShapes | None:
+        """The fixed shapes training batches are padded to (``batch_shapes``), decided once
+        from the training lengths and budget and logged; None when off."""
+        if not self.batch_shapes:
+            return None
+        if self._train_shapes is None:
+            self._train_shapes = BatchShapes.from_lengths(
+                self._dataset("train").frame_lengths(), self.shape_buckets, self.train_frames_per_batch,
+                self.max_batch_size, **self.pricing)
+            log.info("train: batches padded to %s (data.batch_shapes; data.shape_buckets=%d)",
+                     self._train_shapes.describe(), self.shape_buckets)
+        return self._train_shapes
+
     def _loader(self, dataset: ASRDataset, shuffle: bool, distributed: bool = True) -> DataLoader:
         replicas, rank = self._replicas() if distributed else (1, 0)
         budget = self.train_frames_per_batch if shuffle else self.max_frames_per_batch
+        shapes = self.train_shapes if shuffle else None
         sampler = FrameBudgetBatchSampler(
             dataset.frame_lengths(), budget, self.max_batch_size, shuffle=shuffle,
             seed=self.seed, num_replicas=replicas, rank=rank, **self.pricing,
             pad="repeat" if shuffle else "empty",  # evaluation scores every utterance exactly once
-            sortagrad_epochs=self.sortagrad_epochs if shuffle else 0,
+            sortagrad_epochs=self.sortagrad_epochs if shuffle else 0, shapes=shapes,
         )
-        kwargs = dict(batch_sampler=sampler, collate_fn=collate, num_workers=self.num_workers,
+        kwargs = dict(batch_sampler=sampler, collate_fn=collate if shapes is None else ShapedCollate(shapes),
+                      num_workers=self.num_workers,
                       pin_memory=self.pin_memory, persistent_workers=self.num_workers > 0,
                       worker_init_fn=worker_init)
         if shuffle:
@@ -365,8 +435,11 @@ class ASRDataModule(pl.LightningDataModule):
                           pin_memory=self.pin_memory, worker_init_fn=worker_init)
 
     def largest_train_batches(self, k: int = 1) -> list[dict]:
-        """The ``k`` most expensive training batches, by the sampler's price (to try before training)."""
+        """The ``k`` most expensive training batches, by the sampler's price (to try before
+        training); with ``batch_shapes``, padded to their shapes, as training runs them."""
         ds = self._dataset("train")
+        shapes = self.train_shapes
         sampler = FrameBudgetBatchSampler(ds.frame_lengths(), self.train_frames_per_batch, self.max_batch_size,
-                                          **self.pricing)
-        return [collate([ds[i] for i in b]) for b in sampler.largest_batches(k)]
+                                          **self.pricing, shapes=shapes)
+        collate_fn = collate if shapes is None else ShapedCollate(shapes)
+        return [collate_fn([ds[i] for i in b]) for b in sampler.largest_batches(k)]

@@ -17,9 +17,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Sampler
+
+if TYPE_CHECKING:
+    from fastasr.data.shapes import BatchShapes
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +103,16 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         quadratic_frames: ``Q`` of the quadratic price (frames); unused when linear.
         sortagrad_epochs: with ``shuffle``, the number of first epochs whose batches come
             shortest first instead of in random order (0: none).
+        shapes: :class:`fastasr.data.shapes.BatchShapes` (``data.batch_shapes``): each batch is
+            cut inside one bucket, at most that bucket's count of utterances, so that it pads to
+            the bucket's fixed shape; None: batches as the price alone cuts them.
     """
 
     def __init__(self, lengths: Sequence[int], max_frames: int, max_batch_size: int | None = None,
                  shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
                  drop_last: bool = False, pad: str = "repeat", length_cost: str = "linear",
-                 quadratic_frames: int = 4000, sortagrad_epochs: int = 0) -> None:
+                 quadratic_frames: int = 4000, sortagrad_epochs: int = 0,
+                 shapes: BatchShapes | None = None) -> None:
         if pad not in ("repeat", "empty"):
             raise ValueError(f"pad {pad!r}; expected 'repeat' or 'empty'")
         if max_frames <= 0:
@@ -129,6 +137,7 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         self.length_cost, self.quadratic_frames = length_cost, int(quadratic_frames)
         self.shuffle, self.seed = shuffle, int(seed)
         self.sortagrad_epochs = int(sortagrad_epochs)
+        self.shapes = shapes
         self.num_replicas, self.rank, self.drop_last, self.pad = num_replicas, rank, drop_last, pad
         self.epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches of it to skip), see resume_at
@@ -169,6 +178,8 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
             order = perm[torch.argsort(self.lengths[perm], stable=True)]  # random tie-breaks
         else:
             order = torch.argsort(self.lengths, stable=True)
+        if self.shapes is not None:
+            return self._bucketed(order)
         batches, cur, longest = [], [], 0
         cap = self.max_batch_size or n
         for i, length in zip(order.tolist(), self.lengths[order].tolist()):
@@ -178,6 +189,21 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
                 cur, new_longest = [], length
             cur.append(i)
             longest = new_longest
+        if cur:
+            batches.append(cur)
+        return batches
+
+    def _bucketed(self, order: torch.Tensor) -> list[list[int]]:
+        """``order`` (by length) cut into batches that never cross a bucket of ``self.shapes``
+        nor exceed its count (which its upper length priced within the budget)."""
+        batches, cur, bucket = [], [], -1
+        for i, length in zip(order.tolist(), self.lengths[order].tolist()):
+            b = self.shapes.bucket(length)
+            if cur and (b != bucket or len(cur) >= self.shapes.shapes[b].utterances):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+            bucket = b
         if cur:
             batches.append(cur)
         return batches
@@ -215,9 +241,13 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
         return self._per_rank_count() if self.num_replicas > 1 else self._num_batches
 
     def largest_batches(self, k: int = 1) -> list[list[int]]:
-        """The ``k`` most expensive batches by the same price that built them: try them
-        before training so that an out-of-memory shows at once."""
+        """The ``k`` most expensive batches by the same price that built them (with ``shapes``,
+        padded to their shape): try them before training so that an out-of-memory shows at once."""
         batches = self._make_batches(None)
-        key = [self.price(int(self.lengths[b].max()), len(b)) for b in batches]
+        if self.shapes is not None:  # what a batch costs padded to its shape
+            shapes = [self.shapes.shape_for(int(self.lengths[b].max()), len(b)) for b in batches]
+            key = [self.price(s.frames, s.utterances) for s in shapes]
+        else:
+            key = [self.price(int(self.lengths[b].max()), len(b)) for b in batches]
         order = sorted(range(len(batches)), key=lambda i: -key[i])
         return [batches[i] for i in order[:k]]

@@ -30,6 +30,9 @@ its ``config.yaml`` hold their values.
   ``bf16-on-gpu`` (the built-in recipe's): the same on a GPU, ``32-true`` on a CPU.
 * ``data.num_workers`` ``auto``: :func:`auto_workers`, the machine's cores less one for the
   training process, at least 2 and at most 8.
+* ``capture_steps`` ``auto`` (``conf/train.yaml``): on where a captured step runs, one CUDA
+  device without DDP or chunked streaming training (:func:`fastasr.training.captured_step.capture_wanted`);
+  ``data.batch_shapes`` ``auto``: ``capture_steps``'s value (padded batch shapes serve the graphs).
 
 A value given on the command line instead of ``auto`` (``data.length_cost=linear``,
 ``callbacks.model_checkpoint.monitor=val/loss``) is kept. Resolving is idempotent.
@@ -47,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 from fastasr.attention import build_attention, length_cost
 from fastasr.data.tokenizer import unit_metric
 from fastasr.model.frontend import SpecAugment
+from fastasr.training.captured_step import capture_wanted
 
 #: The value of a key that :func:`resolve_train_config` fills in by its rule.
 AUTO = "auto"
@@ -182,6 +186,12 @@ def resolve_train_config(cfg: DictConfig) -> DictConfig:
                                            on_cpu=trainer.get("precision") == AUTO_PRECISION)
     if isinstance(data, DictConfig) and data.get("num_workers") == AUTO_WORKERS:
         data.num_workers = auto_workers()
+    if cfg.get("capture_steps") == AUTO and isinstance(trainer, DictConfig):
+        cfg.capture_steps = capture_wanted(AUTO, trainer.get("accelerator"), trainer.get("devices", 1),
+                                           trainer.get("strategy", "auto"),
+                                           OmegaConf.select(cfg, "model.streaming", default=None))
+    if isinstance(data, DictConfig) and data.get("batch_shapes") == AUTO:
+        data.batch_shapes = cfg.get("capture_steps") is True
     return cfg
 
 
@@ -244,4 +254,7 @@ def run_summary(cfg: DictConfig, choices: dict[str, Any] | None = None) -> str:
         f"precision {trainer.get('precision')}; {data.get('tokenizer')} units; batches of "
         f"{data.get('max_frames_per_batch')} frames ({data.get('length_cost')} price)",
     ]
+    if cfg.get("capture_steps") is True:
+        lines.append(f"steps: captured as CUDA graphs per batch shape (capture_steps); batches padded to "
+                     f"{data.get('shape_buckets')} shapes: {bool(data.get('batch_shapes'))} (data.batch_shapes)")
     return "\n".join(lines)

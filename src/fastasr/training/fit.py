@@ -41,7 +41,7 @@ from fastasr.training.callbacks import dropout_decision, report_learning_warning
 from fastasr.training.config_check import check_train_config
 from fastasr.training.derived_config import resolve_train_config, run_summary
 from fastasr.training.initial_weights import load_initial_weights
-from fastasr.training.lit import ASRLitModule
+from fastasr.training.lit import ASRLitModule, lit_module_class
 from fastasr.training.loggers import build_loggers, finish_wandb
 from fastasr.training.run_guard import check_run_dir
 
@@ -96,10 +96,12 @@ def build_module(cfg: DictConfig, datamodule, run_dir: RunDir | None = None) -> 
     recogniser = with_decoding_data(recogniser, training_manifest(cfg.data),
                                     lm_path=OmegaConf.select(cfg, "final_decoding.lm.path", default=None),
                                     lm_dir=run_dir.path if run_dir is not None else None)
-    lit = ASRLitModule(
+    capture = cfg.get("capture_steps", False)  # resolved: resolve_train_config
+    lit = lit_module_class(capture)(
         recogniser,
         optimizer=OmegaConf.to_container(cfg.optim, resolve=True),
         scheduler=OmegaConf.to_container(cfg.scheduler, resolve=True) if cfg.get("scheduler") else None,
+        capture_steps=capture,
     )
     mean, std = datamodule.cmvn_stats
     lit.model.set_cmvn(mean, std)

@@ -18,12 +18,27 @@ import torch.nn.functional as F
 from hydra.utils import instantiate
 from lightning.pytorch.utilities import rank_zero_info
 
+from fastasr.data.shapes import UTTERANCES_KEY
 from fastasr.decoding import ErrorRates, GreedyDecoder
 from fastasr.decoding.emissions import batch_emissions, transcribe_one
 from fastasr.distributed import loss_without_update
 from fastasr.model import CTCModel
 from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser
+from fastasr.training.captured_step import CapturedSteps
 from fastasr.training.lr_schedules import BudgetSchedule, budget_progress, build_lr_schedulers
+
+#: The batch key of a GPU batch's lengths kept on the host (:class:`HostLengths`).
+HOST_LENGTHS_KEY = "host_lengths"
+
+
+class HostLengths:
+    """A batch's frame and label lengths as the loader made them, on the host: torch's CUDA
+    CTC reads its lengths there, so given these it copies nothing back from the GPU (no host
+    synchronisation in the step). Not a tensor, nor anything with ``.to``: Lightning's batch
+    transfer leaves it where it is."""
+
+    def __init__(self, features: torch.Tensor, targets: torch.Tensor) -> None:
+        self.features, self.targets = features, targets
 
 
 class ASRLitModule(L.LightningModule):
@@ -39,6 +54,10 @@ class ASRLitModule(L.LightningModule):
             (``warmup_steps``, ``warmup_start_factor``; :mod:`fastasr.training.lr_schedules`);
             None for a constant rate.
         log_examples: decoded dev examples printed after each validation.
+        capture_steps: ``capture_steps`` resolved: True to capture each batch shape's training
+            step as CUDA graphs where it can run (:mod:`fastasr.training.captured_step`; the
+            hooks ``training_step``, ``backward``, ``configure_gradient_clipping`` and
+            ``optimizer_step`` route to it), False for eager steps only.
     """
 
     def __init__(
@@ -47,6 +66,7 @@ class ASRLitModule(L.LightningModule):
         optimizer: Mapping[str, Any] | None = None,
         scheduler: Mapping[str, Any] | None = None,
         log_examples: int = 2,
+        capture_steps: bool | str = False,
     ):
         super().__init__()
         # the recogniser goes into checkpoints once, by on_save_checkpoint, not as a hyper-parameter
@@ -62,6 +82,8 @@ class ASRLitModule(L.LightningModule):
         self._greedy = GreedyDecoder(self.tokenizer)
         self._rates: dict[str, ErrorRates] = {}
         self.test_result: dict[str, Any] = {}
+        # the captured steps' hooks are CapturingASRLitModule's (lit_module_class)
+        self.captured = CapturedSteps(self.model, capture_steps) if capture_steps not in (False, None) else None
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Write the recogniser bundle as plain data (``checkpoint["recogniser"]``)."""
@@ -71,18 +93,39 @@ class ASRLitModule(L.LightningModule):
     def forward(self, features: torch.Tensor, lengths: torch.Tensor):
         return self.model(features, lengths)
 
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Lightning's transfer; a batch bound for a GPU keeps its lengths on the host too
+        (:class:`HostLengths`), for CTC."""
+        host = None
+        if device.type != "cpu" and isinstance(batch, Mapping) and "feature_lengths" in batch:
+            host = HostLengths(batch["feature_lengths"], batch["target_lengths"])
+        batch = super().transfer_batch_to_device(batch, device, dataloader_idx)
+        if host is not None:
+            batch[HOST_LENGTHS_KEY] = host
+        return batch
+
     def _ctc(self, log_probs: torch.Tensor, out_lengths: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
-        """CTC loss of each utterance over its label length, averaged over the batch (nats per label)."""
+        """CTC loss of each utterance over its label length, averaged over the batch (nats per label).
+        On a GPU the lengths it reads are the host's (:class:`HostLengths`): the model's output
+        lengths computed there by the front end's rule, which ``out_lengths`` are on the device."""
+        target_lengths = batch["target_lengths"]
+        host = batch.get(HOST_LENGTHS_KEY)
+        if host is not None:
+            out_lengths = self.model.frontend.out_lengths(host.features)
+            target_lengths = host.targets
         per_utt = F.ctc_loss(
             log_probs.transpose(0, 1).float(),
             batch["targets"],
             out_lengths,
-            batch["target_lengths"],
+            target_lengths,
             blank=self.tokenizer.blank_id,
             reduction="none",
             zero_infinity=True,
         )
-        return (per_utt / batch["target_lengths"].clamp(min=1)).mean()
+        per_label = per_utt / batch["target_lengths"].clamp(min=1)
+        if UTTERANCES_KEY in batch:  # padded to a batch shape: the empty rows' 0 not counted
+            return per_label.sum() / batch[UTTERANCES_KEY]
+        return per_label.mean()
 
     def _loss(self, batch: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         log_probs, out_lengths = self.model(batch["features"], batch["feature_lengths"])
@@ -92,15 +135,30 @@ class ASRLitModule(L.LightningModule):
         """The final layer's CTC loss; with intermediate CTC (``model.inter_ctc_layers``),
         ``(1 - w) * final + w * mean(intermediate)`` (Lee & Watanabe 2021), each part logged."""
         weight = self.model.inter_ctc_weight
-        if not weight:
+        captured = self.captured.forward(batch, self._train_forward) if self.captured is not None else None
+        if captured is not None:  # this shape's forward graph: CTC on its outputs
+            log_probs, out_lengths, inter = captured
+            if not weight:
+                return self._ctc(log_probs, out_lengths, batch)
+        elif not weight:
             return self._loss(batch)[0]
-        log_probs, out_lengths, inter = self.model.forward_with_intermediate(batch["features"], batch["feature_lengths"])
+        else:
+            log_probs, out_lengths, inter = self.model.forward_with_intermediate(batch["features"],
+                                                                                 batch["feature_lengths"])
         final = self._ctc(log_probs, out_lengths, batch)
         intermediate = torch.stack([self._ctc(lp, out_lengths, batch) for lp in inter]).mean()
         bs = len(batch["ids"])
         self.log("train/final_ctc", final, batch_size=bs)
         self.log("train/inter_ctc", intermediate, batch_size=bs)
         return (1.0 - weight) * final + weight * intermediate
+
+    def _train_forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The training forward a captured step records: ``([log_probs, *intermediate], out_lengths)``."""
+        if self.model.inter_ctc_weight:
+            log_probs, out_lengths, inter = self.model.forward_with_intermediate(features, lengths)
+            return [log_probs, *inter], out_lengths
+        log_probs, out_lengths = self.model(features, lengths)
+        return [log_probs], out_lengths
 
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> torch.Tensor | None:
         if not batch["ids"]:  # every utterance skipped for bad audio (fastasr.data.bad_audio)
@@ -181,3 +239,43 @@ class ASRLitModule(L.LightningModule):
         if not schedulers:
             return optimizer
         return [optimizer], schedulers
+
+
+class CapturingASRLitModule(ASRLitModule):
+    """:class:`ASRLitModule` whose training steps are captured where they can be
+    (``capture_steps``; :mod:`fastasr.training.captured_step`): Lightning's hooks of the step
+    (``backward``, ``configure_gradient_clipping``, ``optimizer_step``) route a captured step's
+    parts, and fall through to Lightning's own in an eager step. A class of its own so that a run
+    without capture runs the plain module's hooks, untouched (:func:`lit_module_class`)."""
+
+    def on_train_start(self) -> None:
+        optimizers = self.trainer.optimizers
+        self.captured.start(self.device, optimizers[0] if optimizers else None, self.trainer.world_size)
+
+    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
+        """Lightning's backward; in a captured step it reaches the forward graph's outputs only,
+        and the shape's backward graph goes on from their gradients."""
+        super().backward(loss, *args, **kwargs)
+        self.captured.backward()
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping; in a captured step the update graph clips (the same setting)."""
+        if self.captured.current is not None:
+            self.captured.clip = (gradient_clip_val, gradient_clip_algorithm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        """Lightning's optimiser step; in a captured step the optimiser's ``step`` replays the
+        shape's update graph (:meth:`fastasr.training.captured_step.CapturedSteps.optimizer_step`)."""
+        if not self.captured.active:
+            return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        inner = getattr(optimizer, "optimizer", optimizer)  # LightningOptimizer -> the torch optimiser
+        with self.captured.optimizer_step(inner):
+            optimizer.step(closure=optimizer_closure)
+
+
+def lit_module_class(capture_steps: bool | str) -> type[ASRLitModule]:
+    """The LightningModule class of a run: :class:`CapturingASRLitModule` with ``capture_steps``
+    on, else :class:`ASRLitModule`."""
+    return ASRLitModule if capture_steps in (False, None) else CapturingASRLitModule

@@ -3,12 +3,23 @@
 An out-of-memory error on the worst batch should show at minute one, not at hour ten. The
 batches with the most padded frames (and so the longest attention) run forward and backward
 once; gradients are discarded, parameters and optimiser state are untouched.
+
+On a GPU (``fill_device: auto``) it first sizes the batches to the device: the training budget
+becomes the largest that a batch of the longest training utterances (as many as the budget
+prices, :meth:`fastasr.data.datamodule.ASRDataModule.pessimistic_batch`) runs forward and
+backward in without running out of memory, less ``margin``, searched by doubling from
+``data.max_frames_per_batch`` and then bisecting (:func:`largest_fitting`), never above what
+the corpus gives ``data.min_batches_per_epoch`` batches with
+(:meth:`~fastasr.data.datamodule.ASRDataModule.budget_ceiling`). ``data.max_frames_per_batch``
+is a CPU's budget (8,000 frames for ``make train``); the run's first lines give the one found and
+why. On a CPU the budget is the config's.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import lightning as L
 import torch
@@ -18,22 +29,144 @@ from fastasr.training.callbacks.throughput import peak_memory_mb
 log = logging.getLogger(__name__)
 
 
-class LargestBatchProbe(L.Callback):
-    """Runs forward + backward on the ``batches`` largest training batches at fit start.
+def largest_fitting(attempt: Callable[[int], object], start: int, ceiling: int, tolerance: float = 0.05,
+                    floor: int = 1) -> int | None:
+    """The largest budget in ``[floor, ceiling]`` that ``attempt(budget)`` runs at without raising
+    ``torch.OutOfMemoryError``, to within ``tolerance`` of it: doubling from ``start`` while it
+    fits (halving while it does not), then bisecting between the last budget that fitted and the
+    first that did not. None when not even ``floor`` fits. Each attempt is one forward and
+    backward; a search takes about ``log2(found / start) + log2(1 / tolerance)`` of them."""
+    ceiling, floor = int(ceiling), max(1, int(floor))
+    start = max(floor, min(int(start), ceiling))
+    tried: dict[int, bool] = {}
 
-    Needs a datamodule with ``largest_train_batches(k)``. On failure (e.g. CUDA out of memory)
-    it raises a ``RuntimeError`` naming the batch shape and the ``data.max_frames_per_batch`` to
-    lower, instead of failing hours later.
+    def fits(budget: int) -> bool:
+        if budget not in tried:
+            try:
+                attempt(budget)
+                tried[budget] = True
+            except torch.OutOfMemoryError:
+                tried[budget] = False
+        return tried[budget]
+
+    if fits(start):
+        lo, hi = start, None
+        while hi is None and lo < ceiling:
+            nxt = min(lo * 2, ceiling)
+            if fits(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+    else:
+        lo, hi = None, start
+        while lo is None and hi > floor:
+            nxt = max(hi // 2, floor)
+            if fits(nxt):
+                lo = nxt
+            else:
+                hi = nxt
+        if lo is None:
+            return None
+    while hi is not None and hi - lo > max(1, tolerance * lo):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+class LargestBatchProbe(L.Callback):
+    """Runs forward + backward on the ``batches`` largest training batches at fit start, after
+    sizing the training budget to the device when ``fill_device`` says so (module docstring).
+
+    Needs a datamodule with ``largest_train_batches(k)`` (and, to fill the device,
+    ``pessimistic_batch``, ``budget_ceiling``, ``set_train_budget``). On failure (e.g. CUDA out of
+    memory) it raises a ``RuntimeError`` naming the batch shape and the ``data.max_frames_per_batch``
+    to lower, instead of failing hours later.
+
+    Args:
+        batches: the largest training batches tried.
+        fill_device: ``auto`` (on a GPU), true or false: search the largest budget the device holds.
+        margin: the share taken off the largest budget that fitted (memory the search's batch does
+            not show: optimiser state, the allocator's fragmentation over a run, other shapes).
+        tolerance: the search stops within this share of the largest budget that fits.
+        ceiling: the largest budget tried (priced frames); None: the datamodule's ``budget_ceiling``.
     """
 
-    def __init__(self, batches: int = 1):
+    def __init__(self, batches: int = 1, fill_device: bool | str = "auto", margin: float = 0.15,
+                 tolerance: float = 0.05, ceiling: int | None = None):
         super().__init__()
+        if fill_device not in (True, False, "auto"):
+            raise ValueError(f"LargestBatchProbe fill_device={fill_device!r}; expected auto, true or false")
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"LargestBatchProbe margin={margin}; expected within [0, 1)")
         self.batches = batches
+        self.fill_device, self.margin, self.tolerance, self.ceiling = fill_device, float(margin), float(tolerance), ceiling
+        self.found: int | None = None  # the budget the search set (None: no search)
+
+    def _attempt(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Callable[[int], None]:
+        datamodule = trainer.datamodule
+
+        def attempt(budget: int) -> None:
+            batch = pl_module.transfer_batch_to_device(datamodule.pessimistic_batch(budget), pl_module.device, 0)
+            try:
+                with trainer.precision_plugin.train_step_context():
+                    loss, _, _ = pl_module._loss(batch)
+                loss.backward()
+            except torch.OutOfMemoryError:
+                del batch
+                pl_module.zero_grad(set_to_none=True)
+                _release(pl_module.device)
+                raise
+            finally:
+                pl_module.zero_grad(set_to_none=True)
+            del batch, loss
+            _release(pl_module.device)
+
+        return attempt
+
+    def fill(self, trainer: L.Trainer, pl_module: L.LightningModule,
+             attempt: Callable[[int], object] | None = None) -> int | None:
+        """Search and set the training budget the device holds (module docstring); returns it
+        (None: the search found none, and the config's budget stays). ``attempt``: what tries a
+        budget (default: a forward and backward of the pessimistic batch on the module)."""
+        datamodule = trainer.datamodule
+        start = int(datamodule.max_frames_per_batch)
+        ceiling = int(self.ceiling or datamodule.budget_ceiling())
+        was_training = pl_module.training
+        pl_module.train()
+        try:
+            found = largest_fitting(attempt or self._attempt(trainer, pl_module), start, ceiling, self.tolerance)
+        finally:
+            pl_module.train(was_training)
+        if found is None:
+            log.warning("fill_device: no batch of the longest training utterances fits the device; "
+                        "data.max_frames_per_batch=%d stays", start)
+            return None
+        budget = max(1, int(found * (1.0 - self.margin)))
+        at_ceiling = found >= ceiling
+        log.info("batch budget %d frames on %s: %s %d frames of the longest training utterances ran forward and "
+                 "backward%s, less a %.0f%% margin (data.max_frames_per_batch=%d is the config's, for a CPU; "
+                 "callbacks.largest_batch_probe.fill_device=false keeps it)",
+                 budget, pl_module.device, "the corpus's ceiling of" if at_ceiling else "the largest budget in which",
+                 found, "" if at_ceiling else " without running out of memory", 100 * self.margin, start)
+        datamodule.set_train_budget(budget)
+        self.found = budget
+        return budget
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         datamodule = trainer.datamodule
         if self.batches < 1 or trainer.fast_dev_run or not hasattr(datamodule, "largest_train_batches"):
             return
+        fill = self.fill_device is True or (self.fill_device == "auto" and pl_module.device.type == "cuda")
+        if fill and hasattr(datamodule, "pessimistic_batch"):
+            self.fill(trainer, pl_module)
         was_training = pl_module.training
         pl_module.train()
         for batch in datamodule.largest_train_batches(self.batches):

@@ -1,0 +1,215 @@
+"""Captured training steps (``capture_steps``, fastasr.training.captured_step): the plumbing on
+the CPU (shape bookkeeping, the split step through Lightning's hooks, the eager fallback, the
+setting and its config key), no host reads inside the step, and on a GPU (``cuda``) a captured
+step against an eager one."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import lightning as L
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from fastasr.config import CONFIG_DIR
+from fastasr.training.captured_step import CapturedSteps, EagerGraphs, capture_wanted
+
+RADAM = {"_target_": "torch.optim.RAdam", "_partial_": True, "lr": 3e-3, "weight_decay": 0.01,
+         "decoupled_weight_decay": True}
+
+
+def _lit(attention="full", capture=False, layers=2, inter=False, dtype=torch.float32, shared_qk=False):
+    from fastasr.data.manifest import Utterance
+    from fastasr.data.tokenizer import Tokenizer
+    from fastasr.recognition.recogniser import Recogniser
+    from fastasr.training.lit import lit_module_class
+
+    tok = Tokenizer.build([Utterance("a", "/a.wav", 1.0, "abc cab")], "char")
+    config = {"_target_": "fastasr.model.CTCModel", "d_model": 32, "heads": 2, "ff_dim": 64, "layers": layers,
+              "dropout": 0.0, "subsampling": 2, "spec_augment": None, "attention": attention, "shared_qk": shared_qk}
+    if inter:
+        config |= {"inter_ctc_layers": [1], "inter_ctc_weight": 0.3}
+    torch.manual_seed(0)
+    return lit_module_class(capture)(Recogniser.from_model_config(config, tok, {"num_mel_bins": 20}),
+                                     optimizer=RADAM, capture_steps=capture).to(dtype)
+
+
+def _batches(shapes=((3, 40), (2, 64)), steps=8, vocab=4, seed=0):
+    """``steps`` batches cycling through ``shapes`` (utterances, frames), the last row short."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(steps):
+        b, t = shapes[i % len(shapes)]
+        lengths = torch.full((b,), t, dtype=torch.long)
+        lengths[-1] = t // 2
+        out.append({"features": torch.randn(b, t, 20, generator=g), "feature_lengths": lengths,
+                    "targets": torch.randint(1, vocab, (b, 5), generator=g), "target_lengths": torch.full((b,), 5),
+                    "ids": [f"{i}-{j}" for j in range(b)], "texts": [""] * b, "transcripts": [""] * b, "skipped": []})
+    return out
+
+
+class _Losses(L.Callback):
+    def __init__(self):
+        self.losses = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.losses.append(float(outputs["loss"]))
+
+
+def _fit_on(accelerator, lit, batches, clip=0.05, precision="32-true", callbacks=()):
+    losses = _Losses()
+    trainer = L.Trainer(accelerator=accelerator, devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        gradient_clip_val=clip, precision=precision, callbacks=[losses, *callbacks])
+    loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
+    trainer.fit(lit, train_dataloaders=loader)
+    return losses.losses, [p.detach().clone() for p in lit.parameters()]
+
+
+def _fit(lit, batches, clip=0.05):
+    return _fit_on("cpu", lit, batches, clip)
+
+
+@pytest.mark.parametrize("attention,inter", [("full", False), ({"name": "clustered", "clusters": 3, "seed": 1}, False),
+                                             ("full", True)])
+def test_a_split_step_through_lightnings_hooks_trains_as_the_eager_step(attention, inter):
+    """The captured step's plumbing (static inputs, forward, CTC between, backward, clipping and
+    RAdam as three replayed parts, through Lightning's hooks) with the stand-in backend, which
+    runs what it recorded at each replay: the same losses and parameters as eager training."""
+    batches = _batches()
+    eager_losses, eager_params = _fit(_lit(attention, inter=inter), batches)
+    lit = _lit(attention, capture=True, inter=inter)
+    lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=EagerGraphs())
+    losses, params = _fit(lit, batches)
+    assert losses == eager_losses
+    for a, b in zip(params, eager_params):
+        assert torch.equal(a, b)
+    summary = lit.captured.summary()
+    assert sorted(summary["captured"]) == [(2, 64, 20), (3, 40, 20)]  # each shape after its one eager step
+    assert summary["seen"] == {(3, 40, 20): 2, (2, 64, 20): 2} and not summary["failed"]
+
+
+def test_shapes_past_max_shapes_and_before_their_warmup_run_eagerly():
+    lit = _lit()
+    steps = CapturedSteps(lit.model, True, warmup=2, max_shapes=1, backend=EagerGraphs())
+    steps.active = True
+    calls = []
+
+    def run(f, n):
+        calls.append(tuple(f.shape))
+        return [lit.model(f, n)[0]], n
+
+    for batch in _batches(shapes=((3, 40), (2, 64), (3, 40), (2, 64), (3, 40), (2, 64)), steps=6):
+        out = steps.forward(batch, run)
+        assert (out is None) == (steps.current is None)
+    assert steps.summary()["captured"] == [(3, 40, 20)]  # its third step; the second shape: none left
+    assert steps.summary()["seen"] == {(3, 40, 20): 3, (2, 64, 20): 3}
+
+
+class _Failing(EagerGraphs):
+    def __init__(self, part):
+        self.part, self.count = part, 0
+
+    def capture(self, fn):
+        self.count += 1
+        if self.count == {"forward": 1, "backward": 2, "update": 3}[self.part]:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return super().capture(fn)
+
+
+@pytest.mark.parametrize("part", ["forward", "backward", "update"])
+def test_a_failed_capture_warns_once_and_the_run_trains_as_eager(part):
+    batches = _batches(shapes=((3, 40),), steps=5)
+    eager_losses, eager_params = _fit(_lit(), batches)
+    lit = _lit(capture=True)
+    lit.captured = CapturedSteps(lit.model, True, backend=_Failing(part))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses, params = _fit(lit, batches)
+    ours = [w for w in caught if "capture_steps" in str(w.message)]
+    assert len(ours) == 1
+    assert "(3, 40, 20)" in str(ours[0].message) and f"capturing its {part} failed" in str(ours[0].message)
+    assert "operation not permitted" in str(ours[0].message)
+    assert lit.captured.summary()["failed"].keys() == {(3, 40, 20)}
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-6, atol=1e-6)
+    for a, b in zip(params, eager_params):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_capture_forced_on_a_cpu_runs_eagerly_with_one_clear_warning(caplog):
+    batches = _batches(steps=4)
+    eager_losses, eager_params = _fit(_lit(), batches)
+    lit = _lit(capture=True)
+    with caplog.at_level(logging.WARNING, logger="fastasr.training.captured_step"):
+        losses, params = _fit(lit, batches)
+    messages = [r.getMessage() for r in caplog.records if r.name == "fastasr.training.captured_step"]
+    assert messages == ["capture_steps=True: every training step runs eagerly (CUDA graphs need a CUDA device; "
+                        "this run trains on cpu)"]
+    assert not lit.captured.active and lit.captured.summary()["captured"] == []
+    assert losses == eager_losses and all(torch.equal(a, b) for a, b in zip(params, eager_params))
+
+
+def test_with_capture_off_the_module_has_no_captured_steps():
+    assert _lit().captured is None and _lit(capture=False).captured is None
+
+
+def test_the_setting_is_in_the_config_documented_and_auto_is_off_on_a_cpu(monkeypatch):
+    from fastasr.training.derived_config import resolve_train_config
+
+    text = (CONFIG_DIR / "train.yaml").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("capture_steps:"))
+    assert line.split("#")[0].split(":")[1].strip() == "auto"
+    assert "CUDA graphs" in line and "auto = on for one CUDA device" in line and "off on a CPU" in line
+    data = (CONFIG_DIR / "data" / "manifest.yaml").read_text()
+    assert "batch_shapes: auto" in data and "shape_buckets:" in data
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = OmegaConf.create({"capture_steps": "auto", "trainer": {"accelerator": "auto", "devices": 1},
+                            "data": {"batch_shapes": "auto"}})
+    resolve_train_config(cfg)
+    assert cfg.capture_steps is False and cfg.data.batch_shapes is False
+    cfg = OmegaConf.create({"capture_steps": True, "trainer": {"accelerator": "cpu"}, "data": {"batch_shapes": "auto"}})
+    assert resolve_train_config(cfg).data.batch_shapes is True
+
+
+def test_auto_is_on_for_one_cuda_device_only(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert capture_wanted("auto", "auto") is True
+    assert capture_wanted("auto", "gpu", 1, "auto") is True
+    assert capture_wanted("auto", "cpu") is False
+    assert capture_wanted("auto", "gpu", 2, "ddp") is False
+    assert capture_wanted("auto", "gpu", 1, "auto", streaming={"chunk_sizes": [16]}) is False
+    assert capture_wanted(False, "gpu") is False and capture_wanted(True, "cpu") is True
+    with pytest.raises(ValueError, match="capture_steps"):
+        capture_wanted("sometimes", "gpu")
+
+
+_HOST_READS = ("item", "tolist", "cpu", "numpy")
+
+
+@pytest.mark.parametrize("attention", ["full", {"name": "clustered", "clusters": 3}, {"name": "i-clustered", "clusters": 3, "topk": 4},
+                                       {"name": "lsh", "rounds": 1, "chunk": 8, "buckets": 4}, {"name": "topk", "k": 4}])
+def test_the_training_step_reads_nothing_back_to_the_host(attention, monkeypatch):
+    """No ``.item()``, ``.tolist()``, ``.cpu()`` or ``.numpy()`` in the forward, loss and backward
+    of a training step (each a host synchronisation on a GPU; ``self.log`` keeps tensors on the
+    device). The CTC's lengths are the batch's host tensors, which torch's CUDA CTC reads there."""
+    from fastasr.attention import build_attention
+
+    lit = _lit(attention, shared_qk=getattr(build_attention(attention), "requires_shared_qk", False))
+    batch = _batches(steps=1)[0]
+    lit.log = lambda *a, **k: None  # outside a trainer
+    called = []
+    for name in _HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def reading(self, *args, _name=name, _original=original, **kwargs):
+            called.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, reading)
+    loss = lit.training_step(batch, 0)
+    loss.backward()
+    monkeypatch.undo()
+    assert called == []

@@ -1,0 +1,74 @@
+"""Batches that fill the GPU: the probe's search for the largest budget a device holds
+(``callbacks.largest_batch_probe.fill_device``), run on the CPU against a fake memory limit."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fastasr.training.callbacks.largest_batches import LargestBatchProbe, largest_fitting
+
+
+def _memory(limit):
+    tried = []
+
+    def attempt(budget):
+        tried.append(budget)
+        if budget > limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory: {budget} frames")
+
+    return attempt, tried
+
+
+@pytest.mark.parametrize("limit", [8000, 8001, 31_000, 123_457, 999_999])
+def test_the_search_finds_the_largest_budget_within_its_tolerance(limit):
+    attempt, tried = _memory(limit)
+    found = largest_fitting(attempt, 8000, 1_000_000, tolerance=0.05)
+    assert found <= limit and found >= limit * 0.95 - 1
+    assert len(tried) <= 18 and len(set(tried)) == len(tried)  # no budget tried twice
+
+
+def test_the_search_halves_when_the_start_does_not_fit_and_stops_at_the_ceiling():
+    attempt, _ = _memory(3000)
+    assert 2850 <= largest_fitting(attempt, 8000, 1_000_000) <= 3000
+    attempt, tried = _memory(10**9)
+    assert largest_fitting(attempt, 8000, 50_000) == 50_000 and max(tried) == 50_000
+    attempt, _ = _memory(10)
+    assert largest_fitting(attempt, 8000, 50_000, floor=100) is None
+
+
+class _Data:
+    def __init__(self):
+        self.max_frames_per_batch, self.budget = 8000, None
+
+    def budget_ceiling(self):
+        return 400_000
+
+    def set_train_budget(self, frames):
+        self.budget = frames
+
+
+def test_the_probe_sets_the_budget_less_its_margin_and_says_why(caplog):
+    data = _Data()
+    trainer = SimpleNamespace(datamodule=data)
+    module = torch.nn.Linear(1, 1)
+    module.device = torch.device("cpu")
+    probe = LargestBatchProbe(fill_device=True, margin=0.15)
+    attempt, _ = _memory(100_000)
+    with caplog.at_level(logging.INFO, logger="fastasr.training.callbacks.largest_batches"):
+        budget = probe.fill(trainer, module, attempt)
+    assert data.budget == budget == probe.found and 0.95 * 85_000 <= budget <= 85_000
+    line = caplog.records[-1].getMessage()
+    assert line.startswith(f"batch budget {budget} frames on cpu: the largest budget in which")
+    assert "15% margin" in line and "data.max_frames_per_batch=8000" in line and "fill_device=false" in line
+
+
+def test_the_probe_fills_a_gpu_only_unless_told():
+    assert LargestBatchProbe().fill_device == "auto"
+    with pytest.raises(ValueError, match="fill_device"):
+        LargestBatchProbe(fill_device="yes")
+    with pytest.raises(ValueError, match="margin"):
+        LargestBatchProbe(margin=1.0)
