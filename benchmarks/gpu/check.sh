@@ -41,6 +41,9 @@
 #      corpus (built here: 41 s on 2 cores): time per epoch and its ratio to full's, the study's
 #      budget.md as table2_frames_<gpu>.md. `GPU_CHECK_TRAIN=0 GPU_CHECK_KERNELS=0 GPU_CHECK_TABLE2=1
 #      make gpu-check` runs it alone (~7 min).
+# Training runs (1, 7, 8) capture their steps as CUDA graphs (`capture_steps=auto`);
+# GPU_CHECK_CAPTURE=false runs them eager, so two calls give the captured and the eager figures
+# (docs/BENCHMARKS.md "GPU check"); the captured step's own tests are among step 3's `cuda` tests.
 # With make train, attention/clustering_gpu.py has what is left of the budget (its first tables); the kernel
 # steps alone (GPU_CHECK_TRAIN=0) leave it about 4 minutes.
 # Each step has a time cap, cut to what is left of the whole check's budget (GPU_CHECK_BUDGET_S,
@@ -112,10 +115,11 @@ train_builtin() {
   "$PY" -m fastasr.cli.lm build --manifest data/synthetic/train.jsonl --order 3 \
     --out data/synthetic/lm/words-3gram.arpa --dev data/synthetic/dev.jsonl || return 1
   rm -rf "$RUN"
-  "$PY" train.py name=gpu-check logger=csv trainer.max_time=00:00:03:00
+  "$PY" train.py name=gpu-check logger=csv trainer.max_time=00:00:03:00 "capture_steps=$CAPTURE"
 }
 export -f train_builtin
-export PY RUN
+CAPTURE=${GPU_CHECK_CAPTURE:-auto}  # capture_steps of every training run here: auto (captured on a GPU) or false
+export PY RUN CAPTURE
 
 FSDD_SRC=${GPU_CHECK_FSDD:-data/fsdd_src}
 FSDD_RUN=outputs/runs/gpu-check-fsdd
@@ -130,7 +134,7 @@ train_fsdd() {
   "$PY" train.py data=manifest tokenizer=char data.train_manifest=data/fsdd_speakers/train.jsonl \
     data.dev_manifest=data/fsdd_speakers/dev.jsonl data.test_manifest=data/fsdd_speakers/test.jsonl \
     name=gpu-check-fsdd logger=csv "trainer.max_time=00:00:$(printf %02d "$FSDD_MINUTES"):00" \
-    "final_tuning.frequent_words=[0]"
+    "final_tuning.frequent_words=[0]" "capture_steps=$CAPTURE"
 }
 export -f train_fsdd
 export FSDD_SRC FSDD_RUN FSDD_MINUTES
@@ -149,7 +153,7 @@ table2_gpu() {
   rm -rf "$TABLE2_DIR"
   "$PY" -m fastasr.cli.budget budget=table2_frames budget.name=table2-frames-gpu budget.wandb=disabled \
     "budget.max_time=00:00:$(printf %02d $((TABLE2_SECONDS / 60))):$(printf %02d $((TABLE2_SECONDS % 60)))" \
-    'budget.extra_overrides=["trainer.precision=bf16-mixed","logger=csv"]' || return 1
+    "budget.extra_overrides=[\"trainer.precision=bf16-mixed\",\"logger=csv\",\"capture_steps=$CAPTURE\"]" || return 1
   cp "$TABLE2_DIR/budget.md" "$RESULTS/table2_frames_$SLUG.md"
 }
 export -f table2_gpu
