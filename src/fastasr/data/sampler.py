@@ -17,15 +17,30 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch.utils.data import Sampler
 
-if TYPE_CHECKING:
-    from fastasr.data.shapes import BatchShapes
-
 log = logging.getLogger(__name__)
+
+
+class Shape(Protocol):
+    """A batch shape: its utterance count and frames."""
+
+    utterances: int
+    frames: int
+
+
+class Shapes(Protocol):
+    """What the sampler reads of a run's batch shapes (:class:`fastasr.data.shapes.BatchShapes`):
+    the bucket of a length, each bucket's shape, and the shape a batch is padded to."""
+
+    shapes: Sequence[Shape]
+
+    def bucket(self, length: int) -> int: ...
+
+    def shape_for(self, longest: int, size: int) -> Shape: ...
 
 
 class _EpochForwarder:
@@ -112,7 +127,7 @@ class FrameBudgetBatchSampler(Sampler[list[int]]):
                  shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0,
                  drop_last: bool = False, pad: str = "repeat", length_cost: str = "linear",
                  quadratic_frames: int = 4000, sortagrad_epochs: int = 0,
-                 shapes: BatchShapes | None = None) -> None:
+                 shapes: Shapes | None = None) -> None:
         if pad not in ("repeat", "empty"):
             raise ValueError(f"pad {pad!r}; expected 'repeat' or 'empty'")
         if max_frames <= 0:
