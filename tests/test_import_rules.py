@@ -16,7 +16,8 @@ CONTRACT_COMMANDS = ("fastasr.transcribe", "fastasr.cross_eval")
 RUNTIME_COMMAND = "fastasr.onnx.transcribe"
 #: The layers, from the ground up: a module may import its own layer and those below it.
 LAYERS = [
-    ("shared", ("fastasr.config", "fastasr.distributed", "fastasr.progress", "fastasr.quiet", "fastasr.rundir")),
+    ("shared", ("fastasr.config", "fastasr.distributed", "fastasr.progress", "fastasr.quiet", "fastasr.rundir",
+                "fastasr.sections")),
     ("kernels", ("fastasr.kernels",)),
     ("attention", ("fastasr.attention",)),
     ("data", ("fastasr.data",)),
@@ -39,6 +40,7 @@ NEVER = [
     ("fastasr.model", "fastasr.data", "the model takes features, not corpora"),
     ("fastasr.decoding", "fastasr.model", "decoding searches emissions; it runs whatever model it is given"),
     ("fastasr.config", "fastasr", "the configuration glue imports nothing of fastasr"),
+    ("fastasr.sections", "fastasr", "the runtime's config rule imports nothing of fastasr"),
     ("fastasr.studies", "fastasr.corpora", "the studies train on manifests, whoever built them"),
     ("fastasr.corpora", "fastasr.training", "corpus builders are offline tools"),
     ("fastasr.corpora", "fastasr.studies", "corpus builders are offline tools"),
