@@ -59,8 +59,8 @@ OUTPUT_NAMES = ("log_probs", "log_probs_len")
 OPSET = 17
 #: The operators whose weights ``model.int8.onnx`` holds in int8: the matrix products. onnxruntime's
 #: integer convolutions (``ConvInteger``) are slower on a CPU than its float ones: with them the
-#: built-in model runs 1.6x slower than fp32 on a 2-core CPU, without them 1.3-1.4x faster
-#: (docs/results/export/RESULTS.md).
+#: built-in model ran slower than fp32 on a 2-core CPU (a trial without a raw file), without them
+#: faster (docs/results/export/RESULTS.md).
 INT8_OPS = ("MatMul",)
 #: The attentions that export as they are.
 EXPORTABLE = ("full",)
