@@ -20,7 +20,7 @@ KERNELS := $(NATIVE_LIB)
 endif
 ARGS ?=
 
-.PHONY: install native data features lm train test test-slow test-full lint bench calibrate-auto matrix report clean help gpu-check
+.PHONY: install native data features lm train test test-slow test-full test-runtime lint bench calibrate-auto matrix report clean help gpu-check
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -72,6 +72,22 @@ test-slow: $(KERNELS)  ## the slow tier only: trainings, smoke matrix, subproces
 test-full: $(KERNELS)  ## every test (= test + test-slow, what CI covers)
 	$(PY) -m pytest -q -m "slow or not slow"
 
+# The PyTorch-free runtime as a user installs it (docs/DEPLOY.md, "Without PyTorch"): while the full
+# install exports a tiny model and writes PyTorch's words (tests/runtime/write_fixture.py), a fresh
+# venv without torch gets ./runtime (the fastasr-runtime distribution) and pytest; tests/runtime
+# then runs there. PYTHONPATH is cleared for that venv: it must find fastasr where pip put it.
+RUNTIME_VENV := .venv-runtime
+RUNTIME_FIXTURE := data/runtime_fixture
+
+test-runtime: $(KERNELS)  ## the runtime installed from ./runtime into a fresh venv without torch: tests/runtime and fastasr-onnx-transcribe there (CI runs it)
+	rm -rf $(RUNTIME_VENV); \
+	$(PY) tests/runtime/write_fixture.py $(RUNTIME_FIXTURE) & fixture=$$!; \
+	env -u PYTHONPATH $(PYTHON) -m venv $(RUNTIME_VENV) \
+	  && env -u PYTHONPATH $(RUNTIME_VENV)/bin/python -m pip install --quiet ./runtime pytest pytest-timeout \
+	  || { kill $$fixture; exit 1; }; \
+	wait $$fixture
+	env -u PYTHONPATH FASTASR_RUNTIME_FIXTURE=$(RUNTIME_FIXTURE) $(RUNTIME_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/runtime
+
 lint: $(STAMP)  ## ruff
 	$(PY) -m ruff check src tests benchmarks train.py evaluate.py
 
@@ -118,4 +134,4 @@ report: $(KERNELS)  ## static HTML report of a run or matrix dir: make report DI
 	$(BIN)/fastasr-report $(DIR)
 
 clean:  ## remove the venv, generated data and outputs
-	rm -rf $(VENV) data/synthetic data/feature_cache outputs multirun .pytest_cache src/fastasr/kernels/_build
+	rm -rf $(VENV) $(RUNTIME_VENV) data/synthetic data/feature_cache $(RUNTIME_FIXTURE) outputs multirun .pytest_cache src/fastasr/kernels/_build

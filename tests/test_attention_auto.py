@@ -68,3 +68,23 @@ def test_calibration_writes_both_crossovers_and_keeps_the_comments(tmp_path):
     kept = [line for line in original.splitlines() if not line.startswith(("# calibrated", "crossover"))]
     assert all(line in text for line in kept)
     assert build_attention(cfg).spec == f"auto-{cfg.crossover}"
+
+
+def test_auto_is_refused_in_a_chunked_context(tiny_corpus):
+    """auto picks its path by a call's padded length, which differs between simulated (batched)
+    and streamed chunks: chunked decoding and streaming refuse it in one line naming what to use
+    instead; full context keeps it, and a set attention is accepted."""
+    import pytest
+    from recogniser_fixtures import tiny_recogniser
+
+    recogniser = tiny_recogniser(tiny_corpus, attention="auto")
+    for chunked in (lambda: recogniser.set_chunked_decoding(0.64), lambda: recogniser.stream(chunk=0.64)):
+        with pytest.raises(ValueError, match=r"^attention auto\S* in a chunked context: .* attention=full or "
+                                             r"attention=i-clustered") as refused:
+            chunked()
+        assert "\n" not in str(refused.value)
+    recogniser.set_chunked_decoding(None)  # full context: auto as ever
+    assert recogniser.model.decoding_context is None
+    recogniser.model.set_attention("full")
+    recogniser.set_chunked_decoding(0.64)
+    assert recogniser.model.decoding_context is not None

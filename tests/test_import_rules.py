@@ -16,7 +16,8 @@ CONTRACT_COMMANDS = ("fastasr.transcribe", "fastasr.cross_eval")
 RUNTIME_COMMAND = "fastasr.onnx.transcribe"
 #: The layers, from the ground up: a module may import its own layer and those below it.
 LAYERS = [
-    ("shared", ("fastasr.config", "fastasr.distributed", "fastasr.progress", "fastasr.quiet", "fastasr.rundir")),
+    ("shared", ("fastasr.config", "fastasr.distributed", "fastasr.progress", "fastasr.quiet", "fastasr.rundir",
+                "fastasr.sections")),
     ("kernels", ("fastasr.kernels",)),
     ("attention", ("fastasr.attention",)),
     ("data", ("fastasr.data",)),
@@ -39,6 +40,7 @@ NEVER = [
     ("fastasr.model", "fastasr.data", "the model takes features, not corpora"),
     ("fastasr.decoding", "fastasr.model", "decoding searches emissions; it runs whatever model it is given"),
     ("fastasr.config", "fastasr", "the configuration glue imports nothing of fastasr"),
+    ("fastasr.sections", "fastasr", "the runtime's config rule imports nothing of fastasr"),
     ("fastasr.studies", "fastasr.corpora", "the studies train on manifests, whoever built them"),
     ("fastasr.corpora", "fastasr.training", "corpus builders are offline tools"),
     ("fastasr.corpora", "fastasr.studies", "corpus builders are offline tools"),
@@ -259,3 +261,56 @@ def test_no_module_outside_the_kernels_is_over_the_line_limit():
                   if "kernels" not in p.relative_to(src).parts
                   and (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES)
     assert long == []
+
+
+#: The ``fastasr-runtime`` distribution (runtime/pyproject.toml): what its modules may import at
+#: their top, beside the standard library and one another (its ``dependencies``), and the modules
+#: whose top may import an extra's package (``beam``: flashlight-text; ``decoding=greedy`` imports none).
+RUNTIME_PYPROJECT = SRC.parent / "runtime" / "pyproject.toml"
+RUNTIME_DEPENDENCIES = {"numpy", "onnxruntime", "kaldi_native_fbank", "soundfile", "sentencepiece"}
+RUNTIME_EXTRAS = {"fastasr.decoding.beam": {"flashlight"}}
+
+
+def runtime_modules() -> set[str]:
+    """The modules the runtime's wheel holds: its ``packages``' modules, its ``py-modules``, and
+    the ``__init__`` of every package above them."""
+    import tomllib
+
+    spec = tomllib.loads(RUNTIME_PYPROJECT.read_text(encoding="utf-8"))["tool"]["setuptools"]
+    modules = set(spec["py-modules"]) | {m for m in all_imports() for p in spec["packages"] if _within(m, p)}
+    return modules | {".".join(m.split(".")[:i]) for m in modules for i in range(1, m.count(".") + 1)}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The top-level package of every import at a module's top (not in a function, not under
+    ``if TYPE_CHECKING:``)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_runtime_distribution_holds_what_the_runtime_imports():
+    """fastasr-runtime's modules import (anywhere) only one another; at their top only the standard
+    library and the runtime's dependencies, flashlight-text only in the beam search; the command's
+    and OnnxRecogniser's modules are in it. ``make test-runtime`` installs it without torch."""
+    import sys
+
+    modules = runtime_modules()
+    assert {"fastasr.onnx.onnx_recogniser", RUNTIME_COMMAND, "fastasr.decoding.windows"} <= modules
+    imports = all_imports()
+    missing = sorted((m, name) for m in modules for name, _, _, _ in imports[m]
+                     if not any(_within(name, r) for r in modules if r != "fastasr"))
+    assert missing == [], "add them to runtime/pyproject.toml's py-modules, or import them lazily"
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    heavy = {}
+    for m in modules:
+        path = SRC / (m.replace(".", "/") + ".py")
+        path = path if path.is_file() else SRC / m.replace(".", "/") / "__init__.py"
+        extra = top_level_imports(path) - stdlib - RUNTIME_DEPENDENCIES - RUNTIME_EXTRAS.get(m, set()) - {"fastasr"}
+        if extra:
+            heavy[m] = sorted(extra)
+    assert heavy == {}

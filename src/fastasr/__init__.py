@@ -1,7 +1,8 @@
 """fastasr: CTC speech recognition with pluggable fast attention.
 
 Sub-packages, from the ground up (docs/ARCHITECTURE.md "Layers"):
-    (shared)     config, rundir, distributed, progress, quiet: paths, run directories, DDP ranks, progress bars
+    (shared)     config, sections, rundir, distributed, progress, quiet: paths, config sections, run
+                 directories, DDP ranks, progress bars
     kernels      C++ CPU and Triton GPU clustering kernels, and the PyTorch references they are checked against
     attention    parameter-free inner attentions (full, lsh, clustered, i-clustered, top-k, auto)
     data         manifests, audio, features, units (tokenizers), lexicons, samplers, the data module

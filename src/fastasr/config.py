@@ -1,5 +1,5 @@
-"""Hydra/OmegaConf glue at the bottom of the stack: the config directory, the default recipe of a
-corpus, and config sections → dataclasses.
+"""Hydra/OmegaConf glue at the bottom of the stack: the config directory and the default recipe of a
+corpus (config sections → dataclasses: :mod:`fastasr.sections`, which needs no OmegaConf).
 
 It imports nothing of fastasr (it also parses wall-clock budgets, :func:`max_time_seconds`). The
 YAML under ``conf/`` holds plain values and ``${}`` references (OmegaConf's own ``oc.*`` resolvers
@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -46,22 +45,6 @@ def recipe_of_data(data_choice: str) -> str:
 
 
 OmegaConf.register_new_resolver("fastasr.recipe_of_data", recipe_of_data, replace=True)
-
-
-def dataclass_from_mapping(cls: type, cfg, section: str):
-    """An instance of the dataclass ``cls`` from a config section: a mapping (or DictConfig)
-    → ``cls(**cfg)``; None → ``cls()``; an instance → itself. Unknown keys raise
-    ``ValueError`` naming ``section`` (e.g. ``data.augment``) and the accepted keys."""
-    if cfg is None:
-        return cls()
-    if isinstance(cfg, cls):
-        return cfg
-    known = {f.name for f in fields(cls)}
-    cfg = dict(cfg)
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise ValueError(f"{section}: unknown key(s) {unknown}; expected some of {sorted(known)}")
-    return cls(**cfg)
 
 
 def max_time_seconds(value: Any, where: str = "trainer.max_time") -> float:

@@ -50,9 +50,9 @@ from typing import NamedTuple
 import soundfile as sf
 import torch
 
-from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import resample
 from fastasr.data.voice import change_voice
+from fastasr.sections import dataclass_from_mapping
 
 log = logging.getLogger(__name__)
 

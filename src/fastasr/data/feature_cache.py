@@ -52,12 +52,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import BadAudioError
 from fastasr.data.augment import AugmentConfig, Variant, perturb
 from fastasr.data.features import Fbank, FeatureConfig, load_utterance_audio, with_native_rate
 from fastasr.data.manifest import Utterance, read_manifest
 from fastasr.data.voice import VOICE_VERSION
+from fastasr.sections import dataclass_from_mapping
 
 log = logging.getLogger(__name__)
 

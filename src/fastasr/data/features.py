@@ -19,9 +19,9 @@ import torch
 import torchaudio.compliance.kaldi as kaldi
 from torch import nn
 
-from fastasr.config import dataclass_from_mapping
 from fastasr.data.audio import BadAudioError, file_sample_rate, load_audio
 from fastasr.data.bad_audio import SkippedUtterance, all_bad_error, describe_skipped, refused
+from fastasr.sections import dataclass_from_mapping
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fastasr.config import dataclass_from_mapping
+from fastasr.sections import dataclass_from_mapping
 
 MODES = ("auto", "one_pass", "windowed")
 

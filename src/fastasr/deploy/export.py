@@ -59,8 +59,8 @@ OUTPUT_NAMES = ("log_probs", "log_probs_len")
 OPSET = 17
 #: The operators whose weights ``model.int8.onnx`` holds in int8: the matrix products. onnxruntime's
 #: integer convolutions (``ConvInteger``) are slower on a CPU than its float ones: with them the
-#: built-in model runs 1.6x slower than fp32 on a 2-core CPU, without them 1.3-1.4x faster
-#: (docs/results/export/RESULTS.md).
+#: built-in model ran slower than fp32 on a 2-core CPU (a trial without a raw file), without them
+#: faster (docs/results/export/RESULTS.md).
 INT8_OPS = ("MatMul",)
 #: The attentions that export as they are.
 EXPORTABLE = ("full",)
@@ -201,13 +201,44 @@ def export_recogniser(recogniser: Recogniser, out: str | os.PathLike, *, source:
     """Write ``recogniser`` (with its model loaded) to the folder ``out`` (module docstring).
 
     ``check``: run the example batch through PyTorch and onnxruntime and record the largest
-    absolute difference of the log-probabilities (``ExportResult.max_abs_diff``).
+    absolute difference of the log-probabilities (``ExportResult.max_abs_diff``). The graph holds
+    the whole-recording (full-context) computation: a model trained with chunks (``model.streaming``)
+    says so in one warning (:func:`full_context_note`). The caller's recogniser is left as it was:
+    its attention, train or eval mode and chunked decoding context are put back afterwards.
 
     Raises:
         ValueError: the recogniser has no model, or a unit has no sherpa-onnx symbol.
     """
-    if recogniser.model is None:
+    model = recogniser.model
+    if model is None:
         raise ValueError("export_recogniser: the recogniser has no model loaded (load_recogniser(ckpt_path))")
+    note = full_context_note(model)
+    if note:
+        log.warning("%s", note)
+    inners, training, context = [layer.inner for layer in model.attention_layers()], model.training, model.decoding_context
+    model.set_decoding_context(None)
+    try:
+        return _export(recogniser, out, source, int8, check)
+    finally:
+        for layer, inner in zip(model.attention_layers(), inners):
+            layer.inner = inner
+        model.train(training)
+        model.set_decoding_context(context)
+
+
+def full_context_note(model: nn.Module) -> str | None:
+    """The line :func:`export_recogniser` warns with for a model trained with chunks, or None."""
+    chunks = getattr(model, "chunk_training", None)
+    if chunks is None:
+        return None
+    left = "all" if chunks.left_frames is None else f"{chunks.left_frames}"
+    return (f"the model trained with chunks (model.streaming: chunk_sizes {list(chunks.chunk_sizes)}, left_frames "
+            f"{left} encoder frames) exports as a full-context graph: it decodes each window whole, as "
+            "fastasr-transcribe does, not chunk by chunk as Recogniser.stream does")
+
+
+def _export(recogniser: Recogniser, out: str | os.PathLike, source: str, int8: bool, check: bool) -> ExportResult:
+    """:func:`export_recogniser`'s work; it changes the model's attention and mode, which its caller puts back."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     trained = build_attention(recogniser.attention).spec  # what recogniser.json records

@@ -13,10 +13,11 @@ lexicon and LM (:meth:`OnnxRecogniser.beam_decoder`: ``fastasr.decoding.beam``, 
 runs on that path (``fastasr-transcribe`` times words by a forced alignment of the
 same units instead: the two agree within a few output frames).
 
-Imports: numpy, onnxruntime, kaldi-native-fbank, soundfile, sentencepiece (subword units),
-flashlight-text (the beam search) and fastasr's PyTorch-free modules (units, lexicon, word
-grouping, windows, the beam search); a test holds that
-importing it loads no torch.
+Imports: numpy, onnxruntime, kaldi-native-fbank, soundfile, sentencepiece (subword units) and
+fastasr's PyTorch-free modules (units, lexicon, word grouping, windows); :meth:`OnnxRecogniser.beam_decoder`
+alone imports the beam search (``fastasr.decoding.beam``: flashlight-text, the ``beam`` extra of
+``fastasr-runtime``). Tests hold that importing it and decoding greedily load no torch, omegaconf
+or flashlight, in the full environment and in one without torch (docs/DEPLOY.md).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import kaldi_native_fbank as knf
 import numpy as np
@@ -38,10 +39,12 @@ from numpy.lib.stride_tricks import sliding_window_view
 from fastasr.data.lexicon import Lexicon
 from fastasr.data.subword import WORD_START
 from fastasr.data.tokenizer import Tokenizer
-from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
 from fastasr.decoding.hypothesis import tidy_boundary_indices, word_frames, word_groups
 from fastasr.decoding.transcript_formats import Transcription, Word
 from fastasr.decoding.windows import LongFormConfig, output_frames, plan_windows
+
+if TYPE_CHECKING:  # the beam search (flashlight-text) is imported by beam_decoder alone: greedy needs none
+    from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
 
 __all__ = ["OnnxRecogniser", "fbank", "INT16_SCALE"]
 
@@ -113,6 +116,22 @@ def resample(samples: np.ndarray, orig_rate: int, new_rate: int, zero_crossings:
     frames = sliding_window_view(padded, taps.shape[1])[::orig]  # (M, K): frame m starts at m × orig
     out = (frames @ taps.T).reshape(-1)  # output m × new + j: phase j of frame m
     return out[:math.ceil(new * samples.shape[0] / orig)].astype(np.float32)
+
+
+def beam_search() -> tuple[type[BeamSearchDecoder], type[BeamSearchOptions]]:
+    """``(BeamSearchDecoder, BeamSearchOptions)`` of :mod:`fastasr.decoding.beam`, imported on first
+    use; ``ValueError`` in one line when flashlight-text (the search) is not installed."""
+    try:
+        from fastasr.decoding.beam import (  # flashlight-text: beam decoding alone
+            BeamSearchDecoder,
+            BeamSearchOptions,
+        )
+    except ModuleNotFoundError as err:
+        if not (err.name or "").startswith("flashlight"):
+            raise
+        raise ValueError("the beam search needs flashlight-text, which is not installed: pip install "
+                         "'fastasr-runtime[beam]' (or flashlight-text); decoding=greedy needs none") from None
+    return BeamSearchDecoder, BeamSearchOptions
 
 
 @dataclass
@@ -204,7 +223,8 @@ class OnnxRecogniser:
         """The beam search over the folder's units with its lexicon and, with ``lm``, its word LM
         (:class:`fastasr.decoding.beam.BeamSearchDecoder`, the one ``fastasr-transcribe
         decoding=beam_lm`` uses: the same words for the same log-probabilities). Raises ValueError
-        when the folder has no lexicon, or no LM and ``lm`` is asked for."""
+        when the folder has no lexicon, or no LM and ``lm`` is asked for, or flashlight-text is not installed."""
+        BeamSearchDecoder, _ = beam_search()
         if self.lexicon is None:
             raise ValueError(f"{self.folder}: the exported recogniser carries no lexicon; decode with decoding=greedy")
         if lm and self.lm_path is None:

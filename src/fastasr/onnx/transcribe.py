@@ -31,10 +31,9 @@ from pathlib import Path
 
 import soundfile as sf
 
-from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.decoding.transcript_formats import ctm_lines, srt_text
 from fastasr.decoding.windows import LongFormConfig
-from fastasr.onnx.onnx_recogniser import OnnxRecogniser
+from fastasr.onnx.onnx_recogniser import OnnxRecogniser, beam_search
 
 DEFAULTS = {"model_dir": None, "audio": None, "int8": "false", "out": None, "ctm": "false", "srt": "false",
             "mode": "auto", "window_s": "10", "overlap_s": "4", "batch_size": "8", "threads": None,
@@ -84,12 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         long_form = LongFormConfig(mode=str(args["mode"]), window_s=float(args["window_s"]),
                                    overlap_s=float(args["overlap_s"]))
         batch_size = int(args["batch_size"])
-        options = BeamSearchOptions(beam_size=int(args["beam_size"]), lm_weight=float(args["lm_weight"]),
-                                    word_score=float(args["word_score"]))
+        search = {"beam_size": int(args["beam_size"]), "lm_weight": float(args["lm_weight"]),
+                  "word_score": float(args["word_score"])}
     except ValueError as err:
         refuse(str(err))
     if args["decoding"] not in DECODINGS:
         refuse(f"decoding={args['decoding']!r}; expected one of {', '.join(DECODINGS)}")
+    options = None
+    if args["decoding"] != "greedy":  # the beam search (flashlight-text) is imported for it alone
+        try:
+            options = beam_search()[1](**search)
+        except ValueError as err:
+            refuse(str(err))
     truthy = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
     flags = {}
     for key in ("int8", "ctm", "srt"):

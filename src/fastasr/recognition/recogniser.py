@@ -360,15 +360,32 @@ class Recogniser:
         (:data:`fastasr.recognition.streaming.DEFAULT_LEFT_SECONDS`), so a chunk costs the same
         however long the stream; ``"all"`` or None: every earlier frame
         (:func:`fastasr.recognition.streaming.chunk_context`). The final words equal the
-        simulated chunked decoding's (:meth:`set_chunked_decoding`)."""
+        simulated chunked decoding's (:meth:`set_chunked_decoding`). ``attention=auto`` is refused
+        (:meth:`check_chunked_attention`)."""
+        self.check_chunked_attention()
         return RecognitionStream(self, chunk_context(self, chunk, left), decoding, stream_id)
 
     def set_chunked_decoding(self, chunk: float | None, left: float | str | None = "auto") -> None:
         """Decode whole recordings as a stream of ``chunk`` seconds would see them, batched
-        (``CTCModel.set_decoding_context``): what ``evaluate.py chunk=...`` scores; None: full context."""
+        (``CTCModel.set_decoding_context``): what ``evaluate.py chunk=...`` scores; None: full context.
+        ``attention=auto`` is refused (:meth:`check_chunked_attention`)."""
         if self.model is None:
             raise ValueError("set_chunked_decoding: the recogniser has no model; get one from load_recogniser(ckpt_path)")
+        if chunk is not None:
+            self.check_chunked_attention()
         self.model.set_decoding_context(None if chunk is None else chunk_context(self, chunk, left))
+
+    def check_chunked_attention(self) -> None:
+        """Raise ``ValueError`` (one line) when the model's attention is ``auto``: it picks full or
+        i-clustered attention by each call's padded length, which in a chunked context is the
+        batch's longest window when simulated and the frames seen so far when streamed, so the two
+        would decode differently."""
+        inner = self.model.attention_layers()[0].inner if self.model is not None else None
+        if inner is not None and inner.name == "auto":
+            raise ValueError(f"attention {inner.spec} in a chunked context: auto picks full or "
+                             f"{inner.approximate.spec} by each call's padded length (the batch's longest window "
+                             "when simulated, the frames seen so far when streamed), so the two would differ; "
+                             f"decode in chunks with attention=full or attention={inner.approximate.spec}")
 
 
 # Decoders by name (Recogniser.decoder), as conf/decoding/{greedy,beam,beam_lm}.yaml with their defaults.
