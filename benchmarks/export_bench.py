@@ -20,7 +20,7 @@ Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
 5. Speed: the model's wall time (features → log-probabilities; the same features for all three)
    over the audio's duration, the real-time factor, on ``--threads`` threads for torch and
    onnxruntime alike; the filterbank's own RTF for training's (torchaudio) and the runtime's
-   (kaldi-native-fbank). Best of ``--repeats`` passes.
+   (numpy, ``fastasr.onnx.filterbank``). Best of ``--repeats`` passes.
 
 Writes ``--out-dir``/export_<corpus directory>_<machine>.md and .json. Time it on a quiet machine.
 """
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     train_fbank = Fbank(recogniser.features)
     fbank_rtf = {
         "training's (torchaudio)": best_of(args.repeats, lambda: [train_fbank(torch.from_numpy(w)) for w in waves])[0] / seconds,
-        "the runtime's (kaldi-native-fbank)": best_of(args.repeats, lambda: [fbank(w, fp32.features) for w in waves])[0] / seconds,
+        "the runtime's (numpy)": best_of(args.repeats, lambda: [fbank(w, fp32.features) for w in waves])[0] / seconds,
     }
     features = [train_fbank(torch.from_numpy(w)).numpy() for w in waves]
 

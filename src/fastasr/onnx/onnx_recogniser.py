@@ -3,8 +3,8 @@ onnxruntime, without PyTorch (the PyTorch one is :mod:`fastasr.recognition.recog
 
 :class:`OnnxRecogniser` reads the folder: ``model.onnx`` (or ``model.int8.onnx``), the units
 and feature settings of ``recogniser.json``, and the lexicon it carries. It computes the
-training's Kaldi filterbanks with kaldi-native-fbank (:func:`fbank`: the same settings as
-``fastasr.data.features.Fbank``, int16-scaled samples, no dither), runs the model over a
+training's Kaldi filterbanks in numpy (:func:`fbank`: the same settings as
+``fastasr.data.features.Fbank``, int16-scaled samples, no dither; :mod:`fastasr.onnx.filterbank`), runs the model over a
 recording in one pass or in the same overlapping windows as ``fastasr-transcribe``
 (:func:`fastasr.decoding.windows.plan_windows`), and decodes greedily by the same rules as
 ``fastasr.decoding.greedy.GreedyDecoder``: the argmax path, repeats merged, blanks dropped, a
@@ -13,7 +13,7 @@ lexicon and LM (:meth:`OnnxRecogniser.beam_decoder`: ``fastasr.decoding.beam``, 
 runs on that path (``fastasr-transcribe`` times words by a forced alignment of the
 same units instead: the two agree within a few output frames).
 
-Imports: numpy, onnxruntime, kaldi-native-fbank, soundfile, sentencepiece (subword units),
+Imports: numpy, onnxruntime, soundfile, sentencepiece (subword units),
 flashlight-text (the beam search) and fastasr's PyTorch-free modules (units, lexicon, word
 grouping, windows, the beam search); a test holds that
 importing it loads no torch.
@@ -29,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import kaldi_native_fbank as knf
 import numpy as np
 import onnxruntime
 import soundfile as sf
@@ -42,6 +41,7 @@ from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
 from fastasr.decoding.hypothesis import tidy_boundary_indices, word_frames, word_groups
 from fastasr.decoding.transcript_formats import Transcription, Word
 from fastasr.decoding.windows import LongFormConfig, output_frames, plan_windows
+from fastasr.onnx.filterbank import FilterbankOptions, log_mel
 
 __all__ = ["OnnxRecogniser", "fbank", "INT16_SCALE"]
 
@@ -51,26 +51,21 @@ INT16_SCALE = 32768.0  # Kaldi works on int16-scaled samples (as fastasr.data.fe
 def fbank(waveform: np.ndarray, features: dict[str, Any]) -> np.ndarray:
     """``(frames, num_mel_bins)`` float32 log-mel filterbanks of a mono ``waveform`` in [-1, 1] at
     ``features["sample_rate"]``: Kaldi's, as training computed them (``fastasr.data.features.Fbank``:
-    povey window, pre-emphasis 0.97, DC removal, power spectrum, edges snipped, no dither; input
-    shorter than one window zero-padded to one)."""
-    opts = knf.FbankOptions()
-    opts.frame_opts.samp_freq = float(features["sample_rate"])
-    opts.frame_opts.frame_length_ms = float(features["frame_length_ms"])
-    opts.frame_opts.frame_shift_ms = float(features["frame_shift_ms"])
-    opts.frame_opts.dither = 0.0
-    opts.frame_opts.snip_edges = True
-    opts.mel_opts.num_bins = int(features["num_mel_bins"])
-    opts.mel_opts.high_freq = 0.0  # Kaldi's default (the Nyquist frequency), as torchaudio's
-    opts.energy_floor = 0.0
-    window = int(features["sample_rate"] * features["frame_length_ms"] / 1000)
-    samples = np.asarray(waveform, dtype=np.float32).reshape(-1) * INT16_SCALE
-    if samples.shape[0] < window:
-        samples = np.pad(samples, (0, window - samples.shape[0]))
-    computer = knf.OnlineFbank(opts)
-    computer.accept_waveform(float(features["sample_rate"]), samples.tolist())
-    computer.input_finished()
-    frames = computer.num_frames_ready
-    return np.stack([computer.get_frame(i) for i in range(frames)]).astype(np.float32)
+    povey window, pre-emphasis 0.97, DC removal, power spectrum, edges snipped, int16-scaled
+    samples, no dither; input shorter than one window zero-padded to one), computed in numpy on
+    whole arrays (:func:`fastasr.onnx.filterbank.log_mel`)."""
+    options = filterbank_options(features)
+    samples = np.asarray(waveform, dtype=np.float32).reshape(-1)
+    if samples.shape[0] < options.window:
+        samples = np.pad(samples, (0, options.window - samples.shape[0]))
+    return log_mel(samples, options)
+
+
+def filterbank_options(features: dict[str, Any]) -> FilterbankOptions:
+    """Training's filterbank settings (``recogniser.json``'s ``features``) as the runtime's."""
+    return FilterbankOptions(sample_rate=int(features["sample_rate"]), num_mel_bins=int(features["num_mel_bins"]),
+                             frame_length_ms=float(features["frame_length_ms"]),
+                             frame_shift_ms=float(features["frame_shift_ms"]), scale=INT16_SCALE)
 
 
 def read_audio(path: str | os.PathLike, sample_rate: int, channels: int | None = None) -> np.ndarray:
