@@ -25,6 +25,8 @@ from fastasr.data.tokenizer import Tokenizer  # noqa: E402
 from fastasr.decoding.beam import BeamSearchOptions  # noqa: E402
 from fastasr.decoding.windows import LongFormConfig  # noqa: E402
 from fastasr.deploy.export import (  # noqa: E402
+    LOG_FLOOR,
+    SAMPLE_SCALE_LOG,
     SHERPA_BLANK,
     SHERPA_WORD_START,
     SWAP_NOTE,
@@ -256,30 +258,81 @@ def test_the_runtime_loads_no_torch():
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
 
-@pytest.mark.parametrize("kind", ["char", "phoneme"])
-def test_sherpa_onnx_decodes_the_same_units(tiny_corpus, tmp_path, recordings, kind):
-    """sherpa-onnx's offline CTC recogniser (the zipformer_ctc convention, training's filterbank)
-    gives the runtime's greedy units: a char model's words, a phoneme model's phonemes."""
-    sherpa = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
-    from fastasr.onnx.sherpa import sherpa_recognizer
+@pytest.mark.parametrize("kind, model", [
+    ("phoneme", {"utterance_cmvn": False}),
+    ("phoneme", {"utterance_cmvn": True}),
+    ("char", {"utterance_cmvn": True, "positions": "rotary"}),
+])
+def test_sherpa_onnxs_public_api_gives_the_runtimes_words(tiny_corpus, tmp_path, recordings, kind, model):
+    """sherpa-onnx as its users run icefall's CTC models: ``OfflineRecognizer.from_zipformer_ctc``
+    with only the rate and the feature dimension, its default filterbank (samples in [-1, 1],
+    edges not snipped, the top 400 Hz below the Nyquist frequency), no fastasr code. It says the
+    runtime's greedy units (a phoneme model's phonemes, a char model's words) with the runtime
+    computing that filterbank (``filterbank="sherpa-onnx"``), none of them empty, on every
+    utterance, with global and per-utterance CMVN. (The int8 model is left out: sherpa-onnx runs
+    its own onnxruntime, whose integer kernels round an untrained model's near ties otherwise.)"""
+    sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
 
-    recogniser = tiny_recogniser(tiny_corpus, kind=kind, utterance_cmvn=False)
+    recogniser = tiny_recogniser(tiny_corpus, kind=kind, **model)
     export_recogniser(recogniser, tmp_path / "out", int8=False, check=False)
     tokens = (tmp_path / "out" / "tokens.txt").read_text().splitlines()
     assert tokens[0] == f"{SHERPA_BLANK} 0" and len(tokens) == len(recogniser.tokenizer.vocab)
     assert tokens_txt(recogniser).count(SHERPA_WORD_START) == (1 if kind == "char" else len(tokens) - 1)
-    runtime, decoder = OnnxRecogniser.load(tmp_path / "out"), sherpa_recognizer(tmp_path / "out")
-    assert isinstance(decoder, sherpa.OfflineRecognizer)
-    for path in recordings[:-1]:  # sherpa-onnx reads a recording in one pass
+    decoder = sherpa_onnx.OfflineRecognizer.from_zipformer_ctc(
+        model=str(tmp_path / "out" / "model.onnx"), tokens=str(tmp_path / "out" / "tokens.txt"), sample_rate=16000,
+        feature_dim=recogniser.feat_in)
+    runtime = OnnxRecogniser.load(tmp_path / "out", filterbank="sherpa-onnx")
+    paths = recordings[:-1] + [tiny_corpus / u.audio_filepath for u in read_manifest(tiny_corpus / "dev.jsonl")]
+    for path in paths:  # sherpa-onnx reads a recording in one pass
         audio, rate = sf.read(str(path), dtype="float32")
         stream = decoder.create_stream()
         stream.accept_waveform(rate, audio)
         decoder.decode_stream(stream)
         ours = runtime.transcribe_waveform(audio, long_form=LongFormConfig(mode="one_pass"))
-        if kind == "char":
-            assert stream.result.text.split() == ours.text.split()
-        else:
-            assert stream.result.text.split() == ours.units
+        shown = ours.units if kind == "phoneme" else ours.text.split()
+        assert shown and stream.result.text.split() == shown, path.name
+
+
+def test_the_runtimes_filterbanks_differ_only_in_sherpa_onnxs_settings(tiny_corpus, tmp_path, recordings):
+    """The graph adds the sample scale to any filterbank: fed training's (the runtime's default) it
+    gives PyTorch's log-probabilities; the two filterbanks differ by sherpa-onnx's frame positions
+    (one frame more at each end) and mel range alone."""
+    recogniser = tiny_recogniser(tiny_corpus, kind="char", utterance_cmvn=True)
+    export_recogniser(recogniser, tmp_path / "out", int8=False, check=False)
+    training, sherpa = (OnnxRecogniser.load(tmp_path / "out", filterbank=f) for f in ("training", "sherpa-onnx"))
+    audio = sf.read(str(recordings[0]), dtype="float32")[0]
+    x = Fbank(recogniser.features)(torch.from_numpy(audio))
+    with torch.no_grad():
+        expected = recogniser.model(x[None], torch.tensor([x.shape[0]]))[0][0].numpy()
+    got = training.run([training.graph_features(audio)])[0]
+    assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-4
+    ours = sherpa.graph_features(audio)
+    assert ours.shape[0] == round(audio.shape[0] / 160) and x.shape[0] == 1 + (audio.shape[0] - 400) // 160
+    # digital silence: every bin at the floor in either filterbank, kept there; a single bin of
+    # training's at the floor plus the constant (the runtime's feed at the floor) is not silence
+    silence = np.full((1, 60, recogniser.feat_in), LOG_FLOOR, np.float32)
+    near = x[:60].clone()[None]
+    near[0, 7, 3] = LOG_FLOOR + SAMPLE_SCALE_LOG
+    for graph_input, model_input in ((silence, torch.from_numpy(silence)), (near.numpy() - SAMPLE_SCALE_LOG, near)):
+        with torch.no_grad():
+            expected = recogniser.model(model_input, torch.tensor([60]))[0][0].numpy()
+        assert np.abs(training.run([graph_input[0]])[0] - expected).max() < 1e-3
+    with pytest.raises(ValueError, match="filterbank='kaldi'"):
+        OnnxRecogniser.load(tmp_path / "out", filterbank="kaldi")
+
+
+def test_the_sherpa_onnx_shortcut_is_its_public_factory(tiny_corpus, tmp_path):
+    """fastasr.onnx.sherpa.sherpa_recognizer: sherpa-onnx's public ``from_zipformer_ctc`` with the
+    folder's rate and feature dimension (a char model's text: its words)."""
+    sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
+    from fastasr.onnx.sherpa import sherpa_recognizer
+
+    recogniser = tiny_recogniser(tiny_corpus, kind="char")
+    export_recogniser(recogniser, tmp_path / "out", int8=False, check=False)
+    assert tokens_txt(recogniser).count(SHERPA_WORD_START) == 1
+    decoder = sherpa_recognizer(tmp_path / "out")
+    assert isinstance(decoder, sherpa_onnx.OfflineRecognizer)
+    assert decoder.config.feat_config.feature_dim == 40 and decoder.config.feat_config.sampling_rate == 16000
 
 
 def test_the_commands_export_and_transcribe(tiny_corpus, tmp_path, recordings):
