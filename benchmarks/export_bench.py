@@ -23,6 +23,11 @@ Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
    all three) over the audio's duration, the real-time factor, on ``--threads`` threads for torch,
    onnxruntime and sherpa-onnx alike; the filterbank's own RTF for training's (torchaudio) and the
    runtime's (numpy, ``fastasr.onnx.filterbank``). Best of ``--repeats`` passes.
+6. End to end: waveform → filterbank → model → greedy words, each runtime with its own filterbank
+   (PyTorch: training's torchaudio one; onnxruntime fp32 and int8: ``OnnxRecogniser``'s numpy one;
+   sherpa-onnx: its own), on the utterances and on the recording (PyTorch and onnxruntime in the
+   transcription command's windows; sherpa-onnx, which reads a recording in one pass of full
+   attention, in 10-second pieces without overlap, as a voice-activity detector would cut it).
 
 Writes ``--out-dir``/export_<corpus directory>_<machine>.md and .json. Time it on a quiet machine.
 """
@@ -173,6 +178,27 @@ def main(argv: list[str] | None = None) -> dict:
         if fp32.tokenizer.kind != "phoneme":
             sherpa_row["wer"] = 100 * jiwer.wer(refs, [" ".join(t) or "_" for t in shown])
 
+    # end to end: waveform -> filterbank -> model -> greedy words, each runtime with its own filterbank
+    def torch_words(w: np.ndarray, long_form: LongFormConfig):
+        x = train_fbank(torch.from_numpy(w)).numpy()
+        runner.run = torch_run
+        lp, _ = runner.log_probs(x, long_form, batch_size=8)
+        return runner.decode(lp, w.shape[0] / rate)[1]
+
+    one_pass = LongFormConfig(mode="one_pass")
+    e2e = {"PyTorch eager": lambda w, lf: torch_words(w, lf),
+           "onnxruntime fp32": lambda w, lf: fp32.transcribe_waveform(w, long_form=lf, batch_size=8).text,
+           "onnxruntime int8": lambda w, lf: int8.transcribe_waveform(w, long_form=lf, batch_size=8).text}
+    e2e_rtf = {name: (best_of(args.repeats, lambda f=f: [f(w, one_pass) for w in waves])[0] / seconds,
+                      best_of(args.repeats, lambda f=f: f(long_wave, window))[0] / long_seconds)
+               for name, f in e2e.items()}
+    if sherpa is not None:
+        piece = 10 * rate
+        e2e_rtf["sherpa-onnx fp32"] = (
+            best_of(args.repeats, lambda: [sherpa_text(sherpa, w, rate) for w in waves])[0] / seconds,
+            best_of(args.repeats, lambda: [sherpa_text(sherpa, long_wave[i:i + piece], rate)
+                                           for i in range(0, long_wave.shape[0], piece)])[0] / long_seconds)
+
     info = machine_info("cpu")
     sizes = {f: (exported.out / f).stat().st_size / 1e6 for f in ("model.onnx", "model.int8.onnx")}
     result = {"date": datetime.date.today().isoformat(), "machine": info, "load": load_average(), "ckpt": args.ckpt,
@@ -180,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
               "trained_attention": trained, "exported_attention": exported.attention, "sizes_mb": sizes,
               "identical_greedy": same, "max_logprob_diff": max_diff, "fbank_rtf": fbank_rtf,
               "long_seconds": long_seconds, "long_rtf": long_rtf, "sherpa": sherpa_row,
+              "end_to_end_rtf": {k: {"utterances": a, "recording": b} for k, (a, b) in e2e_rtf.items()},
               "rows": {k: {kk: vv for kk, vv in v.items() if kk != "hyps"} for k, v in rows.items()}}
     unit = "PER" if fp32.tokenizer.kind == "phoneme" else "CER"
     lines = [f"# Export: {args.ckpt}", "",
@@ -200,6 +227,10 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{sherpa_row['same_as_runtime_on_its_filterbank']} / {len(utterances)}; "
                       f"{unit} {sherpa_row['unit_er']:.2f} %" + (f", WER {sherpa_row['wer']:.2f} %" if "wer" in sherpa_row else "")
                       + "."]
+    lines += ["", "End to end (waveform → filterbank → model → greedy words, each runtime with its own filterbank; "
+                  "the recording: PyTorch and onnxruntime in 10-s windows overlapping by 4 s, sherpa-onnx in 10-s pieces):", "",
+              f"| runtime | RTF, utterances | RTF, {args.minutes:g}-min recording |", "| --- | ---: | ---: |"]
+    lines += [f"| {name} | {a:.4f} | {b:.4f} |" for name, (a, b) in e2e_rtf.items()]
     lines += ["", "Filterbank RTF: " + ", ".join(f"{k} {v:.4f}" for k, v in fbank_rtf.items()), "",
               f"Speed-up of int8 over PyTorch eager: {rows['PyTorch eager']['rtf'] / rows['onnxruntime int8']['rtf']:.2f}x "
               f"(utterances), {long_rtf['PyTorch eager'] / long_rtf['onnxruntime int8']:.2f}x (recording); "
