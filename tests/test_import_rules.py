@@ -267,7 +267,7 @@ def test_no_module_outside_the_kernels_is_over_the_line_limit():
 #: their top, beside the standard library and one another (its ``dependencies``), and the modules
 #: whose top may import an extra's package (``beam``: flashlight-text; ``decoding=greedy`` imports none).
 RUNTIME_PYPROJECT = SRC.parent / "runtime" / "pyproject.toml"
-RUNTIME_DEPENDENCIES = {"numpy", "onnxruntime", "kaldi_native_fbank", "soundfile", "sentencepiece"}
+RUNTIME_DEPENDENCIES = {"numpy", "onnxruntime", "soundfile", "sentencepiece"}
 RUNTIME_EXTRAS = {"fastasr.decoding.beam": {"flashlight"}}
 
 

@@ -15,12 +15,19 @@ Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
    log-probability difference, and each one's WER (and PER / CER) against the references.
 3. A recording of ``--minutes`` made of the manifest's utterances joined with 0.3 s pauses, read
    in the transcription command's windows (10 s, 4 s overlap, 8 a call) by each runtime.
-4. sherpa-onnx (where installed) decodes each utterance of the same fp32 folder: how many give
-   the runtime's greedy units (a char model's words, a phoneme model's phonemes).
-5. Speed: the model's wall time (features → log-probabilities; the same features for all three)
-   over the audio's duration, the real-time factor, on ``--threads`` threads for torch and
-   onnxruntime alike; the filterbank's own RTF for training's (torchaudio) and the runtime's
-   (kaldi-native-fbank). Best of ``--repeats`` passes.
+4. sherpa-onnx (where installed) decodes each utterance of the same fp32 folder with its public
+   API and default features (``OfflineRecognizer.from_zipformer_ctc``, only the rate and the
+   feature dimension given): how many give the runtime's greedy units (a char model's words, a
+   phoneme model's phonemes) and PyTorch's, and its error rate.
+5. Speed of the model alone: its wall time (features → log-probabilities; the same filterbanks for
+   all three) over the audio's duration, the real-time factor, on ``--threads`` threads for torch,
+   onnxruntime and sherpa-onnx alike; the filterbank's own RTF for training's (torchaudio) and the
+   runtime's (numpy, ``fastasr.onnx.filterbank``). Best of ``--repeats`` passes.
+6. End to end: waveform → filterbank → model → greedy words, each runtime with its own filterbank
+   (PyTorch: training's torchaudio one; onnxruntime fp32 and int8: ``OnnxRecogniser``'s numpy one;
+   sherpa-onnx: its own), on the utterances and on the recording (PyTorch and onnxruntime in the
+   transcription command's windows; sherpa-onnx, which reads a recording in one pass of full
+   attention, in 10-second pieces without overlap, as a voice-activity detector would cut it).
 
 Writes ``--out-dir``/export_<corpus directory>_<machine>.md and .json. Time it on a quiet machine.
 """
@@ -43,7 +50,7 @@ from fastasr.data.features import Fbank  # noqa: E402
 from fastasr.data.manifest import read_manifest  # noqa: E402
 from fastasr.decoding.windows import LongFormConfig  # noqa: E402
 from fastasr.deploy.export import export_recogniser  # noqa: E402
-from fastasr.onnx.onnx_recogniser import OnnxRecogniser, fbank  # noqa: E402
+from fastasr.onnx.onnx_recogniser import SAMPLE_SCALE_LOG, OnnxRecogniser  # noqa: E402
 from fastasr.recognition.loading import load_recogniser  # noqa: E402
 
 
@@ -87,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
         return [lp[i, :k].numpy() for i, k in enumerate(n.tolist())]
 
     runtimes = {"PyTorch eager": torch_run, "onnxruntime fp32": fp32.run, "onnxruntime int8": int8.run}
+    inputs_of = {"PyTorch eager": "training", "onnxruntime fp32": "graph", "onnxruntime int8": "graph"}
     utterances = read_manifest(args.manifest)
     base = Path(args.manifest).parent
     waves = [sf.read(str(u.audio_filepath if Path(u.audio_filepath).is_absolute() else base / u.audio_filepath),
@@ -95,14 +103,16 @@ def main(argv: list[str] | None = None) -> dict:
     train_fbank = Fbank(recogniser.features)
     fbank_rtf = {
         "training's (torchaudio)": best_of(args.repeats, lambda: [train_fbank(torch.from_numpy(w)) for w in waves])[0] / seconds,
-        "the runtime's (kaldi-native-fbank)": best_of(args.repeats, lambda: [fbank(w, fp32.features) for w in waves])[0] / seconds,
+        "the runtime's (numpy)": best_of(args.repeats, lambda: [fp32.graph_features(w) for w in waves])[0] / seconds,
     }
     features = [train_fbank(torch.from_numpy(w)).numpy() for w in waves]
+    graph_input = [f - SAMPLE_SCALE_LOG for f in features]  # the graph reads the filterbank of samples in [-1, 1]
 
     rows, outputs = {}, {}
     refs = [u.text for u in utterances]
     for name, run in runtimes.items():
-        wall, lps = best_of(args.repeats, lambda run=run: [run([f])[0] for f in features])
+        inputs = features if inputs_of[name] == "training" else graph_input
+        wall, lps = best_of(args.repeats, lambda run=run, inputs=inputs: [run([f])[0] for f in inputs])
         outputs[name] = lps
         decoded = [fp32.decode(lp, w.shape[0] / float(fp32.features["sample_rate"])) for lp, w in zip(lps, waves)]
         hyps = [" ".join(d[1]) for d in decoded]
@@ -129,26 +139,62 @@ def main(argv: list[str] | None = None) -> dict:
     long_seconds = long_wave.shape[0] / rate
     window = LongFormConfig(mode="windowed")
     long_rtf = {}
+    runner = OnnxRecogniser.load(work / "export", threads=args.threads)  # its run swapped for each runtime's
     for name, run in runtimes.items():
-        fp32.run = run  # the same windows and stitching (OnnxRecogniser.log_probs) for every runtime
-        long_rtf[name] = best_of(args.repeats, lambda: fp32.log_probs(long_features, window, batch_size=8))[0] / long_seconds
-    fp32.run = runtimes["onnxruntime fp32"]
+        runner.run = run  # the same windows and stitching (OnnxRecogniser.log_probs) for every runtime
+        x = long_features if inputs_of[name] == "training" else long_features - SAMPLE_SCALE_LOG
+        long_rtf[name] = best_of(args.repeats, lambda x=x: runner.log_probs(x, window, batch_size=8))[0] / long_seconds
 
-    sherpa_same = None
-    try:  # sherpa-onnx on the same folder: its greedy units against the runtime's (one pass per utterance)
-        from fastasr.onnx.sherpa import sherpa_recognizer
-
-        sherpa = sherpa_recognizer(work / "export", threads=args.threads)
-        sherpa_same = 0
-        for w in waves:
-            stream = sherpa.create_stream()
-            stream.accept_waveform(int(fp32.features["sample_rate"]), w)
-            sherpa.decode_stream(stream)
-            ours = fp32.transcribe_waveform(w, long_form=LongFormConfig(mode="one_pass"))
-            sherpa_same += stream.result.text.split() == (ours.text.split() if fp32.tokenizer.kind != "phoneme"
-                                                          else ours.units)
+    # sherpa-onnx on the same folder, by its public API with its default features: its greedy units
+    # against the runtime's and PyTorch's (one pass per utterance)
+    sherpa, sherpa_row = None, None
+    try:
+        import sherpa_onnx
     except ImportError:
-        pass
+        sherpa_onnx = None
+    if sherpa_onnx is not None:
+        sherpa = sherpa_onnx.OfflineRecognizer.from_zipformer_ctc(
+            model=str(work / "export" / "model.onnx"), tokens=str(work / "export" / "tokens.txt"),
+            num_threads=args.threads, sample_rate=rate, feature_dim=int(fp32.features["num_mel_bins"]))
+        one_pass = LongFormConfig(mode="one_pass")
+        shown = [sherpa_text(sherpa, w, rate) for w in waves]
+        ours = [fp32.transcribe_waveform(w, long_form=one_pass) for w in waves]
+        as_shown = [o.units if fp32.tokenizer.kind == "phoneme" else o.text.split() for o in ours]
+        same_filterbank = OnnxRecogniser.load(work / "export", threads=args.threads, filterbank="sherpa-onnx")
+        same_shown = [o.units if fp32.tokenizer.kind == "phoneme" else o.text.split()
+                      for o in (same_filterbank.transcribe_waveform(w, long_form=one_pass) for w in waves)]
+        phoneme, boundary = fp32.tokenizer.kind == "phoneme", fp32.tokenizer.word_boundary
+        torch_shown = [d[0] if phoneme else d[1] for d in (fp32.decode(lp, 0.0) for lp in outputs["PyTorch eager"])]
+        sherpa_units = [[u for u in t if u != boundary] if phoneme else list("".join(t)) for t in shown]
+        ref_units = [fp32.tokenizer.scored_units(fp32.tokenizer.units(u)) for u in utterances]
+        sherpa_row = {
+            "same_as_runtime": sum(a == b for a, b in zip(shown, as_shown)),
+            "same_as_runtime_on_its_filterbank": sum(a == b for a, b in zip(shown, same_shown)),
+            "same_as_pytorch": sum(a == b for a, b in zip(shown, torch_shown)),
+            "unit_er": 100 * jiwer.wer([" ".join(r) for r in ref_units], [" ".join(u) or "_" for u in sherpa_units])}
+        if fp32.tokenizer.kind != "phoneme":
+            sherpa_row["wer"] = 100 * jiwer.wer(refs, [" ".join(t) or "_" for t in shown])
+
+    # end to end: waveform -> filterbank -> model -> greedy words, each runtime with its own filterbank
+    def torch_words(w: np.ndarray, long_form: LongFormConfig):
+        x = train_fbank(torch.from_numpy(w)).numpy()
+        runner.run = torch_run
+        lp, _ = runner.log_probs(x, long_form, batch_size=8)
+        return runner.decode(lp, w.shape[0] / rate)[1]
+
+    one_pass = LongFormConfig(mode="one_pass")
+    e2e = {"PyTorch eager": lambda w, lf: torch_words(w, lf),
+           "onnxruntime fp32": lambda w, lf: fp32.transcribe_waveform(w, long_form=lf, batch_size=8).text,
+           "onnxruntime int8": lambda w, lf: int8.transcribe_waveform(w, long_form=lf, batch_size=8).text}
+    e2e_rtf = {name: (best_of(args.repeats, lambda f=f: [f(w, one_pass) for w in waves])[0] / seconds,
+                      best_of(args.repeats, lambda f=f: f(long_wave, window))[0] / long_seconds)
+               for name, f in e2e.items()}
+    if sherpa is not None:
+        piece = 10 * rate
+        e2e_rtf["sherpa-onnx fp32"] = (
+            best_of(args.repeats, lambda: [sherpa_text(sherpa, w, rate) for w in waves])[0] / seconds,
+            best_of(args.repeats, lambda: [sherpa_text(sherpa, long_wave[i:i + piece], rate)
+                                           for i in range(0, long_wave.shape[0], piece)])[0] / long_seconds)
 
     info = machine_info("cpu")
     sizes = {f: (exported.out / f).stat().st_size / 1e6 for f in ("model.onnx", "model.int8.onnx")}
@@ -156,7 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
               "manifest": args.manifest, "utterances": len(utterances), "seconds": round(seconds, 1),
               "trained_attention": trained, "exported_attention": exported.attention, "sizes_mb": sizes,
               "identical_greedy": same, "max_logprob_diff": max_diff, "fbank_rtf": fbank_rtf,
-              "long_seconds": long_seconds, "long_rtf": long_rtf, "sherpa_identical_units": sherpa_same,
+              "long_seconds": long_seconds, "long_rtf": long_rtf, "sherpa": sherpa_row,
+              "end_to_end_rtf": {k: {"utterances": a, "recording": b} for k, (a, b) in e2e_rtf.items()},
               "rows": {k: {kk: vv for kk, vv in v.items() if kk != "hyps"} for k, v in rows.items()}}
     unit = "PER" if fp32.tokenizer.kind == "phoneme" else "CER"
     lines = [f"# Export: {args.ckpt}", "",
@@ -169,9 +216,18 @@ def main(argv: list[str] | None = None) -> dict:
     for name, row in rows.items():
         lines.append(f"| {name} | {size_of[name]:.1f} | {same[name]} / {len(utterances)} | {max_diff[name]:.1e} | "
                      f"{row['wer']:.2f} | {row['unit_er']:.2f} | {row['rtf']:.4f} | {long_rtf[name]:.4f} |")
-    if sherpa_same is not None:
-        lines += ["", f"sherpa-onnx (the same folder, fp32, one pass each): greedy units identical to the runtime's for "
-                      f"{sherpa_same} / {len(utterances)} utterances."]
+    if sherpa_row is not None:
+        lines += ["", f"sherpa-onnx {sherpa_onnx.__version__} (the same folder, fp32, `from_zipformer_ctc` with its default "
+                      f"features, one pass each): greedy units identical to the runtime's for {sherpa_row['same_as_runtime']} / "
+                      f"{len(utterances)} utterances, to PyTorch's for {sherpa_row['same_as_pytorch']} / {len(utterances)}, "
+                      f"to the runtime's computing sherpa-onnx's filterbank (`filterbank=\"sherpa-onnx\"`) for "
+                      f"{sherpa_row['same_as_runtime_on_its_filterbank']} / {len(utterances)}; "
+                      f"{unit} {sherpa_row['unit_er']:.2f} %" + (f", WER {sherpa_row['wer']:.2f} %" if "wer" in sherpa_row else "")
+                      + "."]
+    lines += ["", "End to end (waveform → filterbank → model → greedy words, each runtime with its own filterbank; "
+                  "the recording: PyTorch and onnxruntime in 10-s windows overlapping by 4 s, sherpa-onnx in 10-s pieces):", "",
+              f"| runtime | RTF, utterances | RTF, {args.minutes:g}-min recording |", "| --- | ---: | ---: |"]
+    lines += [f"| {name} | {a:.4f} | {b:.4f} |" for name, (a, b) in e2e_rtf.items()]
     lines += ["", "Filterbank RTF: " + ", ".join(f"{k} {v:.4f}" for k, v in fbank_rtf.items()), "",
               f"Speed-up of int8 over PyTorch eager: {rows['PyTorch eager']['rtf'] / rows['onnxruntime int8']['rtf']:.2f}x "
               f"(utterances), {long_rtf['PyTorch eager'] / long_rtf['onnxruntime int8']:.2f}x (recording); "
@@ -182,6 +238,14 @@ def main(argv: list[str] | None = None) -> dict:
     (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join(lines))
     return result
+
+
+def sherpa_text(recognizer, waveform: np.ndarray, rate: int) -> list[str]:
+    """sherpa-onnx's greedy text of one waveform, split at spaces."""
+    stream = recognizer.create_stream()
+    stream.accept_waveform(rate, waveform)
+    recognizer.decode_stream(stream)
+    return stream.result.text.split()
 
 
 if __name__ == "__main__":

@@ -4,19 +4,23 @@
 
 * ``model.onnx``: filterbank features ``x`` ``(N, T, F)`` float32 and their lengths ``x_lens``
   ``(N,)`` int64 in; log-probabilities ``log_probs`` ``(N, T', V)`` float32 and their lengths
-  ``log_probs_len`` ``(N,)`` int64 out. The model's own global and per-utterance CMVN and its
-  subsampling are inside; the batch and time axes are dynamic; sinusoidal and rotary positions
-  are computed in the graph for any length (no table cut at a maximum). The input and output
-  names are icefall's CTC export's, so sherpa-onnx's offline CTC recogniser (``zipformer_ctc``)
-  loads it.
+  ``log_probs_len`` ``(N,)`` int64 out. ``x`` is Kaldi's filterbank of samples in [-1, 1], the
+  scale of sherpa-onnx's default one (:data:`INPUT_SAMPLES`; training's, of int16-scaled samples,
+  is a constant higher, which the graph adds: :class:`OnnxCTC`). The model's own global and
+  per-utterance CMVN and its subsampling are inside; the batch and time axes are dynamic;
+  sinusoidal and rotary positions are computed in the graph for any length (no table cut at a
+  maximum). The input and output names are icefall's CTC export's, so sherpa-onnx's offline CTC
+  recogniser loads it by its public ``OfflineRecognizer.from_zipformer_ctc`` with its default
+  features (docs/DEPLOY.md says what they change).
 * ``model.int8.onnx``: the same graph with the weights of its matrix products quantised to int8
   by onnxruntime's dynamic quantisation (activations quantised per call; :data:`INT8_OPS`).
 * ``tokens.txt``: ``symbol id`` per line, sherpa-onnx's unit table (``<blk>`` for the blank, ``▁``
   for the word boundary ``|``; a phoneme model's phonemes as ``▁PH``, so that sherpa-onnx's text
   is the phonemes separated by spaces).
 * ``recogniser.json``: :meth:`Recogniser.to_dict` (units, features, lexicon; the LM as a path)
-  plus ``export``: the attention exported, the input and output names, the subsampling factor,
-  the seconds per output frame, the opset and the checkpoint it came from.
+  plus ``export``: the attention exported, the input and output names, the scale of the samples
+  the input filterbank is of (``input_samples``), the subsampling factor, the seconds per output
+  frame, the opset and the checkpoint it came from.
 * ``lm.arpa``: the word LM the checkpoint carries, when it carries one.
 
 Full attention exports as it is (its key-mask path, one graph for every length). The fast
@@ -35,6 +39,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import shutil
 import warnings
@@ -72,16 +77,32 @@ SWAP_NOTE = ("the fast attentions choose clusters and keys with host-side contro
 SHERPA_BLANK, SHERPA_WORD_START = "<blk>", "\u2581"
 
 
+#: The scale of the samples whose filterbank the graph reads: sherpa-onnx's default (lhotse's and
+#: icefall's). Training's (``fastasr.data.features.Fbank``) scales them to int16 first, which adds
+#: ``2 ln 32768`` to every log-mel energy: the graph adds it back (:class:`OnnxCTC`).
+INPUT_SAMPLES = "[-1, 1]"
+#: What int16-scaled samples add to a log-mel energy: ``ln(32768²)``.
+SAMPLE_SCALE_LOG = 2.0 * math.log(32768.0)
+#: The log of the floor Kaldi's filterbank puts under a mel energy (float32's epsilon): every bin
+#: of a frame of digital silence, at either sample scale.
+LOG_FLOOR = math.log(float(torch.finfo(torch.float32).eps))
+
+
 class OnnxCTC(nn.Module):
     """The exported computation: ``(x (N, T, F), x_lens (N,))`` → ``(log_probs (N, T', V), log_probs_len (N,))``,
-    lengths as int64."""
+    lengths as int64. ``x``: log-mel filterbanks of samples in [-1, 1] (:data:`INPUT_SAMPLES`); the
+    graph adds :data:`SAMPLE_SCALE_LOG` to make them training's, except to a frame whose every bin
+    is at the floor (:data:`LOG_FLOOR`: digital silence, which training's filterbank floors too).
+    A frame, not a bin: training's filterbank less the constant (what the runtime feeds) may put
+    a single bin near the floor, never a whole frame."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, x: torch.Tensor, x_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        log_probs, lengths = self.model(x, x_lens)
+        silent = (x - LOG_FLOOR).abs().amax(dim=-1, keepdim=True) < 1e-4
+        log_probs, lengths = self.model(torch.where(silent, x, x + SAMPLE_SCALE_LOG), x_lens)
         return log_probs, lengths.to(torch.int64)
 
 
@@ -173,7 +194,7 @@ def _example(recogniser: Recogniser, lengths: tuple[int, ...] = (160, 97)) -> tu
     """Padded utterances of random filterbank frames of ``lengths`` (lengths that differ, so the
     padding mask is traced)."""
     generator = torch.Generator().manual_seed(len(lengths))
-    x = torch.randn(len(lengths), max(lengths), recogniser.feat_in, generator=generator) * 3.0 + 10.0
+    x = torch.randn(len(lengths), max(lengths), recogniser.feat_in, generator=generator) * 3.0 - 10.0
     return x, torch.tensor(lengths, dtype=torch.int64)
 
 
@@ -288,7 +309,8 @@ def _export(recogniser: Recogniser, out: str | os.PathLike, source: str, int8: b
         files.append("lm.arpa")
     state["export"] = {
         "attention": attention, "trained_attention": trained, "swapped": swapped,
-        "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES), "opset": OPSET,
+        "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES), "input_samples": INPUT_SAMPLES,
+        "opset": OPSET,
         "subsampling": recogniser.subsampling, "frame_seconds": recogniser.frame_seconds,
         "source": source, "int8": int8,
     }
@@ -315,7 +337,7 @@ def _add_metadata(path: Path, recogniser: Recogniser, attention: str) -> None:
         "vocab_size": recogniser.vocab_size, "subsampling_factor": recogniser.subsampling,
         "sample_rate": features.sample_rate, "feature_dim": features.num_mel_bins,
         "frame_length_ms": features.frame_length_ms, "frame_shift_ms": features.frame_shift_ms,
-        "units": recogniser.tokenizer.kind,
+        "input_samples": INPUT_SAMPLES, "units": recogniser.tokenizer.kind,
     }
     for key, value in meta.items():
         entry = model.metadata_props.add()

@@ -3,8 +3,9 @@ onnxruntime, without PyTorch (the PyTorch one is :mod:`fastasr.recognition.recog
 
 :class:`OnnxRecogniser` reads the folder: ``model.onnx`` (or ``model.int8.onnx``), the units
 and feature settings of ``recogniser.json``, and the lexicon it carries. It computes the
-training's Kaldi filterbanks with kaldi-native-fbank (:func:`fbank`: the same settings as
-``fastasr.data.features.Fbank``, int16-scaled samples, no dither), runs the model over a
+training's Kaldi filterbanks in numpy (:func:`fbank`: the same settings as
+``fastasr.data.features.Fbank``, int16-scaled samples, no dither; :mod:`fastasr.onnx.filterbank`;
+or sherpa-onnx's default one, ``filterbank="sherpa-onnx"``, for sherpa-onnx's words), runs the model over a
 recording in one pass or in the same overlapping windows as ``fastasr-transcribe``
 (:func:`fastasr.decoding.windows.plan_windows`), and decodes greedily by the same rules as
 ``fastasr.decoding.greedy.GreedyDecoder``: the argmax path, repeats merged, blanks dropped, a
@@ -13,11 +14,12 @@ lexicon and LM (:meth:`OnnxRecogniser.beam_decoder`: ``fastasr.decoding.beam``, 
 runs on that path (``fastasr-transcribe`` times words by a forced alignment of the
 same units instead: the two agree within a few output frames).
 
-Imports: numpy, onnxruntime, kaldi-native-fbank, soundfile, sentencepiece (subword units) and
-fastasr's PyTorch-free modules (units, lexicon, word grouping, windows); :meth:`OnnxRecogniser.beam_decoder`
-alone imports the beam search (``fastasr.decoding.beam``: flashlight-text, the ``beam`` extra of
-``fastasr-runtime``). Tests hold that importing it and decoding greedily load no torch, omegaconf
-or flashlight, in the full environment and in one without torch (docs/DEPLOY.md).
+Imports: numpy, onnxruntime, soundfile, sentencepiece (subword units) and fastasr's
+PyTorch-free modules (units, lexicon, word grouping, windows, the numpy filterbank);
+:meth:`OnnxRecogniser.beam_decoder` alone imports the beam search (``fastasr.decoding.beam``:
+flashlight-text, the ``beam`` extra of ``fastasr-runtime``). Tests hold that importing it and
+decoding greedily load no torch, omegaconf or flashlight, in the full environment and in one
+without torch (docs/DEPLOY.md).
 """
 
 from __future__ import annotations
@@ -26,11 +28,10 @@ import json
 import math
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import kaldi_native_fbank as knf
 import numpy as np
 import onnxruntime
 import soundfile as sf
@@ -42,6 +43,7 @@ from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.hypothesis import tidy_boundary_indices, word_frames, word_groups
 from fastasr.decoding.transcript_formats import Transcription, Word
 from fastasr.decoding.windows import LongFormConfig, output_frames, plan_windows
+from fastasr.onnx.filterbank import FilterbankOptions, log_mel
 
 if TYPE_CHECKING:  # the beam search (flashlight-text) is imported by beam_decoder alone: greedy needs none
     from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
@@ -49,31 +51,41 @@ if TYPE_CHECKING:  # the beam search (flashlight-text) is imported by beam_decod
 __all__ = ["OnnxRecogniser", "fbank", "INT16_SCALE"]
 
 INT16_SCALE = 32768.0  # Kaldi works on int16-scaled samples (as fastasr.data.features)
+#: What int16-scaled samples add to a log-mel energy (fastasr.deploy.export.SAMPLE_SCALE_LOG): a graph
+#: that reads the filterbank of samples in [-1, 1] (sherpa-onnx's) gets training's minus this.
+SAMPLE_SCALE_LOG = np.float32(2.0 * math.log(INT16_SCALE))
 
 
 def fbank(waveform: np.ndarray, features: dict[str, Any]) -> np.ndarray:
     """``(frames, num_mel_bins)`` float32 log-mel filterbanks of a mono ``waveform`` in [-1, 1] at
     ``features["sample_rate"]``: Kaldi's, as training computed them (``fastasr.data.features.Fbank``:
-    povey window, pre-emphasis 0.97, DC removal, power spectrum, edges snipped, no dither; input
-    shorter than one window zero-padded to one)."""
-    opts = knf.FbankOptions()
-    opts.frame_opts.samp_freq = float(features["sample_rate"])
-    opts.frame_opts.frame_length_ms = float(features["frame_length_ms"])
-    opts.frame_opts.frame_shift_ms = float(features["frame_shift_ms"])
-    opts.frame_opts.dither = 0.0
-    opts.frame_opts.snip_edges = True
-    opts.mel_opts.num_bins = int(features["num_mel_bins"])
-    opts.mel_opts.high_freq = 0.0  # Kaldi's default (the Nyquist frequency), as torchaudio's
-    opts.energy_floor = 0.0
-    window = int(features["sample_rate"] * features["frame_length_ms"] / 1000)
-    samples = np.asarray(waveform, dtype=np.float32).reshape(-1) * INT16_SCALE
-    if samples.shape[0] < window:
-        samples = np.pad(samples, (0, window - samples.shape[0]))
-    computer = knf.OnlineFbank(opts)
-    computer.accept_waveform(float(features["sample_rate"]), samples.tolist())
-    computer.input_finished()
-    frames = computer.num_frames_ready
-    return np.stack([computer.get_frame(i) for i in range(frames)]).astype(np.float32)
+    povey window, pre-emphasis 0.97, DC removal, power spectrum, edges snipped, int16-scaled
+    samples, no dither; input shorter than one window zero-padded to one), computed in numpy on
+    whole arrays (:func:`fastasr.onnx.filterbank.log_mel`)."""
+    options = filterbank_options(features)
+    samples = np.asarray(waveform, dtype=np.float32).reshape(-1)
+    if samples.shape[0] < options.window:
+        samples = np.pad(samples, (0, options.window - samples.shape[0]))
+    return log_mel(samples, options)
+
+
+def filterbank_options(features: dict[str, Any]) -> FilterbankOptions:
+    """Training's filterbank settings (``recogniser.json``'s ``features``) as the runtime's."""
+    return FilterbankOptions(sample_rate=int(features["sample_rate"]), num_mel_bins=int(features["num_mel_bins"]),
+                             frame_length_ms=float(features["frame_length_ms"]),
+                             frame_shift_ms=float(features["frame_shift_ms"]), scale=INT16_SCALE)
+
+
+def sherpa_onnx_options(features: dict[str, Any]) -> FilterbankOptions:
+    """sherpa-onnx's default filterbank at the model's rate and dimension (``FeatureExtractorConfig``'s,
+    lhotse's and icefall's): samples in [-1, 1], edges not snipped, the top 400 Hz below the Nyquist
+    frequency."""
+    return replace(filterbank_options(features), scale=1.0, snip_edges=False, high_freq=-400.0)
+
+
+#: The filterbanks :class:`OnnxRecogniser` computes: ``training``, training's (``fastasr-transcribe``'s
+#: words); ``sherpa-onnx``, sherpa-onnx's default one (:func:`sherpa_onnx_options`: sherpa-onnx's words).
+FILTERBANKS = ("training", "sherpa-onnx")
 
 
 def read_audio(path: str | os.PathLike, sample_rate: int, channels: int | None = None) -> np.ndarray:
@@ -138,7 +150,7 @@ def beam_search() -> tuple[type[BeamSearchDecoder], type[BeamSearchOptions]]:
 class OnnxRecogniser:
     """An exported folder loaded for decoding (module docstring).
 
-    ``OnnxRecogniser.load(folder, int8=False, threads=None)``; :meth:`transcribe` gives a
+    ``OnnxRecogniser.load(folder, int8=False, threads=None, filterbank="training")``; :meth:`transcribe` gives a
     :class:`~fastasr.decoding.transcript_formats.Transcription` per input (the transcription
     command's), :meth:`log_probs` the model's output per recording.
     """
@@ -151,6 +163,7 @@ class OnnxRecogniser:
     frame_seconds: float
     lexicon: Lexicon | None = None
     export: dict[str, Any] = field(default_factory=dict)
+    filterbank: str = "training"
 
     def __post_init__(self) -> None:
         # a phoneme model's words: each pronunciation's most frequent word, built once (GreedyDecoder's rule)
@@ -158,9 +171,12 @@ class OnnxRecogniser:
                        else None)
 
     @classmethod
-    def load(cls, folder: str | os.PathLike, *, int8: bool = False, threads: int | None = None) -> OnnxRecogniser:
-        """Read an exported folder; ``int8``: its quantised model. Raises ``FileNotFoundError``
-        naming a missing file."""
+    def load(cls, folder: str | os.PathLike, *, int8: bool = False, threads: int | None = None,
+             filterbank: str = "training") -> OnnxRecogniser:
+        """Read an exported folder; ``int8``: its quantised model; ``filterbank``: the features it
+        computes (:data:`FILTERBANKS`). Raises ``FileNotFoundError`` naming a missing file."""
+        if filterbank not in FILTERBANKS:
+            raise ValueError(f"filterbank={filterbank!r}; expected one of {', '.join(FILTERBANKS)}")
         folder = Path(folder)
         model = folder / ("model.int8.onnx" if int8 else "model.onnx")
         for path in (model, folder / "recogniser.json"):
@@ -177,9 +193,25 @@ class OnnxRecogniser:
             lexicon = Lexicon.from_lines(state["lexicon"]["entries"], where=f"{folder}/recogniser.json lexicon")
         export = state.get("export") or {}
         return cls(folder, session, Tokenizer.from_state_dict(state["tokenizer"]), dict(state["features"]),
-                   int(export["subsampling"]), float(export["frame_seconds"]), lexicon, export)
+                   int(export["subsampling"]), float(export["frame_seconds"]), lexicon, export, filterbank)
 
     # ------------------------------------------------------------------ the model
+    def graph_features(self, waveform: np.ndarray) -> np.ndarray:
+        """The graph's input for a waveform in [-1, 1], by :attr:`filterbank` (:data:`FILTERBANKS`),
+        at the sample scale the graph reads (``recogniser.json``'s ``export.input_samples``: [-1, 1];
+        older exports read int16-scaled samples' filterbank)."""
+        scaled = self.export.get("input_samples") != "[-1, 1]"
+        if self.filterbank == "sherpa-onnx":
+            options = replace(sherpa_onnx_options(self.features), scale=INT16_SCALE if scaled else 1.0)
+            samples = np.asarray(waveform, dtype=np.float32).reshape(-1)
+            if samples.shape[0] < (options.shift + 1) // 2:  # no frame: one, as for training's
+                samples = np.pad(samples, (0, options.shift - samples.shape[0]))
+            return log_mel(samples, options)
+        features = fbank(waveform, self.features)
+        if not scaled:
+            features -= SAMPLE_SCALE_LOG
+        return features
+
     def run(self, features: Sequence[np.ndarray]) -> list[np.ndarray]:
         """``(T'_i, V)`` log-probabilities of a batch of ``(frames_i, bins)`` filterbanks."""
         lengths = np.array([f.shape[0] for f in features], dtype=np.int64)
@@ -284,7 +316,7 @@ class OnnxRecogniser:
         """One recording at the model's sample rate, in [-1, 1]; ``decoder``: a beam search
         (:meth:`beam_decoder`), None: greedy."""
         seconds = waveform.shape[0] / float(self.features["sample_rate"])
-        log_probs, mode = self.log_probs(fbank(waveform, self.features), long_form, batch_size)
+        log_probs, mode = self.log_probs(self.graph_features(waveform), long_form, batch_size)
         units, words, timed, real = self.decode(log_probs, seconds, decoder)
         return Transcription(id, audio_filepath, " ".join(words), timed, units, round(seconds, 3),
                              real_words=real, mode=mode)
