@@ -117,3 +117,28 @@ def test_sherpa_onnxs_online_recognizer_streams_the_pytorch_streams_units(tiny_c
             assert units and json.loads(decoder.get_result_as_json_string(stream))["tokens"] == units, path.name
     finally:
         recogniser.model.set_attention(original)
+
+
+@pytest.mark.slow
+def test_the_export_command_writes_the_streaming_graph(tiny_corpus, tmp_path):
+    """``fastasr-export ... streaming=true``: the folder gains ``model.streaming.onnx`` (and
+    ``recogniser.json`` its ``streaming`` entry); the command prints sherpa-onnx's chunk arguments,
+    the swap of a clustered model's attention and the stream check."""
+    import subprocess
+    import sys
+
+    from fastasr.recognition.recogniser import RECOGNISER_KEY
+
+    recogniser = tiny_recogniser(tiny_corpus, attention="clustered-4")
+    ckpt = tmp_path / "best.ckpt"
+    torch.save({RECOGNISER_KEY: recogniser.to_dict(),
+                "state_dict": {f"model.{k}": v for k, v in recogniser.model.state_dict().items()}}, ckpt)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "fastasr.cli.export", f"ckpt_path={ckpt}", f"out={out}", "int8=false",
+                           "streaming=true", "left=2.56"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"{out / STREAMING_FILE}\t" in done.stdout
+    assert "chunk_size 16, num_left_chunks 4" in done.stderr and "streaming: attention clustered-4: " in done.stderr
+    assert "onnxruntime against the PyTorch stream" in done.stderr
+    entry = json.loads((out / "recogniser.json").read_text())["streaming"]
+    assert entry["model"] == STREAMING_FILE and entry["attention"] == "full" and entry["left_chunks"] == 4
