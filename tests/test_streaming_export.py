@@ -25,6 +25,7 @@ from fastasr.deploy.streaming_export import (  # noqa: E402
     streaming_chunk,
 )
 from fastasr.onnx.filterbank import log_mel  # noqa: E402
+from fastasr.onnx.streaming import OnnxStream  # noqa: E402
 from fastasr.onnx.onnx_recogniser import INT16_SCALE, sherpa_onnx_options  # noqa: E402
 
 #: sherpa-onnx's from_wenet_ctc defaults: 16 frames a chunk, 4 chunks of left context (0.64 s and
@@ -65,6 +66,10 @@ def test_onnxruntime_steps_the_graph_to_the_pytorch_streams_log_probs(tiny_corpu
                      cache_columns=int(meta["cnn_module_kernel"]) - 1, factor=int(meta["subsampling_factor"]))
     assert expected.shape[0] > 3 * context.left_frames  # the cache rolls over
     assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-4
+    # fastasr's PyTorch-free runtime streams the same file, in pieces of any size
+    stream = OnnxStream(tmp_path / STREAMING_FILE)
+    pieces = [stream.accept(frames[i:i + 37]) for i in range(0, frames.shape[0], 37)]
+    assert np.abs(np.concatenate(pieces) - expected).max() < 1e-4
 
 
 def _greedy(log_probs: np.ndarray, blank: int) -> list[int]:
