@@ -25,8 +25,8 @@ from fastasr.deploy.streaming_export import (  # noqa: E402
     streaming_chunk,
 )
 from fastasr.onnx.filterbank import log_mel  # noqa: E402
-from fastasr.onnx.streaming import OnnxStream  # noqa: E402
 from fastasr.onnx.onnx_recogniser import INT16_SCALE, sherpa_onnx_options  # noqa: E402
+from fastasr.onnx.streaming import OnnxStream  # noqa: E402
 
 #: sherpa-onnx's from_wenet_ctc defaults: 16 frames a chunk, 4 chunks of left context (0.64 s and
 #: 2.56 s at the tiny model's 40 ms a frame).
