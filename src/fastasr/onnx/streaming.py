@@ -1,0 +1,54 @@
+"""``model.streaming.onnx`` (:mod:`fastasr.deploy.streaming_export`) stepped by onnxruntime, without
+PyTorch: :class:`OnnxStream` feeds filterbank frames chunk by chunk, as sherpa-onnx's online
+recogniser does, and returns each complete chunk's log-probabilities (the PyTorch stream's,
+``Recogniser.stream``, with the same chunks: ``chunk_size`` and ``left_chunks`` in the metadata)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+__all__ = ["OnnxStream"]
+
+
+class OnnxStream:
+    """One stream through the graph at ``path``. ``accept(frames (T, F))`` → the ``(T', V)``
+    log-probabilities of the chunks the frames completed (``T'`` may be 0). ``chunk_size`` /
+    ``left_chunks``: encoder frames a chunk and chunks of left context (default: the metadata's)."""
+
+    def __init__(self, path: str | os.PathLike, chunk_size: int | None = None, left_chunks: int | None = None,
+                 session: Any = None) -> None:
+        import onnxruntime
+
+        self.session = session or onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        meta = self.session.get_modelmeta().custom_metadata_map
+        self.size = int(chunk_size if chunk_size is not None else meta["chunk_size"])
+        self.left = self.size * int(left_chunks if left_chunks is not None else meta["left_chunks"])
+        self.factor = int(meta["subsampling_factor"])
+        self.vocab = int(meta["vocab_size"])
+        layers, heads, d = int(meta["num_blocks"]), int(meta["head"]), int(meta["output_size"])
+        self.att = np.zeros((layers, heads, self.left, 2 * d // heads), np.float32)
+        self.cnn = np.zeros((layers, 1, d, int(meta["cnn_module_kernel"]) - 1), np.float32)
+        self.pending: np.ndarray | None = None
+        self.position = 0  # encoder frames given so far
+
+    def accept(self, frames: np.ndarray) -> np.ndarray:
+        frames = np.asarray(frames, np.float32)
+        self.pending = frames if self.pending is None else np.concatenate([self.pending, frames])
+        shift, out = self.size * self.factor, []
+        while self.pending.shape[0] >= shift:
+            out.append(self._step(self.pending[:shift]))
+            self.pending = self.pending[shift:]
+        return np.concatenate(out) if out else np.zeros((0, self.vocab), np.float32)
+
+    def _step(self, chunk: np.ndarray) -> np.ndarray:
+        mask = np.ones((1, 1, self.left + self.size), bool)
+        mask[..., :max(0, self.left - self.position)] = False
+        log_probs, self.att, self.cnn = self.session.run(["log_probs", "r_att_cache", "r_cnn_cache"], {
+            "x": np.ascontiguousarray(chunk[None]), "offset": np.array([self.left + self.position], np.int64),
+            "required_cache_size": np.array([self.left], np.int64), "att_cache": self.att, "cnn_cache": self.cnn,
+            "att_mask": mask})
+        self.position += log_probs.shape[1]
+        return log_probs[0]
