@@ -37,7 +37,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 README = ROOT / "README.md"
-README_MAX_LINES = 150
+README_MAX_LINES = 140
 
 FENCE = re.compile(r"^\s*(```|~~~)")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1")
