@@ -63,6 +63,7 @@ from fastasr.deploy.export import OPSET, exported_attention, tokens_txt
 from fastasr.model.chunking import ChunkContext
 from fastasr.model.positional import SinusoidalPositionalEncoding, _frequencies
 from fastasr.recognition.recogniser import Recogniser
+from fastasr.recognition.streaming import chunk_context
 
 log = logging.getLogger(__name__)
 
@@ -197,8 +198,6 @@ class OnnxStreamStep(nn.Module):
 def streaming_chunk(recogniser: Recogniser, chunk: float = 0.64, left: float | str = "auto") -> ChunkContext:
     """The chunk context the export writes (:func:`fastasr.recognition.streaming.chunk_context`);
     the left context must be bounded (sherpa-onnx's cache has a fixed length)."""
-    from fastasr.recognition.streaming import chunk_context
-
     context = chunk_context(recogniser, chunk, left)
     if context.left_frames is None:
         raise ValueError("streaming export: left=all; the streaming graph's cache holds a bounded left context "
