@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     if streaming == "auto":
         streaming = "true" if (recogniser.model_config.get("streaming") or {}).get("chunk_sizes") else "false"
     if streaming == "true":
-        from fastasr.deploy.streaming_export import export_streaming  # only a streaming export needs it
+        from fastasr.deploy.streaming_export import export_streaming  # streaming=true only
 
         try:
             streamed = export_streaming(recogniser, out, chunk=args["chunk"], left=args["left"], source=str(ckpt),
