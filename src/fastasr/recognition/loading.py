@@ -84,6 +84,18 @@ def with_decoding_data(recogniser: Recogniser, train_manifest: str | os.PathLike
                    training_manifest=str(train_manifest))
 
 
+def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu"
+                    ) -> tuple[Recogniser, dict[str, torch.Tensor]]:
+    """A training checkpoint read with ``torch.load(weights_only=True)``: its recogniser bundle
+    (no model yet) and its model's weights by parameter name (``state_dict``'s ``model.*``
+    entries, the prefix dropped; empty when it holds none)."""
+    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    state = check_checkpoint_entry(checkpoint, RECOGNISER_KEY, str(path))
+    weights = {k.removeprefix("model."): v for k, v in checkpoint.get("state_dict", {}).items()
+               if k.startswith("model.")}
+    return Recogniser.from_dict(state, source=str(path)), weights
+
+
 def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, Any] | None = None,
                     map_location: str | torch.device = "cpu", *,
                     training_manifest: str | os.PathLike | None = None) -> Recogniser:
@@ -98,12 +110,8 @@ def load_recogniser(ckpt_path: str | os.PathLike, attention: str | Mapping[str, 
     path = Path(ckpt_path)
     if not path.is_file():
         raise FileNotFoundError(f"ckpt_path={ckpt_path}: no such checkpoint file")
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
-    state = check_checkpoint_entry(checkpoint, RECOGNISER_KEY, str(path))
-    recogniser = Recogniser.from_dict(state, source=str(path))
+    recogniser, weights = read_checkpoint(path, map_location)
     model = recogniser.build_model()
-    weights = {k.removeprefix("model."): v for k, v in checkpoint.get("state_dict", {}).items()
-               if k.startswith("model.")}
     try:
         model.load_state_dict(weights)
     except RuntimeError as err:

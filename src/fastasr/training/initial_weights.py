@@ -34,8 +34,8 @@ import torch
 
 from fastasr.data.tokenizer import Tokenizer
 from fastasr.model import CTCModel
-from fastasr.recognition.bundle_format import check_checkpoint_entry
-from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser
+from fastasr.recognition.loading import read_checkpoint
+from fastasr.recognition.recogniser import Recogniser
 from fastasr.training.derived_config import ConfigError
 
 #: Model settings that fix the shapes of the front end's and the encoder's parameters (with the
@@ -92,11 +92,7 @@ def _read(ckpt: str | os.PathLike) -> tuple[Recogniser, dict[str, torch.Tensor]]
     path = Path(ckpt)
     if not path.is_file():
         raise InitialWeightsError(f"init_from={ckpt}: no such checkpoint file")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    state = check_checkpoint_entry(checkpoint, RECOGNISER_KEY, str(path))
-    recogniser = Recogniser.from_dict(state, source=str(path))
-    weights = {k.removeprefix("model."): v for k, v in checkpoint.get("state_dict", {}).items()
-               if k.startswith("model.")}
+    recogniser, weights = read_checkpoint(path)
     if not weights:
         raise InitialWeightsError(f"init_from={ckpt}: the checkpoint holds no model weights (state_dict 'model.*')")
     return recogniser, weights
