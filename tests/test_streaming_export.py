@@ -45,7 +45,8 @@ def _sherpa_frames(recogniser, audio: np.ndarray) -> np.ndarray:
     return log_mel(audio, options).astype(np.float32)
 
 
-@pytest.mark.parametrize("model", [{}, {"positions": "rotary"}, {"conv_kernel": None, "subsampling": 2}])
+@pytest.mark.parametrize("model", [{}, {"positions": "rotary"}, {"conv_kernel": None, "subsampling": 2},
+                                   {"utterance_cmvn": True}, {"utterance_cmvn": True, "subsampling": 1}])
 def test_onnxruntime_steps_the_graph_to_the_pytorch_streams_log_probs(tiny_corpus, tmp_path, model):
     """Chunk by chunk, caches fed back, the graph's log-probabilities equal ModelStream's (1e-4)
     over whole utterances, past the left context (the cache's mask then full)."""

@@ -29,7 +29,8 @@ each chunk's own frames (no fixed right look-ahead or pre-encode cache to emulat
 keeps besides does not fit WeNet's tensors as they are, so it rides in ``cnn_cache``'s extra
 columns: ``cnn_module_kernel - 1`` is the convolution module's ``kernel // 2`` left frames plus
 enough columns of layer 0 for the front end's last ``subsampling_factor`` normalised frames (the
-subsampling's left context, :class:`ModelStream`'s ``before``). sherpa-onnx treats the caches as
+subsampling's left context, :class:`ModelStream`'s ``before``) and per-utterance CMVN's running
+statistics. sherpa-onnx treats the caches as
 opaque: it starts them at zeros and feeds each step's back.
 
 Samples: sherpa-onnx computes a WeNet model's filterbank from int16-scaled samples
@@ -40,8 +41,10 @@ Attention: full attention exports as it is (the chunk's queries over the cache's
 masked). The fast attentions cluster or hash the window's queries with host-side control flow
 (K-means, sorting, C++ and Triton kernels) that a traced graph cannot hold; they export with full
 attention instead, in one warning that names the swap (:func:`fastasr.deploy.export.exported_attention`).
-Per-utterance CMVN's running statistics (float64 sums) are not in the caches yet: such a model is
-refused. Batch size 1 (sherpa-onnx runs WeNet's model one stream at a time).
+Per-utterance CMVN (``model.utterance_cmvn``) normalises a chunk by the statistics of every frame
+up to its end, as the PyTorch stream does: their float64 sums and squares ride in layer 0's extra
+columns too, each as two float32 numbers whose sum is the float64 value (the caches are float32 in
+sherpa-onnx), and the frame count is the offset's. Batch size 1 (sherpa-onnx runs WeNet's model one stream at a time).
 """
 
 from __future__ import annotations
@@ -90,9 +93,6 @@ class OnnxStreamStep(nn.Module):
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
-        if model.utterance_cmvn is not None:
-            raise ValueError("streaming export: per-utterance CMVN (model.utterance_cmvn) keeps running float64 "
-                             "statistics that the streaming graph's caches do not hold yet; export it offline")
         self.model = model
         first = model.encoder.layers[0]
         self.d_model = first.norm1.normalized_shape[0]
@@ -101,7 +101,11 @@ class OnnxStreamStep(nn.Module):
         self.factor = model.subsampling_factor
         self.feat = model.cmvn.mean.shape[0]
         self.half_kernel = 0 if first.conv is None else first.conv.half_kernel
-        self.extra = math.ceil(self.factor * self.feat / self.d_model) if self.factor > 1 else 0
+        # layer 0's extra columns: the front end's last normalised frames, then the per-utterance
+        # statistics (sums and squares, each as a float32 pair whose sum is the float64 value)
+        self.front_size = self.factor * self.feat if self.factor > 1 else 0
+        self.stats_size = 4 * self.feat if model.utterance_cmvn is not None else 0
+        self.extra = math.ceil((self.front_size + self.stats_size) / self.d_model)
         self.cache_columns = max(1, self.half_kernel + self.extra)
 
     @property
@@ -120,21 +124,28 @@ class OnnxStreamStep(nn.Module):
                 att_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         model, s, hk, f = self.model, self.factor, self.half_kernel, self.feat
         position = offset[0] - required_cache_size[0]  # encoder frames before the chunk
+        packed = cnn_cache[0, 0, :, hk:hk + self.extra].transpose(0, 1).reshape(-1)  # layer 0's extra columns
+        kept = []  # what the next step finds there
         x = model.cmvn(x)
+        if self.stats_size:
+            x, statistics = self._utterance_cmvn(x, packed[self.front_size:self.front_size + self.stats_size],
+                                                 position)
         if s > 1:
-            # the front end's left context: the last s normalised frames, in layer 0's extra columns
-            packed = cnn_cache[0, 0, :, hk:hk + self.extra].transpose(0, 1).reshape(-1)
+            # the front end's left context: the last s normalised frames
             before = packed[:s * f].reshape(1, s, f)
             window = torch.cat([before, x], 1)
             with_before = model.frontend(window, torch.ones_like(window[:, :, 0]).sum(1).to(torch.int64))[0][:, 1:]
             alone = model.frontend(x, torch.ones_like(x[:, :, 0]).sum(1).to(torch.int64))[0]
             sub = torch.where(position == 0, alone, with_before)  # the stream's first chunk has none
-            last = window[:, window.shape[1] - s:].reshape(-1)
-            last = nn.functional.pad(last, (0, self.extra * self.d_model - s * f))
-            front = last.reshape(self.extra, self.d_model).transpose(0, 1)
+            kept.append(window[:, window.shape[1] - s:].reshape(-1))
         else:
             sub = model.frontend(x, torch.ones_like(x[:, :, 0]).sum(1).to(torch.int64))[0]
-            front = None
+        if self.stats_size:
+            kept.append(statistics)
+        front = None
+        if kept:
+            kept = nn.functional.pad(torch.cat(kept), (0, self.extra * self.d_model - self.front_size - self.stats_size))
+            front = kept.reshape(self.extra, self.d_model).transpose(0, 1)
         if model.input_scale != 1.0:
             sub = sub * model.input_scale
         positions = (position + torch.arange(sub.shape[1], device=sub.device)).to(torch.float32)
@@ -175,6 +186,24 @@ class OnnxStreamStep(nn.Module):
             cnn_out.append(torch.cat([conv_cols, rest], 1)[None])
         log_probs = model._log_probs(model.encoder.final_norm(h))
         return log_probs, torch.stack(att_out), torch.stack(cnn_out)
+
+    def _utterance_cmvn(self, x: torch.Tensor, packed: torch.Tensor,
+                        position: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x (1, T, F)`` normalised by the statistics of every frame up to the chunk's end
+        (:class:`fastasr.model.utterance_cmvn.PrefixStatistics`, in float64), and those statistics
+        packed for the cache: ``packed`` holds the sums and squares before the chunk as float32
+        pairs (high parts, then low parts) that add up to the float64 values. The frames before
+        the chunk are ``position × subsampling`` (every earlier chunk was whole)."""
+        f = self.feat
+        before = packed[:2 * f].to(torch.float64) + packed[2 * f:].to(torch.float64)
+        wide = x.to(torch.float64)
+        total = before + torch.cat([wide.sum(1)[0], wide.pow(2).sum(1)[0]])
+        count = (position * self.factor + x.shape[1]).to(torch.float64)
+        mean = total[:f] / count
+        std = (total[f:] / count - mean.pow(2)).clamp_min(0).sqrt().clamp_min(self.model.utterance_cmvn.min_std)
+        high = total.to(torch.float32)
+        low = (total - high.to(torch.float64)).to(torch.float32)
+        return ((wide - mean) / std).to(x.dtype), torch.cat([high, low])
 
     def _attend(self, attn: nn.Module, x: torch.Tensor, state: dict[str, torch.Tensor], mask: torch.Tensor,
                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None, left: int) -> torch.Tensor:
