@@ -60,8 +60,11 @@ def test_onnxruntime_steps_the_graph_to_the_pytorch_streams_log_probs(tiny_corpu
     context = streaming_chunk(recogniser, CHUNK, LEFT)
     audio = np.concatenate([sf.read(str(path), dtype="float32")[0] for path in _paths(tiny_corpus)])
     frames = _sherpa_frames(recogniser, audio)
+    frames = frames[:frames.shape[0] - 7]  # a last chunk shorter than the others
     with torch.no_grad():
-        expected = recogniser.model.start_stream(context).accept(torch.from_numpy(frames)).numpy()
+        model_stream = recogniser.model.start_stream(context)
+        expected = model_stream.accept(torch.from_numpy(frames)).numpy()
+        last = model_stream.finish().numpy()
     got = run_stream(session, frames, context.size, context.left_frames, layers=int(meta["num_blocks"]),
                      heads=int(meta["head"]), d_model=int(meta["output_size"]),
                      cache_columns=int(meta["cnn_module_kernel"]) - 1, factor=int(meta["subsampling_factor"]))
@@ -71,6 +74,9 @@ def test_onnxruntime_steps_the_graph_to_the_pytorch_streams_log_probs(tiny_corpu
     stream = OnnxStream(tmp_path / STREAMING_FILE)
     pieces = [stream.accept(frames[i:i + 37]) for i in range(0, frames.shape[0], 37)]
     assert np.abs(np.concatenate(pieces) - expected).max() < 1e-4
+    assert 0 < last.shape[0] < context.size  # and the frames left as the PyTorch stream's finish
+    end = stream.finish()
+    assert end.shape == last.shape and np.abs(end - last).max() < 1e-4
 
 
 def _greedy(log_probs: np.ndarray, blank: int) -> list[int]:

@@ -1,7 +1,8 @@
 """``model.streaming.onnx`` (:mod:`fastasr.deploy.streaming_export`) stepped by onnxruntime, without
 PyTorch: :class:`OnnxStream` feeds filterbank frames chunk by chunk, as sherpa-onnx's online
-recogniser does, and returns each complete chunk's log-probabilities (the PyTorch stream's,
-``Recogniser.stream``, with the same chunks: ``chunk_size`` and ``left_chunks`` in the metadata)."""
+recogniser does, and returns each complete chunk's log-probabilities, and ``finish`` those of the
+frames left as a last, shorter chunk (the PyTorch stream's, ``Recogniser.stream``, with the same
+chunks: ``chunk_size`` and ``left_chunks`` in the metadata)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from typing import Any
 
 import numpy as np
 
+from fastasr.decoding.windows import output_frames
+
 __all__ = ["OnnxStream"]
 
 
 class OnnxStream:
     """One stream through the graph at ``path``. ``accept(frames (T, F))`` → the ``(T', V)``
-    log-probabilities of the chunks the frames completed (``T'`` may be 0). ``chunk_size`` /
+    log-probabilities of the chunks the frames completed (``T'`` may be 0); ``finish()`` → those of
+    the frames left (``ModelStream.finish``'s). ``chunk_size`` /
     ``left_chunks``: encoder frames a chunk and chunks of left context (default: the metadata's)."""
 
     def __init__(self, path: str | os.PathLike, chunk_size: int | None = None, left_chunks: int | None = None,
@@ -43,8 +47,15 @@ class OnnxStream:
             self.pending = self.pending[shift:]
         return np.concatenate(out) if out else np.zeros((0, self.vocab), np.float32)
 
-    def _step(self, chunk: np.ndarray) -> np.ndarray:
-        mask = np.ones((1, 1, self.left + self.size), bool)
+    def finish(self) -> np.ndarray:
+        """The log-probabilities of the frames not yet encoded, as a last chunk shorter than the others."""
+        rest, self.pending = self.pending, None
+        if rest is None or not rest.shape[0]:
+            return np.zeros((0, self.vocab), np.float32)
+        return self._step(rest, output_frames(rest.shape[0], self.factor))
+
+    def _step(self, chunk: np.ndarray, size: int | None = None) -> np.ndarray:
+        mask = np.ones((1, 1, self.left + (size or self.size)), bool)
         mask[..., :max(0, self.left - self.position)] = False
         log_probs, self.att, self.cnn = self.session.run(["log_probs", "r_att_cache", "r_cnn_cache"], {
             "x": np.ascontiguousarray(chunk[None]), "offset": np.array([self.left + self.position], np.int64),
