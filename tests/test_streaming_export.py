@@ -85,16 +85,17 @@ def _greedy(log_probs: np.ndarray, blank: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, attention", [("phoneme", "full"), ("char", "clustered-4"), ("phoneme", "clustered-4")])
+@pytest.mark.parametrize("kind, attention, model", [("phoneme", "full", {}), ("char", "clustered-4", {}),
+                                                   ("phoneme", "clustered-4", {}), ("char", "full", {"utterance_cmvn": True})])
 def test_sherpa_onnxs_online_recognizer_streams_the_pytorch_streams_units(tiny_corpus, tmp_path, kind, attention,
-                                                                        caplog):
+                                                                        model, caplog):
     """``sherpa_onnx.OnlineRecognizer.from_wenet_ctc`` with only the rate and the feature dimension
     (its default 16-frame chunks and 4 left chunks) gives, on every utterance, the units of the
     PyTorch stream with the same chunks fed sherpa-onnx's filterbank (the complete chunks sherpa-onnx
-    decodes). A clustered model exports with full attention and says so in one warning; the units
+    decodes), per-utterance CMVN's statistics carried in the caches. A clustered model exports with full attention and says so in one warning; the units
     are then PyTorch's stream with full attention."""
     sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
-    recogniser = tiny_recogniser(tiny_corpus, kind=kind, attention=attention)
+    recogniser = tiny_recogniser(tiny_corpus, kind=kind, attention=attention, **model)
     with caplog.at_level(logging.WARNING, logger="fastasr.deploy.streaming_export"):
         result = export_streaming(recogniser, tmp_path, chunk=CHUNK, left=LEFT, check=False)
     warned = [r.getMessage() for r in caplog.records if r.name == "fastasr.deploy.streaming_export"]
