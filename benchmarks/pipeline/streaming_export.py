@@ -32,7 +32,9 @@ Steps (docs/DEPLOY.md "Streaming in sherpa-onnx"):
    (``fastasr.onnx.onnx_recogniser.sherpa_onnx_options`` at the int16 scale sherpa-onnx gives a
    WeNet model), over the chunks sherpa-onnx decodes: equal to sherpa-onnx's words where the graph
    and its caches run in sherpa-onnx as in fastasr, so what differs from the PyTorch stream is the
-   filterbank (frame positions and mel range, docs/DEPLOY.md) and the tail.
+   filterbank (frame positions and mel range, docs/DEPLOY.md) and the tail. And the ONNX stream on
+   training's filterbank with one of sherpa-onnx's two defaults at a time (frames centred on the
+   hops; the mel range), to tell which moves the words.
 
 Writes ``--out-dir``/streaming_export_<corpus directory>_<machine>.md and .json (per utterance: the
 reference and each stream's words). Time it on a quiet machine.
@@ -55,7 +57,7 @@ from fastasr.data.manifest import read_manifest
 from fastasr.decoding.metrics import ErrorRates, align
 from fastasr.deploy.streaming_export import STREAMING_FILE, export_streaming
 from fastasr.onnx.filterbank import log_mel
-from fastasr.onnx.onnx_recogniser import INT16_SCALE, fbank, read_audio, sherpa_onnx_options
+from fastasr.onnx.onnx_recogniser import INT16_SCALE, fbank, filterbank_options, read_audio, sherpa_onnx_options
 from fastasr.onnx.streaming import OnnxStream
 from fastasr.recognition.loading import load_recogniser
 
@@ -111,6 +113,19 @@ def onnx_on_sherpa_features(session, decoder, features: dict, padded: np.ndarray
     chunks = sum(1 for k in range(frames.shape[0]) if (k + 1) * shift < frames.shape[0])
     log_probs = OnnxStream(None, session=session).accept(frames[:chunks * shift])
     return decoder(torch.from_numpy(log_probs)).words
+
+
+#: The ONNX stream on training's filterbank with one of sherpa-onnx's two other defaults: which of
+#: them moves the words (docs/DEPLOY.md: frames centred on the hops, edges mirrored; the top 400 Hz
+#: below the Nyquist frequency).
+HALFWAY = {"onnx_sherpa_frames": {"snip_edges": False}, "onnx_sherpa_mel_range": {"high_freq": -400.0}}
+
+
+def onnx_halfway(session, decoder, features: dict, samples: np.ndarray, change: dict) -> list[str]:
+    """OnnxStream over training's filterbank with ``change`` (one of :data:`HALFWAY`), ``finish()`` at the end."""
+    frames = log_mel(samples, replace(filterbank_options(features), **change)).astype(np.float32)
+    stream = OnnxStream(None, session=session)
+    return decoder(torch.from_numpy(np.concatenate([stream.accept(frames), stream.finish()]))).words
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -171,6 +186,8 @@ def main(argv: list[str] | None = None) -> dict:
             wall[name] += clock.seconds()
         row["onnx_on_sherpa_features"] = " ".join(
             onnx_on_sherpa_features(session, decoder, features, np.concatenate([samples, tail]), shift))
+        for name, change in HALFWAY.items():
+            row[name] = " ".join(onnx_halfway(session, decoder, features, samples, change))
         rows.append(row)
         print(json.dumps(row), flush=True)
 
@@ -178,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     ref_units = [tok.scored_units(tok.units(u)) for u in utterances]
     pytorch_units = [tok.scored_units(tok.units(r["pytorch"])) for r in rows]
     scores = {}
-    for name in (*STREAMS, "onnx_on_sherpa_features"):
+    for name in (*STREAMS, "onnx_on_sherpa_features", *HALFWAY):
         rates = ErrorRates()
         rates.update(ref_units, [tok.scored_units(tok.units(r[name])) for r in rows], refs,
                      [r[name].split() for r in rows])
@@ -221,7 +238,16 @@ def main(argv: list[str] | None = None) -> dict:
                   f"utterances, to the PyTorch stream's for {d['same_as_pytorch']} / {n} (CER against them "
                   f"{d['cer_against_pytorch']:.2f} %); CER {d['cer']:.2f} %, "
                   f"WER {d['wer']:.2f} %. The export's own check (onnxruntime against the PyTorch stream): largest "
-                  f"log-probability difference {exported.max_abs_diff:.1e}."]
+                  f"log-probability difference {exported.max_abs_diff:.1e}.", "",
+              "Which of sherpa-onnx's filterbank defaults moves the words: fastasr's ONNX stream on training's "
+              "filterbank with one of them:", "",
+              "| filterbank | words equal to the PyTorch stream's | CER against them (%) | CER (%) | WER (%) |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for name, label in (("onnx_sherpa_frames", "training's, frames centred on the hops (snip_edges=false)"),
+                        ("onnx_sherpa_mel_range", "training's, mel bins up to 400 Hz below Nyquist (high_freq=-400)")):
+        s = scores[name]
+        lines.append(f"| {label} | {s['same_as_pytorch']} / {n} | {s['cer_against_pytorch']:.2f} | {s['cer']:.2f} | "
+                     f"{s['wer']:.2f} |")
     stem = result_stem(args.out_dir, f"streaming_export_{corpus}", info)
     Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
     Path(f"{stem}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
