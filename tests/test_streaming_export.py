@@ -67,7 +67,9 @@ def test_onnxruntime_steps_the_graph_to_the_pytorch_streams_log_probs(tiny_corpu
         last = model_stream.finish().numpy()
     got = run_stream(session, frames, context.size, context.left_frames, layers=int(meta["num_blocks"]),
                      heads=int(meta["head"]), d_model=int(meta["output_size"]),
-                     cache_columns=int(meta["cnn_module_kernel"]) - 1, factor=int(meta["subsampling_factor"]))
+                     cache_columns=int(meta["cnn_module_kernel"]) - 1, factor=int(meta["subsampling_factor"]),
+                     dropped=int(meta["dropped_frames"]))
+    assert int(meta["dropped_frames"]) == 1  # at 25 ms windows and 10 ms hops
     assert expected.shape[0] > 3 * context.left_frames  # the cache rolls over
     assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-4
     # fastasr's PyTorch-free runtime streams the same file, in pieces of any size
@@ -91,8 +93,8 @@ def test_sherpa_onnxs_online_recognizer_streams_the_pytorch_streams_units(tiny_c
                                                                         model, caplog):
     """``sherpa_onnx.OnlineRecognizer.from_wenet_ctc`` with only the rate and the feature dimension
     (its default 16-frame chunks and 4 left chunks) gives, on every utterance, the units of the
-    PyTorch stream with the same chunks fed sherpa-onnx's filterbank (the complete chunks sherpa-onnx
-    decodes), per-utterance CMVN's statistics carried in the caches. A clustered model exports with full attention and says so in one warning; the units
+    PyTorch stream with the same chunks fed sherpa-onnx's filterbank less its first frame, which the
+    graph drops (the complete chunks sherpa-onnx decodes), per-utterance CMVN's statistics carried in the caches. A clustered model exports with full attention and says so in one warning; the units
     are then PyTorch's stream with full attention."""
     sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
     recogniser = tiny_recogniser(tiny_corpus, kind=kind, attention=attention, **model)
@@ -121,7 +123,7 @@ def test_sherpa_onnxs_online_recognizer_streams_the_pytorch_streams_units(tiny_c
             stream.input_finished()
             while decoder.is_ready(stream):
                 decoder.decode_stream(stream)
-            frames = _sherpa_frames(recogniser, audio)
+            frames = _sherpa_frames(recogniser, audio)[1:]  # the graph drops sherpa-onnx's first frame
             chunks = sum(1 for k in range(frames.shape[0]) if (k + 1) * shift < frames.shape[0])
             with torch.no_grad():
                 log_probs = recogniser.model.start_stream(context).accept(

@@ -5,9 +5,10 @@ chunk of filterbank frames and the caches of the chunks before it in, the chunk'
 and the next caches out. Its interface is WeNet's streaming CTC export's, the one sherpa-onnx's
 ``OnlineRecognizer.from_wenet_ctc`` loads (``sherpa-onnx/csrc/online-wenet-ctc-model.cc``):
 
-* inputs, in this order: ``x`` ``(1, T, F)`` float32 (``T = chunk_size × subsampling_factor``
-  frames: ``right_context = subsampling_factor - 1``, so sherpa-onnx's window of ``(chunk_size - 1)
-  × subsampling + right_context + 1`` frames is exactly the chunk's, shifted by as many),
+* inputs, in this order: ``x`` ``(1, T, F)`` float32 (``T = chunk_size × subsampling_factor +
+  dropped`` frames: ``right_context = subsampling_factor - 1 + dropped``, so sherpa-onnx's window
+  of ``(chunk_size - 1) × subsampling + right_context + 1`` frames is the chunk's and the
+  ``dropped`` frames before it, shifted by a chunk's frames; below),
   ``offset`` ``(1,)`` int64 (``required_cache_size`` + encoder frames given so far),
   ``required_cache_size`` ``(1,)`` int64 (the left context ``L = chunk_size × num_left_chunks``),
   ``att_cache`` ``(num_blocks, head, L, 2 × output_size / head)`` float32 (each layer's keys and
@@ -18,20 +19,31 @@ and the next caches out. Its interface is WeNet's streaming CTC export's, the on
 * outputs: ``log_probs`` ``(1, chunk_size, V)``, ``r_att_cache``, ``r_cnn_cache`` (the inputs'
   shapes);
 * metadata: ``head``, ``num_blocks``, ``output_size``, ``cnn_module_kernel``, ``right_context``,
-  ``subsampling_factor``, ``vocab_size`` (what sherpa-onnx reads), and ``chunk_size`` and
+  ``subsampling_factor``, ``vocab_size`` (what sherpa-onnx reads), ``dropped_frames``, and ``chunk_size`` and
   ``left_chunks`` (what the model streams with here; sherpa-onnx takes them as ``chunk_size`` and
   ``num_left_chunks``, whose defaults 16 and 4 are 0.64 s and 2.56 s at 40 ms a frame).
 
 WeNet's interface and not NeMo's cache-aware one: WeNet's caches are a Conformer's per-layer keys
 and values of a fixed left context with a mask of the filled frames, and its convolution module's
 last frames, which is :class:`fastasr.model.encoder.LayerStream`; sherpa-onnx feeds WeNet's model
-each chunk's own frames (no fixed right look-ahead or pre-encode cache to emulate). What fastasr
+each chunk's frames and the few its ``right_context`` asks for (no pre-encode cache to emulate). What fastasr
 keeps besides does not fit WeNet's tensors as they are, so it rides in ``cnn_cache``'s extra
 columns: ``cnn_module_kernel - 1`` is the convolution module's ``kernel // 2`` left frames plus
 enough columns of layer 0 for the front end's last ``subsampling_factor`` normalised frames (the
 subsampling's left context, :class:`ModelStream`'s ``before``) and per-utterance CMVN's running
-statistics. sherpa-onnx treats the caches as
-opaque: it starts them at zeros and feeds each step's back.
+statistics. sherpa-onnx treats the caches as opaque: it starts them at zeros and feeds each
+step's back.
+
+Frames: sherpa-onnx's filterbank centres its frames on the hops with the edges mirrored
+(``snip_edges = false``), training's starts its first window at the first sample: at 25 ms windows
+and 10 ms hops sherpa-onnx's frame ``t + 1`` lies 2.5 ms after training's frame ``t``, and its
+frame 0 has no counterpart. The graph drops the first ``dropped`` frames of each window
+(``round((window - hop) / (2 × hop))``, 1 at 25/10 ms): the stream's first frame, and after it
+the frame before each chunk, which sherpa-onnx's window holds because ``right_context`` says so.
+The chunks then cover the frames of the PyTorch stream's chunks and the subsampling keeps its
+phase (one frame off, every output frame would stand 10 ms from where the model learnt it).
+Fed training's frames, a runtime puts ``dropped`` frames before the stream's first
+(:class:`fastasr.onnx.streaming.OnnxStream`, :func:`run_stream`).
 
 Samples: sherpa-onnx computes a WeNet model's filterbank from int16-scaled samples
 (``normalize_samples = false``), training's scale, so this graph adds no constant (the offline
@@ -44,7 +56,8 @@ attention instead, in one warning that names the swap (:func:`fastasr.deploy.exp
 Per-utterance CMVN (``model.utterance_cmvn``) normalises a chunk by the statistics of every frame
 up to its end, as the PyTorch stream does: their float64 sums and squares ride in layer 0's extra
 columns too, each as two float32 numbers whose sum is the float64 value (the caches are float32 in
-sherpa-onnx), and the frame count is the offset's. Batch size 1 (sherpa-onnx runs WeNet's model one stream at a time).
+sherpa-onnx), and the frame count is the offset's. Batch size 1 (sherpa-onnx runs WeNet's model
+one stream at a time).
 """
 
 from __future__ import annotations
@@ -71,7 +84,7 @@ from fastasr.recognition.streaming import chunk_context
 log = logging.getLogger(__name__)
 
 __all__ = ["STREAMING_FILE", "STREAMING_INPUTS", "STREAMING_OUTPUTS", "OnnxStreamStep", "StreamingExportResult",
-           "export_streaming", "streaming_chunk"]
+           "dropped_frames", "export_streaming", "streaming_chunk"]
 
 STREAMING_FILE = "model.streaming.onnx"
 #: WeNet's streaming CTC export's names, in sherpa-onnx's order.
@@ -91,9 +104,10 @@ class OnnxStreamStep(nn.Module):
     :class:`fastasr.model.streaming.ModelStream`'s ``_encode`` for a chunk, up to rounding.
     The model must hold an exportable (full) attention and be in eval mode."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, dropped: int = 0) -> None:
         super().__init__()
         self.model = model
+        self.dropped = dropped
         first = model.encoder.layers[0]
         self.d_model = first.norm1.normalized_shape[0]
         self.heads = first.attn.heads
@@ -126,7 +140,7 @@ class OnnxStreamStep(nn.Module):
         position = offset[0] - required_cache_size[0]  # encoder frames before the chunk
         packed = cnn_cache[0, 0, :, hk:hk + self.extra].transpose(0, 1).reshape(-1)  # layer 0's extra columns
         kept = []  # what the next step finds there
-        x = model.cmvn(x)
+        x = model.cmvn(x[:, self.dropped:])
         if self.stats_size:
             x, statistics = self._utterance_cmvn(x, packed[self.front_size:self.front_size + self.stats_size],
                                                  position)
@@ -234,6 +248,12 @@ def streaming_chunk(recogniser: Recogniser, chunk: float = 0.64, left: float | s
     return context
 
 
+def dropped_frames(features: Any) -> int:
+    """Frames the graph drops at the start of each window (module docstring): how many hops
+    sherpa-onnx's first frame centre lies before training's, rounded."""
+    return max(0, round((features.frame_length_ms - features.frame_shift_ms) / (2 * features.frame_shift_ms)))
+
+
 def step_mask(position: int, left_frames: int, size: int) -> torch.Tensor:
     """``att_mask`` for a chunk of ``size`` frames after ``position`` encoder frames: the cache's
     last ``min(position, left_frames)`` frames and the chunk's (sherpa-onnx's rule)."""
@@ -286,7 +306,7 @@ def _export(recogniser: Recogniser, out: Path, context: ChunkContext, source: st
         log.warning("streaming export: %s", swapped)
     model.set_attention(attention)
     model.eval()
-    step = OnnxStreamStep(model).eval()
+    step = OnnxStreamStep(model, dropped_frames(recogniser.features)).eval()
     size, left = context.size, context.left_frames
     example = example_inputs(step, size, left, position=size)
     path = out / STREAMING_FILE
@@ -301,7 +321,8 @@ def _export(recogniser: Recogniser, out: Path, context: ChunkContext, source: st
     meta = {
         "model_type": "fastasr_ctc_streaming", "model_author": "fastasr", "attention": attention,
         "trained_attention": trained, "head": step.heads, "num_blocks": step.layers, "output_size": step.d_model,
-        "cnn_module_kernel": step.cnn_module_kernel, "right_context": step.factor - 1,
+        "cnn_module_kernel": step.cnn_module_kernel, "right_context": step.factor - 1 + step.dropped,
+        "dropped_frames": step.dropped,
         "subsampling_factor": step.factor, "subsampling_rate": step.factor, "vocab_size": recogniser.vocab_size,
         "chunk_size": size, "left_chunks": context.left_chunks, "feature_size": step.feat,
         "sample_rate": recogniser.features.sample_rate, "input_samples": STREAMING_INPUT_SAMPLES,
@@ -335,7 +356,7 @@ def _export(recogniser: Recogniser, out: Path, context: ChunkContext, source: st
 def example_inputs(step: OnnxStreamStep, size: int, left: int, position: int = 0) -> tuple[torch.Tensor, ...]:
     """Inputs of one step: random frames of a chunk, zero caches, the offset and mask at ``position``."""
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(1, size * step.factor, step.feat, generator=generator) * 3.0 + 9.0
+    x = torch.randn(1, size * step.factor + step.dropped, step.feat, generator=generator) * 3.0 + 9.0
     att_cache, cnn_cache = step.initial_caches(left)
     return (x, torch.tensor([left + position], dtype=torch.int64), torch.tensor([left], dtype=torch.int64),
             att_cache, cnn_cache, step_mask(position, left, size))
@@ -343,21 +364,24 @@ def example_inputs(step: OnnxStreamStep, size: int, left: int, position: int = 0
 
 def run_stream(session: Any, frames: Any, size: int, left: int, step: OnnxStreamStep | None = None,
                *, layers: int | None = None, heads: int | None = None, d_model: int | None = None,
-               cache_columns: int | None = None, factor: int | None = None) -> Any:
-    """Step ``session`` (an onnxruntime session of the graph) over ``frames (T, F)`` (numpy) chunk
-    by chunk as sherpa-onnx does, complete chunks only: their log-probabilities ``(T', V)``."""
+               cache_columns: int | None = None, factor: int | None = None, dropped: int | None = None) -> Any:
+    """Step ``session`` (an onnxruntime session of the graph) over training's ``frames (T, F)``
+    (numpy) chunk by chunk as sherpa-onnx does, complete chunks only, ``dropped`` zero frames put
+    before them (module docstring): their log-probabilities ``(T', V)``."""
     import numpy as np
 
     if step is not None:
-        layers, heads, d_model, cache_columns, factor = (step.layers, step.heads, step.d_model, step.cache_columns,
-                                                         step.factor)
+        layers, heads, d_model, cache_columns, factor, dropped = (step.layers, step.heads, step.d_model,
+                                                                  step.cache_columns, step.factor, step.dropped)
+    dropped = dropped or 0
+    frames = np.concatenate([np.zeros((dropped, frames.shape[1]), frames.dtype), frames])
     att = np.zeros((layers, heads, left, 2 * d_model // heads), np.float32)
     cnn = np.zeros((layers, 1, d_model, cache_columns), np.float32)
     out, position, shift = [], 0, size * factor
-    for start in range(0, frames.shape[0] - shift + 1, shift):
+    for start in range(0, frames.shape[0] - shift - dropped + 1, shift):
         mask = step_mask(position, left, size).numpy()
         log_probs, att, cnn = session.run(list(STREAMING_OUTPUTS), {
-            "x": np.ascontiguousarray(frames[None, start:start + shift], dtype=np.float32),
+            "x": np.ascontiguousarray(frames[None, start:start + shift + dropped], dtype=np.float32),
             "offset": np.array([left + position], np.int64), "required_cache_size": np.array([left], np.int64),
             "att_cache": att, "cnn_cache": cnn, "att_mask": mask})
         out.append(log_probs[0])

@@ -1,5 +1,6 @@
 """``model.streaming.onnx`` (:mod:`fastasr.deploy.streaming_export`) stepped by onnxruntime, without
-PyTorch: :class:`OnnxStream` feeds filterbank frames chunk by chunk, as sherpa-onnx's online
+PyTorch: :class:`OnnxStream` feeds training's filterbank frames chunk by chunk (one frame put
+before the stream's first, which the graph drops in place of sherpa-onnx's), as sherpa-onnx's online
 recogniser does, and returns each complete chunk's log-probabilities, and ``finish`` those of the
 frames left as a last, shorter chunk (the PyTorch stream's, ``Recogniser.stream``, with the same
 chunks: ``chunk_size`` and ``left_chunks`` in the metadata)."""
@@ -31,6 +32,9 @@ class OnnxStream:
         self.size = int(chunk_size if chunk_size is not None else meta["chunk_size"])
         self.left = self.size * int(left_chunks if left_chunks is not None else meta["left_chunks"])
         self.factor = int(meta["subsampling_factor"])
+        # the frames the graph drops at each window's start (fastasr.deploy.streaming_export): a
+        # window is a chunk's and as many before it, the stream's first put before its first frame
+        self.dropped = int(meta["right_context"]) - (self.factor - 1)
         self.vocab = int(meta["vocab_size"])
         layers, heads, d = int(meta["num_blocks"]), int(meta["head"]), int(meta["output_size"])
         self.att = np.zeros((layers, heads, self.left, 2 * d // heads), np.float32)
@@ -40,19 +44,21 @@ class OnnxStream:
 
     def accept(self, frames: np.ndarray) -> np.ndarray:
         frames = np.asarray(frames, np.float32)
-        self.pending = frames if self.pending is None else np.concatenate([self.pending, frames])
+        if self.pending is None:
+            self.pending = np.zeros((self.dropped, frames.shape[-1]), np.float32)
+        self.pending = np.concatenate([self.pending, frames])
         shift, out = self.size * self.factor, []
-        while self.pending.shape[0] >= shift:
-            out.append(self._step(self.pending[:shift]))
+        while self.pending.shape[0] >= shift + self.dropped:
+            out.append(self._step(self.pending[:shift + self.dropped]))
             self.pending = self.pending[shift:]
         return np.concatenate(out) if out else np.zeros((0, self.vocab), np.float32)
 
     def finish(self) -> np.ndarray:
         """The log-probabilities of the frames not yet encoded, as a last chunk shorter than the others."""
         rest, self.pending = self.pending, None
-        if rest is None or not rest.shape[0]:
+        if rest is None or rest.shape[0] <= self.dropped:
             return np.zeros((0, self.vocab), np.float32)
-        return self._step(rest, output_frames(rest.shape[0], self.factor))
+        return self._step(rest, output_frames(rest.shape[0] - self.dropped, self.factor))
 
     def _step(self, chunk: np.ndarray, size: int | None = None) -> np.ndarray:
         mask = np.ones((1, 1, self.left + (size or self.size)), bool)
