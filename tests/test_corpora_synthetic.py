@@ -128,13 +128,21 @@ def test_deterministic_and_idempotent(tmp_path, capsys):
     assert (a / "train.jsonl").read_bytes() != (b / "train.jsonl").read_bytes()
 
 
-@pytest.mark.slow  # the built-in corpus's 3,600 sentences synthesised (no noise, no files): minutes
-@pytest.mark.timeout(1500)
-def test_every_utterance_of_the_built_in_corpus_pairs_its_words_and_phonetic_words(tmp_path):
-    """The default corpus (seed 0, 3,000 / 300 / 300): the lexicon built from it skips no utterance
-    for words and phonetic words that do not pair up (what ``make train`` warned about)."""
+#: the slow test below draws every SAMPLE_STRIDE-th utterance of the built-in corpus (seed 0,
+#: 3,000 / 300 / 300): 720 of its 3,600, among them 4 of the 24 whose words espeak-ng speaks as
+#: fewer phonetic words ("my huge", "from the", "with the" twice)
+SAMPLE_STRIDE = 5
+
+
+@pytest.mark.slow  # a fifth of the built-in corpus's sentences synthesised (no noise, no files)
+def test_a_fifth_of_the_built_in_corpus_pairs_its_words_and_phonetic_words(tmp_path):
+    """Every fifth utterance of the default corpus (seed 0, 3,000 / 300 / 300; each drawn as the
+    corpus draws it): the lexicon built from them skips no utterance for words and phonetic words
+    that do not pair up (what ``make train`` warned about), and some of them are ones espeak-ng
+    speaks with a word pair as one phonetic word, so the sample exercises the split."""
     counts = {"train": 3000, "dev": 300, "test": 300}
-    jobs = [speaking.Job(0, split, i, str(tmp_path)) for split in speaking.SPLITS for i in range(counts[split])]
+    jobs = [speaking.Job(0, split, i, str(tmp_path)) for split in speaking.SPLITS
+            for i in range(0, counts[split], SAMPLE_STRIDE)]
     with mp.get_context("spawn").Pool(2, initializer=speaking.worker_init) as pool:
         texts = pool.map(synthetic.utterance_text, jobs, chunksize=16)
     for split in speaking.SPLITS:
@@ -142,4 +150,8 @@ def test_every_utterance_of_the_built_in_corpus_pairs_its_words_and_phonetic_wor
                    for job, (text, phonemes, _) in zip(jobs, texts) if job.split == split]
         write_manifest(tmp_path / f"{split}.jsonl", records)
         _, report = lexicon_from_manifests([tmp_path / f"{split}.jsonl"])
-        assert (report.utterances, report.skipped) == (counts[split], []), split
+        assert (report.utterances, report.skipped) == (len(records), []), split
+    es = Espeak()
+    merged = [text for text, _, voice in texts
+              if len(es.phonemize(text, speaking.espeak_voice_name(voice))) < len(text.split())]
+    assert merged, "no sampled utterance has a word pair spoken as one phonetic word: the sample tests nothing"

@@ -172,18 +172,22 @@ def _run_gpu_bench_quick(tmp_path, *extra):
     return rows
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(960)
-def test_gpu_bench_quick_cpu_smoke(tmp_path):
-    """benchmarks/attention/gpu_table.py plumbing on the CPU: check, time, write csv/md/png (one N, fp32)."""
-    rows = _run_gpu_bench_quick(tmp_path, "--ns", "32", "--dtypes", "float32")
-    assert {r["dtype"] for r in rows} == {"float32"}
+def test_gpu_bench_sweeps_the_lengths_and_dtypes_it_is_given():
+    """gpu_table.py's arguments: ``--quick`` sweeps both quick lengths and both dtypes (what the
+    slow test below runs), ``--ns`` and ``--dtypes`` narrow the sweep to theirs."""
+    from benchmarks.attention import gpu_table
+
+    quick = gpu_table.parse_args(["--quick", "--device", "cpu"])
+    assert (quick.ns, quick.dtypes, quick.tokens, quick.max_repeats) == ([32, 64], ["float32", "bfloat16"], 128, 1)
+    narrowed = gpu_table.parse_args(["--quick", "--device", "cpu", "--ns", "32", "--dtypes", "float32"])
+    assert (narrowed.ns, narrowed.dtypes) == ([32], ["float32"])
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(960)
 def test_gpu_bench_quick_cpu_full(tmp_path):
-    """The whole --quick sweep: both dtypes, both lengths."""
+    """benchmarks/attention/gpu_table.py plumbing on the CPU, the whole --quick sweep: check, time,
+    write csv/md/png for both dtypes and both lengths."""
     rows = _run_gpu_bench_quick(tmp_path)
     assert {r["dtype"] for r in rows} == {"float32", "bfloat16"}
     assert {int(r["n"]) for r in rows} == {32, 64}
