@@ -3,11 +3,12 @@
     python -m benchmarks.pipeline.export --ckpt outputs/runs/default/checkpoints/averaged.ckpt \\
         --manifest data/synthetic/test.jsonl --minutes 10
     python -m benchmarks.pipeline.export --ckpt CKPT --manifest TINY/test.jsonl --minutes 0.3 --out-dir /tmp/b  (smoke)
+    python -m benchmarks.pipeline.export --ckpt CKPT --manifest M --limit 20 --minutes 0.5 --out-dir /tmp/b  (a quick look)
 
 Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
 
 1. ``python -m fastasr.export``'s function writes the folder (fp32 and int8) to ``--work-dir``.
-2. Every utterance of ``--manifest``: filterbanks once (training's, ``fastasr.data.features``),
+2. Every utterance of ``--manifest`` (the first ``--limit``): filterbanks once (training's, ``fastasr.data.features``),
    then the log-probabilities of PyTorch (eager, the checkpoint's model with full attention: the
    exported graph's), onnxruntime fp32 and onnxruntime int8, one utterance a call. Each is
    decoded by the same greedy rules (``fastasr.onnx.onnx_recogniser.OnnxRecogniser.decode``): the
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--manifest", required=True)
+    ap.add_argument("--limit", type=int, default=None, help="the manifest's first N utterances (default: all)")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     runtimes = {"PyTorch eager": torch_run, "onnxruntime fp32": fp32.run, "onnxruntime int8": int8.run}
     inputs_of = {"PyTorch eager": "training", "onnxruntime fp32": "graph", "onnxruntime int8": "graph"}
-    utterances = read_manifest(args.manifest)
+    utterances = read_manifest(args.manifest)[:args.limit]
     base = Path(args.manifest).parent
     waves = [sf.read(str(u.audio_filepath if Path(u.audio_filepath).is_absolute() else base / u.audio_filepath),
                      dtype="float32")[0] for u in utterances]
