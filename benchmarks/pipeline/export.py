@@ -19,7 +19,8 @@ Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
 4. sherpa-onnx (where installed) decodes each utterance of the same fp32 folder with its public
    API and default features (``OfflineRecognizer.from_zipformer_ctc``, only the rate and the
    feature dimension given): how many give the runtime's greedy units (a char model's words, a
-   phoneme model's phonemes) and PyTorch's, and its error rate.
+   phoneme model's phonemes) and PyTorch's, its unit error rate against the runtime's units (how
+   far apart they are), and its error rates against the references.
 5. Speed of the model alone: its wall time (features → log-probabilities; the same filterbanks for
    all three) over the audio's duration, the real-time factor, on ``--threads`` threads for torch,
    onnxruntime and sherpa-onnx alike; the filterbank's own RTF for training's (torchaudio) and the
@@ -177,8 +178,13 @@ def main(argv: list[str] | None = None) -> dict:
         def agree(a: list[list[str]], b: list[list[str]]) -> int:
             return sum(units_of(x) == units_of(y) for x, y in zip(a, b))
 
+        def scored(shown_units: list[str]) -> str:
+            """The units the error rates count, space-separated: a char model's letters."""
+            return " ".join(units_of(shown_units) if phoneme else "".join(shown_units)) or "_"
+
         sherpa_row = {
             "same_as_runtime": agree(shown, as_shown),
+            "unit_er_to_runtime": 100 * jiwer.wer([scored(o) for o in as_shown], [scored(t) for t in shown]),
             "same_as_runtime_on_its_filterbank": agree(shown, same_shown),
             "same_as_pytorch": agree(shown, torch_shown),
             "unit_er": 100 * jiwer.wer([" ".join(r) for r in ref_units], [" ".join(u) or "_" for u in sherpa_units])}
@@ -231,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
                       f"features, one pass each): greedy units identical to the runtime's for {sherpa_row['same_as_runtime']} / "
                       f"{len(utterances)} utterances, to PyTorch's for {sherpa_row['same_as_pytorch']} / {len(utterances)}, "
                       f"to the runtime's computing sherpa-onnx's filterbank (`filterbank=\"sherpa-onnx\"`) for "
-                      f"{sherpa_row['same_as_runtime_on_its_filterbank']} / {len(utterances)}; "
+                      f"{sherpa_row['same_as_runtime_on_its_filterbank']} / {len(utterances)}; {unit} against the "
+                      f"runtime's units {sherpa_row['unit_er_to_runtime']:.2f} %, against the references "
                       f"{unit} {sherpa_row['unit_er']:.2f} %" + (f", WER {sherpa_row['wer']:.2f} %" if "wer" in sherpa_row else "")
                       + "."]
     lines += ["", "End to end (waveform → filterbank → model → greedy words, each runtime with its own filterbank; "
