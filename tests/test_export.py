@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,13 @@ from fastasr.deploy.export import (  # noqa: E402
     full_context_note,
     tokens_txt,
 )
-from fastasr.onnx.onnx_recogniser import OnnxRecogniser, fbank  # noqa: E402
+from fastasr.onnx.filterbank import log_mel  # noqa: E402
+from fastasr.onnx.onnx_recogniser import (  # noqa: E402
+    OnnxRecogniser,
+    fbank,
+    filterbank_options,
+    sherpa_onnx_options,
+)
 from fastasr.recognition.recogniser import RECOGNISER_KEY  # noqa: E402
 
 
@@ -301,7 +308,7 @@ def test_sherpa_onnxs_public_api_gives_the_runtimes_words(tiny_corpus, tmp_path,
 def test_the_runtimes_filterbanks_differ_only_in_sherpa_onnxs_settings(tiny_corpus, tmp_path, recordings):
     """The graph adds the sample scale to any filterbank: fed training's (the runtime's default) it
     gives PyTorch's log-probabilities; the two filterbanks differ by sherpa-onnx's frame positions
-    (one frame more at each end) and mel range alone."""
+    (one frame more at each end, the first of which the graph drops) and mel range alone."""
     recogniser = tiny_recogniser(tiny_corpus, kind="char", utterance_cmvn=True)
     export_recogniser(recogniser, tmp_path / "out", int8=False, check=False)
     training, sherpa = (OnnxRecogniser.load(tmp_path / "out", filterbank=f) for f in ("training", "sherpa-onnx"))
@@ -311,8 +318,8 @@ def test_the_runtimes_filterbanks_differ_only_in_sherpa_onnxs_settings(tiny_corp
         expected = recogniser.model(x[None], torch.tensor([x.shape[0]]))[0][0].numpy()
     got = training.run([training.graph_features(audio)])[0]
     assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-4
-    ours = sherpa.graph_features(audio)
-    assert ours.shape[0] == round(audio.shape[0] / 160) and x.shape[0] == 1 + (audio.shape[0] - 400) // 160
+    ours = sherpa.graph_features(audio)  # less the first frame, which the graph drops
+    assert ours.shape[0] == round(audio.shape[0] / 160) - 1 and x.shape[0] == 1 + (audio.shape[0] - 400) // 160
     # digital silence: every bin at the floor in either filterbank, kept there; a single bin of
     # training's at the floor plus the constant (the runtime's feed at the floor) is not silence
     silence = np.full((1, 60, recogniser.feat_in), LOG_FLOOR, np.float32)
@@ -324,6 +331,38 @@ def test_the_runtimes_filterbanks_differ_only_in_sherpa_onnxs_settings(tiny_corp
         assert np.abs(training.run([graph_input[0]])[0] - expected).max() < 1e-3
     with pytest.raises(ValueError, match="filterbank='kaldi'"):
         OnnxRecogniser.load(tmp_path / "out", filterbank="kaldi")
+
+
+def test_the_graph_drops_sherpa_onnxs_first_frame_to_keep_trainings_grid(tiny_corpus, tmp_path, recordings):
+    """sherpa-onnx centres its frames on the hops: its frame t + 1 lies 2.5 ms after training's
+    frame t, its frame 0 before any. Fed sherpa-onnx's frames as sherpa-onnx feeds them (the whole
+    utterance), the graph gives the model's log-probabilities of those after the first, so the
+    subsampling keeps training's phase; the runtime, which puts a frame before training's for the
+    graph to drop, still gives the model's log-probabilities of training's frames."""
+    recogniser = tiny_recogniser(tiny_corpus, kind="char", utterance_cmvn=True)
+    export_recogniser(recogniser, tmp_path / "out", int8=False, check=False)
+    runtime = OnnxRecogniser.load(tmp_path / "out")
+    meta = runtime.session.get_modelmeta().custom_metadata_map
+    assert runtime.export["dropped_frames"] == 1 == int(meta["dropped_frames"]) == runtime.dropped
+    audio = sf.read(str(recordings[0]), dtype="float32")[0]
+    sherpa = log_mel(audio, sherpa_onnx_options(runtime.features))  # what sherpa-onnx hands the graph
+    log_probs, lengths = runtime.session.run(None, {"x": sherpa[None], "x_lens": np.array([sherpa.shape[0]])})
+    with torch.no_grad():
+        expected = recogniser.model(torch.from_numpy(sherpa[1:] + SAMPLE_SCALE_LOG)[None],
+                                    torch.tensor([sherpa.shape[0] - 1]))[0][0].numpy()
+    got = log_probs[0, :lengths[0]]
+    assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-4
+    x = fbank(audio, runtime.features)
+    with torch.no_grad():
+        expected = recogniser.model(torch.from_numpy(x)[None], torch.tensor([x.shape[0]]))[0][0].numpy()
+    got = runtime.run([runtime.graph_features(audio)])[0]
+    assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-4
+    # the grid: frames centred on the hops (sherpa-onnx's, at training's scale and mel range) less
+    # the first are training's frames 2.5 ms later, one more at most at the end
+    centred = log_mel(audio, replace(filterbank_options(runtime.features), snip_edges=False))
+    n = x.shape[0]
+    assert centred.shape[0] - 1 - n in (0, 1)
+    assert np.abs(centred[1:n + 1] - x).mean() < 0.5 * np.abs(centred[:n] - x).mean()
 
 
 def test_the_sherpa_onnx_shortcut_is_its_public_factory(tiny_corpus, tmp_path):

@@ -3,11 +3,12 @@
     python -m benchmarks.pipeline.export --ckpt outputs/runs/default/checkpoints/averaged.ckpt \\
         --manifest data/synthetic/test.jsonl --minutes 10
     python -m benchmarks.pipeline.export --ckpt CKPT --manifest TINY/test.jsonl --minutes 0.3 --out-dir /tmp/b  (smoke)
+    python -m benchmarks.pipeline.export --ckpt CKPT --manifest M --limit 20 --minutes 0.5 --out-dir /tmp/b  (a quick look)
 
 Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
 
 1. ``python -m fastasr.export``'s function writes the folder (fp32 and int8) to ``--work-dir``.
-2. Every utterance of ``--manifest``: filterbanks once (training's, ``fastasr.data.features``),
+2. Every utterance of ``--manifest`` (the first ``--limit``): filterbanks once (training's, ``fastasr.data.features``),
    then the log-probabilities of PyTorch (eager, the checkpoint's model with full attention: the
    exported graph's), onnxruntime fp32 and onnxruntime int8, one utterance a call. Each is
    decoded by the same greedy rules (``fastasr.onnx.onnx_recogniser.OnnxRecogniser.decode``): the
@@ -18,7 +19,8 @@ Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
 4. sherpa-onnx (where installed) decodes each utterance of the same fp32 folder with its public
    API and default features (``OfflineRecognizer.from_zipformer_ctc``, only the rate and the
    feature dimension given): how many give the runtime's greedy units (a char model's words, a
-   phoneme model's phonemes) and PyTorch's, and its error rate.
+   phoneme model's phonemes) and PyTorch's, its unit error rate against the runtime's units (how
+   far apart they are), and its error rates against the references.
 5. Speed of the model alone: its wall time (features → log-probabilities; the same filterbanks for
    all three) over the audio's duration, the real-time factor, on ``--threads`` threads for torch,
    onnxruntime and sherpa-onnx alike; the filterbank's own RTF for training's (torchaudio) and the
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--manifest", required=True)
+    ap.add_argument("--limit", type=int, default=None, help="the manifest's first N utterances (default: all)")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     runtimes = {"PyTorch eager": torch_run, "onnxruntime fp32": fp32.run, "onnxruntime int8": int8.run}
     inputs_of = {"PyTorch eager": "training", "onnxruntime fp32": "graph", "onnxruntime int8": "graph"}
-    utterances = read_manifest(args.manifest)
+    utterances = read_manifest(args.manifest)[:args.limit]
     base = Path(args.manifest).parent
     waves = [sf.read(str(u.audio_filepath if Path(u.audio_filepath).is_absolute() else base / u.audio_filepath),
                      dtype="float32")[0] for u in utterances]
@@ -175,8 +178,13 @@ def main(argv: list[str] | None = None) -> dict:
         def agree(a: list[list[str]], b: list[list[str]]) -> int:
             return sum(units_of(x) == units_of(y) for x, y in zip(a, b))
 
+        def scored(shown_units: list[str]) -> str:
+            """The units the error rates count, space-separated: a char model's letters."""
+            return " ".join(units_of(shown_units) if phoneme else "".join(shown_units)) or "_"
+
         sherpa_row = {
             "same_as_runtime": agree(shown, as_shown),
+            "unit_er_to_runtime": 100 * jiwer.wer([scored(o) for o in as_shown], [scored(t) for t in shown]),
             "same_as_runtime_on_its_filterbank": agree(shown, same_shown),
             "same_as_pytorch": agree(shown, torch_shown),
             "unit_er": 100 * jiwer.wer([" ".join(r) for r in ref_units], [" ".join(u) or "_" for u in sherpa_units])}
@@ -229,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
                       f"features, one pass each): greedy units identical to the runtime's for {sherpa_row['same_as_runtime']} / "
                       f"{len(utterances)} utterances, to PyTorch's for {sherpa_row['same_as_pytorch']} / {len(utterances)}, "
                       f"to the runtime's computing sherpa-onnx's filterbank (`filterbank=\"sherpa-onnx\"`) for "
-                      f"{sherpa_row['same_as_runtime_on_its_filterbank']} / {len(utterances)}; "
+                      f"{sherpa_row['same_as_runtime_on_its_filterbank']} / {len(utterances)}; {unit} against the "
+                      f"runtime's units {sherpa_row['unit_er_to_runtime']:.2f} %, against the references "
                       f"{unit} {sherpa_row['unit_er']:.2f} %" + (f", WER {sherpa_row['wer']:.2f} %" if "wer" in sherpa_row else "")
                       + "."]
     lines += ["", "End to end (waveform → filterbank → model → greedy words, each runtime with its own filterbank; "

@@ -11,7 +11,14 @@
   sinusoidal and rotary positions are computed in the graph for any length (no table cut at a
   maximum). The input and output names are icefall's CTC export's, so sherpa-onnx's offline CTC
   recogniser loads it by its public ``OfflineRecognizer.from_zipformer_ctc`` with its default
-  features (docs/DEPLOY.md says what they change).
+  features (docs/DEPLOY.md says what they change). ``x``'s frames are on sherpa-onnx's grid too:
+  centred on the hops, the edges mirrored (``snip_edges = false``), where training's first window
+  starts at the first sample. At 25 ms windows and 10 ms hops sherpa-onnx's frame ``t + 1`` lies
+  2.5 ms after training's frame ``t`` and its frame 0 has no counterpart, so the graph drops the
+  first :func:`dropped_frames` frames (``x_lens`` less as many): the subsampling keeps the phase
+  the model trained with (one frame off, every output frame would stand 10 ms from where the model
+  learnt it). A runtime feeding training's frames puts as many before them
+  (:meth:`fastasr.onnx.onnx_recogniser.OnnxRecogniser.run`).
 * ``model.int8.onnx``: the same graph with the weights of its matrix products quantised to int8
   by onnxruntime's dynamic quantisation (activations quantised per call; :data:`INT8_OPS`).
 * ``tokens.txt``: ``symbol id`` per line, sherpa-onnx's unit table (``<blk>`` for the blank, ``▁``
@@ -19,8 +26,8 @@
   is the phonemes separated by spaces).
 * ``recogniser.json``: :meth:`Recogniser.to_dict` (units, features, lexicon; the LM as a path)
   plus ``export``: the attention exported, the input and output names, the scale of the samples
-  the input filterbank is of (``input_samples``), the subsampling factor, the seconds per output
-  frame, the opset and the checkpoint it came from.
+  the input filterbank is of (``input_samples``), the frames the graph drops (``dropped_frames``),
+  the subsampling factor, the seconds per output frame, the opset and the checkpoint it came from.
 * ``lm.arpa``: the word LM the checkpoint carries, when it carries one.
 
 Full attention exports as it is (its key-mask path, one graph for every length). The fast
@@ -55,7 +62,8 @@ from fastasr.recognition.recogniser import Recogniser
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExportResult", "OnnxCTC", "export_recogniser", "exported_attention", "INPUT_NAMES", "OUTPUT_NAMES"]
+__all__ = ["ExportResult", "OnnxCTC", "dropped_frames", "export_recogniser", "exported_attention", "INPUT_NAMES",
+           "OUTPUT_NAMES"]
 
 #: The graph's inputs and outputs (icefall's CTC export's names, which sherpa-onnx reads by position).
 INPUT_NAMES = ("x", "x_lens")
@@ -88,19 +96,32 @@ SAMPLE_SCALE_LOG = 2.0 * math.log(32768.0)
 LOG_FLOOR = math.log(float(torch.finfo(torch.float32).eps))
 
 
+def dropped_frames(features: Any) -> int:
+    """Frames a graph drops at the start of its input (module docstring): how many hops
+    sherpa-onnx's first frame centre lies before training's, rounded (1 at 25 ms windows and 10 ms
+    hops). ``features``: anything with ``frame_length_ms`` and ``frame_shift_ms``."""
+    return max(0, round((features.frame_length_ms - features.frame_shift_ms) / (2 * features.frame_shift_ms)))
+
+
 class OnnxCTC(nn.Module):
     """The exported computation: ``(x (N, T, F), x_lens (N,))`` → ``(log_probs (N, T', V), log_probs_len (N,))``,
-    lengths as int64. ``x``: log-mel filterbanks of samples in [-1, 1] (:data:`INPUT_SAMPLES`); the
-    graph adds :data:`SAMPLE_SCALE_LOG` to make them training's, except to a frame whose every bin
-    is at the floor (:data:`LOG_FLOOR`: digital silence, which training's filterbank floors too).
-    A frame, not a bin: training's filterbank less the constant (what the runtime feeds) may put
-    a single bin near the floor, never a whole frame."""
+    lengths as int64. ``x``: log-mel filterbanks of samples in [-1, 1] (:data:`INPUT_SAMPLES`) on
+    sherpa-onnx's frame grid; the graph drops each utterance's first ``dropped`` frames (its length
+    less as many, at least one frame left; ``T`` kept by padding at the end) and adds
+    :data:`SAMPLE_SCALE_LOG` to make them training's, except to a frame whose every bin is at the
+    floor (:data:`LOG_FLOOR`: digital silence, which training's filterbank floors too). A frame,
+    not a bin: training's filterbank less the constant (what the runtime feeds) may put a single
+    bin near the floor, never a whole frame."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, dropped: int = 0) -> None:
         super().__init__()
         self.model = model
+        self.dropped = dropped
 
     def forward(self, x: torch.Tensor, x_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.dropped:
+            x = nn.functional.pad(x[:, self.dropped:], (0, 0, 0, self.dropped))
+            x_lens = (x_lens - self.dropped).clamp_min(1)
         silent = (x - LOG_FLOOR).abs().amax(dim=-1, keepdim=True) < 1e-4
         log_probs, lengths = self.model(torch.where(silent, x, x + SAMPLE_SCALE_LOG), x_lens)
         return log_probs, lengths.to(torch.int64)
@@ -267,7 +288,8 @@ def _export(recogniser: Recogniser, out: str | os.PathLike, source: str, int8: b
     model = recogniser.model
     model.set_attention(attention)
     model.eval()
-    wrapper = OnnxCTC(model).eval()
+    dropped = dropped_frames(recogniser.features)
+    wrapper = OnnxCTC(model, dropped).eval()
     example = _example(recogniser, CHECK_LENGTHS[0])
     onnx_path = out / "model.onnx"
     # TorchScript tracing (dynamo=False): the shape checks of the attention run on the example
@@ -275,13 +297,15 @@ def _export(recogniser: Recogniser, out: str | os.PathLike, source: str, int8: b
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
+        # the dropped frames' slice ends at the dynamic length, which the exporter says it cannot fold
+        warnings.filterwarnings("ignore", message="Constant folding - Only steps=1")
         torch.onnx.export(
             wrapper, example, str(onnx_path), input_names=list(INPUT_NAMES), output_names=list(OUTPUT_NAMES),
             dynamic_axes={"x": {0: "N", 1: "T"}, "x_lens": {0: "N"}, "log_probs": {0: "N", 1: "T_out"},
                           "log_probs_len": {0: "N"}},
             opset_version=OPSET, dynamo=False,
         )
-    _add_metadata(onnx_path, recogniser, attention)
+    _add_metadata(onnx_path, recogniser, attention, dropped)
     files = ["model.onnx"]
     if int8:
         from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -310,7 +334,7 @@ def _export(recogniser: Recogniser, out: str | os.PathLike, source: str, int8: b
     state["export"] = {
         "attention": attention, "trained_attention": trained, "swapped": swapped,
         "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES), "input_samples": INPUT_SAMPLES,
-        "opset": OPSET,
+        "dropped_frames": dropped, "opset": OPSET,
         "subsampling": recogniser.subsampling, "frame_seconds": recogniser.frame_seconds,
         "source": source, "int8": int8,
     }
@@ -325,7 +349,7 @@ def _export(recogniser: Recogniser, out: str | os.PathLike, source: str, int8: b
     return result
 
 
-def _add_metadata(path: Path, recogniser: Recogniser, attention: str) -> None:
+def _add_metadata(path: Path, recogniser: Recogniser, attention: str, dropped: int) -> None:
     """The model's metadata (``onnx`` ``metadata_props``): what a runtime needs besides the
     graph, for tools that read only the ONNX file (sherpa-onnx prints them with ``debug``)."""
     import onnx
@@ -337,7 +361,7 @@ def _add_metadata(path: Path, recogniser: Recogniser, attention: str) -> None:
         "vocab_size": recogniser.vocab_size, "subsampling_factor": recogniser.subsampling,
         "sample_rate": features.sample_rate, "feature_dim": features.num_mel_bins,
         "frame_length_ms": features.frame_length_ms, "frame_shift_ms": features.frame_shift_ms,
-        "input_samples": INPUT_SAMPLES, "units": recogniser.tokenizer.kind,
+        "input_samples": INPUT_SAMPLES, "dropped_frames": dropped, "units": recogniser.tokenizer.kind,
     }
     for key, value in meta.items():
         entry = model.metadata_props.add()

@@ -38,7 +38,8 @@ Frames: sherpa-onnx's filterbank centres its frames on the hops with the edges m
 (``snip_edges = false``), training's starts its first window at the first sample: at 25 ms windows
 and 10 ms hops sherpa-onnx's frame ``t + 1`` lies 2.5 ms after training's frame ``t``, and its
 frame 0 has no counterpart. The graph drops the first ``dropped`` frames of each window
-(``round((window - hop) / (2 × hop))``, 1 at 25/10 ms): the stream's first frame, and after it
+(:func:`fastasr.deploy.export.dropped_frames`, 1 at 25/10 ms, as the offline graph drops its
+input's first): the stream's first frame, and after it
 the frame before each chunk, which sherpa-onnx's window holds because ``right_context`` says so.
 The chunks then cover the frames of the PyTorch stream's chunks and the subsampling keeps its
 phase (one frame off, every output frame would stand 10 ms from where the model learnt it).
@@ -75,7 +76,7 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
-from fastasr.deploy.export import OPSET, exported_attention, tokens_txt
+from fastasr.deploy.export import OPSET, dropped_frames, exported_attention, tokens_txt
 from fastasr.model.chunking import ChunkContext
 from fastasr.model.positional import SinusoidalPositionalEncoding, _frequencies
 from fastasr.recognition.recogniser import Recogniser
@@ -246,12 +247,6 @@ def streaming_chunk(recogniser: Recogniser, chunk: float = 0.64, left: float | s
         raise ValueError("streaming export: left=all; the streaming graph's cache holds a bounded left context "
                          "(left=SECONDS or auto)")
     return context
-
-
-def dropped_frames(features: Any) -> int:
-    """Frames the graph drops at the start of each window (module docstring): how many hops
-    sherpa-onnx's first frame centre lies before training's, rounded."""
-    return max(0, round((features.frame_length_ms - features.frame_shift_ms) / (2 * features.frame_shift_ms)))
 
 
 def step_mask(position: int, left_frames: int, size: int) -> torch.Tensor:

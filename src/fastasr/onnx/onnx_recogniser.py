@@ -196,28 +196,41 @@ class OnnxRecogniser:
                    int(export["subsampling"]), float(export["frame_seconds"]), lexicon, export, filterbank)
 
     # ------------------------------------------------------------------ the model
+    @property
+    def dropped(self) -> int:
+        """Frames the graph drops at the start of its input (``recogniser.json``'s
+        ``export.dropped_frames``: sherpa-onnx's first, :func:`fastasr.deploy.export.dropped_frames`;
+        none in older exports)."""
+        return int(self.export.get("dropped_frames", 0))
+
     def graph_features(self, waveform: np.ndarray) -> np.ndarray:
-        """The graph's input for a waveform in [-1, 1], by :attr:`filterbank` (:data:`FILTERBANKS`),
-        at the sample scale the graph reads (``recogniser.json``'s ``export.input_samples``: [-1, 1];
-        older exports read int16-scaled samples' filterbank)."""
+        """The frames the graph's model reads for a waveform in [-1, 1], by :attr:`filterbank`
+        (:data:`FILTERBANKS`), at the sample scale the graph reads (``recogniser.json``'s
+        ``export.input_samples``: [-1, 1]; older exports read int16-scaled samples' filterbank):
+        training's frames, or sherpa-onnx's less the :attr:`dropped` first ones, which the graph
+        drops (:meth:`run` puts as many back before each input)."""
         scaled = self.export.get("input_samples") != "[-1, 1]"
         if self.filterbank == "sherpa-onnx":
             options = replace(sherpa_onnx_options(self.features), scale=INT16_SCALE if scaled else 1.0)
             samples = np.asarray(waveform, dtype=np.float32).reshape(-1)
             if samples.shape[0] < (options.shift + 1) // 2:  # no frame: one, as for training's
                 samples = np.pad(samples, (0, options.shift - samples.shape[0]))
-            return log_mel(samples, options)
+            frames = log_mel(samples, options)
+            return frames[min(self.dropped, frames.shape[0] - 1):]  # the graph keeps one at least
         features = fbank(waveform, self.features)
         if not scaled:
             features -= SAMPLE_SCALE_LOG
         return features
 
     def run(self, features: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """``(T'_i, V)`` log-probabilities of a batch of ``(frames_i, bins)`` filterbanks."""
-        lengths = np.array([f.shape[0] for f in features], dtype=np.int64)
+        """``(T'_i, V)`` log-probabilities of a batch of ``(frames_i, bins)`` filterbanks
+        (:meth:`graph_features`): each goes to the graph with :attr:`dropped` zero frames before
+        it, in place of those of sherpa-onnx's that the graph drops."""
+        d = self.dropped
+        lengths = np.array([f.shape[0] + d for f in features], dtype=np.int64)
         padded = np.zeros((len(features), int(lengths.max()), features[0].shape[1]), np.float32)
         for i, f in enumerate(features):
-            padded[i, :f.shape[0]] = f
+            padded[i, d:d + f.shape[0]] = f
         log_probs, out_lengths = self.session.run(None, {"x": padded, "x_lens": lengths})
         return [log_probs[i, :n] for i, n in enumerate(out_lengths.tolist())]
 

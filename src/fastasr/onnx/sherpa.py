@@ -2,7 +2,8 @@
 its public API alone.
 
 The graph has the inputs and outputs of icefall's CTC export and reads sherpa-onnx's default
-filterbank's scale (samples in [-1, 1]: :data:`fastasr.deploy.export.INPUT_SAMPLES`), so
+filterbank's scale (samples in [-1, 1]: :data:`fastasr.deploy.export.INPUT_SAMPLES`) and frame
+grid (it drops the first frame, centred before training's first: :class:`fastasr.deploy.export.OnnxCTC`), so
 ``sherpa_onnx.OfflineRecognizer.from_zipformer_ctc`` loads it with only the sample rate and the
 feature dimension given, as it loads icefall's models. :func:`sherpa_recognizer` reads those two
 from ``recogniser.json``; a user without fastasr writes the same call (docs/DEPLOY.md).
