@@ -1198,81 +1198,12 @@ def test_half_precision_reaches_the_triton_dots(monkeypatch):
 
 
 # ------------------------------------------------------------------ launches and synchronisation
-#: aten ops that read a device value back to the host (a synchronisation on a GPU).
-_SYNCING_OPS = {
-    "aten::_local_scalar_dense",  # .item(), .tolist(), bool(t), int(t)
-    "aten::nonzero", "aten::nonzero_static", "aten::masked_select", "aten::_unique2",
-    "aten::unique_dim", "aten::unique_consecutive", "aten::is_nonzero", "aten::equal",
-}
-#: aten ops that launch no kernel (views, metadata, the profiler's markers).
-_NO_KERNEL_OPS = {
-    "aten::view", "aten::_unsafe_view", "aten::unsqueeze", "aten::squeeze", "aten::expand",
-    "aten::transpose", "aten::t", "aten::permute", "aten::slice", "aten::select", "aten::detach",
-    "aten::alias", "aten::as_strided", "aten::empty", "aten::empty_strided", "aten::new_empty",
-    "aten::new_empty_strided", "aten::promote_types", "aten::result_type", "aten::split",
-    "aten::unbind", "aten::narrow", "aten::reshape", "aten::split_with_sizes",
-    "profiler::_record_function_enter_new", "profiler::_record_function_exit",
-}
+def _probe():
+    """``benchmarks.gpu.launches.LaunchProbe`` with the CPU standing in for the device: a read
+    of any tensor is a synchronisation."""
+    from benchmarks.gpu.launches import LaunchProbe
 
-
-#: aten ops that copy a tensor (a layout change or a cast).
-_COPY_OPS = {"aten::copy_", "aten::clone", "aten::_to_copy", "aten::contiguous"}
-
-
-class _LaunchProbe:
-    """Counts, over one attention call, the Triton kernel launches (by kernel), the aten ops
-    that launch a kernel on a GPU (the interpreter's own bookkeeping excluded), and every op
-    that would synchronise with the host; records each copy's op and shape."""
-
-    def __init__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        self.triton: dict[str, int] = {}
-        self.torch_kernels: dict[str, int] = {}
-        self.syncs: list[str] = []
-        self.copies: list[tuple[str, tuple[int, ...]]] = []
-        self._in_triton = False
-        probe = self
-
-        class _Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                name = func._schema.name
-                if not probe._in_triton:
-                    bool_index = name == "aten::index" and any(
-                        t is not None and t.dtype == torch.bool for t in args[1])
-                    if name in _SYNCING_OPS or bool_index:
-                        probe.syncs.append(name)
-                    elif name not in _NO_KERNEL_OPS:
-                        probe.torch_kernels[name] = probe.torch_kernels.get(name, 0) + 1
-                    if name in _COPY_OPS:
-                        probe.copies.append((name, tuple(args[0].shape)))
-                return func(*args, **(kwargs or {}))
-
-        self._mode = _Mode()
-
-    def __enter__(self):
-        from triton.runtime.interpreter import InterpretedFunction
-
-        self._run = InterpretedFunction.run
-        probe, run = self, self._run
-
-        def counted(fn, *args, **kwargs):
-            probe.triton[fn.__name__] = probe.triton.get(fn.__name__, 0) + 1
-            probe._in_triton = True
-            try:
-                return run(fn, *args, **kwargs)
-            finally:
-                probe._in_triton = False
-
-        InterpretedFunction.run = counted
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        from triton.runtime.interpreter import InterpretedFunction
-
-        self._mode.__exit__(*exc)
-        InterpretedFunction.run = self._run
+    return LaunchProbe(stand_in=True)
 
 
 # Triton launches of one forward + backward on a padded batch with few sequences (one K-means
@@ -1281,18 +1212,24 @@ class _LaunchProbe:
 _LAUNCHES = {
     # the centroids' sums of their queries and the broadcast of their values, each one launch
     # forward and one backward (the other's kernel)
-    "clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 26),
+    "clustered-10": ({"triton_hashing._hash_kernel": 1, "triton_kmeans._lloyd_kernel": 1,
+                      "triton_broadcast._broadcast_kernel": 2, "triton_broadcast._cluster_sum_kernel": 2}, 26),
     # with ops.SPLIT_KEY_VALUES_FROM reached: the centroid values in two launches forward, one backward
-    "clustered-10 split-key values": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
-                                       "_centroid_combine_kernel": 1, "_centroid_bwd_kernel": 1,
-                                       "_broadcast_kernel": 2, "_cluster_sum_kernel": 2}, 10),
+    "clustered-10 split-key values": ({"triton_hashing._hash_kernel": 1, "triton_kmeans._lloyd_kernel": 1,
+                                       "triton_centroid._centroid_fwd_kernel": 1,
+                                       "triton_centroid._centroid_combine_kernel": 1,
+                                       "triton_centroid._centroid_bwd_kernel": 1,
+                                       "triton_broadcast._broadcast_kernel": 2,
+                                       "triton_broadcast._cluster_sum_kernel": 2}, 10),
     # the centroid attention in three launches forward, one backward; the centroids' sums as
     # clustered's; two block tables: in float32 the sparse backward takes half the forward's rows
     # a block (_sparse_blocks); half precision shares one table
-    "i-clustered-10": ({"_hash_kernel": 1, "_lloyd_kernel": 1, "_centroid_fwd_kernel": 1,
-                        "_centroid_combine_kernel": 1, "_topk_kernel": 1, "_block_table_kernel": 2,
-                        "_sparse_fwd_kernel": 1, "_sparse_bwd_kernel": 1, "_centroid_bwd_kernel": 1,
-                        "_cluster_sum_kernel": 1, "_broadcast_kernel": 1}, 15),
+    "i-clustered-10": ({"triton_hashing._hash_kernel": 1, "triton_kmeans._lloyd_kernel": 1,
+                        "triton_centroid._centroid_fwd_kernel": 1, "triton_centroid._centroid_combine_kernel": 1,
+                        "triton_topk._topk_kernel": 1, "cluster_order._block_table_kernel": 2,
+                        "triton_clustered._sparse_fwd_kernel": 1, "triton_clustered._sparse_bwd_kernel": 1,
+                        "triton_centroid._centroid_bwd_kernel": 1, "triton_broadcast._cluster_sum_kernel": 1,
+                        "triton_broadcast._broadcast_kernel": 1}, 15),
 }
 
 
@@ -1321,13 +1258,13 @@ def test_attention_launch_counts_and_no_host_synchronisation(spec, monkeypatch):
     g = _gen(40)
     q, k, v = (torch.randn(2, 3, 45, 16, generator=g).to(DEVICE).requires_grad_() for _ in range(3))
     lengths = check_lengths(torch.tensor([45, 29]).to(DEVICE), 2, 45)
-    with _LaunchProbe() as probe:
+    with _probe() as probe:
         out = attn._forward(q, k, v, lengths)
         out.square().sum().backward()
     want_triton, torch_ceiling = _LAUNCHES[spec]
     assert probe.syncs == []
     assert probe.triton == want_triton
-    assert sum(probe.torch_kernels.values()) <= torch_ceiling, sorted(probe.torch_kernels.items())
+    assert sum(probe.aten.values()) <= torch_ceiling, sorted(probe.aten.items())
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
@@ -1397,7 +1334,7 @@ def test_attention_copies_no_rows_of_the_model_layout(spec, monkeypatch):
         q, k, v = (x.view(B, N, H, E).transpose(1, 2) for x in leaves)
         if layout == "contiguous":
             q, k, v = (x.contiguous() for x in (q, k, v))
-        with _LaunchProbe() as probe:
+        with _probe() as probe:
             out = attn(q, k, v, lengths)
             merged = out.transpose(1, 2).reshape(B, N, H * E)
             (merged * grad).sum().backward()
@@ -1432,7 +1369,7 @@ def test_clustered_centroid_values_take_the_split_key_kernels_from_a_length(monk
 def test_launch_probe_sees_a_synchronisation():
     """The probe itself: ``.item()`` and boolean-mask indexing are caught."""
     x = torch.arange(5.0)
-    with _LaunchProbe() as probe:
+    with _probe() as probe:
         float(x.sum())
         x[x > 2].sum()
     assert probe.syncs == ["aten::_local_scalar_dense", "aten::index"]
@@ -1446,8 +1383,9 @@ def test_kmeans_is_one_launch_when_the_sequences_fill_the_gpu():
     assert tk.spans_per_sequence(tk.ONE_LAUNCH_FROM, 65536) == 1
     assert tk.spans_per_sequence(6, 65536) == -(-tk.FILL_PROGRAMS // 6)  # enough to fill it
     assert tk.spans_per_sequence(6, 1000) == 2  # spans of at least MIN_SPAN
-    for spans, want in ((1, {"_lloyd_kernel": 1}), (2, {"_lloyd_kernel": 5, "_update_kernel": 4})):
-        with _LaunchProbe() as probe:
+    for spans, want in ((1, {"triton_kmeans._lloyd_kernel": 1}),
+                        (2, {"triton_kmeans._lloyd_kernel": 5, "triton_kmeans._update_kernel": 4})):
+        with _probe() as probe:
             tk.hamming_kmeans(codes, None, 4, 4, spans=spans)
         assert probe.triton == want and probe.syncs == []
 

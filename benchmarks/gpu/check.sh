@@ -25,7 +25,8 @@
 #   5. attention/gpu_table.py, short: the kernels checked at bench sizes, then a timed sweep (bf16);
 #      attention/full_paths.py: each exact path of padded full attention, and the one fastasr takes;
 #      step/layer_norm_gpu.py: the model's layer norm by torch and by the Triton kernels (each backward
-#      launch shape), and the host's time a call;
+#      launch shape), and the host's time a call; gpu/launches.py: the aten and Triton launches and
+#      host syncs of one encoder layer's training step, each attention, counted (training's batch);
 #   6. the largest kernels of an i-clustered-100, a clustered-100 and the floor step; attention/clustering_gpu.py: no host synchronisation
 #      in the clustered variants, K-means and each call timed, and clustered's with its centroid
 #      values by the split-key kernels at every N (benchmarks/bench_io.py KERNEL_SWITCHES); then
@@ -182,6 +183,7 @@ if [ "$KERNEL_STEPS" != 0 ]; then
     --dtypes bfloat16 --ns 1024 4096 16384 65536
   step "attention/full_paths.py (full attention's exact paths)" 90 "$PY" -m benchmarks.attention.full_paths
   step "step/layer_norm_gpu.py (the layer norm's kernels and host time)" 40 "$PY" -m benchmarks.step.layer_norm_gpu
+  step "gpu/launches.py (launches and host syncs a layer, counted)" 45 "$PY" -m benchmarks.gpu.launches --batch 80
   step "step/gpu.py --profile (i-clustered-100, clustered-100, floor)" 50 "$PY" -m benchmarks.step.gpu --lengths 800 \
     --profile i-clustered-100 clustered-100 floor
   step "attention/clustering_gpu.py (no host sync, K-means, each call)" 270 "$PY" -m benchmarks.attention.clustering_gpu --topk-tiles 4:8 1:1 --kmeans-stages 1 --tiles 32:4:128 64:4:168 --sparse-tiles 16:4 16:2 32:4 64:8 --centroid-bwd-tiles 64:8 32:4 32:8
@@ -254,7 +256,7 @@ fi
     sed -n '/^## What changes/,/^## Every candidate/p' "$RESULTS/gpu_decisions_$SLUG.md" | sed '1,2d;$d'
     echo
   fi
-  echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the layer norm: \`layer_norm_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the clustering step: \`clustering_$SLUG.md\`; the whole log: outputs/gpu_check.log."
+  echo "Tables: gpu_bench: \`gpu_$SLUG.md\`; full attention's paths: \`full_paths_$SLUG.md\`; the layer norm: \`layer_norm_$SLUG.md\`; launches and host syncs a layer: \`launches_$SLUG.md\`; the model step: \`gpu_step_$SLUG.md\`, its profile \`gpu_step_profile_$SLUG.txt\`; the clustering step: \`clustering_$SLUG.md\`; the whole log: outputs/gpu_check.log."
 } > "$SUMMARY"
 cat "$SUMMARY"
 save_out
