@@ -114,7 +114,7 @@ data-long: $(LONG_CORPUS)  ## synthesise the long-utterance corpus (10-40 s, 600
 .PHONY: base-model
 SRC ?=
 
-base-model: $(KERNELS)  ## the base model to fine-tune from: Mini LibriSpeech (SRC=path/to/train-clean-5), 12,000 updates, resumable (docs/RECIPES.md)
+base-model: $(KERNELS)  ## the base model to fine-tune from: Mini LibriSpeech (SRC=path/to/train-clean-5), 6,000 updates, resumable (docs/RECIPES.md)
 	@test -n "$(SRC)" || { echo "error: make base-model needs SRC=<LibriSpeech train-clean-5 directory> (docs/DATA.md: Mini LibriSpeech)" >&2; exit 2; }
 	$(BIN)/fastasr-corpus mini-librispeech $(SRC) data/mini_librispeech
 	$(PY) train.py data=manifest experiment=base_model $(ARGS)
