@@ -46,6 +46,7 @@ def test_every_attention_of_the_registry_is_a_row():
     assert names == set(available())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1500)  # the child's interpreted kernels (a minute or two on 2 idle cores)
 def test_no_host_synchronisation_in_any_layers_training_step(counted):
     """The step training runs, for every attention: forward and backward read nothing back from
@@ -56,6 +57,7 @@ def test_no_host_synchronisation_in_any_layers_training_step(counted):
             assert all("(check_lengths)" in where for _, where in row[phase]["cpu_only"]), (name, row[phase])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_counts_are_sane(counted):
     layers = counted["layers"]
