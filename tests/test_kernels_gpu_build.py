@@ -442,7 +442,7 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert 13 <= deadline - started <= 16
     assert "| Triton compile check (sm_90) | ok |" in summary
     assert "| tests compiled on CUDA | skipped: the 41 s budget is spent | 0 |" in summary
-    assert summary.count("skipped: the 41 s budget is spent") == 8 and "budget 41 s" in summary
+    assert summary.count("skipped: the 41 s budget is spent") == 9 and "budget 41 s" in summary
     assert "| FSDD speaker-disjoint | skipped: no data/fsdd_src/recordings" in summary
     calls = "\n".join(calls)
     assert "compile-check --jobs" in calls and "pytest" not in calls and "clustering_gpu" not in calls
@@ -452,7 +452,8 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert " -n " in pytest_call and "tests/test_kernels_triton.py" in pytest_call
     assert [c.split()[1] for c in calls if c.startswith("-m benchmarks.")] == [
         "benchmarks.step.gpu", "benchmarks.attention.gpu_table", "benchmarks.attention.full_paths",
-        "benchmarks.step.layer_norm_gpu", "benchmarks.step.gpu", "benchmarks.attention.clustering_gpu",
+        "benchmarks.step.layer_norm_gpu", "benchmarks.gpu.launches", "benchmarks.step.gpu",
+        "benchmarks.attention.clustering_gpu",
         "benchmarks.gpu.decisions"]
     assert any(c.startswith("-m pytest") and "-m cuda tests/" in c for c in calls)
     # FSDD carried: its step alone (no kernel steps) builds the speaker-disjoint split and trains
