@@ -52,14 +52,15 @@ def save_checkpoint(rec: Recogniser, path, seed: int = 0):
 TINY = {"d_model": 32, "heads": 2, "ff_dim": 64, "layers": 2, "subsampling": 4, "conv_kernel": 5}
 
 
-def tiny_recogniser(corpus: Path, kind: str = "phoneme", attention: str = "full", seed: int = 0, **model) -> Recogniser:
+def tiny_recogniser(corpus: Path, kind: str = "phoneme", attention: str = "full", seed: int = 0,
+                    features: FeatureConfig | None = None, **model) -> Recogniser:
     """An untrained model (random weights, a CMVN near the corpus's filterbanks) with the units,
     lexicon and LM of ``corpus``: its argmax path is arbitrary but fixed, which is all a
-    comparison of two runtimes needs."""
+    comparison of two runtimes needs. ``features``: 40 Kaldi filterbanks unless given."""
     utterances = read_manifest(corpus / "train.jsonl")
     tokenizer = Tokenizer.build(utterances, kind)
     recogniser = Recogniser.from_model_config({**TINY, **model, "attention": attention}, tokenizer,
-                                              FeatureConfig(num_mel_bins=40))
+                                              features or FeatureConfig(num_mel_bins=40))
     recogniser = with_decoding_data(recogniser, corpus / "train.jsonl", lm_dir=corpus)
     torch.manual_seed(seed)
     network = recogniser.build_model().eval()

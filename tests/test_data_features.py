@@ -23,15 +23,27 @@ def tone(n, rate=16000, seed=0):
 
 
 def kaldi_fbank_algorithm(wav: np.ndarray, rate: int, bins: int, frame_ms: float = 25.0,
-                          shift_ms: float = 10.0, low_hz: float = 20.0, preemph: float = 0.97) -> np.ndarray:
+                          shift_ms: float = 10.0, low_hz: float = 20.0, preemph: float = 0.97,
+                          snip_edges: bool = True, high_hz: float = 0.0) -> np.ndarray:
     """Kaldi's ``compute-fbank-feats`` written out in float64 numpy, independently of torchaudio:
-    int16-scaled samples, snip_edges framing, per-frame DC removal, pre-emphasis (first sample
+    int16-scaled samples, snip_edges framing (or, ``snip_edges`` False, ``round(n / shift)``
+    frames, frame ``i`` from sample ``i * shift + shift / 2 - win / 2``, indices outside the
+    samples mirrored: -1 reads 0, n reads n - 1), per-frame DC removal, pre-emphasis (first sample
     against itself), Povey window (Hann^0.85), power spectrum of the FFT padded to a power of
-    two, triangular mel filters (mel = 1127 ln(1 + f/700)) from ``low_hz`` to Nyquist, natural
-    log floored at float32 epsilon. Returns ``(frames, bins)``."""
+    two, triangular mel filters (mel = 1127 ln(1 + f/700)) from ``low_hz`` to ``high_hz`` (<= 0:
+    that far below Nyquist), natural log floored at float32 epsilon. Returns ``(frames, bins)``."""
     x = wav.astype(np.float64) * 32768.0
     win, shift = int(rate * frame_ms / 1000), int(rate * shift_ms / 1000)
-    frames = np.stack([x[i * shift: i * shift + win] for i in range(1 + (len(x) - win) // shift)])
+    if snip_edges:
+        frames = np.stack([x[i * shift: i * shift + win] for i in range(1 + (len(x) - win) // shift)])
+    else:
+        n = len(x)
+
+        def at(j):
+            return x[-j - 1] if j < 0 else x[2 * n - 1 - j] if j >= n else x[j]
+
+        starts = [i * shift + shift // 2 - win // 2 for i in range((n + shift // 2) // shift)]
+        frames = np.array([[at(j) for j in range(s, s + win)] for s in starts])
     frames = frames - frames.mean(1, keepdims=True)
     frames = np.concatenate([frames[:, :1] * (1 - preemph), frames[:, 1:] - preemph * frames[:, :-1]], 1)
     window = (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(win) / (win - 1))) ** 0.85
@@ -41,7 +53,8 @@ def kaldi_fbank_algorithm(wav: np.ndarray, rate: int, bins: int, frame_ms: float
     def mel(f):
         return 1127.0 * np.log(1.0 + np.asarray(f) / 700.0)
 
-    edges = mel(low_hz) + (mel(rate / 2) - mel(low_hz)) * np.arange(bins + 2) / (bins + 1)
+    top = high_hz if high_hz > 0 else rate / 2 + high_hz
+    edges = mel(low_hz) + (mel(top) - mel(low_hz)) * np.arange(bins + 2) / (bins + 1)
     fft_mel = mel(np.arange(n_fft // 2) * rate / n_fft)
     left, center, right = edges[:-2, None], edges[1:-1, None], edges[2:, None]
     filters = np.maximum(0.0, np.minimum((fft_mel - left) / (center - left), (right - fft_mel) / (right - center)))
@@ -57,6 +70,37 @@ def test_fbank_matches_kaldis_algorithm(bins, rate):
     reference = kaldi_fbank_algorithm(wav.numpy(), rate, bins)
     assert feats.shape == reference.shape
     np.testing.assert_allclose(feats.numpy(), reference, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("rate", [16000, 8000])
+def test_centred_frames_and_a_lower_top_match_kaldis_algorithm(rate):
+    """``snip_edges`` False and ``high_freq`` -400 (sherpa-onnx's filterbank): Kaldi's frames centred
+    on the hops with mirrored edges, the mel bins up to 400 Hz below Nyquist, and their count."""
+    wav = tone(rate + 123, rate=rate)
+    config = FeatureConfig(num_mel_bins=40, sample_rate=rate, snip_edges=False, high_freq=-400.0)
+    feats = Fbank(config)(wav)
+    reference = kaldi_fbank_algorithm(wav.numpy(), rate, 40, snip_edges=False, high_hz=-400.0)
+    assert feats.shape == reference.shape == (config.num_frames(wav.shape[0]), 40)
+    np.testing.assert_allclose(feats.numpy(), reference, rtol=1e-4, atol=1e-3)
+    assert not np.allclose(feats.numpy()[1:-1], kaldi_fbank_algorithm(wav.numpy(), rate, 40)[:feats.shape[0] - 2],
+                           atol=1e-1)
+
+
+def test_cache_keys_name_the_new_settings_only_where_they_differ_from_kaldis(tmp_path):
+    """``FeatureConfig.key``: caches of features and CMVN statistics computed on Kaldi's defaults
+    keep the keys they had before ``snip_edges`` and ``high_freq`` existed; either setting changed
+    gives another key."""
+    kaldi_defaults = FeatureConfig(num_mel_bins=40)
+    assert kaldi_defaults.key() == {"sample_rate": 16000, "num_mel_bins": 40, "frame_length_ms": 25.0,
+                                    "frame_shift_ms": 10.0, "channels": None}
+    centred = FeatureConfig(num_mel_bins=40, snip_edges=False)
+    lower = FeatureConfig(num_mel_bins=40, high_freq=-400.0)
+    assert centred.key()["snip_edges"] is False and "high_freq" not in centred.key()
+    assert lower.key()["high_freq"] == -400.0 and "snip_edges" not in lower.key()
+    manifest = tmp_path / "train.jsonl"
+    manifest.write_text("{}\n")
+    paths = {cmvn_cache_path(manifest, c) for c in (kaldi_defaults, centred, lower)}
+    assert len(paths) == 3
 
 
 @pytest.mark.parametrize("bins", [40, 80])

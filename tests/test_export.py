@@ -305,6 +305,42 @@ def test_sherpa_onnxs_public_api_gives_the_runtimes_words(tiny_corpus, tmp_path,
         assert shown and stream.result.text.split() == shown, path.name
 
 
+@pytest.mark.parametrize("kind, model", [("char", {"utterance_cmvn": True}), ("phoneme", {"utterance_cmvn": False})])
+def test_trained_on_sherpa_onnxs_filterbank_sherpa_onnx_gives_the_runtimes_words(tiny_corpus, tmp_path, recordings,
+                                                                                kind, model):
+    """A model whose features are sherpa-onnx's default filterbank (``snip_edges`` false,
+    ``high_freq`` -400) exports without dropping a frame, says no difference, and sherpa-onnx's public
+    ``from_zipformer_ctc`` with only the rate and feature dimension gives the words of fastasr's
+    runtime as it runs by default (training's filterbank, computed by fastasr), none empty. A model
+    on Kaldi's defaults records both differences."""
+    sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
+    features = FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0)
+    recogniser = tiny_recogniser(tiny_corpus, kind=kind, features=features, **model)
+    export_recogniser(recogniser, tmp_path / "out", int8=False, check=False)
+    info = json.loads((tmp_path / "out" / "recogniser.json").read_text())
+    assert info["export"]["dropped_frames"] == 0 and info["export"]["sherpa_onnx_differences"] == []
+    assert info["features"]["snip_edges"] is False and info["features"]["high_freq"] == -400.0
+    runtime = OnnxRecogniser.load(tmp_path / "out")  # training's filterbank, as fastasr-transcribe-onnx runs
+    assert runtime.dropped == 0
+    decoder = sherpa_onnx.OfflineRecognizer.from_zipformer_ctc(
+        model=str(tmp_path / "out" / "model.onnx"), tokens=str(tmp_path / "out" / "tokens.txt"), sample_rate=16000,
+        feature_dim=recogniser.feat_in)
+    paths = recordings[:-1] + [tiny_corpus / u.audio_filepath for u in read_manifest(tiny_corpus / "dev.jsonl")]
+    for path in paths:
+        audio = sf.read(str(path), dtype="float32")[0]
+        stream = decoder.create_stream()
+        stream.accept_waveform(16000, audio)
+        decoder.decode_stream(stream)
+        ours = runtime.transcribe_waveform(audio, long_form=LongFormConfig(mode="one_pass"))
+        shown = ours.units if kind == "phoneme" else ours.text.split()
+        assert shown and stream.result.text.split() == shown, path.name
+    kaldi = tiny_recogniser(tiny_corpus, kind=kind, **model)
+    export_recogniser(kaldi, tmp_path / "kaldi", int8=False, check=False)
+    info = json.loads((tmp_path / "kaldi" / "recogniser.json").read_text())
+    assert info["export"]["sherpa_onnx_differences"] == ["snip_edges=True (sherpa-onnx: False)",
+                                                         "high_freq=0.0 (sherpa-onnx: -400.0)"]
+
+
 def test_the_runtimes_filterbanks_differ_only_in_sherpa_onnxs_settings(tiny_corpus, tmp_path, recordings):
     """The graph adds the sample scale to any filterbank: fed training's (the runtime's default) it
     gives PyTorch's log-probabilities; the two filterbanks differ by sherpa-onnx's frame positions
@@ -446,17 +482,20 @@ def test_the_export_leaves_the_callers_recogniser_as_it_was(tiny_corpus, tmp_pat
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_int8_keeps_a_trained_models_greedy_wer(tiny_corpus, tmp_path):
-    """A phoneme model trained until it transcribes the tiny corpus's four shortest training
-    utterances (fp32 greedy PER under 5 %, WER under 20 %; 120 full-batch steps, where 100 reach a
-    PER of 0): the int8 model's greedy WER over them is within 0.5 points of fp32's, and so is its
-    PER (docs/results/export/RESULTS.md measures both on the built-in and Mini LibriSpeech test sets)."""
+    """A phoneme model on sherpa-onnx's filterbank, trained until it transcribes the tiny corpus's
+    four shortest training utterances (fp32 greedy PER under 5 %, WER under 20 %; 120 full-batch
+    steps, where 100 reach a PER of 0): the int8 model's greedy WER over them is within 0.5 points
+    of fp32's, and so is its PER (docs/results/export/RESULTS.md measures both on the built-in and
+    Mini LibriSpeech test sets); sherpa-onnx's public offline recogniser says the fp32 runtime's
+    phonemes, none empty."""
     from fastasr.decoding.metrics import align
 
     torch.manual_seed(0)
     utterances = sorted(read_manifest(tiny_corpus / "train.jsonl"), key=lambda u: u.duration)[:4]
-    recogniser = tiny_recogniser(tiny_corpus, kind="phoneme")
+    recogniser = tiny_recogniser(tiny_corpus, kind="phoneme",
+                                 features=FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0))
     tok, model = recogniser.tokenizer, recogniser.model
-    features = Fbank(FeatureConfig(num_mel_bins=40))
+    features = Fbank(recogniser.features)
     feats = [features(torch.from_numpy(sf.read(u.audio_filepath, dtype="float32")[0])) for u in utterances]
     frames = torch.cat(feats)
     model.set_cmvn(frames.mean(0), frames.std(0))
@@ -484,6 +523,17 @@ def test_int8_keeps_a_trained_models_greedy_wer(tiny_corpus, tmp_path):
                                       long_form=LongFormConfig(mode="one_pass")))
         rates["int8" if int8 else "fp32"] = (align(words, [t.text.split() for t in got]).rate,
                                              align(units, [tok.scored_units(t.units) for t in got]).rate)
+        if not int8:
+            fp32 = got
     (wer, per), (wer8, per8) = rates["fp32"], rates["int8"]
     assert per < 5 and wer < 20, (rates, loss.item())  # the model transcribes: the comparison means something
     assert abs(wer8 - wer) <= 0.5 and abs(per8 - per) <= 0.5, rates
+    sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
+    decoder = sherpa_onnx.OfflineRecognizer.from_zipformer_ctc(
+        model=str(tmp_path / "out" / "model.onnx"), tokens=str(tmp_path / "out" / "tokens.txt"), sample_rate=16000,
+        feature_dim=40)
+    for u, ours in zip(utterances, fp32):
+        stream = decoder.create_stream()
+        stream.accept_waveform(16000, sf.read(u.audio_filepath, dtype="float32")[0])
+        decoder.decode_stream(stream)
+        assert ours.units and stream.result.text.split() == ours.units, u.id

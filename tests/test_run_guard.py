@@ -172,7 +172,27 @@ def test_continuing_a_finished_run_is_explicit(tiny_corpus, finished_run):
         check("ckpt_path=last", "tokenizer=char")
     with pytest.raises(RunRefused, match=r"features.num_mel_bins=80 \(the run has 40\)"):
         check("ckpt_path=last", "features.num_mel_bins=80")
+    with pytest.raises(RunRefused, match=r"features.snip_edges=False \(the run has True\)"):
+        check("ckpt_path=last", "features.snip_edges=false")
     with pytest.raises(RunRefused, match=r"ckpt_path=null \(or name=<new name>\)"):  # another run's checkpoint
         check_run_dir(resolve_train_config(compose_train(tiny_corpus, out, "name=other", f"ckpt_path={last}",
                                                         "model.layers=2")), RunDir(out / "runs" / "other"))
     assert check_run_dir(resolve_train_config(compose_train(tiny_corpus, out, "name=new")), RunDir(out / "runs" / "new")) is None
+
+
+def test_a_checkpoint_older_than_a_features_key_resumes_at_its_default(tiny_corpus, tmp_path):
+    """A checkpoint whose features predate ``snip_edges`` and ``high_freq`` was computed with Kaldi's
+    defaults: resuming it at those defaults names no difference; at another value, that value."""
+    from dataclasses import asdict
+
+    from fastasr.data.features import FeatureConfig
+    from fastasr.training.run_guard import resume_differences
+
+    cfg = resolve_train_config(compose_train(tiny_corpus, tmp_path))
+    old = asdict(FeatureConfig.from_dict(dict(cfg.data.features)))
+    old.pop("snip_edges"), old.pop("high_freq")
+    ckpt = {"recogniser": {"features": old}}
+    assert [d for d in resume_differences(cfg, ckpt, None) if d.startswith("features")] == []
+    cfg.data.features.high_freq = -400.0
+    assert [d for d in resume_differences(cfg, ckpt, None) if d.startswith("features")] == [
+        "features.high_freq=-400.0 (the run has 0.0)"]

@@ -28,15 +28,26 @@ def waveform(tiny_corpus) -> np.ndarray:
     return np.concatenate(pieces)
 
 
-def test_fbank_stream_gives_the_whole_recordings_frames():
-    wave = torch.randn(16000 * 2 + 123) * 0.1
-    fbank = Fbank(FeatureConfig(num_mel_bins=40))
+@pytest.mark.parametrize("snip_edges, rate", [(True, 16000), (False, 16000), (False, 8000)])
+@pytest.mark.parametrize("piece", [997, 37, 160])
+def test_fbank_stream_gives_the_whole_recordings_frames(snip_edges, rate, piece):
+    """In pieces of any size, edges snipped or mirrored (sherpa-onnx's frames: the first samples
+    mirrored before them, the last ones at ``finish``), the stream gives the whole recording's
+    frames; a recording shorter than a window gives its padded window's frames at ``finish``."""
+    wave = torch.randn(rate * 2 + 123) * 0.1
+    fbank = Fbank(FeatureConfig(num_mel_bins=40, sample_rate=rate, snip_edges=snip_edges,
+                                high_freq=0.0 if snip_edges else -400.0))
     stream = fbank.stream()
-    pieces = [stream.accept(wave[i:i + 997]) for i in range(0, wave.shape[0], 997)] + [stream.finish()]
-    torch.testing.assert_close(torch.cat(pieces), fbank(wave), atol=1e-4, rtol=1e-5)
+    pieces = [stream.accept(wave[i:i + piece]) for i in range(0, wave.shape[0], piece)] + [stream.finish()]
+    whole = fbank(wave)
+    assert whole.shape[0] == fbank.num_frames(wave.shape[0]) == (
+        1 + (wave.shape[0] - fbank.config.window_samples) // fbank.config.shift_samples if snip_edges
+        else round(wave.shape[0] / fbank.config.shift_samples))
+    torch.testing.assert_close(torch.cat(pieces), whole, atol=1e-4, rtol=1e-5)
     short = fbank.stream()
     assert short.accept(wave[:100]).shape == (0, 40)
     torch.testing.assert_close(short.finish(), fbank(wave[:100]))
+    assert short.finish().shape == (0, 40)
 
 
 def simulated(rec, wave, decoding, chunk, left):

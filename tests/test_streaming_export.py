@@ -16,6 +16,7 @@ onnxruntime = pytest.importorskip("onnxruntime", reason="the deploy extra (pip i
 
 from recogniser_fixtures import tiny_recogniser  # noqa: E402
 
+from fastasr.data.features import Fbank, FeatureConfig  # noqa: E402
 from fastasr.data.manifest import read_manifest  # noqa: E402
 from fastasr.deploy.export import tokens_txt  # noqa: E402
 from fastasr.deploy.streaming_export import (  # noqa: E402
@@ -28,6 +29,8 @@ from fastasr.onnx.filterbank import log_mel  # noqa: E402
 from fastasr.onnx.onnx_recogniser import INT16_SCALE, sherpa_onnx_options  # noqa: E402
 from fastasr.onnx.streaming import OnnxStream  # noqa: E402
 
+#: sherpa-onnx's default filterbank as a training setting.
+SHERPA_FEATURES = FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0)
 #: sherpa-onnx's from_wenet_ctc defaults: 16 frames a chunk, 4 chunks of left context (0.64 s and
 #: 2.56 s at the tiny model's 40 ms a frame).
 CHUNK, LEFT = 0.64, 2.56
@@ -87,17 +90,25 @@ def _greedy(log_probs: np.ndarray, blank: int) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind, attention, model", [("phoneme", "full", {}), ("char", "clustered-4", {}),
-                                                   ("phoneme", "clustered-4", {}), ("char", "full", {"utterance_cmvn": True})])
+@pytest.mark.parametrize("kind, attention, model", [
+    ("phoneme", "full", {}), ("char", "clustered-4", {}), ("phoneme", "clustered-4", {}),
+    ("char", "full", {"utterance_cmvn": True}),
+    ("char", "full", {"utterance_cmvn": True, "features": SHERPA_FEATURES}),
+    ("char", "clustered-4", {"utterance_cmvn": True, "features": SHERPA_FEATURES}),
+])
 def test_sherpa_onnxs_online_recognizer_streams_the_pytorch_streams_units(tiny_corpus, tmp_path, kind, attention,
                                                                         model, caplog):
     """``sherpa_onnx.OnlineRecognizer.from_wenet_ctc`` with only the rate and the feature dimension
     (its default 16-frame chunks and 4 left chunks) gives, on every utterance, the units of the
     PyTorch stream with the same chunks fed sherpa-onnx's filterbank less its first frame, which the
-    graph drops (the complete chunks sherpa-onnx decodes), per-utterance CMVN's statistics carried in the caches. A clustered model exports with full attention and says so in one warning; the units
-    are then PyTorch's stream with full attention."""
+    graph drops (the complete chunks sherpa-onnx decodes), per-utterance CMVN's statistics carried
+    in the caches. A model trained on sherpa-onnx's filterbank (``SHERPA_FEATURES``) drops no frame:
+    the PyTorch stream is then fed training's own filterbank (``Fbank``). A clustered model exports
+    with full attention and says so in one warning; the units are then PyTorch's stream with full
+    attention."""
     sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
     recogniser = tiny_recogniser(tiny_corpus, kind=kind, attention=attention, **model)
+    dropped = 0 if "features" in model else 1
     with caplog.at_level(logging.WARNING, logger="fastasr.deploy.streaming_export"):
         result = export_streaming(recogniser, tmp_path, chunk=CHUNK, left=LEFT, check=False)
     warned = [r.getMessage() for r in caplog.records if r.name == "fastasr.deploy.streaming_export"]
@@ -107,6 +118,8 @@ def test_sherpa_onnxs_online_recognizer_streams_the_pytorch_streams_units(tiny_c
         assert result.attention == "full" and len(warned) == 1 and "clustered" in warned[0]
         assert "exported with full attention instead" in warned[0]
     assert (result.chunk_size, result.left_chunks) == (16, 4)
+    session = onnxruntime.InferenceSession(str(tmp_path / STREAMING_FILE), providers=["CPUExecutionProvider"])
+    assert int(session.get_modelmeta().custom_metadata_map["dropped_frames"]) == dropped
     decoder = sherpa_onnx.OnlineRecognizer.from_wenet_ctc(
         model=str(tmp_path / STREAMING_FILE), tokens=str(tmp_path / "tokens.txt"), sample_rate=16000,
         feature_dim=recogniser.feat_in)
@@ -123,7 +136,10 @@ def test_sherpa_onnxs_online_recognizer_streams_the_pytorch_streams_units(tiny_c
             stream.input_finished()
             while decoder.is_ready(stream):
                 decoder.decode_stream(stream)
-            frames = _sherpa_frames(recogniser, audio)[1:]  # the graph drops sherpa-onnx's first frame
+            if dropped:
+                frames = _sherpa_frames(recogniser, audio)[dropped:]  # the graph drops sherpa-onnx's first frame
+            else:  # training's frames are sherpa-onnx's
+                frames = Fbank(recogniser.features)(torch.from_numpy(audio)).numpy()
             chunks = sum(1 for k in range(frames.shape[0]) if (k + 1) * shift < frames.shape[0])
             with torch.no_grad():
                 log_probs = recogniser.model.start_stream(context).accept(

@@ -31,7 +31,7 @@ Steps (docs/DEPLOY.md, docs/results/export/RESULTS.md):
    transcription command's windows; sherpa-onnx, which reads a recording in one pass of full
    attention, in 10-second pieces without overlap, as a voice-activity detector would cut it).
 
-Writes ``--out-dir``/export_<corpus directory>_<machine>.md and .json. Time it on a quiet machine.
+Writes ``--out-dir``/export_<``--name``, else the corpus directory>_<machine>.md and .json. Time it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--work-dir", default="outputs/export_bench")
     ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--name", default=None, help="the result files' name after export_ "
+                                                 "(default: the manifest's directory, the corpus)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     work, out_dir = Path(args.work_dir), Path(args.out_dir)
@@ -250,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
               f"(utterances), {long_rtf['PyTorch eager'] / long_rtf['onnxruntime int8']:.2f}x (recording); "
               f"fp32: {rows['PyTorch eager']['rtf'] / rows['onnxruntime fp32']['rtf']:.2f}x, "
               f"{long_rtf['PyTorch eager'] / long_rtf['onnxruntime fp32']:.2f}x."]
-    stem = f"export_{Path(args.manifest).resolve().parent.name}_{info['slug']}"  # the corpus, the machine
+    stem = f"export_{args.name or Path(args.manifest).resolve().parent.name}_{info['slug']}"  # the corpus, the machine
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
     (out_dir / f"{stem}.json").write_text(json.dumps(result, indent=1) + "\n")
     print("\n".join(lines))

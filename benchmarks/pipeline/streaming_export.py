@@ -34,10 +34,11 @@ Steps (docs/DEPLOY.md "Streaming in sherpa-onnx"):
    and its caches run in sherpa-onnx as in fastasr, so what differs from the PyTorch stream is the
    filterbank (frame positions and mel range, docs/DEPLOY.md) and the tail. And the ONNX stream on
    training's filterbank with one of sherpa-onnx's two defaults at a time (frames centred on the
-   hops; the mel range), to tell which moves the words.
+   hops; the mel range), to tell which moves the words (left out for a model trained on
+   sherpa-onnx's filterbank, ``features.snip_edges=false features.high_freq=-400``).
 
-Writes ``--out-dir``/streaming_export_<corpus directory>_<machine>.md and .json (per utterance: the
-reference and each stream's words). Time it on a quiet machine.
+Writes ``--out-dir``/streaming_export_<``--name``, else the corpus directory>_<machine>.md and .json
+(per utterance: the reference and each stream's words). Time it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from benchmarks import timing
 from benchmarks.bench_io import command_line, git_commit, load_average, machine_info, result_stem
 from fastasr.data.manifest import read_manifest
 from fastasr.decoding.metrics import ErrorRates, align
+from fastasr.deploy.export import sherpa_onnx_differences
 from fastasr.deploy.streaming_export import STREAMING_FILE, export_streaming
 from fastasr.onnx.filterbank import log_mel
 from fastasr.onnx.onnx_recogniser import INT16_SCALE, fbank, filterbank_options, read_audio, sherpa_onnx_options
@@ -144,6 +146,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work-dir", default="outputs/streaming_export_bench")
     ap.add_argument("--out-dir", default="benchmarks/results")
+    ap.add_argument("--name", default=None, help="the result files' name after streaming_export_ "
+                                                 "(default: the manifest's directory, the corpus)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     import onnxruntime
@@ -162,6 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
     options.intra_op_num_threads = args.threads
     session = onnxruntime.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     features = rec.to_dict()["features"]
+    differences = sherpa_onnx_differences(rec.features)
+    halfway = HALFWAY if differences else {}  # a model on sherpa-onnx's filterbank has nothing to tell apart
     rate = int(features["sample_rate"])
     recognizer = sherpa_onnx.OnlineRecognizer.from_wenet_ctc(
         model=str(graph), tokens=str(tokens), num_threads=args.threads, sample_rate=rate,
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
             wall[name] += clock.seconds()
         row["onnx_on_sherpa_features"] = " ".join(
             onnx_on_sherpa_features(session, decoder, features, np.concatenate([samples, tail]), shift))
-        for name, change in HALFWAY.items():
+        for name, change in halfway.items():
             row[name] = " ".join(onnx_halfway(session, decoder, features, samples, change))
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -200,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     ref_units = [tok.scored_units(tok.units(u)) for u in utterances]
     pytorch_units = [tok.scored_units(tok.units(r["pytorch"])) for r in rows]
     scores = {}
-    for name in (*STREAMS, "onnx_on_sherpa_features", *HALFWAY):
+    for name in (*STREAMS, "onnx_on_sherpa_features", *halfway):
         rates = ErrorRates()
         rates.update(ref_units, [tok.scored_units(tok.units(r[name])) for r in rows], refs,
                      [r[name].split() for r in rows])
@@ -218,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
               "machine": info, "load": load_average(), "threads": args.threads, "ckpt": args.ckpt,
               "manifest": args.manifest, "utterances": len(rows), "seconds": round(seconds, 1),
               "trained_attention": trained, "exported_attention": exported.attention,
+              "sherpa_onnx_differences": differences,
               "chunk_size": exported.chunk_size, "left_chunks": exported.left_chunks, "piece_s": args.piece,
               "onnx_vs_pytorch_max_logprob_diff": exported.max_abs_diff, "sherpa_onnx": sherpa_onnx.__version__,
               "scores": scores, "sherpa_same_as_onnx_on_its_filterbank": sherpa_same_as_diagnosis, "rows": rows}
@@ -230,7 +237,8 @@ def main(argv: list[str] | None = None) -> dict:
              f"{exported.chunk_size} frames ({exported.chunk_size * frame:.2f} s), {exported.left_chunks} chunks of "
              f"left context ({exported.left_chunks * exported.chunk_size * frame:.2f} s); audio fed in "
              f"{args.piece:g}-s pieces; greedy decoding.",
-             f"Test set: {args.manifest}, {n} utterances, {seconds:.0f} s.", "",
+             f"Test set: {args.manifest}, {n} utterances, {seconds:.0f} s. Training's filterbank against "
+             f"sherpa-onnx's default: {', '.join(differences) if differences else 'the same'}.", "",
              "| stream | words equal to the PyTorch stream's | CER against them (%) | CER (%) | WER (%) | RTF |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, label in STREAMS.items():
@@ -243,18 +251,20 @@ def main(argv: list[str] | None = None) -> dict:
                   f"utterances, to the PyTorch stream's for {d['same_as_pytorch']} / {n} (CER against them "
                   f"{d['cer_against_pytorch']:.2f} %); CER {d['cer']:.2f} %, "
                   f"WER {d['wer']:.2f} %. The export's own check (onnxruntime against the PyTorch stream): largest "
-                  f"log-probability difference {exported.max_abs_diff:.1e}.", "",
-              "Which of sherpa-onnx's filterbank defaults moves the words: fastasr's ONNX stream on training's "
-              "filterbank with one of them:", "",
-              "| filterbank | words equal to the PyTorch stream's | CER against them (%) | CER (%) | WER (%) |",
-              "| --- | ---: | ---: | ---: | ---: |"]
-    for name, label in (("onnx_sherpa_frames", "training's, frames centred on the hops (snip_edges=false, "
-                                               "the first dropped as in sherpa-onnx)"),
-                        ("onnx_sherpa_mel_range", "training's, mel bins up to 400 Hz below Nyquist (high_freq=-400)")):
-        s = scores[name]
-        lines.append(f"| {label} | {s['same_as_pytorch']} / {n} | {s['cer_against_pytorch']:.2f} | {s['cer']:.2f} | "
-                     f"{s['wer']:.2f} |")
-    stem = result_stem(args.out_dir, f"streaming_export_{corpus}", info)
+                  f"log-probability difference {exported.max_abs_diff:.1e}."]
+    if halfway:
+        lines += ["", "Which of sherpa-onnx's filterbank defaults moves the words: fastasr's ONNX stream on "
+                      "training's filterbank with one of them:", "",
+                  "| filterbank | words equal to the PyTorch stream's | CER against them (%) | CER (%) | WER (%) |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for name, label in (("onnx_sherpa_frames", "training's, frames centred on the hops (snip_edges=false, "
+                                                   "the first dropped as in sherpa-onnx)"),
+                            ("onnx_sherpa_mel_range", "training's, mel bins up to 400 Hz below Nyquist "
+                                                      "(high_freq=-400)")):
+            s = scores[name]
+            lines.append(f"| {label} | {s['same_as_pytorch']} / {n} | {s['cer_against_pytorch']:.2f} | "
+                         f"{s['cer']:.2f} | {s['wer']:.2f} |")
+    stem = result_stem(args.out_dir, f"streaming_export_{args.name or corpus}", info)
     Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
     Path(f"{stem}.json").write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     print("\n".join(lines))

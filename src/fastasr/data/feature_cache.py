@@ -45,7 +45,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -103,8 +103,7 @@ class CacheConfig:
 
 def _settings(config: FeatureConfig, variant: Variant | float, dtype: str) -> dict:
     variant = Variant.of(variant)
-    features = asdict(config)
-    features.pop("dither")  # cached features are computed without dither
+    features = config.key()  # cached features are computed without dither
     settings = {"version": FORMAT_VERSION, "features": features, "speed": float(variant.speed), "dtype": dtype}
     if variant.warp != 1.0:  # only where used: the keys of plain and speed-only caches stay as they were
         settings["vtlp"] = float(variant.warp)

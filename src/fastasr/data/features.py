@@ -38,6 +38,9 @@ class FeatureConfig:
     frame_shift_ms: float = 10.0  # hop
     dither: float = 0.0  # Gaussian dither in int16 units, applied in training only (Kaldi default 1.0)
     channels: int | None = None  # channels a file must have (others are bad audio); None: any, mixed down
+    snip_edges: bool = True  # frames wholly inside the samples (Kaldi's default); False: centred on the hops,
+    # the edges mirrored (sherpa-onnx's, lhotse's and icefall's: an export then runs in sherpa-onnx exactly)
+    high_freq: float = 0.0  # top of the mel bins in Hz; <= 0: that far below the Nyquist frequency (sherpa-onnx's -400)
 
     @classmethod
     def from_dict(cls, cfg: Mapping | FeatureConfig | None) -> FeatureConfig:
@@ -65,10 +68,30 @@ class FeatureConfig:
         return int(self._rate() * self.frame_shift_ms / 1000)
 
     def num_frames(self, num_samples: int) -> int:
-        """Frames Kaldi's fbank gives for ``num_samples`` (snip_edges; at least 1)."""
-        if num_samples < self.window_samples:
-            return 1  # Fbank pads such short input to one window
+        """Frames Kaldi's fbank gives for ``num_samples`` (at least 1: :class:`Fbank` pads input
+        shorter than a window to one window)."""
+        num_samples = max(num_samples, self.window_samples)
+        if not self.snip_edges:
+            return (num_samples + self.shift_samples // 2) // self.shift_samples
         return 1 + (num_samples - self.window_samples) // self.shift_samples
+
+    @property
+    def edge_samples(self) -> int:
+        """Samples mirrored before the first with ``snip_edges`` False (frame ``i`` starts at
+        ``i * shift - edge_samples``); 0 with edges snipped."""
+        return 0 if self.snip_edges else self.window_samples // 2 - self.shift_samples // 2
+
+    def key(self) -> dict:
+        """The settings a cache of features or CMVN statistics is keyed by: every field but
+        ``dither`` (caches hold features without it), and ``snip_edges`` and ``high_freq`` only
+        where they differ from Kaldi's defaults, so the keys of caches written before the two
+        existed stay valid."""
+        out = asdict(self)
+        out.pop("dither")
+        for name, default in (("snip_edges", True), ("high_freq", 0.0)):
+            if out[name] == default:
+                out.pop(name)
+        return out
 
     def frames_for_duration(self, seconds: float) -> int:
         """Frames for a duration in seconds (as in a manifest)."""
@@ -142,12 +165,14 @@ class Fbank:
     def num_frames(self, num_samples: int) -> int:
         return self.config.num_frames(num_samples)
 
-    def __call__(self, waveform: torch.Tensor, train: bool = False, warp: float = 1.0) -> torch.Tensor:
+    def __call__(self, waveform: torch.Tensor, train: bool = False, warp: float = 1.0,
+                 snip_edges: bool | None = None) -> torch.Tensor:
         """``waveform (T,)`` float in [-1, 1] at ``config.sample_rate`` → ``(frames, num_mel_bins)`` float32.
 
         ``warp`` ≠ 1: the mel bins' frequency axis warped by Kaldi's VTLN warp (``vtln_warp``;
         bins between 100 Hz and Nyquist − 500 Hz at ``f / warp``, piecewise linear outside), so
-        ``warp`` > 1 moves energy up the mel axis: VTLP in training (``data.augment.vtlp``)."""
+        ``warp`` > 1 moves energy up the mel axis: VTLP in training (``data.augment.vtlp``).
+        ``snip_edges``: the config's unless given (:class:`FbankStream` cuts mirrored edges itself)."""
         c = self.config
         wav = waveform.reshape(1, -1).to(torch.float32) * INT16_SCALE
         if wav.shape[1] < c.window_samples:
@@ -161,6 +186,8 @@ class Fbank:
             dither=c.dither if train else 0.0,
             energy_floor=0.0,
             sample_frequency=c.sample_rate,
+            snip_edges=c.snip_edges if snip_edges is None else snip_edges,
+            high_freq=c.high_freq,
             **vtln,
         )
 
@@ -179,31 +206,61 @@ class FbankStream:
     """Filterbank frames of a recording that arrives in pieces: ``accept(samples)`` returns the
     frames whose window is complete (``(T, F)``, maybe none), ``finish()`` what the end of the
     recording adds. Together they are :class:`Fbank`'s frames of the whole recording (without
-    dither): each frame depends on its own window's samples only."""
+    dither): each frame depends on its own window's samples only. With ``snip_edges`` False the
+    stream mirrors the first samples before them as the whole-recording filterbank does, and the
+    last ones at ``finish``; no frame is given before a window's worth of samples has arrived
+    (a shorter recording is padded to one window, as :class:`Fbank` pads it)."""
 
     def __init__(self, fbank: Fbank) -> None:
         self.fbank = fbank
-        self.buffer = torch.zeros(0)
+        self.buffer = torch.zeros(0)  # samples not yet wholly used, edge samples included
+        self.head = torch.zeros(0)  # the first samples, while fewer than a window have arrived
+        self.tail = torch.zeros(0)  # the last window of samples (mirrored at the end)
+        self.received = 0  # samples accepted
         self.frames = 0  # frames given so far
 
     def accept(self, samples: torch.Tensor) -> torch.Tensor:
         """``samples (T,)`` in [-1, 1] at the features' rate → the new frames ``(T', F)``."""
-        self.buffer = torch.cat([self.buffer, torch.as_tensor(samples, dtype=torch.float32).reshape(-1)])
         c = self.fbank.config
-        if self.buffer.shape[0] < c.window_samples:
+        samples = torch.as_tensor(samples, dtype=torch.float32).reshape(-1)
+        self.received += samples.shape[0]
+        self.tail = torch.cat([self.tail, samples])[-c.window_samples:]
+        if self.received - samples.shape[0] < c.window_samples:  # still gathering the first window
+            self.head = torch.cat([self.head, samples])
+            if self.head.shape[0] < c.window_samples:
+                return torch.zeros(0, self.fbank.dim)
+            samples, self.head = self.head, torch.zeros(0)
+            samples = torch.cat([samples[:c.edge_samples].flip(0), samples])
+        self.buffer = torch.cat([self.buffer, samples])
+        return self._frames(self.buffer, 1 + (self.buffer.shape[0] - c.window_samples) // c.shift_samples
+                            if self.buffer.shape[0] >= c.window_samples else 0)
+
+    def _frames(self, samples: torch.Tensor, n: int) -> torch.Tensor:
+        """The first ``n`` edge-snipped frames of ``samples``; the buffer moves past them."""
+        c = self.fbank.config
+        if n <= 0:
             return torch.zeros(0, self.fbank.dim)
-        n = self.fbank.num_frames(self.buffer.shape[0])
-        frames = self.fbank(self.buffer[:(n - 1) * c.shift_samples + c.window_samples])
+        frames = self.fbank(samples[:(n - 1) * c.shift_samples + c.window_samples], snip_edges=True)
         self.buffer = self.buffer[n * c.shift_samples:]
         self.frames += n
         return frames
 
     def finish(self) -> torch.Tensor:
-        """The frames the end adds: one padded frame for a recording shorter than a window, else none."""
-        if self.frames or not self.buffer.shape[0]:
+        """The frames the end adds: a recording shorter than a window gives its one padded frame
+        (or, edges not snipped, its frames of one padded window); edges not snipped, the frames
+        over the mirrored end."""
+        c = self.fbank.config
+        if self.head.shape[0]:  # shorter than a window: the whole-recording call pads it
+            head, self.head = self.head, torch.zeros(0)
+            frames = self.fbank(head)
+            self.frames += frames.shape[0]
+            return frames
+        left = c.num_frames(self.received) - self.frames if self.received else 0
+        if left <= 0:
             return torch.zeros(0, self.fbank.dim)
-        self.frames = 1
-        return self.fbank(self.buffer)
+        need = (left - 1) * c.shift_samples + c.window_samples - self.buffer.shape[0]
+        mirrored = torch.cat([self.buffer, self.tail.flip(0)[:max(0, need)]])
+        return self._frames(mirrored, left)
 
 
 def load_utterance_audio(utt, config: FeatureConfig) -> torch.Tensor:
@@ -225,8 +282,7 @@ def cmvn_cache_path(manifest_path: str | Path, config: FeatureConfig | Mapping,
     by a hash of the manifest's bytes, the feature config (dither excluded:
     statistics are computed without it) and the utterance ids used."""
     manifest_path = Path(manifest_path)
-    cfg = asdict(FeatureConfig.from_dict(config))
-    cfg.pop("dither")
+    cfg = FeatureConfig.from_dict(config).key()
     h = hashlib.sha256()
     h.update(manifest_path.read_bytes())
     h.update(json.dumps(cfg, sort_keys=True).encode())

@@ -18,7 +18,10 @@
   first :func:`dropped_frames` frames (``x_lens`` less as many): the subsampling keeps the phase
   the model trained with (one frame off, every output frame would stand 10 ms from where the model
   learnt it). A runtime feeding training's frames puts as many before them
-  (:meth:`fastasr.onnx.onnx_recogniser.OnnxRecogniser.run`).
+  (:meth:`fastasr.onnx.onnx_recogniser.OnnxRecogniser.run`). A model trained on sherpa-onnx's
+  filterbank (``features.snip_edges=false features.high_freq=-400``) drops none: sherpa-onnx
+  then computes training's frames exactly, and its words are fastasr's
+  (:func:`sherpa_onnx_differences`, which the export logs and records).
 * ``model.int8.onnx``: the same graph with the weights of its matrix products quantised to int8
   by onnxruntime's dynamic quantisation (activations quantised per call; :data:`INT8_OPS`).
 * ``tokens.txt``: ``symbol id`` per line, sherpa-onnx's unit table (``<blk>`` for the blank, ``▁``
@@ -27,6 +30,7 @@
 * ``recogniser.json``: :meth:`Recogniser.to_dict` (units, features, lexicon; the LM as a path)
   plus ``export``: the attention exported, the input and output names, the scale of the samples
   the input filterbank is of (``input_samples``), the frames the graph drops (``dropped_frames``),
+  where training's filterbank differs from sherpa-onnx's default one (``sherpa_onnx_differences``),
   the subsampling factor, the seconds per output frame, the opset and the checkpoint it came from.
 * ``lm.arpa``: the word LM the checkpoint carries, when it carries one.
 
@@ -58,12 +62,13 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
+from fastasr.onnx.filterbank import SHERPA_ONNX_FEATURES
 from fastasr.recognition.recogniser import Recogniser
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ExportResult", "OnnxCTC", "dropped_frames", "export_recogniser", "exported_attention", "INPUT_NAMES",
-           "OUTPUT_NAMES"]
+           "OUTPUT_NAMES", "sherpa_onnx_differences"]
 
 #: The graph's inputs and outputs (icefall's CTC export's names, which sherpa-onnx reads by position).
 INPUT_NAMES = ("x", "x_lens")
@@ -99,8 +104,33 @@ LOG_FLOOR = math.log(float(torch.finfo(torch.float32).eps))
 def dropped_frames(features: Any) -> int:
     """Frames a graph drops at the start of its input (module docstring): how many hops
     sherpa-onnx's first frame centre lies before training's, rounded (1 at 25 ms windows and 10 ms
-    hops). ``features``: anything with ``frame_length_ms`` and ``frame_shift_ms``."""
+    hops; 0 for a model trained on sherpa-onnx's grid, ``snip_edges`` False). ``features``:
+    anything with ``frame_length_ms``, ``frame_shift_ms`` and, optionally, ``snip_edges``."""
+    if not getattr(features, "snip_edges", True):
+        return 0
     return max(0, round((features.frame_length_ms - features.frame_shift_ms) / (2 * features.frame_shift_ms)))
+
+
+def sherpa_onnx_differences(features: Any) -> list[str]:
+    """The settings in which training's filterbank differs from sherpa-onnx's default one
+    (:data:`fastasr.onnx.filterbank.SHERPA_ONNX_FEATURES`), as ``key=training's (sherpa-onnx: its)``;
+    none: sherpa-onnx computes training's frames and its words are fastasr's. ``features``:
+    anything with ``snip_edges`` and ``high_freq`` (Kaldi's defaults where absent)."""
+    kaldi = {"snip_edges": True, "high_freq": 0.0}
+    return [f"{key}={getattr(features, key, kaldi[key])} (sherpa-onnx: {value})"
+            for key, value in SHERPA_ONNX_FEATURES.items() if getattr(features, key, kaldi[key]) != value]
+
+
+def log_sherpa_onnx_features(features: Any) -> list[str]:
+    """:func:`sherpa_onnx_differences`, said in one log line (what an export says of sherpa-onnx)."""
+    differences = sherpa_onnx_differences(features)
+    if differences:
+        log.info("sherpa-onnx's default filterbank differs from training's in %s: its words come near fastasr's, "
+                 "not equal (docs/DEPLOY.md); train with features.snip_edges=false "
+                 "features.high_freq=-400 for the same words", ", ".join(differences))
+    else:
+        log.info("sherpa-onnx's default filterbank is training's: its words are fastasr's")
+    return differences
 
 
 class OnnxCTC(nn.Module):
@@ -334,7 +364,8 @@ def _export(recogniser: Recogniser, out: str | os.PathLike, source: str, int8: b
     state["export"] = {
         "attention": attention, "trained_attention": trained, "swapped": swapped,
         "inputs": list(INPUT_NAMES), "outputs": list(OUTPUT_NAMES), "input_samples": INPUT_SAMPLES,
-        "dropped_frames": dropped, "opset": OPSET,
+        "dropped_frames": dropped, "sherpa_onnx_differences": log_sherpa_onnx_features(recogniser.features),
+        "opset": OPSET,
         "subsampling": recogniser.subsampling, "frame_seconds": recogniser.frame_seconds,
         "source": source, "int8": int8,
     }

@@ -44,7 +44,9 @@ the frame before each chunk, which sherpa-onnx's window holds because ``right_co
 The chunks then cover the frames of the PyTorch stream's chunks and the subsampling keeps its
 phase (one frame off, every output frame would stand 10 ms from where the model learnt it).
 Fed training's frames, a runtime puts ``dropped`` frames before the stream's first
-(:class:`fastasr.onnx.streaming.OnnxStream`, :func:`run_stream`).
+(:class:`fastasr.onnx.streaming.OnnxStream`, :func:`run_stream`). A model trained on sherpa-onnx's
+filterbank (``features.snip_edges=false features.high_freq=-400``) drops none, and
+sherpa-onnx's frames are then training's exactly.
 
 Samples: sherpa-onnx computes a WeNet model's filterbank from int16-scaled samples
 (``normalize_samples = false``), training's scale, so this graph adds no constant (the offline

@@ -99,7 +99,8 @@ def resume_differences(cfg: DictConfig, ckpt: Mapping[str, Any], saved: Mapping[
             from dataclasses import asdict
 
             here_features = asdict(FeatureConfig.from_dict(plain(cfg.data.features)))
-            diffs += _diff(dict(state["features"]), here_features, "features", skip_none_here=True)
+            there_features = {**asdict(FeatureConfig()), **dict(state["features"])}  # keys added since at their defaults
+            diffs += _diff(there_features, here_features, "features", skip_none_here=True)
         except (ValueError, TypeError):
             pass  # the config check names a bad features value
     train_there = OmegaConf.select(OmegaConf.create(dict(saved)), "data.train_manifest", default=None) \
