@@ -64,8 +64,11 @@ def simulated(rec, wave, decoding, chunk, left):
                                        {"name": "i-clustered", "clusters": 4, "topk": 3, "seed": 2}],
                          ids=["full", "clustered", "i-clustered"])
 @pytest.mark.parametrize("decoding", ["greedy", "beam_lm"])
-def test_streamed_words_equal_the_simulated_chunked_decoding(tiny_corpus, waveform, attention, decoding):
-    rec = tiny_recogniser(tiny_corpus, attention=attention, positions="absolute", utterance_cmvn=True, seed=1)
+@pytest.mark.parametrize("features", [None, FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0)],
+                         ids=["kaldi", "sherpa-onnx"])
+def test_streamed_words_equal_the_simulated_chunked_decoding(tiny_corpus, waveform, attention, decoding, features):
+    rec = tiny_recogniser(tiny_corpus, attention=attention, positions="absolute", utterance_cmvn=True, seed=1,
+                          features=features)
     expected = simulated(rec, waveform, decoding, 0.32, 0.64)
     stream = rec.stream(chunk=0.32, left=0.64, decoding=decoding)
     partials = [p for i in range(0, waveform.shape[0], 1234) if (p := stream.accept(waveform[i:i + 1234]))]
