@@ -86,21 +86,42 @@ def test_centred_frames_and_a_lower_top_match_kaldis_algorithm(rate):
                            atol=1e-1)
 
 
+def test_samples_in_unit_range_shift_the_log_energies_and_floor_the_quietest():
+    """``sample_scale`` 1 (sherpa-onnx's and lhotse's samples in [-1, 1]): every log-mel energy is
+    ``ln(32768²)`` below the int16-scaled one, except where that falls below Kaldi's floor
+    (float32's epsilon), which holds it; dither stays in int16 units."""
+    wav = tone(16000 + 123) * 1e-4  # a quiet recording: some bins reach the floor at [-1, 1]
+    int16 = Fbank(FeatureConfig(num_mel_bins=40))(wav)
+    unit = Fbank(FeatureConfig(num_mel_bins=40, sample_scale=1.0))(wav)
+    floor = float(np.log(np.finfo(np.float32).eps))
+    shift = 2 * np.log(32768.0)
+    expected = torch.clamp_min(int16 - shift, floor)
+    torch.testing.assert_close(unit, expected, atol=2e-3, rtol=1e-4)
+    assert (unit <= floor + 1e-4).any() and (int16 > floor + 1).all()
+    torch.manual_seed(0)
+    a = Fbank(FeatureConfig(num_mel_bins=40, dither=1.0))(torch.zeros(4000), train=True)
+    torch.manual_seed(0)
+    b = Fbank(FeatureConfig(num_mel_bins=40, dither=1.0, sample_scale=1.0))(torch.zeros(4000), train=True)
+    torch.testing.assert_close(b, torch.clamp_min(a - shift, floor), atol=2e-3, rtol=1e-4)  # the same noise
+
+
 def test_cache_keys_name_the_new_settings_only_where_they_differ_from_kaldis(tmp_path):
     """``FeatureConfig.key``: caches of features and CMVN statistics computed on Kaldi's defaults
-    keep the keys they had before ``snip_edges`` and ``high_freq`` existed; either setting changed
-    gives another key."""
+    keep the keys they had before ``snip_edges``, ``high_freq`` and ``sample_scale`` existed; each
+    setting changed gives another key."""
     kaldi_defaults = FeatureConfig(num_mel_bins=40)
     assert kaldi_defaults.key() == {"sample_rate": 16000, "num_mel_bins": 40, "frame_length_ms": 25.0,
                                     "frame_shift_ms": 10.0, "channels": None}
     centred = FeatureConfig(num_mel_bins=40, snip_edges=False)
     lower = FeatureConfig(num_mel_bins=40, high_freq=-400.0)
+    unit = FeatureConfig(num_mel_bins=40, sample_scale=1.0)
     assert centred.key()["snip_edges"] is False and "high_freq" not in centred.key()
     assert lower.key()["high_freq"] == -400.0 and "snip_edges" not in lower.key()
+    assert unit.key()["sample_scale"] == 1.0 and "sample_scale" not in lower.key()
     manifest = tmp_path / "train.jsonl"
     manifest.write_text("{}\n")
-    paths = {cmvn_cache_path(manifest, c) for c in (kaldi_defaults, centred, lower)}
-    assert len(paths) == 3
+    paths = {cmvn_cache_path(manifest, c) for c in (kaldi_defaults, centred, lower, unit)}
+    assert len(paths) == 4
 
 
 @pytest.mark.parametrize("bins", [40, 80])

@@ -309,17 +309,18 @@ def test_sherpa_onnxs_public_api_gives_the_runtimes_words(tiny_corpus, tmp_path,
 def test_trained_on_sherpa_onnxs_filterbank_sherpa_onnx_gives_the_runtimes_words(tiny_corpus, tmp_path, recordings,
                                                                                 kind, model):
     """A model whose features are sherpa-onnx's default filterbank (``snip_edges`` false,
-    ``high_freq`` -400) exports without dropping a frame, says no difference, and sherpa-onnx's public
+    ``high_freq`` -400, ``sample_scale`` 1) exports without dropping a frame, says no difference, and sherpa-onnx's public
     ``from_zipformer_ctc`` with only the rate and feature dimension gives the words of fastasr's
     runtime as it runs by default (training's filterbank, computed by fastasr), none empty. A model
     on Kaldi's defaults records both differences."""
     sherpa_onnx = pytest.importorskip("sherpa_onnx", reason="sherpa-onnx has no wheel for this platform")
-    features = FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0)
+    features = FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0, sample_scale=1.0)
     recogniser = tiny_recogniser(tiny_corpus, kind=kind, features=features, **model)
     export_recogniser(recogniser, tmp_path / "out", int8=False, check=False)
     info = json.loads((tmp_path / "out" / "recogniser.json").read_text())
     assert info["export"]["dropped_frames"] == 0 and info["export"]["sherpa_onnx_differences"] == []
     assert info["features"]["snip_edges"] is False and info["features"]["high_freq"] == -400.0
+    assert info["features"]["sample_scale"] == 1.0
     runtime = OnnxRecogniser.load(tmp_path / "out")  # training's filterbank, as fastasr-transcribe-onnx runs
     assert runtime.dropped == 0
     decoder = sherpa_onnx.OfflineRecognizer.from_zipformer_ctc(
@@ -338,7 +339,8 @@ def test_trained_on_sherpa_onnxs_filterbank_sherpa_onnx_gives_the_runtimes_words
     export_recogniser(kaldi, tmp_path / "kaldi", int8=False, check=False)
     info = json.loads((tmp_path / "kaldi" / "recogniser.json").read_text())
     assert info["export"]["sherpa_onnx_differences"] == ["snip_edges=True (sherpa-onnx: False)",
-                                                         "high_freq=0.0 (sherpa-onnx: -400.0)"]
+                                                         "high_freq=0.0 (sherpa-onnx: -400.0)",
+                                                         "sample_scale=32768.0 (sherpa-onnx: 1.0)"]
 
 
 def test_the_runtimes_filterbanks_differ_only_in_sherpa_onnxs_settings(tiny_corpus, tmp_path, recordings):
@@ -492,8 +494,8 @@ def test_int8_keeps_a_trained_models_greedy_wer(tiny_corpus, tmp_path):
 
     torch.manual_seed(0)
     utterances = sorted(read_manifest(tiny_corpus / "train.jsonl"), key=lambda u: u.duration)[:4]
-    recogniser = tiny_recogniser(tiny_corpus, kind="phoneme",
-                                 features=FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0))
+    sherpa_features = FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0, sample_scale=1.0)
+    recogniser = tiny_recogniser(tiny_corpus, kind="phoneme", features=sherpa_features)
     tok, model = recogniser.tokenizer, recogniser.model
     features = Fbank(recogniser.features)
     feats = [features(torch.from_numpy(sf.read(u.audio_filepath, dtype="float32")[0])) for u in utterances]

@@ -64,8 +64,9 @@ def simulated(rec, wave, decoding, chunk, left):
                                        {"name": "i-clustered", "clusters": 4, "topk": 3, "seed": 2}],
                          ids=["full", "clustered", "i-clustered"])
 @pytest.mark.parametrize("decoding", ["greedy", "beam_lm"])
-@pytest.mark.parametrize("features", [None, FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0)],
-                         ids=["kaldi", "sherpa-onnx"])
+@pytest.mark.parametrize("features", [
+    None, FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0, sample_scale=1.0)],
+    ids=["kaldi", "sherpa-onnx"])
 def test_streamed_words_equal_the_simulated_chunked_decoding(tiny_corpus, waveform, attention, decoding, features):
     rec = tiny_recogniser(tiny_corpus, attention=attention, positions="absolute", utterance_cmvn=True, seed=1,
                           features=features)

@@ -30,7 +30,7 @@ from fastasr.onnx.onnx_recogniser import INT16_SCALE, sherpa_onnx_options  # noq
 from fastasr.onnx.streaming import OnnxStream  # noqa: E402
 
 #: sherpa-onnx's default filterbank as a training setting.
-SHERPA_FEATURES = FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0)
+SHERPA_FEATURES = FeatureConfig(num_mel_bins=40, snip_edges=False, high_freq=-400.0, sample_scale=1.0)
 #: sherpa-onnx's from_wenet_ctc defaults: 16 frames a chunk, 4 chunks of left context (0.64 s and
 #: 2.56 s at the tiny model's 40 ms a frame).
 CHUNK, LEFT = 0.64, 2.56
@@ -49,10 +49,12 @@ def _sherpa_frames(recogniser, audio: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("model", [{}, {"positions": "rotary"}, {"conv_kernel": None, "subsampling": 2},
-                                   {"utterance_cmvn": True}, {"utterance_cmvn": True, "subsampling": 1}])
+                                   {"utterance_cmvn": True}, {"utterance_cmvn": True, "subsampling": 1},
+                                   {"utterance_cmvn": True, "features": SHERPA_FEATURES}])
 def test_onnxruntime_steps_the_graph_to_the_pytorch_streams_log_probs(tiny_corpus, tmp_path, model):
     """Chunk by chunk, caches fed back, the graph's log-probabilities equal ModelStream's (1e-4)
-    over whole utterances, past the left context (the cache's mask then full)."""
+    over whole utterances, past the left context (the cache's mask then full). A model trained on
+    sherpa-onnx's filterbank drops no frame and takes ``scale_log`` off the int16-scaled input."""
     recogniser = tiny_recogniser(tiny_corpus, **model)
     result = export_streaming(recogniser, tmp_path, chunk=CHUNK, left=LEFT)
     assert result.files == [STREAMING_FILE, "tokens.txt"] and result.swapped is None
@@ -62,7 +64,10 @@ def test_onnxruntime_steps_the_graph_to_the_pytorch_streams_log_probs(tiny_corpu
     assert int(meta["chunk_size"]) == result.chunk_size and int(meta["left_chunks"]) == result.left_chunks
     context = streaming_chunk(recogniser, CHUNK, LEFT)
     audio = np.concatenate([sf.read(str(path), dtype="float32")[0] for path in _paths(tiny_corpus)])
-    frames = _sherpa_frames(recogniser, audio)
+    if "features" in model:  # training's frames, at [-1, 1]'s scale
+        frames = Fbank(recogniser.features)(torch.from_numpy(audio)).numpy()
+    else:
+        frames = _sherpa_frames(recogniser, audio)
     frames = frames[:frames.shape[0] - 7]  # a last chunk shorter than the others
     with torch.no_grad():
         model_stream = recogniser.model.start_stream(context)
@@ -71,8 +76,12 @@ def test_onnxruntime_steps_the_graph_to_the_pytorch_streams_log_probs(tiny_corpu
     got = run_stream(session, frames, context.size, context.left_frames, layers=int(meta["num_blocks"]),
                      heads=int(meta["head"]), d_model=int(meta["output_size"]),
                      cache_columns=int(meta["cnn_module_kernel"]) - 1, factor=int(meta["subsampling_factor"]),
-                     dropped=int(meta["dropped_frames"]))
-    assert int(meta["dropped_frames"]) == 1  # at 25 ms windows and 10 ms hops
+                     dropped=int(meta["dropped_frames"]), scale_log=float(meta["scale_log"]))
+    if "features" in model:
+        assert int(meta["dropped_frames"]) == 0 and abs(float(meta["scale_log"]) - 2 * np.log(32768.0)) < 1e-5
+        assert (frames < -15.0).any()  # bins at the floor: the graph keeps them there
+    else:
+        assert int(meta["dropped_frames"]) == 1 and float(meta["scale_log"]) == 0.0  # 25 ms windows, 10 ms hops
     assert expected.shape[0] > 3 * context.left_frames  # the cache rolls over
     assert got.shape == expected.shape and np.abs(got - expected).max() < 1e-4
     # fastasr's PyTorch-free runtime streams the same file, in pieces of any size

@@ -41,6 +41,8 @@ class FeatureConfig:
     snip_edges: bool = True  # frames wholly inside the samples (Kaldi's default); False: centred on the hops,
     # the edges mirrored (sherpa-onnx's, lhotse's and icefall's: an export then runs in sherpa-onnx exactly)
     high_freq: float = 0.0  # top of the mel bins in Hz; <= 0: that far below the Nyquist frequency (sherpa-onnx's -400)
+    sample_scale: float = INT16_SCALE  # what samples in [-1, 1] are multiplied by first: Kaldi's int16 range;
+    # 1.0: sherpa-onnx's and lhotse's (a bin whose energy is below float32's epsilon at that scale is floored)
 
     @classmethod
     def from_dict(cls, cfg: Mapping | FeatureConfig | None) -> FeatureConfig:
@@ -83,12 +85,12 @@ class FeatureConfig:
 
     def key(self) -> dict:
         """The settings a cache of features or CMVN statistics is keyed by: every field but
-        ``dither`` (caches hold features without it), and ``snip_edges`` and ``high_freq`` only
-        where they differ from Kaldi's defaults, so the keys of caches written before the two
-        existed stay valid."""
+        ``dither`` (caches hold features without it), and ``snip_edges``, ``high_freq`` and
+        ``sample_scale`` only where they differ from Kaldi's defaults, so the keys of caches
+        written before the three existed stay valid."""
         out = asdict(self)
         out.pop("dither")
-        for name, default in (("snip_edges", True), ("high_freq", 0.0)):
+        for name, default in (("snip_edges", True), ("high_freq", 0.0), ("sample_scale", INT16_SCALE)):
             if out[name] == default:
                 out.pop(name)
         return out
@@ -147,8 +149,8 @@ class Fbank:
     """Kaldi-compatible log-mel filterbank (``torchaudio.compliance.kaldi.fbank``).
 
     Povey window, pre-emphasis 0.97, DC removal, power spectrum, log; samples
-    are scaled to the int16 range first, as Kaldi reads them. Dither (in int16
-    units) is added only when called with ``train=True``.
+    are scaled to the int16 range first, as Kaldi reads them (``sample_scale``).
+    Dither (in int16 units) is added only when called with ``train=True``.
     """
 
     def __init__(self, config: FeatureConfig | Mapping | None = None, **overrides) -> None:
@@ -174,7 +176,7 @@ class Fbank:
         ``warp`` > 1 moves energy up the mel axis: VTLP in training (``data.augment.vtlp``).
         ``snip_edges``: the config's unless given (:class:`FbankStream` cuts mirrored edges itself)."""
         c = self.config
-        wav = waveform.reshape(1, -1).to(torch.float32) * INT16_SCALE
+        wav = waveform.reshape(1, -1).to(torch.float32) * c.sample_scale
         if wav.shape[1] < c.window_samples:
             wav = nn.functional.pad(wav, (0, c.window_samples - wav.shape[1]))
         vtln = {"vtln_warp": float(warp)} if warp != 1.0 else {}  # 1.0: the call exactly as without VTLP
@@ -183,7 +185,7 @@ class Fbank:
             num_mel_bins=c.num_mel_bins,
             frame_length=c.frame_length_ms,
             frame_shift=c.frame_shift_ms,
-            dither=c.dither if train else 0.0,
+            dither=c.dither * c.sample_scale / INT16_SCALE if train else 0.0,  # dither is in int16 units
             energy_floor=0.0,
             sample_frequency=c.sample_rate,
             snip_edges=c.snip_edges if snip_edges is None else snip_edges,

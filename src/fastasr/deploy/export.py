@@ -6,7 +6,8 @@
   ``(N,)`` int64 in; log-probabilities ``log_probs`` ``(N, T', V)`` float32 and their lengths
   ``log_probs_len`` ``(N,)`` int64 out. ``x`` is Kaldi's filterbank of samples in [-1, 1], the
   scale of sherpa-onnx's default one (:data:`INPUT_SAMPLES`; training's, of int16-scaled samples,
-  is a constant higher, which the graph adds: :class:`OnnxCTC`). The model's own global and
+  is a constant higher, which the graph adds: :class:`OnnxCTC`; nothing for a model trained on
+  samples in [-1, 1], ``features.sample_scale=1``). The model's own global and
   per-utterance CMVN and its subsampling are inside; the batch and time axes are dynamic;
   sinusoidal and rotary positions are computed in the graph for any length (no table cut at a
   maximum). The input and output names are icefall's CTC export's, so sherpa-onnx's offline CTC
@@ -62,7 +63,7 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
-from fastasr.onnx.filterbank import SHERPA_ONNX_FEATURES
+from fastasr.onnx.filterbank import KALDI_FEATURES, SHERPA_ONNX_FEATURES
 from fastasr.recognition.recogniser import Recogniser
 
 log = logging.getLogger(__name__)
@@ -115,10 +116,9 @@ def sherpa_onnx_differences(features: Any) -> list[str]:
     """The settings in which training's filterbank differs from sherpa-onnx's default one
     (:data:`fastasr.onnx.filterbank.SHERPA_ONNX_FEATURES`), as ``key=training's (sherpa-onnx: its)``;
     none: sherpa-onnx computes training's frames and its words are fastasr's. ``features``:
-    anything with ``snip_edges`` and ``high_freq`` (Kaldi's defaults where absent)."""
-    kaldi = {"snip_edges": True, "high_freq": 0.0}
-    return [f"{key}={getattr(features, key, kaldi[key])} (sherpa-onnx: {value})"
-            for key, value in SHERPA_ONNX_FEATURES.items() if getattr(features, key, kaldi[key]) != value]
+    anything with ``snip_edges``, ``high_freq`` and ``sample_scale`` (Kaldi's defaults where absent)."""
+    return [f"{key}={getattr(features, key, KALDI_FEATURES[key])} (sherpa-onnx: {value})"
+            for key, value in SHERPA_ONNX_FEATURES.items() if getattr(features, key, KALDI_FEATURES[key]) != value]
 
 
 def log_sherpa_onnx_features(features: Any) -> list[str]:
@@ -127,7 +127,7 @@ def log_sherpa_onnx_features(features: Any) -> list[str]:
     if differences:
         log.info("sherpa-onnx's default filterbank differs from training's in %s: its words come near fastasr's, "
                  "not equal (docs/DEPLOY.md); train with features.snip_edges=false "
-                 "features.high_freq=-400 for the same words", ", ".join(differences))
+                 "features.high_freq=-400 features.sample_scale=1 for the same words", ", ".join(differences))
     else:
         log.info("sherpa-onnx's default filterbank is training's: its words are fastasr's")
     return differences
@@ -138,22 +138,28 @@ class OnnxCTC(nn.Module):
     lengths as int64. ``x``: log-mel filterbanks of samples in [-1, 1] (:data:`INPUT_SAMPLES`) on
     sherpa-onnx's frame grid; the graph drops each utterance's first ``dropped`` frames (its length
     less as many, at least one frame left; ``T`` kept by padding at the end) and adds
-    :data:`SAMPLE_SCALE_LOG` to make them training's, except to a frame whose every bin is at the
-    floor (:data:`LOG_FLOOR`: digital silence, which training's filterbank floors too). A frame,
-    not a bin: training's filterbank less the constant (what the runtime feeds) may put a single
-    bin near the floor, never a whole frame."""
+    ``scale_log`` (:data:`SAMPLE_SCALE_LOG` for training's int16-scaled samples; 0, nothing, for a
+    model trained on samples in [-1, 1], ``features.sample_scale=1``) to make them training's, except
+    to a frame whose every bin is at the floor (:data:`LOG_FLOOR`: digital silence, which training's
+    filterbank floors too). A frame, not a bin: training's filterbank less the constant (what the
+    runtime feeds) may put a single bin near the floor, never a whole frame. A bin below the floor
+    in the [-1, 1] filterbank but not in training's cannot be restored: sherpa-onnx's offline
+    filterbank floors near-silent bins that int16-scaled training keeps."""
 
-    def __init__(self, model: nn.Module, dropped: int = 0) -> None:
+    def __init__(self, model: nn.Module, dropped: int = 0, scale_log: float = SAMPLE_SCALE_LOG) -> None:
         super().__init__()
         self.model = model
         self.dropped = dropped
+        self.scale_log = float(scale_log)  # ln(sample_scale²): 0 for a model trained on samples in [-1, 1]
 
     def forward(self, x: torch.Tensor, x_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.dropped:
             x = nn.functional.pad(x[:, self.dropped:], (0, 0, 0, self.dropped))
             x_lens = (x_lens - self.dropped).clamp_min(1)
-        silent = (x - LOG_FLOOR).abs().amax(dim=-1, keepdim=True) < 1e-4
-        log_probs, lengths = self.model(torch.where(silent, x, x + SAMPLE_SCALE_LOG), x_lens)
+        if self.scale_log:
+            silent = (x - LOG_FLOOR).abs().amax(dim=-1, keepdim=True) < 1e-4
+            x = torch.where(silent, x, x + self.scale_log)
+        log_probs, lengths = self.model(x, x_lens)
         return log_probs, lengths.to(torch.int64)
 
 
@@ -319,7 +325,7 @@ def _export(recogniser: Recogniser, out: str | os.PathLike, source: str, int8: b
     model.set_attention(attention)
     model.eval()
     dropped = dropped_frames(recogniser.features)
-    wrapper = OnnxCTC(model, dropped).eval()
+    wrapper = OnnxCTC(model, dropped, 2.0 * math.log(recogniser.features.sample_scale)).eval()
     example = _example(recogniser, CHECK_LENGTHS[0])
     onnx_path = out / "model.onnx"
     # TorchScript tracing (dynamo=False): the shape checks of the attention run on the example

@@ -45,12 +45,16 @@ The chunks then cover the frames of the PyTorch stream's chunks and the subsampl
 phase (one frame off, every output frame would stand 10 ms from where the model learnt it).
 Fed training's frames, a runtime puts ``dropped`` frames before the stream's first
 (:class:`fastasr.onnx.streaming.OnnxStream`, :func:`run_stream`). A model trained on sherpa-onnx's
-filterbank (``features.snip_edges=false features.high_freq=-400``) drops none, and
+filterbank (``features.snip_edges=false features.high_freq=-400 features.sample_scale=1``) drops none, and
 sherpa-onnx's frames are then training's exactly.
 
 Samples: sherpa-onnx computes a WeNet model's filterbank from int16-scaled samples
-(``normalize_samples = false``), training's scale, so this graph adds no constant (the offline
-``model.onnx`` reads [-1, 1] samples' and adds it: :class:`fastasr.deploy.export.OnnxCTC`).
+(``normalize_samples = false``), Kaldi's scale, so for a model trained on it this graph adds no
+constant (the offline ``model.onnx`` reads [-1, 1] samples' and adds it:
+:class:`fastasr.deploy.export.OnnxCTC`). For a model trained on samples in [-1, 1]
+(``features.sample_scale=1``) it takes off ``scale_log`` (:func:`stream_scale_log`, in the metadata),
+flooring at Kaldi's floor: exactly that model's frames, since a bin below the floor at one scale
+is floored at the other too.
 
 Attention: full attention exports as it is (the chunk's queries over the cache's and its own keys,
 masked). The fast attentions cluster or hash the window's queries with host-side control flow
@@ -78,7 +82,7 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
-from fastasr.deploy.export import OPSET, dropped_frames, exported_attention, tokens_txt
+from fastasr.deploy.export import LOG_FLOOR, OPSET, dropped_frames, exported_attention, tokens_txt
 from fastasr.model.chunking import ChunkContext
 from fastasr.model.positional import SinusoidalPositionalEncoding, _frequencies
 from fastasr.recognition.recogniser import Recogniser
@@ -95,6 +99,7 @@ STREAMING_INPUTS = ("x", "offset", "required_cache_size", "att_cache", "cnn_cach
 STREAMING_OUTPUTS = ("log_probs", "r_att_cache", "r_cnn_cache")
 #: The scale of the samples whose filterbank ``x`` is: training's (and sherpa-onnx's for WeNet models).
 STREAMING_INPUT_SAMPLES = "[-32768, 32767]"
+STREAMING_SCALE = 32768.0
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -102,15 +107,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1).flatten(-2)
 
 
+def stream_scale_log(sample_scale: float) -> float:
+    """``ln((32768 / sample_scale)²)``: how far the filterbank of int16-scaled samples, which the
+    streaming graph reads, lies above that of training's ``sample_scale`` (0 for int16's)."""
+    return 2.0 * math.log(STREAMING_SCALE / float(sample_scale))
+
+
 class OnnxStreamStep(nn.Module):
     """One stream step in WeNet's interface (module docstring); the numbers of
     :class:`fastasr.model.streaming.ModelStream`'s ``_encode`` for a chunk, up to rounding.
     The model must hold an exportable (full) attention and be in eval mode."""
 
-    def __init__(self, model: nn.Module, dropped: int = 0) -> None:
+    def __init__(self, model: nn.Module, dropped: int = 0, scale_log: float = 0.0) -> None:
         super().__init__()
         self.model = model
         self.dropped = dropped
+        # ln((32768 / training's sample scale)²): what sherpa-onnx's int16-scaled frames hold above
+        # training's (0 for Kaldi's int16 scale); the graph takes it off, floored as training floors
+        self.scale_log = float(scale_log)
         first = model.encoder.layers[0]
         self.d_model = first.norm1.normalized_shape[0]
         self.heads = first.attn.heads
@@ -143,7 +157,10 @@ class OnnxStreamStep(nn.Module):
         position = offset[0] - required_cache_size[0]  # encoder frames before the chunk
         packed = cnn_cache[0, 0, :, hk:hk + self.extra].transpose(0, 1).reshape(-1)  # layer 0's extra columns
         kept = []  # what the next step finds there
-        x = model.cmvn(x[:, self.dropped:])
+        x = x[:, self.dropped:]
+        if self.scale_log:
+            x = (x - self.scale_log).clamp_min(LOG_FLOOR)
+        x = model.cmvn(x)
         if self.stats_size:
             x, statistics = self._utterance_cmvn(x, packed[self.front_size:self.front_size + self.stats_size],
                                                  position)
@@ -303,7 +320,8 @@ def _export(recogniser: Recogniser, out: Path, context: ChunkContext, source: st
         log.warning("streaming export: %s", swapped)
     model.set_attention(attention)
     model.eval()
-    step = OnnxStreamStep(model, dropped_frames(recogniser.features)).eval()
+    step = OnnxStreamStep(model, dropped_frames(recogniser.features),
+                          stream_scale_log(recogniser.features.sample_scale)).eval()
     size, left = context.size, context.left_frames
     example = example_inputs(step, size, left, position=size)
     path = out / STREAMING_FILE
@@ -319,7 +337,7 @@ def _export(recogniser: Recogniser, out: Path, context: ChunkContext, source: st
         "model_type": "fastasr_ctc_streaming", "model_author": "fastasr", "attention": attention,
         "trained_attention": trained, "head": step.heads, "num_blocks": step.layers, "output_size": step.d_model,
         "cnn_module_kernel": step.cnn_module_kernel, "right_context": step.factor - 1 + step.dropped,
-        "dropped_frames": step.dropped,
+        "dropped_frames": step.dropped, "scale_log": step.scale_log,
         "subsampling_factor": step.factor, "subsampling_rate": step.factor, "vocab_size": recogniser.vocab_size,
         "chunk_size": size, "left_chunks": context.left_chunks, "feature_size": step.feat,
         "sample_rate": recogniser.features.sample_rate, "input_samples": STREAMING_INPUT_SAMPLES,
@@ -361,17 +379,19 @@ def example_inputs(step: OnnxStreamStep, size: int, left: int, position: int = 0
 
 def run_stream(session: Any, frames: Any, size: int, left: int, step: OnnxStreamStep | None = None,
                *, layers: int | None = None, heads: int | None = None, d_model: int | None = None,
-               cache_columns: int | None = None, factor: int | None = None, dropped: int | None = None) -> Any:
+               cache_columns: int | None = None, factor: int | None = None, dropped: int | None = None,
+               scale_log: float | None = None) -> Any:
     """Step ``session`` (an onnxruntime session of the graph) over training's ``frames (T, F)``
     (numpy) chunk by chunk as sherpa-onnx does, complete chunks only, ``dropped`` zero frames put
-    before them (module docstring): their log-probabilities ``(T', V)``."""
+    before them and ``scale_log`` added, which the graph takes off (module docstring): their
+    log-probabilities ``(T', V)``."""
     import numpy as np
 
     if step is not None:
-        layers, heads, d_model, cache_columns, factor, dropped = (step.layers, step.heads, step.d_model,
-                                                                  step.cache_columns, step.factor, step.dropped)
+        layers, heads, d_model, cache_columns, factor, dropped, scale_log = (
+            step.layers, step.heads, step.d_model, step.cache_columns, step.factor, step.dropped, step.scale_log)
     dropped = dropped or 0
-    frames = np.concatenate([np.zeros((dropped, frames.shape[1]), frames.dtype), frames])
+    frames = np.concatenate([np.zeros((dropped, frames.shape[1]), frames.dtype), frames + (scale_log or 0.0)])
     att = np.zeros((layers, heads, left, 2 * d_model // heads), np.float32)
     cnn = np.zeros((layers, 1, d_model, cache_columns), np.float32)
     out, position, shift = [], 0, size * factor

@@ -26,15 +26,19 @@ from functools import lru_cache
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["FilterbankOptions", "SHERPA_ONNX_FEATURES", "log_mel", "mel_banks", "num_frames"]
+__all__ = ["FilterbankOptions", "KALDI_FEATURES", "SHERPA_ONNX_FEATURES", "log_mel", "mel_banks", "num_frames"]
 
 #: The floor of a mel energy before its log (Kaldi's and torchaudio's: float32's epsilon).
 ENERGY_FLOOR = float(np.finfo(np.float32).eps)
 PREEMPHASIS = 0.97
 BLOCK_FRAMES = 4096  # frames transformed at a time
 #: sherpa-onnx's default filterbank settings where they are not Kaldi's (its ``FeatureExtractorConfig``'s,
-#: lhotse's and icefall's); its samples are in [-1, 1] besides, a constant the exported graphs absorb.
-SHERPA_ONNX_FEATURES = {"snip_edges": False, "high_freq": -400.0}
+#: lhotse's and icefall's), named as training's (``fastasr.data.features.FeatureConfig``): samples in
+#: [-1, 1] (its offline recognisers'; its online one gives a WeNet model int16-scaled samples), frames
+#: centred on the hops, the mel bins up to 400 Hz below the Nyquist frequency.
+SHERPA_ONNX_FEATURES = {"snip_edges": False, "high_freq": -400.0, "sample_scale": 1.0}
+#: Kaldi's defaults of the same settings.
+KALDI_FEATURES = {"snip_edges": True, "high_freq": 0.0, "sample_scale": 32768.0}
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,7 @@ from fastasr.data.tokenizer import Tokenizer
 from fastasr.decoding.hypothesis import tidy_boundary_indices, word_frames, word_groups
 from fastasr.decoding.transcript_formats import Transcription, Word
 from fastasr.decoding.windows import LongFormConfig, output_frames, plan_windows
-from fastasr.onnx.filterbank import SHERPA_ONNX_FEATURES, FilterbankOptions, log_mel
+from fastasr.onnx.filterbank import KALDI_FEATURES, SHERPA_ONNX_FEATURES, FilterbankOptions, log_mel
 
 if TYPE_CHECKING:  # the beam search (flashlight-text) is imported by beam_decoder alone: greedy needs none
     from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
@@ -59,8 +59,8 @@ SAMPLE_SCALE_LOG = np.float32(2.0 * math.log(INT16_SCALE))
 def fbank(waveform: np.ndarray, features: dict[str, Any]) -> np.ndarray:
     """``(frames, num_mel_bins)`` float32 log-mel filterbanks of a mono ``waveform`` in [-1, 1] at
     ``features["sample_rate"]``: Kaldi's, as training computed them (``fastasr.data.features.Fbank``:
-    povey window, pre-emphasis 0.97, DC removal, power spectrum, int16-scaled samples, no dither,
-    training's ``snip_edges`` and ``high_freq`` (Kaldi's defaults where ``features`` predates them);
+    povey window, pre-emphasis 0.97, DC removal, power spectrum, no dither, training's
+    ``sample_scale``, ``snip_edges`` and ``high_freq`` (Kaldi's where ``features`` predates them);
     input shorter than one window zero-padded to one), computed in numpy on
     whole arrays (:func:`fastasr.onnx.filterbank.log_mel`)."""
     options = filterbank_options(features)
@@ -74,16 +74,25 @@ def filterbank_options(features: dict[str, Any]) -> FilterbankOptions:
     """Training's filterbank settings (``recogniser.json``'s ``features``) as the runtime's."""
     return FilterbankOptions(sample_rate=int(features["sample_rate"]), num_mel_bins=int(features["num_mel_bins"]),
                              frame_length_ms=float(features["frame_length_ms"]),
-                             frame_shift_ms=float(features["frame_shift_ms"]), scale=INT16_SCALE,
-                             snip_edges=bool(features.get("snip_edges", True)),
-                             high_freq=float(features.get("high_freq", 0.0)))
+                             frame_shift_ms=float(features["frame_shift_ms"]),
+                             scale=float(features.get("sample_scale", KALDI_FEATURES["sample_scale"])),
+                             snip_edges=bool(features.get("snip_edges", KALDI_FEATURES["snip_edges"])),
+                             high_freq=float(features.get("high_freq", KALDI_FEATURES["high_freq"])))
+
+
+def scale_log(features: dict[str, Any]) -> np.float32:
+    """What training's sample scale (``features["sample_scale"]``, int16's where absent) adds to every
+    log-mel energy against samples in [-1, 1]: ``ln(scale²)`` (0 for a model trained on [-1, 1])."""
+    return np.float32(2.0 * math.log(float(features.get("sample_scale", KALDI_FEATURES["sample_scale"]))))
 
 
 def sherpa_onnx_options(features: dict[str, Any]) -> FilterbankOptions:
     """sherpa-onnx's default filterbank at the model's rate and dimension (``FeatureExtractorConfig``'s,
     lhotse's and icefall's): samples in [-1, 1], edges not snipped, the top 400 Hz below the Nyquist
     frequency."""
-    return replace(filterbank_options(features), scale=1.0, **SHERPA_ONNX_FEATURES)
+    sherpa = SHERPA_ONNX_FEATURES
+    return replace(filterbank_options(features), scale=sherpa["sample_scale"], snip_edges=sherpa["snip_edges"],
+                   high_freq=sherpa["high_freq"])
 
 
 #: The filterbanks :class:`OnnxRecogniser` computes: ``training``, training's (``fastasr-transcribe``'s
@@ -222,7 +231,7 @@ class OnnxRecogniser:
             return frames[min(self.dropped, frames.shape[0] - 1):]  # the graph keeps one at least
         features = fbank(waveform, self.features)
         if not scaled:
-            features -= SAMPLE_SCALE_LOG
+            features -= scale_log(self.features)
         return features
 
     def run(self, features: Sequence[np.ndarray]) -> list[np.ndarray]:

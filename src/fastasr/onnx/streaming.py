@@ -36,6 +36,8 @@ class OnnxStream:
         # window is a chunk's and as many before it, the stream's first put before its first frame
         self.dropped = int(meta["right_context"]) - (self.factor - 1)
         self.vocab = int(meta["vocab_size"])
+        # what the graph takes off its int16-scaled input to make training's frames (0 for int16-scaled training)
+        self.scale_log = np.float32(float(meta.get("scale_log", 0.0)))
         layers, heads, d = int(meta["num_blocks"]), int(meta["head"]), int(meta["output_size"])
         self.att = np.zeros((layers, heads, self.left, 2 * d // heads), np.float32)
         self.cnn = np.zeros((layers, 1, d, int(meta["cnn_module_kernel"]) - 1), np.float32)
@@ -43,7 +45,7 @@ class OnnxStream:
         self.position = 0  # encoder frames given so far
 
     def accept(self, frames: np.ndarray) -> np.ndarray:
-        frames = np.asarray(frames, np.float32)
+        frames = np.asarray(frames, np.float32) + self.scale_log
         if self.pending is None:
             self.pending = np.zeros((self.dropped, frames.shape[-1]), np.float32)
         self.pending = np.concatenate([self.pending, frames])
