@@ -23,6 +23,9 @@ Steps (docs/DEPLOY.md "Streaming in sherpa-onnx"):
       sherpa-onnx's examples (a chunk of silence and two frames, so its last partial chunk is
       decoded), ``input_finished()`` and decoding until it is not ready.
 
+   And the PyTorch stream fed the same padded samples as sherpa-onnx: how many utterances give
+   sherpa-onnx's words (the ends apart, the two streams hear the same frames).
+
    Counted: utterances whose words (exact text) equal the PyTorch stream's, for b and c, and the
    CER of each against the PyTorch stream's words (how far they are); CER and WER of each against
    the references (:class:`fastasr.decoding.metrics.ErrorRates`); the
@@ -112,7 +115,9 @@ def onnx_on_sherpa_features(session, decoder, features: dict, padded: np.ndarray
     """OnnxStream fed sherpa-onnx's default filterbank of a WeNet model (int16-scaled samples) of
     ``padded``, less the frames the graph drops at the stream's start, over the chunks sherpa-onnx
     decodes (``(k + 1) × shift + dropped < frames``)."""
-    frames = log_mel(padded, replace(sherpa_onnx_options(features), scale=INT16_SCALE)).astype(np.float32)
+    # at training's sample scale, which OnnxStream takes (the graph reads int16's: OnnxStream adds the offset)
+    scale = float(features.get("sample_scale", INT16_SCALE))
+    frames = log_mel(padded, replace(sherpa_onnx_options(features), scale=scale)).astype(np.float32)
     stream = OnnxStream(None, session=session)
     chunks = sum(1 for k in range(frames.shape[0]) if (k + 1) * shift + stream.dropped < frames.shape[0])
     log_probs = stream.accept(frames[stream.dropped:stream.dropped + chunks * shift])
@@ -197,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
             wall[name] += clock.seconds()
         row["onnx_on_sherpa_features"] = " ".join(
             onnx_on_sherpa_features(session, decoder, features, np.concatenate([samples, tail]), shift))
+        row["pytorch_padded"] = " ".join(pytorch_words(rec, np.concatenate([samples, tail]), args, step))
         for name, change in halfway.items():
             row[name] = " ".join(onnx_halfway(session, decoder, features, samples, change))
         rows.append(row)
@@ -206,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
     ref_units = [tok.scored_units(tok.units(u)) for u in utterances]
     pytorch_units = [tok.scored_units(tok.units(r["pytorch"])) for r in rows]
     scores = {}
-    for name in (*STREAMS, "onnx_on_sherpa_features", *halfway):
+    for name in (*STREAMS, "onnx_on_sherpa_features", "pytorch_padded", *halfway):
         rates = ErrorRates()
         rates.update(ref_units, [tok.scored_units(tok.units(r[name])) for r in rows], refs,
                      [r[name].split() for r in rows])
@@ -217,6 +223,7 @@ def main(argv: list[str] | None = None) -> dict:
         if name in STREAMS:
             scores[name]["rtf"] = round(wall[name] / seconds, 4)
     sherpa_same_as_diagnosis = sum(r["sherpa"] == r["onnx_on_sherpa_features"] for r in rows)
+    sherpa_same_as_padded = sum(r["sherpa"] == r["pytorch_padded"] for r in rows)
 
     info = machine_info("cpu")
     corpus = Path(args.manifest).resolve().parent.name
@@ -227,7 +234,8 @@ def main(argv: list[str] | None = None) -> dict:
               "sherpa_onnx_differences": differences,
               "chunk_size": exported.chunk_size, "left_chunks": exported.left_chunks, "piece_s": args.piece,
               "onnx_vs_pytorch_max_logprob_diff": exported.max_abs_diff, "sherpa_onnx": sherpa_onnx.__version__,
-              "scores": scores, "sherpa_same_as_onnx_on_its_filterbank": sherpa_same_as_diagnosis, "rows": rows}
+              "scores": scores, "sherpa_same_as_onnx_on_its_filterbank": sherpa_same_as_diagnosis,
+              "sherpa_same_as_pytorch_on_padded_samples": sherpa_same_as_padded, "rows": rows}
     frame = rec.frame_seconds
     n = len(rows)
     lines = [f"# Streaming export in sherpa-onnx: {corpus}", "", command_line("pipeline/streaming_export.py"), "",
@@ -251,7 +259,10 @@ def main(argv: list[str] | None = None) -> dict:
                   f"utterances, to the PyTorch stream's for {d['same_as_pytorch']} / {n} (CER against them "
                   f"{d['cer_against_pytorch']:.2f} %); CER {d['cer']:.2f} %, "
                   f"WER {d['wer']:.2f} %. The export's own check (onnxruntime against the PyTorch stream): largest "
-                  f"log-probability difference {exported.max_abs_diff:.1e}."]
+                  f"log-probability difference {exported.max_abs_diff:.1e}.", "",
+              f"fastasr's PyTorch stream fed the same padded samples (the tail sherpa-onnx's examples add, then "
+              f"finish()): words equal to sherpa-onnx's for {sherpa_same_as_padded} / {n} utterances; CER "
+              f"{scores['pytorch_padded']['cer']:.2f} %, WER {scores['pytorch_padded']['wer']:.2f} %."]
     if halfway:
         lines += ["", "Which of sherpa-onnx's filterbank defaults moves the words: fastasr's ONNX stream on "
                       "training's filterbank with one of them:", "",
