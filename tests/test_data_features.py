@@ -14,6 +14,7 @@ import torchaudio.functional as AF
 
 from fastasr.data.features import Fbank, FeatureConfig, cmvn_cache_path, compute_cmvn_stats
 from fastasr.data.manifest import Utterance
+from fastasr.onnx.filterbank import KALDI_FEATURES
 
 
 def tone(n, rate=16000, seed=0):
@@ -110,6 +111,7 @@ def test_cache_keys_name_the_new_settings_only_where_they_differ_from_kaldis(tmp
     keep the keys they had before ``snip_edges``, ``high_freq`` and ``sample_scale`` existed; each
     setting changed gives another key."""
     kaldi_defaults = FeatureConfig(num_mel_bins=40)
+    assert {k: getattr(kaldi_defaults, k) for k in KALDI_FEATURES} == KALDI_FEATURES  # the runtime's copy
     assert kaldi_defaults.key() == {"sample_rate": 16000, "num_mel_bins": 40, "frame_length_ms": 25.0,
                                     "frame_shift_ms": 10.0, "channels": None}
     centred = FeatureConfig(num_mel_bins=40, snip_edges=False)

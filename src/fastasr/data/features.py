@@ -12,7 +12,7 @@ import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -90,8 +90,9 @@ class FeatureConfig:
         written before the three existed stay valid."""
         out = asdict(self)
         out.pop("dither")
-        for name, default in (("snip_edges", True), ("high_freq", 0.0), ("sample_scale", INT16_SCALE)):
-            if out[name] == default:
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in ("snip_edges", "high_freq", "sample_scale"):
+            if out[name] == defaults[name]:
                 out.pop(name)
         return out
 
@@ -217,7 +218,7 @@ class FbankStream:
         self.fbank = fbank
         self.buffer = torch.zeros(0)  # samples not yet wholly used, edge samples included
         self.head = torch.zeros(0)  # the first samples, while fewer than a window have arrived
-        self.tail = torch.zeros(0)  # the last window of samples (mirrored at the end)
+        self.tail = torch.zeros(0)  # the last window of samples (mirrored at the end; snip_edges False)
         self.received = 0  # samples accepted
         self.frames = 0  # frames given so far
 
@@ -226,7 +227,8 @@ class FbankStream:
         c = self.fbank.config
         samples = torch.as_tensor(samples, dtype=torch.float32).reshape(-1)
         self.received += samples.shape[0]
-        self.tail = torch.cat([self.tail, samples])[-c.window_samples:]
+        if not c.snip_edges:  # finish mirrors the last window's samples
+            self.tail = torch.cat([self.tail, samples])[-c.window_samples:]
         if self.received - samples.shape[0] < c.window_samples:  # still gathering the first window
             self.head = torch.cat([self.head, samples])
             if self.head.shape[0] < c.window_samples:

@@ -82,6 +82,7 @@ import torch
 from torch import nn
 
 from fastasr.attention import build_attention
+from fastasr.data.features import INT16_SCALE
 from fastasr.deploy.export import LOG_FLOOR, OPSET, dropped_frames, exported_attention, tokens_txt
 from fastasr.model.chunking import ChunkContext
 from fastasr.model.positional import SinusoidalPositionalEncoding, _frequencies
@@ -99,7 +100,6 @@ STREAMING_INPUTS = ("x", "offset", "required_cache_size", "att_cache", "cnn_cach
 STREAMING_OUTPUTS = ("log_probs", "r_att_cache", "r_cnn_cache")
 #: The scale of the samples whose filterbank ``x`` is: training's (and sherpa-onnx's for WeNet models).
 STREAMING_INPUT_SAMPLES = "[-32768, 32767]"
-STREAMING_SCALE = 32768.0
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -110,7 +110,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 def stream_scale_log(sample_scale: float) -> float:
     """``ln((32768 / sample_scale)²)``: how far the filterbank of int16-scaled samples, which the
     streaming graph reads, lies above that of training's ``sample_scale`` (0 for int16's)."""
-    return 2.0 * math.log(STREAMING_SCALE / float(sample_scale))
+    return 2.0 * math.log(INT16_SCALE / float(sample_scale))
 
 
 class OnnxStreamStep(nn.Module):
