@@ -62,7 +62,13 @@ from fastasr.decoding.metrics import ErrorRates, align
 from fastasr.deploy.export import sherpa_onnx_differences
 from fastasr.deploy.streaming_export import STREAMING_FILE, export_streaming
 from fastasr.onnx.filterbank import log_mel
-from fastasr.onnx.onnx_recogniser import INT16_SCALE, fbank, filterbank_options, read_audio, sherpa_onnx_options
+from fastasr.onnx.onnx_recogniser import (
+    INT16_SCALE,
+    fbank,
+    filterbank_options,
+    read_audio,
+    sherpa_onnx_options,
+)
 from fastasr.onnx.streaming import OnnxStream
 from fastasr.recognition.loading import load_recogniser
 
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs = {"pytorch": lambda x: pytorch_words(rec, x, args, step),
             "onnx": lambda x: onnx_words(session, decoder, features, x, step),
             "sherpa": lambda x: sherpa_words(recognizer, x, rate, step, tail)}
-    for n, utt in enumerate(utterances):
+    for utt in utterances:
         path = Path(utt.audio_filepath)
         samples = read_audio(path if path.is_absolute() else Path(args.manifest).parent / path, rate)
         seconds += samples.shape[0] / rate
