@@ -8,9 +8,18 @@ import math
 import pytest
 import torch
 
+import fastasr.data.feature_cache as feature_cache
 from fastasr.data.augment import AugmentConfig, Variant, WaveformAugment, perturb
 from fastasr.data.datamodule import ASRDataModule
-from fastasr.data.feature_cache import _settings, cache_dir, cache_key, cache_prefix
+from fastasr.data.feature_cache import (
+    _settings,
+    build_feature_cache,
+    build_feature_caches,
+    cache_dir,
+    cache_key,
+    cache_prefix,
+    open_feature_caches,
+)
 from fastasr.data.feature_sources import AudioFeatures, CachedFeatures
 from fastasr.data.features import Fbank, FeatureConfig
 from fastasr.data.manifest import read_manifest
@@ -209,6 +218,43 @@ def test_cache_keys_and_names_include_the_variant(tiny_corpus, tmp_path):
     assert cache_prefix(manifest, 1.1).endswith("_train_sp1.1") and cache_prefix(manifest).endswith("_train")
     assert cache_dir(tmp_path, manifest, keys[Variant(warp=1.1)], Variant(warp=1.1)).name.startswith(
         cache_prefix(manifest, Variant(warp=1.1)) + "-")
+
+
+def test_copies_of_one_speed_and_pitch_share_one_waveform(tiny_corpus, tmp_path, monkeypatch):
+    """The VTLP copies of one speed and pitch are built in one pass: each utterance perturbed
+    once, its caches equal to building each copy alone; copies of other speeds or pitches are
+    refused in one pass and built in passes of their own by ``open_feature_caches``."""
+    utts = read_manifest(tiny_corpus / "dev.jsonl")
+    cfg = FeatureConfig(num_mel_bins=40)
+    manifest = tiny_corpus / "dev.jsonl"
+    calls = []
+    real = feature_cache.perturb
+    monkeypatch.setattr(feature_cache, "perturb", lambda wav, v, rate: calls.append(v) or real(wav, v, rate))
+    group = [Variant(1.0, w, 2.0) for w in (0.9, 1.0, 1.1)]
+    targets = [(cache_dir(tmp_path / "one", manifest, cache_key(utts, cfg, v), v), cache_key(utts, cfg, v), v)
+               for v in group]
+    together = build_feature_caches(utts, cfg, targets)
+    assert len(calls) == len(utts)  # one waveform per utterance for the three copies
+    for (directory, key, v), cache in zip(targets, together):
+        alone = build_feature_cache(utts, cfg, tmp_path / "alone" / directory.name, key, v)
+        assert cache.directory == directory and cache.settings == alone.settings and cache.settings.get("vtlp", 1.0) == v.warp
+        for u in utts:
+            assert torch.equal(cache[u.id], alone[u.id])
+    assert not torch.equal(together[0][utts[0].id], together[2][utts[0].id])  # the warps differ
+    with pytest.raises(ValueError, match="differ in speed or pitch"):
+        build_feature_caches(utts, cfg, targets[:1] + [(tmp_path / "x", "k", Variant(0.9, 0.9, 2.0))])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alone", "one"]  # the refused build left nothing
+    calls.clear()
+    variants = [Variant(s, w, p) for s in (1.0, 1.1) for w in (0.9, 1.1) for p in (0.0, 2.0)]
+    caches = open_feature_caches(utts, manifest, cfg, {"dir": str(tmp_path / "opened"), "mode": "build"}, variants)
+    assert list(caches) == variants and len({c.directory for c in caches.values()}) == 8
+    assert len(calls) == 4 * len(utts)  # four (speed, pitch) passes for eight copies
+    calls.clear()
+    assert {v: c.directory for v, c in open_feature_caches(
+        utts, manifest, cfg, {"dir": str(tmp_path / "opened"), "mode": "auto"}, variants).items()} == \
+        {v: c.directory for v, c in caches.items()} and not calls  # found, not built again
+    assert open_feature_caches(utts, manifest, cfg, {"dir": str(tmp_path / "opened"), "mode": "auto"},
+                               variants + [Variant(0.9)]) is None  # one copy missing: on the fly
 
 
 def make_dm(corpus, cache_root, **kw):

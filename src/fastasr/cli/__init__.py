@@ -14,7 +14,7 @@ prints. Nothing in the library imports this package. Each module ``fastasr.cli.<
 ``fastasr-budget``           the equal-budget study (:func:`fastasr.studies.budget.run_budget`)
 ``fastasr-report``           a run's or a matrix's HTML page (:func:`fastasr.studies.report.build_report`)
 ``fastasr-lm``               an n-gram LM from manifests (:func:`fastasr.lm.build.build`)
-``fastasr-features``         the feature caches of a training config (:func:`fastasr.data.feature_cache.build_for_config`)
+``fastasr-features``         the feature caches of a training config (:func:`fastasr.cli.features.build_for_config`)
 ``fastasr-calibrate``        the ``attention=auto`` crossovers of this machine (:mod:`fastasr.attention.calibrate`)
 ``fastasr-corpus``           a corpus's manifests: ``synthetic``, ``digits``, ``librispeech``, ... (:mod:`fastasr.corpora`)
 ``fastasr-kernels``          the C++ kernels' ``build`` and ``check``, the Triton kernels' ``compile-check``

@@ -27,12 +27,16 @@ and renamed into place when complete, so a killed build leaves no half cache
 and two processes building the same cache at once (DDP ranks, parallel jobs)
 both succeed: the first rename wins, the other copy is discarded.
 
+**Copies of one waveform are built together.** The VTLP copies of one speed factor and pitch
+shift share their waveform: :func:`open_feature_caches` builds the missing ones in one pass
+(:func:`build_feature_caches`), each utterance decoded and perturbed once and the filterbank run
+once per VTLP factor, so 27 copies (3 speeds × 3 warps × 3 pitches) cost 9 pitch shifts.
+
 **Reading** memory-maps the shards (opened lazily in each DataLoader worker) and
 copies one utterance out per lookup: no audio decoding, no resampling, no FFT.
 
-:func:`build_for_config` builds the caches of a data config's train/dev/test manifests
-(``python -m fastasr.cli.features [overrides]``, ``make features``: the overrides
-``train.py`` takes).
+``fastasr-features`` (:mod:`fastasr.cli.features`, ``make features``) builds the caches of a
+training config's train/dev/test manifests, with the overrides ``train.py`` takes.
 """
 
 from __future__ import annotations
@@ -53,9 +57,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from fastasr.data.audio import BadAudioError
-from fastasr.data.augment import AugmentConfig, Variant, perturb
-from fastasr.data.features import Fbank, FeatureConfig, load_utterance_audio, with_native_rate
-from fastasr.data.manifest import Utterance, read_manifest
+from fastasr.data.augment import Variant, perturb
+from fastasr.data.features import Fbank, FeatureConfig, load_utterance_audio
+from fastasr.data.manifest import Utterance
 from fastasr.data.voice import VOICE_VERSION
 from fastasr.sections import dataclass_from_mapping
 
@@ -225,11 +229,13 @@ class FeatureCache:
 
 
 class _ComputeFeatures(Dataset):
-    """Feature computation for the builder's DataLoader: ``(index, features or None, reason)``;
-    unusable audio is found by the checks the dataset makes (``load_utterance_audio``)."""
+    """Feature computation for the builder's DataLoader: ``(index, [features per variant] or
+    None, reason)``. The variants share their speed factor and pitch shift, so the waveform is
+    perturbed once and the filterbank run once per VTLP factor. Unusable audio is found by the
+    checks the dataset makes (``load_utterance_audio``)."""
 
-    def __init__(self, utterances: Sequence[Utterance], config: FeatureConfig, variant: Variant) -> None:
-        self.utterances, self.fbank, self.variant = list(utterances), Fbank(config), variant
+    def __init__(self, utterances: Sequence[Utterance], config: FeatureConfig, variants: Sequence[Variant]) -> None:
+        self.utterances, self.fbank, self.variants = list(utterances), Fbank(config), list(variants)
 
     def __len__(self) -> int:
         return len(self.utterances)
@@ -240,25 +246,85 @@ class _ComputeFeatures(Dataset):
             wav = load_utterance_audio(utt, self.fbank.config)
         except BadAudioError as err:  # a bad file in a corpus of thousands is reported, not fatal
             return i, None, err.reason
-        wav = perturb(wav, self.variant, self.fbank.config.sample_rate)
-        return i, self.fbank(wav, train=False, warp=self.variant.warp), ""
+        wav = perturb(wav, self.variants[0], self.fbank.config.sample_rate)
+        return i, [self.fbank(wav, train=False, warp=v.warp) for v in self.variants], ""
 
 
-def build_feature_cache(utterances: Sequence[Utterance], config: FeatureConfig | Mapping, directory: str | Path,
-                        key: str, variant: Variant | float = 1.0, dtype: str = "float32", num_workers: int = 0,
-                        frames_per_shard: int = FRAMES_PER_SHARD) -> FeatureCache:
-    """Compute the features of ``utterances`` (no dither; perturbed as ``variant`` says: a
-    number is a speed factor) and
-    publish them atomically as ``directory``. If another process published the same cache
-    meanwhile, that one is kept. Utterances whose audio is unusable (``BadAudioError``) are
-    logged and listed in ``skipped``; duplicate ids keep their first occurrence."""
+class _CacheWriter:
+    """One cache being written: shards into a private temporary directory beside ``directory``,
+    renamed into place by :meth:`publish`."""
+
+    def __init__(self, directory: Path, key: str, settings: dict, dtype: str, frames_per_shard: int) -> None:
+        self.directory, self.key, self.settings = directory, key, settings
+        self.dtype, self.frames_per_shard = dtype, frames_per_shard
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.tmp.mkdir()
+        self.entries: dict[str, list[int]] = {}
+        self.shards: list[str] = []
+        self.pending: list[np.ndarray] = []
+        self.pending_frames = 0
+
+    def add(self, utt_id: str, feats: torch.Tensor) -> None:
+        self.entries[utt_id] = [len(self.shards), self.pending_frames, int(feats.shape[0])]
+        self.pending.append(feats.numpy())
+        self.pending_frames += int(feats.shape[0])
+        if self.pending_frames >= self.frames_per_shard:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            name = f"shard-{len(self.shards):05d}.npy"
+            np.save(self.tmp / name, np.concatenate(self.pending).astype(self.dtype, copy=False))
+            self.shards.append(name)
+            self.pending, self.pending_frames = [], 0
+
+    def publish(self, skipped: dict[str, str], seconds: float) -> FeatureCache:
+        """Write the index and rename the directory into place; if another process published
+        the same cache meanwhile, that one is kept."""
+        self.flush()
+        index = {"version": FORMAT_VERSION, "key": self.key, "settings": self.settings,
+                 "shards": self.shards, "entries": self.entries, "skipped": skipped}
+        (self.tmp / INDEX_NAME).write_text(json.dumps(index))
+        try:
+            os.rename(self.tmp, self.directory)
+        except OSError:
+            if not (self.directory / INDEX_NAME).is_file():
+                raise
+            log.info("feature cache %s: another process built it first; using that copy", self.directory)
+        else:
+            cache = FeatureCache(self.directory, self.key)
+            log.info("feature cache %s: %d utterances, %d frames, %.1f MB in %.1f s%s", self.directory, len(cache),
+                     cache.num_frames, cache.nbytes() / 1e6, seconds, f"; {len(skipped)} skipped" if skipped else "")
+        return FeatureCache(self.directory, self.key)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def build_feature_caches(utterances: Sequence[Utterance], config: FeatureConfig | Mapping,
+                         targets: Sequence[tuple[str | Path, str, Variant | float]], dtype: str = "float32",
+                         num_workers: int = 0, frames_per_shard: int = FRAMES_PER_SHARD) -> list[FeatureCache]:
+    """Compute the features of ``utterances`` for every ``(directory, key, variant)`` of
+    ``targets`` in one pass over the audio (no dither) and publish each cache atomically as its
+    ``directory``. The variants must share their speed factor and pitch shift: each utterance's
+    waveform is decoded and perturbed once, then the filterbank runs once per VTLP factor (the
+    pitch shift costs about eight times the filterbank, so the copies of one speed and pitch
+    cost little more than one). A cache that another process published meanwhile is kept. Utterances whose audio is
+    unusable (``BadAudioError``) are logged and listed in ``skipped``; duplicate ids keep their
+    first occurrence. Returns the caches in ``targets``' order."""
     config = FeatureConfig.from_dict(config)
-    variant = Variant.of(variant)
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
+    targets = [(Path(d), k, Variant.of(v)) for d, k, v in targets]
+    if not targets:
+        return []
+    variants = [v for _, _, v in targets]
+    if len({(v.speed, v.semitones) for v in variants}) != 1:
+        raise ValueError("build_feature_caches: variants " + "; ".join(v.describe() or "plain" for v in variants)
+                         + " differ in speed or pitch; expected one waveform for them all (one speed and pitch)")
+    writers: list[_CacheWriter] = []
     try:
+        for directory, key, variant in targets:
+            writers.append(_CacheWriter(directory, key, _settings(config, variant, dtype), dtype, frames_per_shard))
         seen: set[str] = set()
         unique = []
         for u in utterances:
@@ -268,122 +334,82 @@ def build_feature_cache(utterances: Sequence[Utterance], config: FeatureConfig |
             seen.add(u.id)
             unique.append(u)
         start_time = time.perf_counter()
-        entries: dict[str, list[int]] = {}
         skipped: dict[str, str] = {}
-        shards: list[str] = []
-        pending: list[np.ndarray] = []
-        pending_frames = 0
-
-        def flush() -> None:
-            nonlocal pending, pending_frames
-            if pending:
-                name = f"shard-{len(shards):05d}.npy"
-                np.save(tmp / name, np.concatenate(pending).astype(dtype, copy=False))
-                shards.append(name)
-                pending, pending_frames = [], 0
-
-        loader = DataLoader(_ComputeFeatures(unique, config, variant), batch_size=None, num_workers=num_workers)
+        names = ", ".join(d.name for d, _, _ in targets)
+        loader = DataLoader(_ComputeFeatures(unique, config, variants), batch_size=None, num_workers=num_workers)
         for done, (i, feats, reason) in enumerate(loader, start=1):
             utt = unique[i]
             if feats is None:
                 skipped[utt.id] = reason
                 log.warning("feature cache: %s (%s): %s; skipped", utt.id, utt.audio_filepath, reason)
             else:
-                entries[utt.id] = [len(shards), pending_frames, int(feats.shape[0])]
-                pending.append(feats.numpy())
-                pending_frames += int(feats.shape[0])
-                if pending_frames >= frames_per_shard:
-                    flush()
+                for writer, f in zip(writers, feats):
+                    writer.add(utt.id, f)
             if done % 1000 == 0:
-                log.info("feature cache %s: %d / %d utterances", directory.name, done, len(unique))
-        flush()
-        index = {"version": FORMAT_VERSION, "key": key, "settings": _settings(config, variant, dtype),
-                 "shards": shards, "entries": entries, "skipped": skipped}
-        (tmp / INDEX_NAME).write_text(json.dumps(index))
-        try:
-            os.rename(tmp, directory)
-        except OSError:
-            if not (directory / INDEX_NAME).is_file():
-                raise
-            log.info("feature cache %s: another process built it first; using that copy", directory)
-        else:
-            cache = FeatureCache(directory, key)
-            log.info("feature cache %s: %d utterances, %d frames, %.1f MB in %.1f s%s", directory, len(cache),
-                     cache.num_frames, cache.nbytes() / 1e6, time.perf_counter() - start_time,
-                     f"; {len(skipped)} skipped" if skipped else "")
+                log.info("feature cache %s: %d / %d utterances", names, done, len(unique))
+        seconds = time.perf_counter() - start_time
+        return [writer.publish(skipped, seconds) for writer in writers]
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return FeatureCache(directory, key)
+        for writer in writers:
+            writer.discard()
+
+
+def build_feature_cache(utterances: Sequence[Utterance], config: FeatureConfig | Mapping, directory: str | Path,
+                        key: str, variant: Variant | float = 1.0, dtype: str = "float32", num_workers: int = 0,
+                        frames_per_shard: int = FRAMES_PER_SHARD) -> FeatureCache:
+    """One cache: :func:`build_feature_caches` with one target (``variant`` a number: a speed factor)."""
+    return build_feature_caches(utterances, config, [(directory, key, variant)], dtype, num_workers,
+                                frames_per_shard)[0]
+
+
+def open_feature_caches(utterances: Sequence[Utterance], manifest_path: str | Path, config: FeatureConfig,
+                        cache: CacheConfig | Mapping, variants: Sequence[Variant | float] = (1.0,),
+                        num_workers: int = 0) -> dict[Variant, FeatureCache] | None:
+    """The caches of ``manifest_path``'s ``utterances`` for ``config``, one per variant of
+    ``variants`` (a number: a speed factor): those present are opened; in ``build`` mode the
+    missing ones are built, those that share a speed factor and pitch shift in one pass over the
+    audio (:func:`build_feature_caches`). None when any is missing in ``auto`` mode (the split's
+    features are then computed on the fly) or when the cache is off. Caches of the same
+    manifest that no longer match are named in the log."""
+    cache = CacheConfig.from_dict(cache)
+    if not cache.enabled:
+        return None
+    found: dict[Variant, FeatureCache] = {}
+    missing: dict[tuple[float, float], list[tuple[Path, str, Variant]]] = {}
+    for variant in dict.fromkeys(Variant.of(v) for v in variants):
+        which = f" ({variant.describe()})" if variant != Variant() else ""
+        key = cache_key(utterances, config, variant, cache.dtype)
+        directory = cache_dir(cache.dir, manifest_path, key, variant)
+        if (directory / INDEX_NAME).is_file():
+            found[variant] = FeatureCache(directory, key)
+            log.info("features of %s%s from cache %s", manifest_path, which, directory)
+            if found[variant].skipped:
+                log.warning("feature cache %s: %d utterance(s) had unusable audio when it was built and are skipped, "
+                            "e.g. %s", directory, len(found[variant].skipped), next(iter(found[variant].skipped.items())))
+            continue
+        others = sorted(p.name for p in Path(cache.dir).glob(f"{cache_prefix(manifest_path, variant)}-*")
+                        if p.is_dir() and p != directory)
+        if others:
+            log.info("feature cache(s) %s under %s were built from other feature settings or audio and are not used; "
+                     "delete them to free the disk", ", ".join(others), cache.dir)
+        if cache.mode != "build":
+            log.info("no feature cache of %s%s under %s: features are computed on the fly (`make features "
+                     "ARGS=\"<this run's overrides>\"` or data.cache.mode=build builds it)", manifest_path, which,
+                     cache.dir)
+            return None
+        missing.setdefault((variant.speed, variant.semitones), []).append((directory, key, variant))
+    for group in missing.values():
+        log.info("building the feature cache of %s (%s) in %s", manifest_path,
+                 "; ".join(v.describe() or "plain" for _, _, v in group), ", ".join(str(d) for d, _, _ in group))
+        for (_, _, variant), built in zip(group, build_feature_caches(utterances, config, group, cache.dtype,
+                                                                      num_workers)):
+            found[variant] = built
+    return {Variant.of(v): found[Variant.of(v)] for v in variants}
 
 
 def open_feature_cache(utterances: Sequence[Utterance], manifest_path: str | Path, config: FeatureConfig,
                        cache: CacheConfig | Mapping, variant: Variant | float = 1.0,
                        num_workers: int = 0) -> FeatureCache | None:
-    """The cache of ``manifest_path``'s ``utterances`` for ``config`` and ``variant`` (a number:
-    a speed factor): opened when present; built when missing in ``build`` mode; None when
-    missing in ``auto`` mode or off. Caches of the same manifest that no longer match are
-    named in the log."""
-    cache = CacheConfig.from_dict(cache)
-    if not cache.enabled:
-        return None
-    variant = Variant.of(variant)
-    which = f" ({variant.describe()})" if variant != Variant() else ""
-    key = cache_key(utterances, config, variant, cache.dtype)
-    directory = cache_dir(cache.dir, manifest_path, key, variant)
-    if (directory / INDEX_NAME).is_file():
-        found = FeatureCache(directory, key)
-        log.info("features of %s%s from cache %s", manifest_path, which, directory)
-        if found.skipped:
-            log.warning("feature cache %s: %d utterance(s) had unusable audio when it was built and are skipped, e.g. %s",
-                        directory, len(found.skipped), next(iter(found.skipped.items())))
-        return found
-    others = sorted(p.name for p in Path(cache.dir).glob(f"{cache_prefix(manifest_path, variant)}-*")
-                    if p.is_dir() and p != directory)
-    if others:
-        log.info("feature cache(s) %s under %s were built from other feature settings or audio and are not used; "
-                 "delete them to free the disk", ", ".join(others), cache.dir)
-    if cache.mode == "build":
-        log.info("building the feature cache of %s%s in %s", manifest_path, which, directory)
-        return build_feature_cache(utterances, config, directory, key, variant, cache.dtype, num_workers)
-    log.info("no feature cache of %s%s under %s: features are computed on the fly (`make features "
-             "ARGS=\"<this run's overrides>\"` or data.cache.mode=build builds it)", manifest_path, which, cache.dir)
-    return None
-
-
-# ------------------------------------------------------------------ command line
-
-
-def build_for_config(data_cfg: Mapping) -> list[FeatureCache]:
-    """Build (or find) the caches of a data config's train/dev/test manifests; for train,
-    one per variant of ``augment`` (speed × VTLP × pitch factors in use). Returns them."""
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.create(data_cfg) if not OmegaConf.is_config(data_cfg) else data_cfg
-    config = FeatureConfig.from_dict(OmegaConf.to_container(cfg.features, resolve=True))
-    cache = CacheConfig.from_dict({**OmegaConf.to_container(cfg.cache, resolve=True), "mode": "build"})
-    augment = AugmentConfig.from_dict(OmegaConf.to_container(cfg.get("augment"), resolve=True)
-                                      if cfg.get("augment") is not None else None)
-    manifests = {}  # split → its utterances, each manifest read once
-    for split in ("train", "dev", "test"):
-        key = f"{split}_manifest"
-        if key not in cfg or OmegaConf.is_missing(cfg, key) or not cfg[key]:
-            log.info("%s: no manifest (data.%s); nothing to cache", split, key)
-            continue
-        manifests[split] = read_manifest(cfg[key], on_error=cfg.get("on_bad_utterance", "skip"))
-    if not config.resolved:  # features.sample_rate null: the training audio's own rate, as training resolves it
-        if "train" not in manifests:
-            raise ValueError("features.sample_rate is null (the training audio's rate) but data.train_manifest "
-                             "is not set; set one of them")
-        config = with_native_rate(config, [u.audio_filepath for u in manifests["train"]],
-                                  f"data.train_manifest {cfg.train_manifest}")
-    built = []
-    for split, utterances in manifests.items():
-        key = f"{split}_manifest"
-        if split == "train" and augment.needs_audio:
-            log.info("train: not cached: data.augment.noise mixes noise into the audio, so training computes "
-                     "its features on the fly")
-            continue
-        for variant in augment.variants if split == "train" else (Variant(),):
-            built.append(open_feature_cache(utterances, cfg[key], config, cache, variant,
-                                            int(cfg.get("num_workers", 0))))
-    return built
+    """The cache of one variant: :func:`open_feature_caches` with ``[variant]``."""
+    caches = open_feature_caches(utterances, manifest_path, config, cache, [variant], num_workers)
+    return None if caches is None else caches[Variant.of(variant)]

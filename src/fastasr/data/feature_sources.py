@@ -31,7 +31,7 @@ import torch
 
 from fastasr.data.audio import BadAudioError
 from fastasr.data.augment import Variant, WaveformAugment, perturbed_num_samples
-from fastasr.data.feature_cache import CacheConfig, FeatureCache, open_feature_cache
+from fastasr.data.feature_cache import CacheConfig, FeatureCache, open_feature_caches
 from fastasr.data.features import INT16_SCALE, Fbank, FeatureConfig, load_utterance_audio
 from fastasr.data.manifest import Utterance
 
@@ -188,10 +188,7 @@ def feature_source(split: str, manifest_path: str | Path | None, utterances: lis
         log.info("%s: %d feature copies, one per variant (speed %s × VTLP %s × pitch %s semitones)", split,
                  len(variants), *("/".join(f"{x:g}" for x in axis) for axis in
                                   (augment.config.factors, augment.config.warps, augment.config.semitones)))
-    caches = {}
-    for variant in variants:
-        found = open_feature_cache(utterances, manifest_path, config, cache, variant, num_workers)
-        if found is None:
-            return AudioFeatures(fbank, augment)
-        caches[variant] = found
+    caches = open_feature_caches(utterances, manifest_path, config, cache, variants, num_workers)
+    if caches is None:
+        return AudioFeatures(fbank, augment)
     return CachedFeatures(caches, config, augment)
