@@ -292,11 +292,11 @@ class _CacheWriter:
             if not (self.directory / INDEX_NAME).is_file():
                 raise
             log.info("feature cache %s: another process built it first; using that copy", self.directory)
-        else:
-            cache = FeatureCache(self.directory, self.key)
-            log.info("feature cache %s: %d utterances, %d frames, %.1f MB in %.1f s%s", self.directory, len(cache),
-                     cache.num_frames, cache.nbytes() / 1e6, seconds, f"; {len(skipped)} skipped" if skipped else "")
-        return FeatureCache(self.directory, self.key)
+            return FeatureCache(self.directory, self.key)
+        cache = FeatureCache(self.directory, self.key)
+        log.info("feature cache %s: %d utterances, %d frames, %.1f MB in %.1f s%s", self.directory, len(cache),
+                 cache.num_frames, cache.nbytes() / 1e6, seconds, f"; {len(skipped)} skipped" if skipped else "")
+        return cache
 
     def discard(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -308,10 +308,9 @@ def build_feature_caches(utterances: Sequence[Utterance], config: FeatureConfig 
     """Compute the features of ``utterances`` for every ``(directory, key, variant)`` of
     ``targets`` in one pass over the audio (no dither) and publish each cache atomically as its
     ``directory``. The variants must share their speed factor and pitch shift: each utterance's
-    waveform is decoded and perturbed once, then the filterbank runs once per VTLP factor (the
-    pitch shift costs about eight times the filterbank, so the copies of one speed and pitch
-    cost little more than one). A cache that another process published meanwhile is kept. Utterances whose audio is
-    unusable (``BadAudioError``) are logged and listed in ``skipped``; duplicate ids keep their
+    waveform is decoded and perturbed once (the costly pitch shift shared by all of them), then
+    the filterbank runs once per VTLP factor. A cache that another process published meanwhile
+    is kept. Utterances whose audio is unusable (``BadAudioError``) are logged and listed in ``skipped``; duplicate ids keep their
     first occurrence. Returns the caches in ``targets``' order."""
     config = FeatureConfig.from_dict(config)
     targets = [(Path(d), k, Variant.of(v)) for d, k, v in targets]
