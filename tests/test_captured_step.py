@@ -151,6 +151,23 @@ def test_capture_forced_on_a_cpu_runs_eagerly_with_one_clear_warning(caplog):
     assert losses == eager_losses and all(torch.equal(a, b) for a, b in zip(params, eager_params))
 
 
+@pytest.mark.parametrize("world,ddp,accumulate,reason", [
+    (2, None, 1, "2 processes without a DistributedDataParallel wrapper (NoneType): no all-reduce of the "
+                 "gradients to move into the step"),
+    (1, None, 4, "gradients accumulated over 4 batches (trainer.accumulate_grad_batches): a captured backward "
+                 "writes each batch's gradients afresh")])
+def test_steps_that_cannot_be_captured_run_eagerly_and_say_why(world, ddp, accumulate, reason, caplog):
+    lit = _lit()
+    steps = CapturedSteps(lit.model, True, backend=EagerGraphs())
+    optimizer = torch.optim.RAdam(lit.parameters())
+    with caplog.at_level(logging.WARNING, logger="fastasr.training.captured_step"):
+        assert not steps.start(torch.device("cpu"), optimizer, world, ddp=ddp, accumulate=accumulate)
+    assert [r.getMessage() for r in caplog.records] == [f"capture_steps=True: every training step runs eagerly "
+                                                        f"({reason})"]
+    assert not steps.active
+    steps.reduce_gradients()  # inactive: no collective (none is initialised here)
+
+
 def test_with_capture_off_the_module_has_no_captured_steps():
     assert _lit().captured is None and _lit(capture=False).captured is None
 

@@ -95,3 +95,24 @@ def gather_objects(obj: Any) -> list[Any]:
         torch.distributed.all_gather_object(out, obj)
         return out
     return [obj]
+
+
+def average_gradients(parameters: list[torch.nn.Parameter], world_size: int, group: Any = None) -> None:
+    """Average the gradients of ``parameters`` over the ``world_size`` processes of ``group``, in
+    place, as DDP's reducer does: each scaled by 1 / ``world_size``, then summed by one
+    all-reduce of them laid end to end a dtype (one collective, no host read). A parameter
+    without a gradient contributes zeros and gets the average. Collective: every process must
+    call it with the same parameters."""
+    import torch
+
+    by_dtype: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in parameters:
+        by_dtype.setdefault(p.grad.dtype if p.grad is not None else p.dtype, []).append(p)
+    for members in by_dtype.values():
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in members]
+        flat = torch.cat([g.reshape(-1) for g in grads]).mul_(1.0 / world_size)
+        torch.distributed.all_reduce(flat, group=group)
+        torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(flat.split([g.numel() for g in grads]), grads)])
+        for p, g in zip(members, grads):
+            if p.grad is None:
+                p.grad = g

@@ -25,13 +25,20 @@ CUDA graphs the same step took 0.56-0.79 of its eager time (``GraphedStepper``,
   eagerly. Settings a graph bakes in (the dropout probabilities, which ``callbacks.budget_dropout``
   raises between epochs) are part of a graph's key: a change drops the graphs and captures again.
 
+Under DDP the gradients' all-reduce moves out of DDP's backward hooks, which a replayed graph
+never calls: DDP's own synchronisation is off for the run and :meth:`CapturedSteps.reduce_gradients`
+averages the gradients after each backward, captured or eager, in one eager all-reduce before
+the hooks and the clipping read them. DDP's buckets overlap theirs with the backward, so
+``capture_steps=auto`` leaves DDP eager until a multi-GPU table shows the captured step faster;
+``capture_steps=true`` captures under DDP.
+
 Lightning stays the loop, in automatic optimisation: the module routes its hooks here
 (:class:`fastasr.training.lit.ASRLitModule`: ``training_step``, ``backward``,
 ``configure_gradient_clipping``, ``optimizer_step``), so checkpoints, schedules, callbacks,
 logging, validation and resume are Lightning's as before. Where capture cannot run
-(:meth:`CapturedSteps.start`: not CUDA, several processes, chunked streaming training, whose
-contexts are drawn on the host) every step is eager, with one warning when capture was asked
-for explicitly. ``backend`` is what captures: :class:`CudaGraphs` on a GPU; the tests give
+(:meth:`CapturedSteps.start`: not CUDA, several processes without a DDP wrapper, gradients
+accumulated over batches, chunked streaming training, whose contexts are drawn on the host)
+every step is eager, with one warning when capture was asked for explicitly. ``backend`` is what captures: :class:`CudaGraphs` on a GPU; the tests give
 :class:`EagerGraphs`, which records a function and runs it at each replay, to run the plumbing on
 the CPU.
 """
@@ -47,6 +54,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from fastasr.distributed import average_gradients
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +68,8 @@ def capture_wanted(setting: Any, accelerator: Any, devices: Any = 1, strategy: A
                    streaming: Any = None) -> bool:
     """The resolved ``capture_steps`` of a config: ``auto`` is on where a captured step can run
     and the tables show it faster (one CUDA device, no DDP, no chunked streaming training);
-    ``true`` and ``false`` as given (``true`` where it cannot run falls back to eager at the start
-    of training, with a warning)."""
+    ``true`` and ``false`` as given (``true`` captures under DDP too; where it cannot run it falls
+    back to eager at the start of training, with a warning)."""
     if setting in (True, False):
         return bool(setting)
     if str(setting).lower() != "auto":
@@ -182,21 +192,29 @@ class CapturedSteps:
         self._signature: tuple | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._eager_forward: Callable[[], list[torch.Tensor]] | None = None
+        self._ddp: DistributedDataParallel | None = None  # under DDP: its gradients reduced here
+        self._world_size = 1
 
     # ---------------------------------------------------------------- the run
-    def start(self, device: torch.device, optimizer: torch.optim.Optimizer | None, world_size: int = 1) -> bool:
+    def start(self, device: torch.device, optimizer: torch.optim.Optimizer | None, world_size: int = 1,
+              ddp: DistributedDataParallel | None = None, accumulate: int = 1) -> bool:
         """Decide at the start of training whether steps are captured (``self.active``); when
-        they are, make ``optimizer`` capturable (:func:`make_capturable`). Where they cannot
-        be, one warning says why (when ``capture_steps`` was asked for explicitly) or one info
-        line (``auto``)."""
+        they are, make ``optimizer`` capturable (:func:`make_capturable`) and under DDP (``ddp``
+        the model's wrapper) switch its gradient synchronisation off for :meth:`reduce_gradients`.
+        ``accumulate``: ``accumulate_grad_batches``. Where steps cannot be captured, one warning
+        says why (``capture_steps=true``) or one info line (``auto``)."""
         self.active = False
         if self.setting is False:
             return False
         reason = None
         if self.backend is None and device.type != "cuda":
             reason = f"CUDA graphs need a CUDA device; this run trains on {device.type}"
-        elif world_size > 1:
-            reason = f"{world_size} processes (DDP): a captured backward would hold no gradient all-reduce"
+        elif world_size > 1 and not isinstance(ddp, DistributedDataParallel):
+            reason = (f"{world_size} processes without a DistributedDataParallel wrapper "
+                      f"({type(ddp).__name__}): no all-reduce of the gradients to move into the step")
+        elif accumulate > 1:
+            reason = (f"gradients accumulated over {accumulate} batches (trainer.accumulate_grad_batches): "
+                      "a captured backward writes each batch's gradients afresh")
         elif getattr(self.model, "chunk_training", None) is not None:
             reason = "chunked streaming training draws each batch's chunk context on the host"
         elif optimizer is None:
@@ -210,10 +228,23 @@ class CapturedSteps:
         if isinstance(self.backend, CudaGraphs):
             make_capturable(optimizer, device)
         self._optimizer = optimizer
+        if world_size > 1:
+            ddp.require_backward_grad_sync = False  # DDP's no_sync() for the run; reduce_gradients instead
+            self._ddp, self._world_size = ddp, int(world_size)
         self.active = True
         log.info("capture_steps: training steps captured as CUDA graphs, a set per batch shape after %d eager "
-                 "step(s) of it, at most %d shapes", self.warmup, self.max_shapes)
+                 "step(s) of it, at most %d shapes%s", self.warmup, self.max_shapes,
+                 f"; the gradients' all-reduce over {world_size} processes after each backward" if self._ddp else "")
         return True
+
+    def reduce_gradients(self) -> None:
+        """Under DDP with captured steps (:meth:`start`): every trainable parameter's gradient
+        averaged over the processes (:func:`fastasr.distributed.average_gradients`). Called
+        after each backward, captured or eager, so that every process joins every all-reduce.
+        Otherwise nothing."""
+        if self._ddp is not None and self.active:
+            average_gradients([p for p in self.model.parameters() if p.requires_grad], self._world_size,
+                              getattr(self._ddp, "process_group", None))
 
     def summary(self) -> dict[str, Any]:
         """Shapes captured, seen and failed (for logs and tests)."""

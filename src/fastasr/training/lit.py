@@ -250,13 +250,16 @@ class CapturingASRLitModule(ASRLitModule):
 
     def on_train_start(self) -> None:
         optimizers = self.trainer.optimizers
-        self.captured.start(self.device, optimizers[0] if optimizers else None, self.trainer.world_size)
+        self.captured.start(self.device, optimizers[0] if optimizers else None, self.trainer.world_size,
+                            ddp=self.trainer.strategy.model, accumulate=self.trainer.accumulate_grad_batches)
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
         """Lightning's backward; in a captured step it reaches the forward graph's outputs only,
-        and the shape's backward graph goes on from their gradients."""
+        and the shape's backward graph goes on from their gradients. Under DDP the gradients
+        are then averaged over the processes (:meth:`CapturedSteps.reduce_gradients`)."""
         super().backward(loss, *args, **kwargs)
         self.captured.backward()
+        self.captured.reduce_gradients()
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping; in a captured step the update graph clips (the same setting)."""
