@@ -51,11 +51,17 @@ def _batches(shapes=((3, 40), (2, 64)), steps=8, vocab=4, seed=0):
 
 
 class _Losses(L.Callback):
+    """Each step's loss, kept on its device while training runs (a read would be a host
+    synchronisation inside the step, which the GPU tests forbid); ``values()`` reads them."""
+
     def __init__(self):
         self.losses = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.losses.append(float(outputs["loss"]))
+        self.losses.append(outputs["loss"].detach().clone())
+
+    def values(self):
+        return [float(loss) for loss in self.losses]
 
 
 def _fit_on(accelerator, lit, batches, clip=0.05, precision="32-true", callbacks=()):
@@ -65,7 +71,7 @@ def _fit_on(accelerator, lit, batches, clip=0.05, precision="32-true", callbacks
                         gradient_clip_val=clip, precision=precision, callbacks=[losses, *callbacks])
     loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
     trainer.fit(lit, train_dataloaders=loader)
-    return losses.losses, [p.detach().clone() for p in lit.parameters()]
+    return losses.values(), [p.detach().clone() for p in lit.parameters()]
 
 
 def _fit(lit, batches, clip=0.05):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from test_captured_step import _batches, _fit_on, _lit
 
+from fastasr.training.callbacks.throughput import ThroughputLogger
 from fastasr.training.captured_step import CapturedSteps, CudaGraphs
 
 pytestmark = pytest.mark.cuda
@@ -35,7 +36,7 @@ def test_captured_steps_train_as_eager_steps_under_bf16(attention):
 
 def test_a_captured_step_syncs_with_the_host_nowhere():
     """After capture, a replayed step (forward graph, CTC on host lengths, backward and update
-    graphs) runs under torch's sync debug mode set to error."""
+    graphs) and the step-time logger's hooks run under torch's sync debug mode set to error."""
     batches = _batches(shapes=((3, 40),), steps=4)
     lit = _lit("full", capture=True)
     lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=CudaGraphs())
@@ -51,5 +52,6 @@ def test_a_captured_step_syncs_with_the_host_nowhere():
     import lightning as L
 
     strict = type("Strict", (L.Callback,), dict(vars(_Strict)))()
-    _fit_on("gpu", lit, batches, precision="bf16-mixed", callbacks=[strict], clip=None)
+    # the step times' events are recorded and read inside the strict part of the step
+    _fit_on("gpu", lit, batches, precision="bf16-mixed", callbacks=[ThroughputLogger(), strict], clip=None)
     assert lit.captured.summary()["captured"] == [(3, 40, 20)]

@@ -26,7 +26,7 @@ def _fit_ddp(lit, batches) -> list[float]:
                         num_sanity_val_steps=0, gradient_clip_val=0.05, use_distributed_sampler=False,
                         callbacks=[losses])
     trainer.fit(lit, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False))
-    return losses.losses
+    return losses.values()
 
 
 def _worker(rank: int, port: int, results) -> None:

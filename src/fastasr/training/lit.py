@@ -24,11 +24,9 @@ from fastasr.decoding.emissions import batch_emissions, transcribe_one
 from fastasr.distributed import loss_without_update
 from fastasr.model import CTCModel
 from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser
+from fastasr.training.callbacks.throughput import HOST_LENGTHS_KEY
 from fastasr.training.captured_step import CapturedSteps
 from fastasr.training.lr_schedules import BudgetSchedule, budget_progress, build_lr_schedulers
-
-#: The batch key of a GPU batch's lengths kept on the host (:class:`HostLengths`).
-HOST_LENGTHS_KEY = "host_lengths"
 
 
 class HostLengths:
