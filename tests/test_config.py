@@ -250,6 +250,28 @@ def test_the_progress_bar_is_drawn_on_a_terminal_only(monkeypatch):
     assert progress_bar(compose_train("trainer.enable_progress_bar=true")) is True
 
 
+def test_the_progress_bar_refreshes_every_few_batches_and_only_where_drawn(tmp_path):
+    """``callbacks.progress_bar``: Lightning's bar with its refresh every 10 batches (each
+    refresh reads the step's metrics back, on a GPU a wait for the device); without a bar no
+    bar callback, which Lightning would refuse beside ``enable_progress_bar=False``."""
+    import lightning as L
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    from fastasr.rundir import RunDir
+    from fastasr.training.fit import build_callbacks
+
+    def bars(*overrides):
+        cfg = compose_train(*overrides)
+        callbacks = build_callbacks(cfg, RunDir(tmp_path))
+        L.Trainer(callbacks=callbacks, enable_progress_bar=cfg.trainer.enable_progress_bar is True, logger=False,
+                  default_root_dir=str(tmp_path))  # Lightning accepts the pair
+        return [c for c in callbacks if isinstance(c, TQDMProgressBar)]
+
+    (bar,) = bars("trainer.enable_progress_bar=true")
+    assert bar.refresh_rate == 10
+    assert bars("trainer.enable_progress_bar=false") == []
+
+
 def test_the_final_decoding_draws_its_bar_by_the_same_setting(monkeypatch):
     """The final decoding's bar (on stderr) follows trainer.enable_progress_bar as training's
     does: auto on a terminal, true and false as given (an explicit true draws it in a log too)."""

@@ -24,7 +24,7 @@ from typing import Any
 import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig, OmegaConf
 
@@ -66,10 +66,13 @@ def progress_bar(cfg: DictConfig) -> bool:
 
 
 def build_callbacks(cfg: DictConfig, run_dir: RunDir) -> list[L.Callback]:
-    """The callbacks of ``cfg.callbacks``; checkpoints go to the run's checkpoint directory."""
+    """The callbacks of ``cfg.callbacks``; checkpoints go to the run's checkpoint directory. A
+    progress bar's (``callbacks.progress_bar``) only where the run draws one (:func:`progress_bar`)."""
     callbacks = []
     for ccfg in (cfg.get("callbacks") or {}).values():
         if ccfg is None or "_target_" not in ccfg:
+            continue
+        if issubclass(get_class(ccfg._target_), ProgressBar) and not progress_bar(cfg):
             continue
         writes_checkpoints = issubclass(get_class(ccfg._target_), ModelCheckpoint)
         extra = {"dirpath": str(run_dir.checkpoints)} if writes_checkpoints else {}
