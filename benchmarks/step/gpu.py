@@ -20,8 +20,9 @@ gradients by the Triton kernels, with its pre-norm layer norms' outputs cast onc
 the projections that read them, and with its feed-forward's GELU and dropout in one Triton pass
 (``bench_io.KERNEL_SWITCHES``; the switch and the forced path
 hold for the whole step, forward and backward: a backward reads them when it runs), and last
-full, clustered-100, i-clustered-100 and the floor with the step captured as CUDA graphs
-(:class:`GraphedStepper`: what the step takes without the host issuing its launches), and
+full, clustered-100, i-clustered-100 and the floor with the step captured as CUDA graphs as
+training captures it (:class:`CapturedStepper`: what the step takes without the host issuing its
+launches), and
 i-clustered-100 and the floor with the update alone replayed as one (:class:`UpdateGraphedStepper`:
 what training can capture whatever its batches' shapes). Median of
 ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn (the graphed ones after
@@ -57,8 +58,9 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
+from fastasr.training.captured_step import CapturedSteps, EagerGraphs  # noqa: E402
 
-#: A column's suffix where the step is captured as CUDA graphs (:class:`GraphedStepper`), and
+#: A column's suffix where the step is captured as CUDA graphs (:class:`CapturedStepper`), and
 #: where its update alone is (:class:`UpdateGraphedStepper`): :data:`FORMS`.
 AS_GRAPHS = ", as CUDA graphs"
 UPDATE_AS_GRAPH = ", update as a CUDA graph"
@@ -88,7 +90,7 @@ VARIANTS = {
     "full, norms cast once": ("full", None, ("norms cast once",)),
     "floor, Triton GELU dropout": (FLOOR, None, ("Triton GELU dropout",)),
     "full, Triton GELU dropout": ("full", None, ("Triton GELU dropout",)),
-    # the defaults' step captured as CUDA graphs (GraphedStepper): the step without the host's launches
+    # the defaults' step captured as CUDA graphs as training captures it (CapturedStepper)
     f"full{AS_GRAPHS}": ("full", None, ()),
     f"clustered-100{AS_GRAPHS}": ("clustered-100", None, ()),
     f"i-clustered-100{AS_GRAPHS}": ("i-clustered-100", None, ()),
@@ -120,6 +122,7 @@ class GpuStepper:
                                        capturable=self.CAPTURABLE and DEVICE.type == "cuda")
         self.path = path
         self.switches = switches
+        self._host_of, self._host = None, None  # the batch's lengths and their host copies (ctc)
 
     def kernel_ms(self, batch) -> float | str:
         """Milliseconds the GPU's kernels of one step take in all (torch.profiler's sum of
@@ -142,19 +145,24 @@ class GpuStepper:
         stack.enter_context(bench_io.switched_on(self.switches))
         return stack
 
-    @staticmethod
-    def ctc(log_probs, out_lengths, targets, target_lengths) -> torch.Tensor:
-        """Training's loss: CTC in fp32 over the model's log-probabilities."""
-        return nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, out_lengths, target_lengths,
+    def ctc(self, log_probs, batch) -> torch.Tensor:
+        """Training's loss: CTC in fp32 over the model's log-probabilities, its lengths read on
+        the host as training's (``lit.HostLengths``: given the device's, torch's CUDA CTC copies
+        them back, a host synchronisation a step). The model has no subsampling: its output
+        lengths are the batch's. The host copies are made at a batch's first step."""
+        _, lengths, targets, target_lengths = batch
+        if self._host_of is not lengths:
+            self._host_of, self._host = lengths, (lengths.cpu(), target_lengths.cpu())
+        return nn.functional.ctc_loss(log_probs.float().transpose(0, 1), targets, *self._host,
                                       blank=0, reduction="mean", zero_infinity=True)
 
     def _forward_backward(self, batch) -> None:
-        feats, lengths, targets, target_lengths = batch
+        feats, lengths = batch[:2]
         self.optim.zero_grad(set_to_none=True)
         with self.settings():
             with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
-                log_probs, out_lengths = self.model(feats, lengths)
-            self.ctc(log_probs, out_lengths, targets, target_lengths).backward()
+                log_probs, _ = self.model(feats, lengths)
+            self.ctc(log_probs, batch).backward()
 
     def _update(self) -> None:
         """Clipping at 10 and the RAdam update."""
@@ -182,6 +190,45 @@ def _warm_up(fn, times: int = 3) -> None:
     torch.cuda.current_stream().wait_stream(side)
 
 
+class CapturedStepper(GpuStepper):
+    """Training's captured step (:class:`fastasr.training.captured_step.CapturedSteps`, what
+    ``capture_steps`` runs): the forward, the backward and the clipping with the RAdam update
+    (``capturable``) each replayed as a CUDA graph of the batch's shape, the batch copied into the
+    graphs' inputs, CTC eager between them on the host's lengths. A shape's first step runs
+    eagerly (the optimiser's state), its second captures, as in training. What a training step
+    captured as graphs takes: the step's GPU work, less the launches' gaps. Off CUDA (the
+    plumbing run) the stand-in backend runs what it recorded at each replay."""
+
+    CAPTURABLE = True
+
+    def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
+        super().__init__(spec, path, switches, layers)
+        self.captured = CapturedSteps(self.model, True, warmup=1,
+                                      backend=None if DEVICE.type == "cuda" else EagerGraphs())
+        self.captured.start(DEVICE, self.optim)
+        self.captured.clip = (10.0, "norm")  # the update graph's clipping, GpuStepper._update's
+
+    def _run(self, feats, lengths):
+        log_probs, out_lengths = self.model(feats, lengths)
+        return [log_probs], out_lengths
+
+    def step(self, batch) -> float:
+        feats, lengths = batch[:2]
+        t0 = timing.Clock(DEVICE)  # the queue drained at the start and at the reading
+        with self.settings():
+            with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+                captured = self.captured.forward({"features": feats, "feature_lengths": lengths}, self._run)
+            if captured is None:  # the shape's eager step
+                self._forward_backward(batch)
+                self._update()
+            else:
+                self.ctc(captured[0], batch).backward()
+                self.captured.backward()
+                self.captured.update(self.optim.step)
+                self.captured.current = None
+        return t0.seconds()
+
+
 class _Captured:
     """``fn`` as a CUDA graph: captured once (into memory ``pool`` where given), and each call
     replays it and returns the capture's outputs, which every replay writes again. Off CUDA
@@ -200,71 +247,6 @@ class _Captured:
             return self.fn()
         self.graph.replay()
         return self.outputs
-
-
-class GraphedStepper(GpuStepper):
-    """:class:`GpuStepper`'s step with the host's launches taken out wherever a capture holds
-    them: the model's forward one CUDA graph, and its backward, the clipping and the RAdam update
-    (``capturable``) a second. A step replays the two, with CTC between them eager (torch's CUDA
-    CTC copies its lengths to the host, which no capture holds), its gradient copied into the
-    second graph's input. What a training step captured as graphs takes, for batches of one
-    shape: the step's GPU work, less the launches' gaps.
-
-    The parameters' gradients are the second graph's own tensors: set to None before its
-    capture, its backward allocates them in the graphs' memory pool and its update reads them
-    there, and each replay writes them again (nothing zeroes them between steps). Built at the
-    first step, on that step's batch (every step replays it: a step must be given the same
-    batch), after three eager steps on a side stream (Triton's compiles, the optimiser's state,
-    the attention paths' first choices). Off CUDA (the plumbing run) the two halves run eagerly:
-    the same split step, no capture."""
-
-    CAPTURABLE = True
-
-    def __init__(self, spec: str, path: str | None, switches: tuple[str, ...], layers: int):
-        super().__init__(spec, path, switches, layers)
-        self.batch = self.forward = self.update = self.log_probs = self.log_probs_grad = None
-
-    def _forward(self):
-        feats, lengths = self.batch[:2]
-        with torch.autocast(DEVICE.type, dtype=torch.bfloat16, cache_enabled=False):  # a capture keeps no cast cache
-            return self.model(feats, lengths)
-
-    def _backward_update(self):
-        self.optim.zero_grad(set_to_none=True)  # the backward allocates them (in the capture: in its pool)
-        torch.autograd.backward(self.log_probs, self.log_probs_grad)
-        self._update()
-
-    def _halves(self, forward, update) -> None:
-        """Forward, CTC eager on its detached output, the CTC gradient into the backward's
-        input, backward and update."""
-        log_probs, out_lengths = forward()
-        detached = log_probs.detach().requires_grad_()
-        self.ctc(detached, out_lengths, *self.batch[2:]).backward()
-        if self.log_probs_grad is None:
-            self.log_probs_grad = torch.empty_like(detached)
-        self.log_probs_grad.copy_(detached.grad)
-        self.log_probs = log_probs  # on CUDA the forward capture's output (every replay's)
-        update()
-
-    def _build(self, batch) -> None:
-        self.batch = batch
-        cuda = DEVICE.type == "cuda"
-        with self.settings():
-            _warm_up(lambda: self._halves(self._forward, self._backward_update))
-            self.forward = _Captured(self._forward)
-            if cuda:
-                self.log_probs = self.forward.outputs[0]
-            self.update = _Captured(self._backward_update, pool=self.forward.graph.pool() if cuda else None)
-
-    def step(self, batch) -> float:
-        if self.forward is None:
-            self._build(batch)
-        elif batch is not self.batch:
-            raise ValueError("a graphed step replays the batch it was captured with; give it that batch")
-        t0 = timing.Clock(DEVICE)  # the queue drained at the start and at the reading
-        with self.settings():
-            self._halves(self.forward, self.update)
-        return t0.seconds()
 
 
 class UpdateGraphedStepper(GpuStepper):
@@ -308,7 +290,7 @@ class UpdateGraphedStepper(GpuStepper):
 
 
 #: Each way of running the step, by its column's suffix (:func:`_form`): its stepper.
-FORMS = {"": GpuStepper, AS_GRAPHS: GraphedStepper, UPDATE_AS_GRAPH: UpdateGraphedStepper}
+FORMS = {"": GpuStepper, AS_GRAPHS: CapturedStepper, UPDATE_AS_GRAPH: UpdateGraphedStepper}
 
 
 def main(argv=None) -> None:
@@ -383,10 +365,11 @@ def main(argv=None) -> None:
         "(B = frames // N, the last utterance N / 2); bf16 autocast, CTC in fp32, clip 10, RAdam. Median of "
         f"{args.rounds} CUDA-synchronised steps after 2 warm-ups, ms. 'full' takes the path "
         "`fastasr.attention.full` chooses (named in the last column); 'key mask' and 'packed' force one. "
-        "The floor: the inner attention replaced by the identity. '…, as CUDA graphs': the step's forward "
-        "replayed as one CUDA graph and its backward, clipping and RAdam update (capturable) as a second, "
-        "CTC eager between them (`GraphedStepper`): the step without the host's launches, for batches of "
-        "one shape; its ratio is to the floor captured likewise. '…, update as a CUDA graph': the eager step "
+        "The floor: the inner attention replaced by the identity. '…, as CUDA graphs': training's captured "
+        "step (`capture_steps`, `CapturedStepper`): the forward, the backward and the clipping with the RAdam "
+        "update (capturable) each replayed as a CUDA graph, CTC eager between them: the step without the host's "
+        "launches, for batches of one shape; its ratio is to the floor captured likewise. CTC reads the host's "
+        "lengths in every column, as training's does. '…, update as a CUDA graph': the eager step "
         "with its clipping and RAdam update (capturable) replayed as a CUDA graph on a copy of the gradients "
         "(`UpdateGraphedStepper`); its ratio is to the floor run likewise.",
         "",
