@@ -236,3 +236,39 @@ def test_the_training_step_reads_nothing_back_to_the_host(attention, monkeypatch
     loss.backward()
     monkeypatch.undo()
     assert called == []
+
+
+def test_a_captured_runs_checkpoint_resumes_in_an_eager_run_on_the_cpu(tmp_path):
+    """A captured run's optimiser is capturable, its learning rate a device tensor; its
+    checkpoint saves the state as an eager run keeps it, so a CPU run (where a capturable RAdam
+    refuses to step) resumes from it, and its own steps go on from the saved ones."""
+    from fastasr.training.checkpoint_io import portable_optimizer_state
+
+    lit = _lit(capture=True)
+    lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=EagerGraphs())
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(lit, train_dataloaders=torch.utils.data.DataLoader(_batches(steps=2), batch_size=None))
+    (optimizer,) = trainer.optimizers
+    for group in optimizer.param_groups:  # as make_capturable leaves them on a GPU
+        group["capturable"], group["lr"] = True, torch.tensor(float(group["lr"]))
+    trainer.save_checkpoint(tmp_path / "captured.ckpt")
+    (state,) = torch.load(tmp_path / "captured.ckpt", weights_only=True)["optimizer_states"]
+    assert [(g["capturable"], type(g["lr"])) for g in state["param_groups"]] == [(False, float)]
+    assert {float(s["step"]) for s in state["state"].values()} == {2.0}
+
+    resumed = torch.optim.RAdam(lit.parameters(), **{k: v for k, v in RADAM.items() if k[0] != "_"})
+    resumed.load_state_dict(state)
+    for p in lit.parameters():
+        p.grad = torch.ones_like(p)
+    resumed.step()
+    assert {float(s["step"]) for s in resumed.state.values()} == {3.0}
+
+    raw = optimizer.state_dict()  # unmade portable, the same load refuses to step on the CPU
+    fresh = torch.optim.RAdam(lit.parameters(), **{k: v for k, v in RADAM.items() if k[0] != "_"})
+    fresh.load_state_dict(raw)
+    with pytest.raises(AssertionError, match="capturable=True"):
+        fresh.step()
+    portable_optimizer_state(raw)
+    fresh.load_state_dict(raw)
+    fresh.step()

@@ -90,3 +90,21 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)
             raise
         _fsync_directory(path.parent)
+
+
+def portable_optimizer_state(state: dict[str, Any]) -> None:
+    """An optimiser's ``state_dict`` as a captured step's run saves it, made loadable by any run,
+    in place: ``capturable`` off, each group's learning rate a float and the step counts on the
+    host, as an eager optimiser keeps them. A captured run (``capture_steps``) makes them
+    capturable again when it starts (``captured_step.make_capturable``); without this a run
+    resumed eagerly, or on a CPU, would load a capturable optimiser whose steps refuse host
+    tensors. Reads each device value back once (a save, not a step)."""
+    for group in state.get("param_groups", []):
+        if group.get("capturable"):
+            group["capturable"] = False
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+    for values in state.get("state", {}).values():
+        step = values.get("step") if isinstance(values, dict) else None
+        if isinstance(step, torch.Tensor) and step.device.type != "cpu":
+            values["step"] = step.detach().to("cpu", torch.float32)

@@ -26,6 +26,7 @@ from fastasr.model import CTCModel
 from fastasr.recognition.recogniser import RECOGNISER_KEY, Recogniser
 from fastasr.training.callbacks.throughput import HOST_LENGTHS_KEY
 from fastasr.training.captured_step import CapturedSteps
+from fastasr.training.checkpoint_io import portable_optimizer_state
 from fastasr.training.lr_schedules import BudgetSchedule, budget_progress, build_lr_schedulers
 
 
@@ -245,6 +246,14 @@ class CapturingASRLitModule(ASRLitModule):
     (``backward``, ``configure_gradient_clipping``, ``optimizer_step``) route a captured step's
     parts, and fall through to Lightning's own in an eager step. A class of its own so that a run
     without capture runs the plain module's hooks, untouched (:func:`lit_module_class`)."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The plain module's, and the optimiser's state saved as an eager run keeps it
+        (:func:`fastasr.training.checkpoint_io.portable_optimizer_state`): a captured run's
+        checkpoint resumes eagerly, on a CPU or captured again."""
+        super().on_save_checkpoint(checkpoint)
+        for state in checkpoint.get("optimizer_states", []):
+            portable_optimizer_state(state)
 
     def on_train_start(self) -> None:
         optimizers = self.trainer.optimizers
