@@ -78,15 +78,28 @@ def _fit(lit, batches, clip=0.05):
     return _fit_on("cpu", lit, batches, clip)
 
 
-@pytest.mark.parametrize("attention,inter", [("full", False), ({"name": "clustered", "clusters": 3, "seed": 1}, False),
-                                             ("full", True)])
+#: Every attention of the registry (auto: full on 20 positions, i-clustered on 32), and full
+#: with intermediate CTC.
+PARAMETRIZED_ATTENTIONS = [
+    ("full", False), ({"name": "clustered", "clusters": 3, "seed": 1}, False), ("full", True),
+    ({"name": "i-clustered", "clusters": 3, "topk": 4}, False), ({"name": "topk", "k": 4}, False),
+    ({"name": "lsh", "rounds": 1, "chunk": 8, "buckets": 4}, False),
+    ({"name": "auto", "crossover": 25, "clusters": 3, "topk": 4}, False)]
+
+
+@pytest.mark.parametrize("attention,inter", PARAMETRIZED_ATTENTIONS)
 def test_a_split_step_through_lightnings_hooks_trains_as_the_eager_step(attention, inter):
     """The captured step's plumbing (static inputs, forward, CTC between, backward, clipping and
     RAdam as three replayed parts, through Lightning's hooks) with the stand-in backend, which
-    runs what it recorded at each replay: the same losses and parameters as eager training."""
+    runs what it recorded at each replay, for every attention of the registry: the same losses
+    and parameters as eager training."""
+    from fastasr.attention import available, build_attention
+
+    assert {a if isinstance(a, str) else a["name"] for a, _ in PARAMETRIZED_ATTENTIONS} == set(available())
+    shared_qk = getattr(build_attention(attention), "requires_shared_qk", False)
     batches = _batches()
-    eager_losses, eager_params = _fit(_lit(attention, inter=inter), batches)
-    lit = _lit(attention, capture=True, inter=inter)
+    eager_losses, eager_params = _fit(_lit(attention, inter=inter, shared_qk=shared_qk), batches)
+    lit = _lit(attention, capture=True, inter=inter, shared_qk=shared_qk)
     lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=EagerGraphs())
     losses, params = _fit(lit, batches)
     assert losses == eager_losses
