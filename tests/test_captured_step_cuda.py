@@ -16,14 +16,20 @@ pytestmark = pytest.mark.cuda
 STEPS = 8
 
 
-@pytest.mark.parametrize("attention", ["full", {"name": "clustered", "clusters": 3}])
+@pytest.mark.parametrize("attention", [
+    "full", {"name": "clustered", "clusters": 3}, {"name": "i-clustered", "clusters": 3, "topk": 4},
+    {"name": "topk", "k": 4}, {"name": "lsh", "rounds": 1, "chunk": 8, "buckets": 4}])
 def test_captured_steps_train_as_eager_steps_under_bf16(attention):
     """Dropout 0 and no SpecAugment: the graphs replay the eager step's kernels, so the losses and
-    parameters after N steps agree to bf16 rounding (clustered attention's hash planes are drawn
-    at each replay from the device generator, whose stream a warm-up moves: a looser tolerance)."""
+    parameters after N steps agree to bf16 rounding (the clustered variants' and LSH's hash
+    planes are drawn at each replay from the device generator, whose stream a warm-up moves: a
+    looser tolerance)."""
+    from fastasr.attention import build_attention
+
+    shared_qk = getattr(build_attention(attention), "requires_shared_qk", False)
     batches = _batches(shapes=((3, 40), (2, 64)), steps=STEPS)
-    eager_losses, eager_params = _fit_on("gpu", _lit(attention), batches, precision="bf16-mixed")
-    lit = _lit(attention, capture=True)
+    eager_losses, eager_params = _fit_on("gpu", _lit(attention, shared_qk=shared_qk), batches, precision="bf16-mixed")
+    lit = _lit(attention, capture=True, shared_qk=shared_qk)
     lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=CudaGraphs())
     losses, params = _fit_on("gpu", lit, batches, precision="bf16-mixed")
     summary = lit.captured.summary()
