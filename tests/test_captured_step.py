@@ -14,7 +14,8 @@ import torch
 from omegaconf import OmegaConf
 
 from fastasr.config import CONFIG_DIR
-from fastasr.training.captured_step import CapturedSteps, EagerGraphs, capture_wanted
+from fastasr.training.captured_step import CapturedSteps, capture_wanted
+from fastasr.training.graph_backends import EagerGraphs
 
 RADAM = {"_target_": "torch.optim.RAdam", "_partial_": True, "lr": 3e-3, "weight_decay": 0.01,
          "decoupled_weight_decay": True}

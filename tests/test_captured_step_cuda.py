@@ -9,7 +9,8 @@ import torch
 from test_captured_step import _batches, _fit_on, _lit
 
 from fastasr.training.callbacks.throughput import ThroughputLogger
-from fastasr.training.captured_step import CapturedSteps, CudaGraphs
+from fastasr.training.captured_step import CapturedSteps
+from fastasr.training.graph_backends import CudaGraphs
 
 pytestmark = pytest.mark.cuda
 

@@ -1,5 +1,5 @@
 """Captured training steps under DDP on the CPU: two gloo processes, Lightning's DDP strategy, the
-stand-in graphs backend (:class:`fastasr.training.captured_step.EagerGraphs`). The gradients'
+stand-in graphs backend (:class:`fastasr.training.graph_backends.EagerGraphs`). The gradients'
 all-reduce that DDP's backward hooks do in an eager step is the captured step's own
 (:meth:`CapturedSteps.reduce_gradients`): both train alike, and the replicas stay identical."""
 
@@ -14,7 +14,8 @@ from run_probe import free_port
 from test_captured_step import _batches, _lit, _Losses
 
 from fastasr.distributed import average_gradients
-from fastasr.training.captured_step import CapturedSteps, EagerGraphs
+from fastasr.training.captured_step import CapturedSteps
+from fastasr.training.graph_backends import EagerGraphs
 
 WORLD = 2
 

@@ -58,7 +58,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
-from fastasr.training.captured_step import CapturedSteps, EagerGraphs  # noqa: E402
+from fastasr.training.captured_step import CapturedSteps  # noqa: E402
+from fastasr.training.graph_backends import EagerGraphs  # noqa: E402
 
 #: A column's suffix where the step is captured as CUDA graphs (:class:`CapturedStepper`), and
 #: where its update alone is (:class:`UpdateGraphedStepper`): :data:`FORMS`.
