@@ -286,3 +286,58 @@ def test_a_captured_runs_checkpoint_resumes_in_an_eager_run_on_the_cpu(tmp_path)
     portable_optimizer_state(raw)
     fresh.load_state_dict(raw)
     fresh.step()
+
+
+def _poisoned(batches, steps, value=float("nan")):
+    for i in steps:
+        batches[i]["features"] = batches[i]["features"] * value
+    return batches
+
+
+def test_a_nonfinite_captured_step_is_undone_on_the_device_as_an_eager_skip():
+    """``callbacks.nonfinite_loss`` in a captured step: the update graph undoes the update of a
+    NaN batch on the device, leaving the parameters and the optimiser's state as the eager
+    step's skip does; the guard counts it from the outcome it reads back later, and reads no
+    value back in the step itself."""
+    from fastasr.training.callbacks.nonfinite_loss import NonFiniteLossGuard
+
+    class Counting(NonFiniteLossGuard):  # the host's verdicts: a read back each
+        reads = 0
+
+        def _finite(self, trainer, pl_module):
+            self.reads += 1
+            return super()._finite(trainer, pl_module)
+
+    batches = _poisoned(_batches(), [4])  # shape (3, 40)'s third step: replayed
+    eager_guard, guard = Counting(), Counting()
+    eager = _lit()
+    eager_losses, eager_params = _fit_on("cpu", eager, batches, callbacks=[eager_guard])
+    lit = _lit(capture=True)
+    lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=EagerGraphs())
+    losses, params = _fit_on("cpu", lit, batches, callbacks=[guard])
+    assert lit.captured.guard is not None and sorted(lit.captured.summary()["captured"]) == [(2, 64, 20), (3, 40, 20)]
+    assert eager_guard.skipped == guard.skipped == 1
+    assert (eager_guard.reads, guard.reads) == (8, 2)  # the captured run's: its two shapes' eager steps
+    assert losses[:4] == eager_losses[:4] and losses[5:] == eager_losses[5:]
+    assert torch.isnan(torch.tensor(losses[4])) and torch.isnan(torch.tensor(eager_losses[4]))
+    for a, b in zip(params, eager_params):
+        assert torch.equal(a, b)
+    for p, q in zip(lit.parameters(), eager.parameters()):  # RAdam's moments and step counts too
+        state, eager_state = lit.trainer.optimizers[0].state[p], eager.trainer.optimizers[0].state[q]
+        assert all(torch.equal(state[k], eager_state[k]) for k in eager_state)
+
+
+def test_nonfinite_captured_steps_in_a_row_stop_the_run_a_few_steps_later():
+    from fastasr.training.callbacks.nonfinite_loss import (
+        READ_BACK_LAG,
+        NonFiniteLossError,
+        NonFiniteLossGuard,
+    )
+
+    lit = _lit(capture=True)
+    lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=EagerGraphs())
+    with pytest.raises(NonFiniteLossError, match="3 consecutive batches") as err:
+        _fit_on("cpu", lit, _poisoned(_batches(steps=8), range(2, 8)), callbacks=[NonFiniteLossGuard(3)])
+    assert "step 2: 2-0 2-1 2-2; step 3: 3-0 3-1; step 4: 4-0 4-1 4-2" in str(err.value)
+    assert lit.trainer.global_step == 4 + READ_BACK_LAG + 1  # read at step 6's end
+    assert all(torch.isfinite(p).all() for p in lit.parameters())

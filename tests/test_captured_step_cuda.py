@@ -62,3 +62,22 @@ def test_a_captured_step_syncs_with_the_host_nowhere():
     # the step times' events are recorded and read inside the strict part of the step
     _fit_on("gpu", lit, batches, precision="bf16-mixed", callbacks=[ThroughputLogger(), strict], clip=None)
     assert lit.captured.summary()["captured"] == [(3, 40, 20)]
+
+
+def test_a_nonfinite_captured_step_is_undone_on_the_gpu():
+    """A NaN batch in a replayed step: the update graph undoes its update on the device, as the
+    eager run's guard skips it; the guard counts it from the outcome read back later."""
+    from test_captured_step import _poisoned
+
+    from fastasr.training.callbacks.nonfinite_loss import NonFiniteLossGuard
+
+    batches = _poisoned(_batches(shapes=((3, 40), (2, 64)), steps=STEPS), [4])
+    eager_guard, guard = NonFiniteLossGuard(), NonFiniteLossGuard()
+    _, eager_params = _fit_on("gpu", _lit("full"), batches, precision="bf16-mixed", callbacks=[eager_guard])
+    lit = _lit("full", capture=True)
+    lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=CudaGraphs())
+    _, params = _fit_on("gpu", lit, batches, precision="bf16-mixed", callbacks=[guard])
+    assert eager_guard.skipped == guard.skipped == 1
+    for a, b in zip(params, eager_params):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a.cpu(), b.cpu(), rtol=5e-3, atol=5e-3)

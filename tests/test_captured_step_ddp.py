@@ -1,7 +1,9 @@
 """Captured training steps under DDP on the CPU: two gloo processes, Lightning's DDP strategy, the
 stand-in graphs backend (:class:`fastasr.training.graph_backends.EagerGraphs`). The gradients'
 all-reduce that DDP's backward hooks do in an eager step is the captured step's own
-(:meth:`CapturedSteps.reduce_gradients`): both train alike, and the replicas stay identical."""
+(:meth:`CapturedSteps.reduce_gradients`), and a NaN batch on one rank skips that update on every
+rank, decided on the host in an eager step and on the device in a captured one: both train
+alike, and the replicas stay identical."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from run_probe import free_port
 from test_captured_step import _batches, _lit, _Losses
 
 from fastasr.distributed import average_gradients
+from fastasr.training.callbacks.nonfinite_loss import NonFiniteLossGuard
 from fastasr.training.captured_step import CapturedSteps
 from fastasr.training.graph_backends import EagerGraphs
 
@@ -21,11 +24,11 @@ WORLD = 2
 
 
 def _fit_ddp(lit, batches) -> list[float]:
-    losses = _Losses()
+    losses, guard = _Losses(), NonFiniteLossGuard()
     trainer = L.Trainer(accelerator="cpu", devices=WORLD, strategy="ddp", max_epochs=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         num_sanity_val_steps=0, gradient_clip_val=0.05, use_distributed_sampler=False,
-                        callbacks=[losses])
+                        callbacks=[losses, guard])
     trainer.fit(lit, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False))
     return losses.values()
 
@@ -35,6 +38,8 @@ def _worker(rank: int, port: int, results) -> None:
                       LOCAL_RANK=str(rank), NODE_RANK="0")
     torch.set_num_threads(1)
     batches = _batches(steps=6, seed=rank)  # each rank its own data, the same shapes
+    if rank == 0:  # a NaN batch on one rank: every rank skips that update
+        batches[4]["features"] = batches[4]["features"] * float("nan")
     out = {}
     eager = _lit()
     out["eager"] = (_fit_ddp(eager, batches), [p.detach().clone() for p in eager.parameters()])
@@ -60,7 +65,10 @@ def test_captured_steps_under_ddp_train_as_ddps_eager_steps():
         results = dict(results)
     for rank in range(WORLD):
         (eager_losses, eager_params), (losses, params) = results[rank]["eager"], results[rank]["captured"]
-        assert losses == eager_losses  # each rank's own batches, the same averaged updates
+        nan = [i for i, loss in enumerate(losses) if loss != loss]
+        assert nan == ([4] if rank == 0 else [])  # rank 0's NaN batch; its update skipped on both ranks
+        assert [x for i, x in enumerate(losses) if i not in nan] == [x for i, x in enumerate(eager_losses)
+                                                                    if i not in nan]
         for a, b in zip(params, eager_params):
             assert torch.equal(a, b)
         summary = results[rank]["summary"]

@@ -60,6 +60,7 @@ from torch import nn  # noqa: E402
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
 from fastasr.training.captured_step import CapturedSteps  # noqa: E402
 from fastasr.training.graph_backends import EagerGraphs  # noqa: E402
+from fastasr.training.update_guard import DeviceUpdateGuard  # noqa: E402
 
 #: A column's suffix where the step is captured as CUDA graphs (:class:`CapturedStepper`), and
 #: where its update alone is (:class:`UpdateGraphedStepper`): :data:`FORMS`.
@@ -195,7 +196,8 @@ class CapturedStepper(GpuStepper):
     """Training's captured step (:class:`fastasr.training.captured_step.CapturedSteps`, what
     ``capture_steps`` runs): the forward, the backward and the clipping with the RAdam update
     (``capturable``) each replayed as a CUDA graph of the batch's shape, the batch copied into the
-    graphs' inputs, CTC eager between them on the host's lengths. A shape's first step runs
+    graphs' inputs, CTC eager between them on the host's lengths, the update graph with the
+    non-finite guard's device skip (``training.update_guard``). A shape's first step runs
     eagerly (the optimiser's state), its second captures, as in training. What a training step
     captured as graphs takes: the step's GPU work, less the launches' gaps. Off CUDA (the
     plumbing run) the stand-in backend runs what it recorded at each replay."""
@@ -208,6 +210,7 @@ class CapturedStepper(GpuStepper):
                                       backend=None if DEVICE.type == "cuda" else EagerGraphs())
         self.captured.start(DEVICE, self.optim)
         self.captured.clip = (10.0, "norm")  # the update graph's clipping, GpuStepper._update's
+        self.captured.guard = DeviceUpdateGuard(DEVICE)  # as callbacks.nonfinite_loss sets it in training
 
     def _run(self, feats, lengths):
         log_probs, out_lengths = self.model(feats, lengths)

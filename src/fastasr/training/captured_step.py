@@ -58,6 +58,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from fastasr.distributed import average_gradients
 from fastasr.training.graph_backends import CudaGraphs, EagerGraphs, Graph
+from fastasr.training.update_guard import DeviceUpdateGuard
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +150,7 @@ class CapturedSteps:
         self._optimizer: torch.optim.Optimizer | None = None
         self._eager_forward: Callable[[], list[torch.Tensor]] | None = None
         self._ddp: DistributedDataParallel | None = None  # under DDP: its gradients reduced here
+        self.guard: DeviceUpdateGuard | None = None  # a non-finite step's update undone on the device
         self._world_size = 1
 
     # ---------------------------------------------------------------- the run
@@ -331,17 +333,22 @@ class CapturedSteps:
 
     def update(self, eager_step: Callable[[], Any]) -> None:
         """The optimiser's step of a captured step: the shape's update graph (clipping and the
-        optimiser's step; captured at its first call), unless a hook dropped the gradients
-        (``callbacks.nonfinite_loss``): then nothing. ``eager_step``: the optimiser's own step,
-        for a shape whose update capture fails."""
+        optimiser's step; captured at its first call), unless a hook dropped the gradients: then
+        nothing. With :attr:`guard` (``callbacks.nonfinite_loss`` sets it) the graph also undoes
+        an update whose loss or gradients are not finite, on the device
+        (:class:`fastasr.training.update_guard.DeviceUpdateGuard`). ``eager_step``: the
+        optimiser's own step, for a shape whose update capture fails."""
         graphs = self.current
         params = [p for p in self.model.parameters() if p.requires_grad]
         if any(p.grad is not g for p, g in zip(params, graphs.grads)):
             return  # gradients dropped (or replaced) by a hook: no update this step
         with_grad = [p for p in params if p.grad is not None]
         val, algorithm = self.clip
+        guard, optimizer = self.guard, self._optimizer
 
         def update():
+            if guard is not None:
+                guard.before(with_grad, optimizer)
             norm = None
             if val:
                 if algorithm == "value":
@@ -349,6 +356,8 @@ class CapturedSteps:
                 else:
                     norm = torch.nn.utils.clip_grad_norm_(with_grad, val)
             eager_step()
+            if guard is not None:
+                guard.after(with_grad, optimizer)
             return norm
 
         if graphs.update is None:

@@ -10,19 +10,62 @@ Under DDP the decision is taken over all ranks (any rank's non-finite loss, or n
 averaged gradients, skips the step everywhere), so the replicas stay identical. Under
 ``16-mixed`` the gradient scaler already skips steps with overflowed gradients while it
 calibrates, so only a non-finite *loss* counts there.
+
+An eager step's decision is read on the host before the update: one value a step, which on a
+GPU waits for the backward. A captured step (``capture_steps``) decides on the device, inside
+its update graph (:class:`fastasr.training.update_guard.DeviceUpdateGuard`): the callback hands
+it the loss's verdict and reads the step's outcome back later without waiting, so its warning,
+count and the stop after ``max_consecutive`` come a step or two after the batch.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import torch
 
 from fastasr.distributed import gather_objects
+from fastasr.training.update_guard import DeviceUpdateGuard
 
 log = logging.getLogger(__name__)
+
+
+class Readbacks:
+    """Device values read back to the host a few steps late: each copied behind a CUDA event into
+    page-locked memory (on a CPU, cloned); :meth:`done` yields all but the newest ``keep``,
+    oldest first, waiting for an event the device has not reached yet (by then, rarely: the
+    host has queued ``keep`` steps since). A fixed lag, not "whatever is ready", so that every
+    DDP rank reads the same steps at the same batch (a stop after too many is collective)."""
+
+    def __init__(self) -> None:
+        self._pending: deque[tuple[Any, torch.Tensor, Any]] = deque()
+
+    def push(self, value: torch.Tensor, tag: Any) -> None:
+        event = None
+        if value.device.type == "cuda":
+            host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            host.copy_(value, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host = value.detach().clone()
+        self._pending.append((tag, host, event))
+
+    def done(self, keep: int = 0) -> Iterator[tuple[Any, torch.Tensor]]:
+        while len(self._pending) > keep:
+            tag, host, event = self._pending.popleft()
+            if event is not None and not event.query():
+                event.synchronize()
+            yield tag, host
+
+
+#: Captured steps whose outcome is read back at a later batch's end: the outcome of step ``t``
+#: at step ``t + READ_BACK_LAG``'s (:class:`Readbacks`).
+READ_BACK_LAG = 2
 
 
 class NonFiniteLossError(RuntimeError):
@@ -52,6 +95,8 @@ class NonFiniteLossGuard(L.Callback):
         self._in_a_row: list[tuple[int, list[str]]] = []  # (step, utterance ids) of the current run of bad batches
         self._ids: list[str] = []
         self._loss_finite: torch.Tensor | None = None  # on the device: read once per step, below
+        self._on_device: tuple[int, list[str], DeviceUpdateGuard] | None = None  # this captured step's
+        self._outcomes = Readbacks()  # captured steps' outcomes, read back without waiting
 
     def state_dict(self) -> dict[str, Any]:
         return {"skipped": self.skipped}
@@ -59,9 +104,15 @@ class NonFiniteLossGuard(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped = int(state_dict.get("skipped", 0))
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        captured = getattr(pl_module, "captured", None)
+        if captured is not None:  # captured steps decide on the device (module docstring)
+            captured.guard = DeviceUpdateGuard(pl_module.device)
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._ids = [str(i) for i in batch.get("ids", [])] if isinstance(batch, dict) else []
         self._loss_finite = None
+        self._on_device = None
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
         self._loss_finite = torch.isfinite(loss.detach()).all()
@@ -76,6 +127,10 @@ class NonFiniteLossGuard(L.Callback):
         return bool(finite)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        captured = getattr(pl_module, "captured", None)
+        if captured is not None and captured.current is not None and captured.guard is not None:
+            self._hand_to_device(captured.guard, trainer.global_step)
+            return
         finite = self._finite(trainer, pl_module)
         skip = trainer.strategy.reduce_boolean_decision(not finite, all=False)  # any rank
         if not skip:
@@ -83,14 +138,50 @@ class NonFiniteLossGuard(L.Callback):
             return
         for p in pl_module.parameters():
             p.grad = None
-        self.skipped += 1
-        step = trainer.global_step
-        self._in_a_row.append((step, self._ids))
         what = "loss" if self._loss_finite is not None and not bool(self._loss_finite) else "gradient"
+        self._skipped(trainer, pl_module, trainer.global_step, self._ids, what)
+
+    def _hand_to_device(self, guard: DeviceUpdateGuard, step: int) -> None:
+        """A captured step: the loss's verdict (any rank's non-finite loss, under DDP) into the
+        update graph's input; nothing read back."""
+        if self._loss_finite is None:
+            guard.loss_finite.fill_(1.0)
+        else:
+            guard.loss_finite.copy_(self._loss_finite)
+        if torch.distributed.is_available() and torch.distributed.is_initialized() \
+                and torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(guard.loss_finite, op=torch.distributed.ReduceOp.MIN)
+        self._on_device = (step, self._ids, guard)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """After a captured step's update: its outcome queued for reading back; the outcomes the
+        device has reached, counted."""
+        if self._on_device is not None:
+            step, ids, guard = self._on_device
+            self._outcomes.push(guard.finite, (step, ids))
+            self._on_device = None
+        self._count_outcomes(trainer, pl_module, keep=READ_BACK_LAG)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._count_outcomes(trainer, pl_module, log_metric=False)
+
+    def _count_outcomes(self, trainer, pl_module, keep: int = 0, log_metric: bool = True) -> None:
+        for (step, ids), finite in self._outcomes.done(keep):
+            if float(finite) == 1.0:
+                self._in_a_row.clear()
+            else:
+                self._skipped(trainer, pl_module, step, ids, "loss or gradient", log_metric)
+
+    def _skipped(self, trainer, pl_module, step: int, ids: list[str], what: str, log_metric: bool = True) -> None:
+        """A skipped update: the warning, the count, and the stop after ``max_consecutive``."""
+        self.skipped += 1
+        self._in_a_row.append((step, ids))
         log.warning("step %d: non-finite %s on rank %d; update skipped (%d skipped so far, %d in a row); "
                     "utterances: %s", step, what, trainer.global_rank, self.skipped, len(self._in_a_row),
-                    " ".join(self._ids) or "?")
-        pl_module.log("train/nonfinite_skipped", float(self.skipped), on_step=True, on_epoch=False, batch_size=1)
+                    " ".join(ids) or "?")
+        if log_metric:  # Lightning takes no step metric once training has ended
+            pl_module.log("train/nonfinite_skipped", float(self.skipped), on_step=True, on_epoch=False,
+                          batch_size=1)
         if len(self._in_a_row) >= self.max_consecutive:
             batches: dict[int, list[str]] = {}
             for part in gather_objects(self._in_a_row):
