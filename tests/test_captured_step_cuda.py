@@ -43,7 +43,8 @@ def test_captured_steps_train_as_eager_steps_under_bf16(attention):
 
 def test_a_captured_step_syncs_with_the_host_nowhere():
     """After capture, a replayed step (forward graph, CTC on host lengths, backward and update
-    graphs) and the step-time logger's hooks run under torch's sync debug mode set to error."""
+    graphs), the step-time logger's hooks and the non-finite guard's run under torch's sync debug
+    mode set to error."""
     batches = _batches(shapes=((3, 40),), steps=4)
     lit = _lit("full", capture=True)
     lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=CudaGraphs())
@@ -59,8 +60,12 @@ def test_a_captured_step_syncs_with_the_host_nowhere():
     import lightning as L
 
     strict = type("Strict", (L.Callback,), dict(vars(_Strict)))()
-    # the step times' events are recorded and read inside the strict part of the step
-    _fit_on("gpu", lit, batches, precision="bf16-mixed", callbacks=[ThroughputLogger(), strict], clip=None)
+    # the step times' events and the non-finite guard's verdicts are recorded and read inside
+    # the strict part of the step
+    from fastasr.training.callbacks.nonfinite_loss import NonFiniteLossGuard
+
+    _fit_on("gpu", lit, batches, precision="bf16-mixed", callbacks=[ThroughputLogger(), NonFiniteLossGuard(), strict],
+            clip=None)
     assert lit.captured.summary()["captured"] == [(3, 40, 20)]
 
 

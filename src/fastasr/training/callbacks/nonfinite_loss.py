@@ -43,16 +43,23 @@ class Readbacks:
 
     def __init__(self) -> None:
         self._pending: deque[tuple[Any, torch.Tensor, Any]] = deque()
+        self._free: list[tuple[torch.Tensor, Any]] = []  # page-locked buffers and events to reuse
+
+    def reserve(self, like: torch.Tensor, count: int) -> None:
+        """Make ``count`` page-locked buffers for values like ``like`` ahead (on a GPU: pinned
+        memory is allocated outside the steps, and each buffer is reused once read)."""
+        if like.device.type == "cuda":
+            self._free += [(torch.empty(like.shape, dtype=like.dtype, pin_memory=True), torch.cuda.Event())
+                           for _ in range(count)]
 
     def push(self, value: torch.Tensor, tag: Any) -> None:
-        event = None
-        if value.device.type == "cuda":
-            host = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-            host.copy_(value, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-        else:
-            host = value.detach().clone()
+        if value.device.type != "cuda":
+            self._pending.append((tag, value.detach().clone(), None))
+            return
+        host, event = self._free.pop() if self._free else (
+            torch.empty(value.shape, dtype=value.dtype, pin_memory=True), torch.cuda.Event())
+        host.copy_(value, non_blocking=True)
+        event.record()
         self._pending.append((tag, host, event))
 
     def done(self, keep: int = 0) -> Iterator[tuple[Any, torch.Tensor]]:
@@ -61,6 +68,8 @@ class Readbacks:
             if event is not None and not event.query():
                 event.synchronize()
             yield tag, host
+            if event is not None:  # read by now: free for another value
+                self._free.append((host, event))
 
 
 #: Captured steps whose outcome is read back at a later batch's end: the outcome of step ``t``
@@ -108,6 +117,7 @@ class NonFiniteLossGuard(L.Callback):
         captured = getattr(pl_module, "captured", None)
         if captured is not None:  # captured steps decide on the device (module docstring)
             captured.guard = DeviceUpdateGuard(pl_module.device)
+            self._outcomes.reserve(captured.guard.finite, READ_BACK_LAG + 2)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._ids = [str(i) for i in batch.get("ids", [])] if isinstance(batch, dict) else []
