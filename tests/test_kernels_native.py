@@ -116,6 +116,35 @@ def test_topk_indices_select_the_k_largest(N, k, dtype):
     assert bool((kept >= kth).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("N,k", [(1000, 32), (37, 7), (200, 1)])
+def test_topk_indices_of_rows_holding_nan_lie_in_the_row(N, k, dtype):
+    """A diverged step's NaN never passes a comparison, so such a row can leave fewer than k
+    candidates: every index must still be a distinct position of the row (an index outside
+    it crashed the process in the sparse part's gather)."""
+    g = _gen(N * k)
+    scores = torch.randn(4, N, generator=g, dtype=dtype)
+    scores[0] = float("nan")  # the whole row
+    scores[1, ::3] = float("nan")  # a third of it
+    scores[2, : N // 2] = float("nan")
+    scores[3, -1] = float("nan")
+    got = native.topk_indices(scores, k)
+    assert bool(((got >= 0) & (got < N)).all())
+    assert bool((got.sort(-1).values.diff(dim=-1) > 0).all())  # k distinct positions
+    finite = scores[3, :-1]  # one NaN: the top k of the rest
+    assert set(got[3].tolist()) == set(finite.topk(k).indices.tolist())
+
+
+def test_i_clustered_attention_of_nan_inputs_is_nan_not_a_crash():
+    attention = build_attention({"name": "i-clustered", "clusters": 3, "topk": 4})
+    g = _gen(5)
+    q, k, v = (torch.randn(2, 2, 40, 8, generator=g, requires_grad=True) for _ in range(3))
+    q.data[0] = float("nan")
+    out = attention(q, k, v, torch.tensor([40, 31]))
+    out.sum().backward()
+    assert bool(out[0].isnan().any()) and bool(out[1].isfinite().all())
+
+
 # ---------------------------------------------------------- centroid attention
 def _centroid_case(B, H, C, N, E, Ev, K, g, dtype=torch.float32):
     lengths = _lengths(B, N, g)

@@ -134,6 +134,14 @@ T row_topk(const T* __restrict__ row, int64_t L, int64_t k, TopkScratch<T>& scra
   for (int64_t c = 0; c < nb && t < k; ++c) {
     if (key[c] == kth) idx[t++] = pos[c];
   }
+  // A row holding NaN (a diverged step: NaN is never >= the threshold) can leave fewer than
+  // k candidates: the rest of idx takes the first positions not chosen, so that every index
+  // lies in the row (its weights are NaN anyway, and the non-finite guard skips the update).
+  for (int64_t j = 0; t < k && j < L; ++j) {
+    bool taken = false;
+    for (int64_t u = 0; u < t; ++u) taken |= idx[u] == j;
+    if (!taken) idx[t++] = j;
+  }
   return top;
 }
 
