@@ -341,3 +341,69 @@ def test_nonfinite_captured_steps_in_a_row_stop_the_run_a_few_steps_later():
     assert "step 2: 2-0 2-1 2-2; step 3: 3-0 3-1; step 4: 4-0 4-1 4-2" in str(err.value)
     assert lit.trainer.global_step == 4 + READ_BACK_LAG + 1  # read at step 6's end
     assert all(torch.isfinite(p).all() for p in lit.parameters())
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records every read of a tensor's value back to the host: ``.item()``, ``bool()``,
+    ``float()``, and a tensor given where an operator takes a host scalar (each a
+    synchronisation on a GPU, which no CUDA graph's capture holds)."""
+
+    READS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default)
+
+    def __init__(self, reads):
+        super().__init__()
+        self.reads = reads
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.READS:
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class _Recording(EagerGraphs):
+    """The stand-in backend, each replay under :class:`_HostReads`."""
+
+    def __init__(self):
+        self.reads, self.replays = [], 0
+
+    def capture(self, fn):
+        from fastasr.training.graph_backends import Graph
+
+        def replay():
+            self.replays += 1
+            with _HostReads(self.reads):
+                return fn()
+
+        return Graph(replay)
+
+
+@pytest.mark.parametrize("attention,inter", PARAMETRIZED_ATTENTIONS)
+def test_the_captured_parts_read_nothing_back_to_the_host(attention, inter, monkeypatch):
+    """What a CUDA graph would hold (the forward, the backward, and the update with clipping and
+    the non-finite guard's device skip, a NaN batch among them) reads no value back: a read
+    would fail the capture on a GPU. Two CPU-only reads are left out: RAdam's step counts (a
+    CPU refuses its ``capturable`` mode, which a GPU run takes: ``make_capturable``, torch's
+    path made for graphs) and the attention's lengths check (a device-side assert on a GPU)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    import fastasr.attention.base
+    from fastasr.attention import build_attention
+    from fastasr.training.callbacks.nonfinite_loss import NonFiniteLossGuard
+
+    def unrecorded(fn):
+        def call(*args, **kwargs):
+            with _disable_current_modes():
+                return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(torch.optim.RAdam, "step", unrecorded(torch.optim.RAdam.step))
+    monkeypatch.setattr(fastasr.attention.base, "check_lengths", unrecorded(fastasr.attention.base.check_lengths))
+
+    shared_qk = getattr(build_attention(attention), "requires_shared_qk", False)
+    lit = _lit(attention, capture=True, inter=inter, shared_qk=shared_qk)
+    backend = _Recording()
+    lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=backend)
+    guard = NonFiniteLossGuard()
+    _fit_on("cpu", lit, _poisoned(_batches(), [4]), callbacks=[guard])
+    assert backend.replays == 3 * 6 and guard.skipped == 1  # six replayed steps, three parts each
+    assert backend.reads == []
