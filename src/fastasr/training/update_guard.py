@@ -13,9 +13,9 @@ so that the host can queue the next step while this one runs:
 3. the gradients' NaN and infinities are set to 0, so that the update's result stays finite
    (a finite gradient is left as it is);
 4. clipping and the optimiser's step, as ever;
-5. the state is set back to its copy where the verdict says so: ``lerp`` with weight
-   ``1 - finite``, which leaves a finite step's values as they are, bit for bit, and restores
-   a skipped step's exactly.
+5. the state is set back to its copy where the verdict says so: ``state × finite + copy ×
+   (1 - finite)``, which leaves a finite step's values as they are and restores a skipped
+   step's exactly (both terms are finite, and one of them is a zero).
 
 A finite step's update is the eager step's; a skipped step leaves the parameters and the
 optimiser's state as an eager skip does (no parameter has a gradient, so the optimiser changes
@@ -70,5 +70,11 @@ class DeviceUpdateGuard:
 
     @torch.no_grad()
     def after(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
-        """Set the state back to its copy where the step was not finite."""
-        torch._foreach_lerp_(self._state(params, optimizer), self._saved, 1.0 - self.finite)
+        """Set the state back to its copy where the step was not finite: ``state × finite + copy
+        × (1 - finite)``, exact either way since both are finite. Foreach products by a device
+        tensor (``_foreach_mul_.Tensor``); ``_foreach_lerp_`` takes its weight as a host scalar
+        only, a read back that no capture holds."""
+        state = self._state(params, optimizer)
+        torch._foreach_mul_(state, self.finite)
+        torch._foreach_mul_(self._saved, 1.0 - self.finite)
+        torch._foreach_add_(state, self._saved)
