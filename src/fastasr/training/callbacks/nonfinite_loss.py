@@ -138,7 +138,8 @@ class NonFiniteLossGuard(L.Callback):
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         captured = getattr(pl_module, "captured", None)
-        if captured is not None and captured.current is not None and captured.guard is not None:
+        if captured is not None and captured.current is not None and captured.guard is not None \
+                and not _uses_grad_scaler(trainer):  # a scaler decides on the host, and may not step
             self._hand_to_device(captured.guard, trainer.global_step)
             return
         finite = self._finite(trainer, pl_module)
