@@ -10,8 +10,9 @@ so that the host can queue the next step while this one runs:
    RAdam's moments and step counts) is copied aside, one foreach copy;
 2. the verdict: the loss's finiteness (:attr:`DeviceUpdateGuard.loss_finite`, which the callback
    fills before the replay) and the gradients' norm's;
-3. the gradients' NaN and infinities are set to 0, so that the update's result stays finite
-   (a finite gradient is left as it is);
+3. where the verdict is "not finite", the gradients are set to 0 (their NaN and infinities
+   cleared first), so that the update's result stays finite; a finite step's gradients are
+   left as they are;
 4. clipping and the optimiser's step, as ever;
 5. the state is set back to its copy where the verdict says so: ``state × finite + copy ×
    (1 - finite)``, which leaves a finite step's values as they are and restores a skipped
@@ -57,7 +58,9 @@ class DeviceUpdateGuard:
 
     @torch.no_grad()
     def before(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
-        """Copy the state aside, take the verdict, clear the gradients' non-finite values."""
+        """Copy the state aside, take the verdict, and give a step that is not finite zero
+        gradients (its non-finite values cleared first: ``0 × NaN`` is NaN), so that its update
+        leaves the state finite, whatever a huge gradient would have made of RAdam's squares."""
         state = self._state(params, optimizer)
         if self._saved is None or [t.shape for t in self._saved] != [t.shape for t in state]:
             self._saved = [torch.empty_like(t) for t in state]
@@ -67,6 +70,7 @@ class DeviceUpdateGuard:
         self.finite.copy_(self.loss_finite * torch.isfinite(norm))
         for grad in grads:
             torch.nan_to_num_(grad, nan=0.0, posinf=0.0, neginf=0.0)
+        torch._foreach_mul_(grads, self.finite)
 
     @torch.no_grad()
     def after(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
