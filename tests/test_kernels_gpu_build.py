@@ -432,7 +432,7 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
         proc = subprocess.run(["bash", str(tmp_path / "benchmarks" / "gpu" / "check.sh")], capture_output=True,
                               text=True, env=env, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        summary = (results / f"gpu_check_fake-gpu-80gb_{part}.md").read_text()
+        summary = (results / f"gpu_check_fake-gpu-80gb{'_' * bool(part)}{part}.md").read_text()
         return log.read_text().splitlines(), summary
 
     calls, summary = gpu_check()
@@ -483,6 +483,15 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     calls, summary = gpu_check("table2")
     assert not any(c.startswith("-m fastasr.cli.budget") for c in calls)
     assert "| Table 2 on the GPU | skipped: under 30 s of training a member left of the 200 s budget | 0 |" in summary
+    # make train alone: the corpus and its LM, then train.py with captured steps, its own seconds
+    # (the target's figure) in the summary
+    shutil.rmtree(tmp_path / "data" / "fsdd_src")
+    env.update(GPU_CHECK_TRAIN="1", GPU_CHECK_TABLE2="0", GPU_CHECK_BUDGET_S="480")
+    calls, summary = gpu_check("")
+    train = next(c for c in calls if c.startswith("train.py"))
+    assert "name=gpu-check" in train and "capture_steps=auto" in train
+    assert re.search(r"make train on the GPU: train.py took \d+ s after the corpus and LM \(capture_steps=auto\)",
+                     summary), summary
 
 
 def test_benchmark_tables_name_the_commit_and_changes(tmp_path, monkeypatch):

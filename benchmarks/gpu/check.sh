@@ -14,7 +14,8 @@
 # project's other pure-Python dependencies are installed from wheels in .whl/ when that folder
 # exists (docs/BENCHMARKS.md "GPU check" says which, and how to download them), then:
 #   1. a 3-minute `make train` on the built-in corpus: synthesis, LM, training (bf16 mixed precision,
-#      the machine's cores loading data), its greedy test and its final beam + LM decoding;
+#      the machine's cores loading data), its greedy test and its final beam + LM decoding; the
+#      summary gives train.py's own seconds (after the corpus and LM) and its last updates a second;
 #   2. the Triton compile check (every kernel configuration for sm_90, spills reported; one
 #      process a core);
 #   3. the Triton tests, compiled on CUDA, the attention padding/inference-mode tests, and every
@@ -116,7 +117,10 @@ train_builtin() {
   "$PY" -m fastasr.cli.lm build --manifest data/synthetic/train.jsonl --order 3 \
     --out data/synthetic/lm/words-3gram.arpa --dev data/synthetic/dev.jsonl || return 1
   rm -rf "$RUN"
-  "$PY" train.py name=gpu-check logger=csv trainer.max_time=00:00:03:00 "capture_steps=$CAPTURE"
+  local t0=$SECONDS
+  "$PY" train.py name=gpu-check logger=csv trainer.max_time=00:00:03:00 "capture_steps=$CAPTURE" || return 1
+  # the target's figure: train.py's wall time (fit, test, final decoding) once the corpus is built
+  echo "make train on the GPU: train.py took $((SECONDS - t0)) s after the corpus and LM (capture_steps=$CAPTURE)"
 }
 export -f train_builtin
 CAPTURE=${GPU_CHECK_CAPTURE:-auto}  # capture_steps of every training run here: auto (captured on a GPU) or false
@@ -223,7 +227,8 @@ fi
     echo "## make train on the GPU (outputs/runs/gpu-check)"
     echo
     echo '```'
-    grep -E "^test(:|, )|^Time limit|^GPU available|^Using bfloat16|Precision " "$LOG" | tail -n 8
+    grep -E "^test(:|, )|^Time limit|^GPU available|^Using bfloat16|Precision |^make train on the GPU: " "$LOG" | tail -n 9
+    grep -E "updates/s" "$LOG" | tail -n 1
     [ -f "$RUN/fit_done.json" ] && cat "$RUN/fit_done.json"
     echo '```'
     echo
