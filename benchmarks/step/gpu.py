@@ -59,7 +59,7 @@ from torch import nn  # noqa: E402
 
 from fastasr.attention.full import forced_padded_path, padded_path  # noqa: E402
 from fastasr.training.captured_step import CapturedSteps  # noqa: E402
-from fastasr.training.graph_backends import EagerGraphs  # noqa: E402
+from fastasr.training.graph_backends import CudaGraphs, EagerGraphs  # noqa: E402
 from fastasr.training.update_guard import DeviceUpdateGuard  # noqa: E402
 
 #: A column's suffix where the step is captured as CUDA graphs (:class:`CapturedStepper`), and
@@ -178,20 +178,6 @@ class GpuStepper:
         return t0.seconds()
 
 
-def _warm_up(fn, times: int = 3) -> None:
-    """``fn`` run ``times`` eagerly on a side stream before a capture (Triton's compiles, the
-    optimiser's state, the attention paths' first choices); nothing off CUDA (the plumbing run)."""
-    if DEVICE.type != "cuda":
-        return
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*capturable=True.*")  # eager on purpose
-        for _ in range(times):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-
-
 class CapturedStepper(GpuStepper):
     """Training's captured step (:class:`fastasr.training.captured_step.CapturedSteps`, what
     ``capture_steps`` runs): the forward, the backward and the clipping with the RAdam update
@@ -233,26 +219,6 @@ class CapturedStepper(GpuStepper):
         return t0.seconds()
 
 
-class _Captured:
-    """``fn`` as a CUDA graph: captured once (into memory ``pool`` where given), and each call
-    replays it and returns the capture's outputs, which every replay writes again. Off CUDA
-    (the plumbing run) each call runs ``fn``."""
-
-    def __init__(self, fn, pool=None):
-        self.fn, self.graph, self.outputs = fn, None, None
-        if DEVICE.type == "cuda":
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool):
-                self.outputs = fn()
-            self.fn = None  # a replay needs no fn (a stepper's bound method would make it a cycle)
-
-    def __call__(self):
-        if self.graph is None:
-            return self.fn()
-        self.graph.replay()
-        return self.outputs
-
-
 class UpdateGraphedStepper(GpuStepper):
     """:class:`GpuStepper`'s step with its update alone (clipping, the RAdam update, ``capturable``)
     replayed as a CUDA graph: the forward, CTC and backward eager. What training can capture
@@ -277,8 +243,16 @@ class UpdateGraphedStepper(GpuStepper):
         self.grads = [p.grad.detach().clone() for p in self.with_grad]
         for param, grad in zip(self.with_grad, self.grads):
             param.grad = grad  # what the capture reads, at every replay
-        _warm_up(self._update)
-        self.update = _Captured(self._update)
+        backend = CudaGraphs() if DEVICE.type == "cuda" else EagerGraphs()
+
+        def warm():  # three eager updates on a side stream (none off CUDA)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*capturable=True.*")  # eager on purpose
+                for _ in range(3):
+                    self._update()
+
+        backend.warm_up(warm)
+        self.update = backend.capture(self._update)
 
     def step(self, batch) -> float:
         t0 = timing.Clock(DEVICE)  # the queue drained at the start and at the reading
@@ -289,7 +263,7 @@ class UpdateGraphedStepper(GpuStepper):
         if self.update.graph is None:  # the eager update reads the copies, as the graph does
             for param, grad in zip(self.with_grad, self.grads):
                 param.grad = grad
-        self.update()
+        self.update.replay()
         return t0.seconds()
 
 
