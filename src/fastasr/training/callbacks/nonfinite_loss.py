@@ -140,7 +140,7 @@ class NonFiniteLossGuard(L.Callback):
         captured = getattr(pl_module, "captured", None)
         if captured is not None and captured.current is not None and captured.guard is not None \
                 and not _uses_grad_scaler(trainer):  # a scaler decides on the host, and may not step
-            self._hand_to_device(captured.guard, trainer.global_step)
+            self._hand_to_device(captured.guard, trainer)
             return
         finite = self._finite(trainer, pl_module)
         skip = trainer.strategy.reduce_boolean_decision(not finite, all=False)  # any rank
@@ -152,17 +152,16 @@ class NonFiniteLossGuard(L.Callback):
         what = "loss" if self._loss_finite is not None and not bool(self._loss_finite) else "gradient"
         self._skipped(trainer, pl_module, trainer.global_step, self._ids, what)
 
-    def _hand_to_device(self, guard: DeviceUpdateGuard, step: int) -> None:
+    def _hand_to_device(self, guard: DeviceUpdateGuard, trainer: L.Trainer) -> None:
         """A captured step: the loss's verdict (any rank's non-finite loss, under DDP) into the
         update graph's input; nothing read back."""
         if self._loss_finite is None:
             guard.loss_finite.fill_(1.0)
         else:
             guard.loss_finite.copy_(self._loss_finite)
-        if torch.distributed.is_available() and torch.distributed.is_initialized() \
-                and torch.distributed.get_world_size() > 1:
+        if trainer.world_size > 1:
             torch.distributed.all_reduce(guard.loss_finite, op=torch.distributed.ReduceOp.MIN)
-        self._on_device = (step, self._ids, guard)
+        self._on_device = (trainer.global_step, self._ids, guard)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         """After a captured step's update: its outcome queued for reading back; the outcomes the
