@@ -310,8 +310,9 @@ def build_feature_caches(utterances: Sequence[Utterance], config: FeatureConfig 
     ``directory``. The variants must share their speed factor and pitch shift: each utterance's
     waveform is decoded and perturbed once (the costly pitch shift shared by all of them), then
     the filterbank runs once per VTLP factor. A cache that another process published meanwhile
-    is kept. Utterances whose audio is unusable (``BadAudioError``) are logged and listed in ``skipped``; duplicate ids keep their
-    first occurrence. Returns the caches in ``targets``' order."""
+    is kept. Utterances whose audio is unusable (``BadAudioError``) are logged and listed in
+    ``skipped``; duplicate ids keep their first occurrence. Returns the caches in ``targets``'
+    order."""
     config = FeatureConfig.from_dict(config)
     targets = [(Path(d), k, Variant.of(v)) for d, k, v in targets]
     if not targets:

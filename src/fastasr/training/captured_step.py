@@ -38,7 +38,8 @@ Lightning stays the loop, in automatic optimisation: the module routes its hooks
 logging, validation and resume are Lightning's as before. Where capture cannot run
 (:meth:`CapturedSteps.start`: not CUDA, several processes without a DDP wrapper, gradients
 accumulated over batches, chunked streaming training, whose contexts are drawn on the host)
-every step is eager, with one warning when capture was asked for explicitly. ``backend`` is what captures: :class:`CudaGraphs` on a GPU; the tests give
+every step is eager, with one warning when capture was asked for explicitly. ``backend`` is what
+captures (:mod:`fastasr.training.graph_backends`): :class:`CudaGraphs` on a GPU; the tests give
 :class:`EagerGraphs`, which records a function and runs it at each replay, to run the plumbing on
 the CPU.
 """
