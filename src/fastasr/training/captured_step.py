@@ -4,7 +4,7 @@
 An eager step on a GPU waits for its host: ~1,000 kernel launches a step of the paper's model,
 18-40 ms of host time at N = 800 on a Hopper GPU (benchmarks/gpu/notes.md "The host"). Replayed as
 CUDA graphs the same step took 0.56-0.79 of its eager time (``benchmarks.step.gpu``'s graphed
-columns, which now time this class). :class:`CapturedSteps` is that step inside training:
+columns, which time this class). :class:`CapturedSteps` is that step inside training:
 
 * a batch's step is three graphs of its shape, replayed in turn: the model's **forward**
   (under the run's autocast, its cast cache off), its **backward** from the log-probabilities'
