@@ -492,6 +492,16 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert "name=gpu-check" in train and "capture_steps=auto" in train
     assert re.search(r"make train on the GPU: train.py took \d+ s after the corpus and LM \(capture_steps=auto\)",
                      summary), summary
+    # the #88 targets' call: make train for GPU_CHECK_TRAIN_MINUTES, then step/gpu.py's eager and
+    # captured columns of the four attentions alone, no other kernel step
+    env.update(GPU_CHECK_KERNELS="step", GPU_CHECK_TRAIN_MINUTES="2")
+    calls, summary = gpu_check("")
+    assert "trainer.max_time=00:00:02:00" in next(c for c in calls if c.startswith("train.py"))
+    benches = [c for c in calls if c.startswith(("-m benchmarks.", "-m pytest", "-m fastasr.cli.kernels"))]
+    assert len(benches) == 1 and benches[0].startswith("-m benchmarks.step.gpu --variants full clustered-100"), benches
+    assert benches[0].count("as CUDA graphs") == 4 and "switch" not in benches[0]
+    assert "| make train (2 min of training, test, beam + LM) | ok |" in summary
+    assert "| step/gpu.py (eager and as CUDA graphs) | ok |" in summary
 
 
 def test_benchmark_tables_name_the_commit_and_changes(tmp_path, monkeypatch):

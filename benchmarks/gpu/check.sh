@@ -6,6 +6,10 @@
 #   GPU_CHECK_TRAIN=0 make gpu-check    # the kernel steps only (2-6), 5-8 minutes; summary in
 #                                       # gpu_check_<gpu>_kernels.md
 #   GPU_CHECK_BUDGET_S=570 make gpu-check  # another time budget for the whole check (seconds)
+#   GPU_CHECK_KERNELS=step make gpu-check  # make train, then step/gpu.py's target columns alone (full,
+#                                       # clustered-100, i-clustered-100 and the floor, eager and as CUDA
+#                                       # graphs, N = 800 and 3,200), ~5.5 min; GPU_CHECK_TRAIN_MINUTES=2
+#                                       # trains 2 minutes instead of 3
 #   GPU_CHECK_TRAIN=0 GPU_CHECK_KERNELS=0 make gpu-check  # FSDD on the GPU alone (step 7, ~6.5 min;
 #                                       # gpu_check_<gpu>_fsdd.md; with GPU_CHECK_TABLE2=1: Table 2,
 #                                       # step 8, gpu_check_<gpu>_table2.md)
@@ -118,13 +122,15 @@ train_builtin() {
     --out data/synthetic/lm/words-3gram.arpa --dev data/synthetic/dev.jsonl || return 1
   rm -rf "$RUN"
   local t0=$SECONDS
-  "$PY" train.py name=gpu-check logger=csv trainer.max_time=00:00:03:00 "capture_steps=$CAPTURE" || return 1
+  "$PY" train.py name=gpu-check logger=csv "trainer.max_time=00:00:$(printf %02d "$TRAIN_MINUTES"):00" \
+    "capture_steps=$CAPTURE" || return 1
   # the target's figure: train.py's wall time (fit, test, final decoding) once the corpus is built
   echo "make train on the GPU: train.py took $((SECONDS - t0)) s after the corpus and LM (capture_steps=$CAPTURE)"
 }
 export -f train_builtin
 CAPTURE=${GPU_CHECK_CAPTURE:-auto}  # capture_steps of every training run here: auto (captured on a GPU) or false
-export PY RUN CAPTURE
+TRAIN_MINUTES=${GPU_CHECK_TRAIN_MINUTES:-3}  # make train's trainer.max_time
+export PY RUN CAPTURE TRAIN_MINUTES
 
 FSDD_SRC=${GPU_CHECK_FSDD:-data/fsdd_src}
 FSDD_RUN=outputs/runs/gpu-check-fsdd
@@ -172,11 +178,16 @@ KERNEL_STEPS=${GPU_CHECK_KERNELS:-1}
 # the summary's name says what ran: the whole check, the kernel steps, Table 2 or FSDD alone
 PART=""
 if [ "$TRAIN" = 0 ]; then
-  if [ "$KERNEL_STEPS" != 0 ]; then PART=_kernels; elif [ "$TABLE2" != 0 ]; then PART=_table2; else PART=_fsdd; fi
+  if [ "$KERNEL_STEPS" = step ]; then PART=_step; elif [ "$KERNEL_STEPS" != 0 ]; then PART=_kernels; elif [ "$TABLE2" != 0 ]; then PART=_table2; else PART=_fsdd; fi
 fi
 SUMMARY=$RESULTS/gpu_check_$SLUG$PART.md
-[ "$TRAIN" = 0 ] || step "make train (3 min of training, test, beam + LM)" 300 bash -c train_builtin
-if [ "$KERNEL_STEPS" != 0 ]; then
+[ "$TRAIN" = 0 ] || step "make train ($TRAIN_MINUTES min of training, test, beam + LM)" $((TRAIN_MINUTES * 60 + 120)) \
+  bash -c train_builtin
+if [ "$KERNEL_STEPS" = step ]; then  # the step's target columns alone: eager beside captured, each attention
+  step "step/gpu.py (eager and as CUDA graphs)" 150 "$PY" -m benchmarks.step.gpu --variants full clustered-100 \
+    i-clustered-100 floor "full, as CUDA graphs" "clustered-100, as CUDA graphs" "i-clustered-100, as CUDA graphs" \
+    "floor, as CUDA graphs"
+elif [ "$KERNEL_STEPS" != 0 ]; then
   step "Triton compile check (sm_90)" 60 "$PY" -m fastasr.cli.kernels compile-check --jobs "$CORES" --loops
   step "tests compiled on CUDA" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider "${XDIST[@]}" \
     tests/test_kernels_triton.py tests/test_attention_padding.py
@@ -255,7 +266,12 @@ fi
     echo '```'
     echo
   fi
-  if [ "$KERNEL_STEPS" != 0 ] && [ -f "$RESULTS/gpu_decisions_$SLUG.md" ]; then
+  if [ "$KERNEL_STEPS" = step ] && [ -f "$RESULTS/gpu_step_$SLUG.md" ]; then
+    echo "## The paper model's step, eager and captured (gpu_step_$SLUG.md)"
+    echo
+    sed -n '/^| N /,/^$/p' "$RESULTS/gpu_step_$SLUG.md"
+    echo
+  elif [ "$KERNEL_STEPS" != 0 ] && [ -f "$RESULTS/gpu_decisions_$SLUG.md" ]; then
     echo "## What the kernel tables decide (gpu_decisions_$SLUG.md)"
     echo
     sed -n '/^## What changes/,/^## Every candidate/p' "$RESULTS/gpu_decisions_$SLUG.md" | sed '1,2d;$d'
