@@ -97,6 +97,25 @@ def test_seed_makes_every_call_reproducible(name):
 
 
 @pytest.mark.parametrize("name", ["clustered-5", "i-clustered-5", "lsh-2"])
+def test_a_seed_draws_once_a_shape(name, monkeypatch):
+    """A seeded attention's planes or rotations are drawn at its first call and kept: later calls
+    draw nothing (a CUDA graph can replay them; seeding a generator inside a capture is refused),
+    and a seed set later draws anew."""
+    q, k, v = _inputs(3)
+    a = _build(name, seed=5)
+    first = _call(a, q, k, v)
+
+    def no_draw(*args, **kwargs):
+        raise AssertionError("a seeded call drew again")
+
+    with monkeypatch.context() as m:
+        m.setattr(torch, "randn", no_draw)
+        assert torch.equal(_call(a, q, k, v), first)
+    a._set_hparams(seed=6)
+    assert torch.equal(_call(a, q, k, v), _call(_build(name, seed=6), q, k, v))
+
+
+@pytest.mark.parametrize("name", ["clustered-5", "i-clustered-5", "lsh-2"])
 def test_without_seed_the_global_rng_decides(name):
     q, k, v = _inputs(4)
     attn = _build(name, seed=None)

@@ -71,7 +71,7 @@ class InnerAttention(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.hparams: dict[str, int | None] = {}
-        self._generators: dict[torch.device, torch.Generator] = {}
+        self._seeded: dict[tuple, torch.Tensor] = {}  # seeded draws, by (seed, shape, device)
 
     def _set_hparams(self, **values: int | None) -> None:
         """Check ``values`` against :attr:`params` and store them as attributes and in
@@ -108,23 +108,26 @@ class InnerAttention(nn.Module):
 
     # -------------------------------------------------------------- randomness
     def _randn(self, *shape: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        """Standard normal float32 tensor drawn on ``device``.
+        """Standard normal float32 tensor on ``device``, for reading only.
 
-        From a private generator of that device re-seeded with ``seed`` at every call
-        when the module has a seed (so every call draws the same numbers), else from
-        torch's global RNG of that device. Drawing on the device of the inputs keeps a
-        host-to-device copy (and the wait for the device it implies) out of every call;
-        the same seed draws different numbers on a CPU and on a GPU.
+        With a seed (``hparams["seed"]``) every call returns the same numbers: drawn once a shape
+        and device by a generator of that device seeded with it, then kept, so that a call makes no
+        draw (and a CUDA graph holds no generator, whose seeding no capture allows). Without one,
+        a new draw from torch's global RNG of that device at every call. Drawing on the device of
+        the inputs keeps a host-to-device copy (and the wait for the device it implies) out of
+        every call; the same seed draws different numbers on a CPU and on a GPU.
         """
         device = torch.device(device)
         seed = self.hparams.get("seed")
         if seed is None:
             return torch.randn(*shape, device=device)
-        generator = self._generators.get(device)
-        if generator is None:
-            generator = self._generators[device] = torch.Generator(device=device)
-        generator.manual_seed(seed)
-        return torch.randn(*shape, generator=generator, device=device)
+        key = (seed, shape, device)
+        drawn = self._seeded.get(key)
+        if drawn is None:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(seed)
+            drawn = self._seeded[key] = torch.randn(*shape, generator=generator, device=device)
+        return drawn
 
     # ------------------------------------------------------------------ checks
     def _check(
