@@ -6,6 +6,7 @@ step against an eager one."""
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 
 import lightning as L
@@ -65,11 +66,13 @@ class _Losses(L.Callback):
         return [float(loss) for loss in self.losses]
 
 
-def _fit_on(accelerator, lit, batches, clip=0.05, precision="32-true", callbacks=()):
+def _fit_on(accelerator, lit, batches, clip=0.05, precision="32-true", callbacks=(), logger=False,
+            clip_algorithm="norm"):
     losses = _Losses()
-    trainer = L.Trainer(accelerator=accelerator, devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+    trainer = L.Trainer(accelerator=accelerator, devices=1, max_epochs=1, logger=logger, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        gradient_clip_val=clip, precision=precision, callbacks=[losses, *callbacks])
+                        gradient_clip_val=clip, gradient_clip_algorithm=clip_algorithm, precision=precision,
+                        callbacks=[losses, *callbacks], log_every_n_steps=1)
     loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False)
     trainer.fit(lit, train_dataloaders=loader)
     return losses.values(), [p.detach().clone() for p in lit.parameters()]
@@ -325,6 +328,62 @@ def test_a_nonfinite_captured_step_is_undone_on_the_device_as_an_eager_skip():
     for p, q in zip(lit.parameters(), eager.parameters()):  # RAdam's moments and step counts too
         state, eager_state = lit.trainer.optimizers[0].state[p], eager.trainer.optimizers[0].state[q]
         assert all(torch.equal(state[k], eager_state[k]) for k in eager_state)
+
+
+class _Metrics(L.pytorch.loggers.logger.Logger):
+    """The metrics Lightning logs, by step."""
+
+    name, version = "metrics", 0
+
+    def __init__(self):
+        super().__init__()
+        self.rows = {}
+
+    def log_hyperparams(self, *args, **kwargs):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.setdefault(step, {}).update(metrics)
+
+
+class _Norms(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the gradient norms taken (foreach norms: ``get_total_norm``, ``clip_grad_norm_``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._foreach_norm.Scalar
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("clip_algorithm", ["norm", "value"])
+def test_a_captured_update_takes_one_norm_and_logs_it_as_the_eager_step(clip_algorithm):
+    """The update graph takes the gradients' norm once: the non-finite guard's verdict, the
+    clipping by norm and the ``train/grad_norm`` log share it (an eager step takes three: the
+    guard's, the log's and the clipping's). The logged norms and the parameters are the eager
+    run's; a skipped NaN batch logs NaN in both."""
+    from fastasr.training.callbacks.nonfinite_loss import NonFiniteLossGuard
+
+    def fit(lit):
+        logger, norms = _Metrics(), _Norms()
+        with norms:
+            _, params = _fit_on("cpu", lit, _poisoned(_batches(), [4]), clip={"norm": 0.05, "value": 0.01}[clip_algorithm],
+                                callbacks=[NonFiniteLossGuard()], logger=logger, clip_algorithm=clip_algorithm)
+        return [logger.rows.get(step, {}).get("train/grad_norm") for step in range(8)], params, norms.count
+
+    eager_norms, eager_params, eager_count = fit(_lit())
+    lit = _lit(capture=True)
+    lit.captured = CapturedSteps(lit.model, True, warmup=1, backend=EagerGraphs())
+    norms, params, count = fit(lit)
+    assert sorted(lit.captured.summary()["captured"]) == [(2, 64, 20), (3, 40, 20)]
+    per_eager_step = 3 if clip_algorithm == "norm" else 2  # the eager NaN step: the guard's alone
+    assert eager_count == 7 * per_eager_step + 1 and count == 2 * per_eager_step + 6  # six steps replayed
+    assert norms[:4] == eager_norms[:4] and norms[5:] == eager_norms[5:] and None not in norms
+    assert math.isnan(norms[4]) and math.isnan(eager_norms[4])  # not the step before's norm again
+    for a, b in zip(params, eager_params):
+        assert torch.equal(a, b)
 
 
 def test_nonfinite_captured_steps_in_a_row_stop_the_run_a_few_steps_later():

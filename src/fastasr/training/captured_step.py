@@ -10,13 +10,14 @@ columns, which time this class). :class:`CapturedSteps` is that step inside trai
   (under the run's autocast, its cast cache off), its **backward** from the log-probabilities'
   gradient, and the **update**: gradient clipping (the trainer's ``gradient_clip_val`` and
   algorithm) and the optimiser's step (``capturable``, its learning rate a device tensor that
-  the schedules fill). All three share one memory pool: each step replays one shape's three
+  the schedules fill), around one norm of the gradients that the clipping, the non-finite guard
+  and the ``train/grad_norm`` log share (:attr:`CapturedSteps.grad_norm`). All three share one memory pool: each step replays one shape's three
   graphs in order, so a later capture may reuse what an earlier one freed.
 * Between forward and backward, eagerly: CTC on the forward's log-probabilities (detached
   leaves), Lightning's ``backward`` of that loss into them, and the hooks Lightning runs there
   (``on_before_backward``, ``on_after_backward``); between backward and update, Lightning's
-  ``on_before_optimizer_step`` hooks (the gradient norm's log; ``callbacks.nonfinite_loss``,
-  which drops a non-finite step's gradients, and then no update replays).
+  ``on_before_optimizer_step`` hooks (``callbacks.nonfinite_loss``, which hands the loss's
+  verdict to the update graph's guard).
 * A shape is captured at its ``warmup + 1``-th step (its first ``warmup`` run eagerly; the
   optimiser's state exists by then), at most ``max_shapes`` shapes; every other step runs
   eagerly, as without capture. Batch shapes (``data.batch_shapes``) keep the shapes few.
@@ -146,6 +147,8 @@ class CapturedSteps:
         self.seen: dict[tuple, int] = {}
         self.failed: dict[tuple, str] = {}
         self.current: ShapeGraphs | None = None  # the graphs of the step in progress (None: eager)
+        #: the gradients' L2 norm before clipping of the captured step just updated (None otherwise)
+        self.grad_norm: torch.Tensor | None = None
         self.clip: tuple[float | None, str | None] = (None, None)
         self._signature: tuple | None = None
         self._optimizer: torch.optim.Optimizer | None = None
@@ -227,7 +230,7 @@ class CapturedSteps:
         log_probs])`` as detached leaves that require grad (CTC and Lightning's backward go on
         from them), or None: this step runs eagerly. ``run(features, lengths)`` is the model's
         forward, returning ``([log_probs, *intermediate], out_lengths)``."""
-        self.current = None
+        self.current = self.grad_norm = None
         if not self.active or not torch.is_grad_enabled():
             return None
         features, lengths = batch["features"], batch["feature_lengths"]
@@ -347,15 +350,17 @@ class CapturedSteps:
         val, algorithm = self.clip
         guard, optimizer = self.guard, self._optimizer
 
-        def update():
+        def update():  # one norm: the guard's verdict, the clipping and the log share it
             if guard is not None:
-                guard.before(with_grad, optimizer)
-            norm = None
+                norm = guard.before(with_grad, optimizer)
+                clip_norm = torch.nan_to_num(norm, nan=0.0, posinf=0.0, neginf=0.0)  # a skip's gradients are 0
+            else:
+                norm = clip_norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad], norm_type=2.0)
             if val:
                 if algorithm == "value":
                     torch.nn.utils.clip_grad_value_(with_grad, val)
                 else:
-                    norm = torch.nn.utils.clip_grad_norm_(with_grad, val)
+                    torch.nn.utils.clip_grads_with_norm_(with_grad, val, clip_norm)
             eager_step()
             if guard is not None:
                 guard.after(with_grad, optimizer)
@@ -368,9 +373,9 @@ class CapturedSteps:
                     graphs.update = self.backend.capture(update)
             except Exception as err:  # noqa: BLE001
                 self._fail_current("update", err)
-                update()
+                self.grad_norm = update()
                 return
-        graphs.norm = graphs.update.replay()
+        graphs.norm = self.grad_norm = graphs.update.replay()
 
     # ---------------------------------------------------------------- failures
     def _fail(self, key: tuple, part: str, err: BaseException) -> None:

@@ -171,10 +171,20 @@ class ASRLitModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         """Log ``train/grad_norm``, the gradients' L2 norm before clipping, as a tensor on the
         device: one foreach norm, no read back to the host (Lightning's ``grad_norm`` reads every
-        parameter's norm back, a host sync each on a GPU: 150 a step of the paper's model)."""
+        parameter's norm back, a host sync each on a GPU: 150 a step of the paper's model). NaN
+        for a step whose gradients ``callbacks.nonfinite_loss`` dropped, rather than the last
+        step's value again."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if grads:
-            self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads, norm_type=2.0))
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0) if grads else \
+            torch.full((), float("nan"), device=self.device)
+        self.log("train/grad_norm", norm)
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping, where a parameter has a gradient: a step whose gradients
+        ``callbacks.nonfinite_loss`` dropped has none to clip (and torch's clipping by value
+        fails on an empty list)."""
+        if any(p.grad is not None for p in self.parameters()):
+            super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # ---------------------------------------------------------------- evaluation
     def _eval_step(self, stage: str, batch: Mapping[str, Any]) -> None:
@@ -268,6 +278,12 @@ class CapturingASRLitModule(ASRLitModule):
         self.captured.backward()
         self.captured.reduce_gradients()
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """The plain module's ``train/grad_norm`` log in an eager step; a captured step logs its
+        update graph's norm after the replay instead (:meth:`optimizer_step`)."""
+        if self.captured.current is None:
+            super().on_before_optimizer_step(optimizer)
+
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping; in a captured step the update graph clips (the same setting)."""
         if self.captured.current is not None:
@@ -277,12 +293,15 @@ class CapturingASRLitModule(ASRLitModule):
 
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         """Lightning's optimiser step; in a captured step the optimiser's ``step`` replays the
-        shape's update graph (:meth:`fastasr.training.captured_step.CapturedSteps.optimizer_step`)."""
+        shape's update graph (:meth:`fastasr.training.captured_step.CapturedSteps.optimizer_step`),
+        and ``train/grad_norm`` is the norm it took (read by no one until Lightning logs it)."""
         if not self.captured.active:
             return super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         inner = getattr(optimizer, "optimizer", optimizer)  # LightningOptimizer -> the torch optimiser
         with self.captured.optimizer_step(inner):
             optimizer.step(closure=optimizer_closure)
+        if self.captured.grad_norm is not None:
+            self.log("train/grad_norm", self.captured.grad_norm)
 
 
 def lit_module_class(capture_steps: bool | str) -> type[ASRLitModule]:

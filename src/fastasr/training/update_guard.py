@@ -9,7 +9,8 @@ so that the host can queue the next step while this one runs:
 1. the state the update changes (the parameters and every tensor of their optimiser state:
    RAdam's moments and step counts) is copied aside, one foreach copy;
 2. the verdict: the loss's finiteness (:attr:`DeviceUpdateGuard.loss_finite`, which the callback
-   fills before the replay) and the gradients' norm's;
+   fills before the replay) and the gradients' norm's (the one norm of the update: the clipping
+   and the ``train/grad_norm`` log reuse it);
 3. where the verdict is "not finite", the gradients are set to 0 (their NaN and infinities
    cleared first), so that the update's result stays finite; a finite step's gradients are
    left as they are;
@@ -57,10 +58,11 @@ class DeviceUpdateGuard:
         return state
 
     @torch.no_grad()
-    def before(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
+    def before(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> torch.Tensor:
         """Copy the state aside, take the verdict, and give a step that is not finite zero
         gradients (its non-finite values cleared first: ``0 × NaN`` is NaN), so that its update
-        leaves the state finite, whatever a huge gradient would have made of RAdam's squares."""
+        leaves the state finite, whatever a huge gradient would have made of RAdam's squares.
+        Returns the gradients' L2 norm as they came (the verdict's, which the clipping reuses)."""
         state = self._state(params, optimizer)
         if self._saved is None or [t.shape for t in self._saved] != [t.shape for t in state]:
             self._saved = [torch.empty_like(t) for t in state]
@@ -71,6 +73,7 @@ class DeviceUpdateGuard:
         for grad in grads:
             torch.nan_to_num_(grad, nan=0.0, posinf=0.0, neginf=0.0)
         torch._foreach_mul_(grads, self.finite)
+        return norm
 
     @torch.no_grad()
     def after(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> None:
