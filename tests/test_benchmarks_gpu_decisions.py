@@ -201,6 +201,27 @@ def test_the_models_own_switches_are_decided_on_the_steps_kernels_and_lose_no_st
     assert "layer_norm.CAST_ONCE = True" not in gd.changes(gd.decide(_tables(step=slower_step))[0])
 
 
+def test_the_models_own_switches_lose_no_captured_step_either():
+    """A GPU trains the captured step (``capture_steps: auto``), where a switch's launches cost
+    nothing: each switch is judged there too, its ``<spec>, <switch>, as CUDA graphs`` column
+    against ``<spec>, as CUDA graphs``, with no loss allowed."""
+    def with_captured(floor_cast: str) -> str:
+        step = STEP.replace(" | full's path |\n|---|---:|---:|---:|---:|---:|---:|---:|---|",
+                            " | floor, as CUDA graphs | floor, norms cast once, as CUDA graphs | full's path |\n"
+                            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|", 1)
+        step = step.replace(" | 31.0 | varlen |", f" | 31.0 | 20.0 | {floor_cast} | varlen |", 1)
+        return step.replace(" | 34.0 | varlen |", " | 34.0 | 24.0 | 23.5 | varlen |", 1)
+
+    rows, _ = gd.decide(_tables(step=with_captured("19.8")))
+    cast = [(r.candidate, r.default, r.passed) for r in rows
+            if r.setting == "layer_norm.CAST_ONCE = True" and r.table == "gpu_step: the step"]
+    assert cast == [("floor, norms cast once", "floor", True),
+                    ("floor, norms cast once, as CUDA graphs", "floor, as CUDA graphs", True)]
+    assert "layer_norm.CAST_ONCE = True" in gd.changes(rows)
+    rows, _ = gd.decide(_tables(step=with_captured("21.5")))  # 7.5 % slower captured at N = 800
+    assert "layer_norm.CAST_ONCE = True" not in gd.changes(rows)
+
+
 def test_the_step_as_cuda_graphs_is_built_where_every_graphed_step_wins_at_800():
     """step/gpu.py's "<spec>, as CUDA graphs" columns against their eager steps: a training step
     captured as graphs is worth building where each wins at N = 800 and none loses elsewhere."""

@@ -284,11 +284,12 @@ def test_gpu_step_cpu_plumbing(tmp_path):
                       "clustered-100, split-key centroid values", "clustered-100, hash inside K-means",
                       "clustered-100, varlen centroid values", "floor, torch layer norm",
                       "floor, Triton bias gradients", "floor, norms cast once", "floor, Triton GELU dropout",
-                      "clustered-100, as CUDA graphs", "floor, as CUDA graphs", "floor, update as a CUDA graph")
+                      "clustered-100, as CUDA graphs", "floor, as CUDA graphs", "floor, update as a CUDA graph",
+                      "floor, torch layer norm, as CUDA graphs")
     # (i-clustered's kernels: the test above)
     md = (tmp_path / "gpu_step_cpu-interpreter.md").read_text()
     row = next(line for line in md.splitlines() if line.startswith("| 64 (2) |"))
-    assert row.count("× floor") == 11 and "failed" not in row, row  # not the three floors'
+    assert row.count("× floor") == 12 and "failed" not in row, row  # not the three floors'
     header = next(line for line in md.splitlines() if line.startswith("| N (batch) |"))
     cells = dict(zip((c.strip() for c in header.split("|")[2:-1]), (c.strip() for c in row.split("|")[2:-1])))
     graphed, floor = float(cells["clustered-100, as CUDA graphs"].split()[0]), float(cells["floor, as CUDA graphs"])

@@ -193,7 +193,7 @@ elif [ "$KERNEL_STEPS" != 0 ]; then
     tests/test_kernels_triton.py tests/test_attention_padding.py
   step "tests that need a GPU (pytest -m cuda)" 120 env TRITON_INTERPRET=0 "$PY" -m pytest -q -p no:cacheprovider \
     "${XDIST[@]}" -m cuda tests/
-  step "step/gpu.py (the paper model's step)" 125 "$PY" -m benchmarks.step.gpu
+  step "step/gpu.py (the paper model's step)" 150 "$PY" -m benchmarks.step.gpu
   step "attention/gpu_table.py (check, then a 30 s bf16 sweep)" 80 "$PY" -m benchmarks.attention.gpu_table --budget-s 30 \
     --dtypes bfloat16 --ns 1024 4096 16384 65536
   step "attention/full_paths.py (full attention's exact paths)" 90 "$PY" -m benchmarks.attention.full_paths

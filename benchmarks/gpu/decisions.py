@@ -253,12 +253,19 @@ FAMILIES = (
            EVERY_N, "triton_centroid.SPLIT_KEYS"),
 )
 
-#: A switch of the model's own layers: fewer kernels' time at every N, and no slower step.
-_MODEL_LAYERS = (("gpu_step", STEP_KERNELS, EVERY_N, None), ("gpu_step", "", NO_LOSS, None))
+#: The suffix of the step's captured columns (``step/gpu.py``'s ``AS_GRAPHS``): training's step on a GPU.
+CAPTURED = ", as CUDA graphs"
+
+#: A switch of the model's own layers: fewer kernels' time at every N, and no slower step as
+#: training runs it, eager or captured (``<spec>, <switch>, as CUDA graphs`` against
+#: ``<spec>, as CUDA graphs``).
+_MODEL_LAYERS = (("gpu_step", STEP_KERNELS, EVERY_N, None), ("gpu_step", "", NO_LOSS, None),
+                 ("gpu_step", "", NO_LOSS, CAPTURED))
 
 #: Each of ``bench_io.KERNEL_SWITCHES``: what it changes, and the rows it must pass, each
-#: ``(results file, table title, rule, (candidate, default) or None)``; None: every column
-#: ``<spec>, <switch>`` of the table against ``<spec>``.
+#: ``(results file, table title, rule, (candidate, default), a form or None)``; None: every column
+#: ``<spec>, <switch>`` of the table against ``<spec>``; a form (a column suffix such as
+#: :data:`CAPTURED`): every ``<spec>, <switch><form>`` against ``<spec><form>``.
 SWITCH_RULES = {
     "hash inside K-means": ("triton_kmeans.HASH_IN_KMEANS = True", (
         ("gpu_step", "", AT_800, None),
@@ -344,7 +351,12 @@ def decide(tables: dict[str, list[Table]]) -> tuple[list[Row], dict[str, str]]:
             table = find_table(tables.get(stem, []), title)
             if table is None:
                 continue
-            pairs = [pair] if pair else [(c, c[: -len(f", {switch}")]) for c in table.columns if c.endswith(f", {switch}")]
+            form = pair if isinstance(pair, str) else ""
+            if pair and not form:
+                pairs = [pair]
+            else:
+                suffix = f", {switch}{form}"
+                pairs = [(c, c[: -len(suffix)] + form) for c in table.columns if c.endswith(suffix)]
             for candidate, default in pairs:
                 rows.append(judged(code, candidate, default, _where(stem, title), rule,
                                    ratios(table, candidate, default), margin(stem, title)))

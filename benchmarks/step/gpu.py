@@ -22,7 +22,8 @@ the projections that read them, and with its feed-forward's GELU and dropout in 
 hold for the whole step, forward and backward: a backward reads them when it runs), and last
 full, clustered-100, i-clustered-100 and the floor with the step captured as CUDA graphs as
 training captures it (:class:`CapturedStepper`: what the step takes without the host issuing its
-launches), and
+launches), the floor and full with each of the model's own kernel switches captured likewise
+(the step as training runs it on a GPU, where each switch is decided too), and
 i-clustered-100 and the floor with the update alone replayed as one (:class:`UpdateGraphedStepper`:
 what training can capture whatever its batches' shapes). Median of
 ``--rounds`` CUDA-synchronised steps after 2 warm-ups, each variant in turn (the graphed ones after
@@ -97,6 +98,10 @@ VARIANTS = {
     f"clustered-100{AS_GRAPHS}": ("clustered-100", None, ()),
     f"i-clustered-100{AS_GRAPHS}": ("i-clustered-100", None, ()),
     f"{FLOOR}{AS_GRAPHS}": (FLOOR, None, ()),
+    # the model's own kernel switches in the captured step, which is what training runs on a GPU
+    **{f"{spec}, {switch}{AS_GRAPHS}": (spec, None, (switch,))
+       for switch in ("torch layer norm", "Triton bias gradients", "norms cast once", "Triton GELU dropout")
+       for spec in (FLOOR, "full")},
     # the eager step with its update (clipping, RAdam) replayed as a CUDA graph: what training can
     # capture whatever its batches' shapes
     f"i-clustered-100{UPDATE_AS_GRAPH}": ("i-clustered-100", None, ()),
