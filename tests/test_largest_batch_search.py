@@ -56,7 +56,7 @@ def test_the_probe_sets_the_budget_less_its_margin_and_says_why(caplog):
     trainer = SimpleNamespace(datamodule=data)
     module = torch.nn.Linear(1, 1)
     module.device = torch.device("cpu")
-    probe = LargestBatchProbe(fill_device=True, margin=0.15)
+    probe = LargestBatchProbe(fill_device=True, margin=0.15, max_growth=None)
     attempt, _ = _memory(100_000)
     with caplog.at_level(logging.INFO, logger="fastasr.training.callbacks.largest_batches"):
         budget = probe.fill(trainer, module, attempt)
@@ -66,9 +66,36 @@ def test_the_probe_sets_the_budget_less_its_margin_and_says_why(caplog):
     assert "15% margin" in line and "data.max_frames_per_batch=8000" in line and "fill_device=false" in line
 
 
+@pytest.mark.parametrize("memory,corpus,budget,why", [
+    (10**9, 400_000, 16_000, "max_growth 2 × data.max_frames_per_batch, which ran forward and backward with a 15% margin"),
+    (10**9, 12_000, 12_000, "the corpus's ceiling, which ran"),
+    (17_000, 400_000, None, "the largest budget in which"),  # memory bounds it: 85 % of what fitted
+])
+def test_the_probe_grows_the_budget_at_most_max_growth_times_and_keeps_its_margin(memory, corpus, budget, why, caplog):
+    """The budget grows to at most ``max_growth`` × the config's (2 × 8,000 here) or the corpus's
+    ceiling, whichever is lower, where the device holds it with the margin to spare; below that,
+    memory bounds it, less the margin."""
+    data = _Data()
+    data.budget_ceiling = lambda: corpus
+    probe = LargestBatchProbe(fill_device=True, margin=0.15)
+    assert probe.max_growth == 2.0
+    attempt, tried = _memory(memory)
+    with caplog.at_level(logging.INFO, logger="fastasr.training.callbacks.largest_batches"):
+        found = probe.fill(SimpleNamespace(datamodule=data), SimpleNamespace(device=torch.device("cpu"),
+                                                                             training=True, train=lambda *a: None),
+                           attempt)
+    if budget is None:
+        assert 0.95 * 0.85 * memory <= found <= 0.85 * memory
+    else:
+        assert found == budget and max(tried) <= budget / 0.85 + 1
+    assert data.budget == found and why in caplog.records[-1].getMessage()
+
+
 def test_the_probe_fills_a_gpu_only_unless_told():
     assert LargestBatchProbe().fill_device == "auto"
     with pytest.raises(ValueError, match="fill_device"):
         LargestBatchProbe(fill_device="yes")
     with pytest.raises(ValueError, match="margin"):
         LargestBatchProbe(margin=1.0)
+    with pytest.raises(ValueError, match="max_growth"):
+        LargestBatchProbe(max_growth=0.5)

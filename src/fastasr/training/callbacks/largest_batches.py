@@ -10,14 +10,21 @@ prices, :meth:`fastasr.data.datamodule.ASRDataModule.pessimistic_batch`) runs fo
 backward in without running out of memory, less ``margin``, searched by doubling from
 ``data.max_frames_per_batch`` and then bisecting (:func:`largest_fitting`), never above what
 the corpus gives ``data.min_batches_per_epoch`` batches with
-(:meth:`~fastasr.data.datamodule.ASRDataModule.budget_ceiling`). ``data.max_frames_per_batch``
-is a CPU's budget (8,000 frames for ``make train``); the run's first lines give the one found and
-why. On a CPU the budget is the config's.
+(:meth:`~fastasr.data.datamodule.ASRDataModule.budget_ceiling`) and never above ``max_growth``
+(:data:`MAX_GROWTH`, 2) times ``data.max_frames_per_batch``, the budget the recipe's learning
+rate and epochs were chosen at (8,000 frames for ``make train``, a CPU's). A larger batch learns
+about as much an update, not an epoch: on the built-in corpus, 10 epochs at 8,000 / 16,000 /
+32,000 frames reach dev PER 6.8 / 10.9 / 29.1 (1,990 / 980 / 500 updates; the 32,000-frame run
+leaves CTC's blank plateau at its 7th epoch; docs/results/builtin/RESULTS.md, "Larger
+batches"). Twice the budget keeps ``make train``'s 30 epochs at about 2,900 updates, more than
+the 2,700 its CPU run learns its error rates in. The run's first lines give the budget found
+and why. On a CPU the budget is the config's.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -27,6 +34,10 @@ import torch
 from fastasr.training.callbacks.throughput import peak_memory_mb
 
 log = logging.getLogger(__name__)
+
+#: The largest budget ``fill_device`` sets, as a multiple of ``data.max_frames_per_batch``
+#: (module docstring).
+MAX_GROWTH = 2.0
 
 
 def largest_fitting(attempt: Callable[[int], object], start: int, ceiling: int, tolerance: float = 0.05,
@@ -96,16 +107,22 @@ class LargestBatchProbe(L.Callback):
         margin: the share taken off the largest budget that fitted (memory the search's batch does
             not show: optimiser state, the allocator's fragmentation over a run, other shapes).
         tolerance: the search stops within this share of the largest budget that fits.
-        ceiling: the largest budget tried (priced frames); None: the datamodule's ``budget_ceiling``.
+        ceiling: the largest budget set (priced frames); None: the datamodule's ``budget_ceiling``.
+        max_growth: the largest budget set as a multiple of ``data.max_frames_per_batch``, the
+            budget the recipe's learning rate and schedule were chosen at (module docstring);
+            None: only ``ceiling`` bounds it.
     """
 
     def __init__(self, batches: int = 1, fill_device: bool | str = "auto", margin: float = 0.15,
-                 tolerance: float = 0.05, ceiling: int | None = None):
+                 tolerance: float = 0.05, ceiling: int | None = None, max_growth: float | None = MAX_GROWTH):
         super().__init__()
         if fill_device not in (True, False, "auto"):
             raise ValueError(f"LargestBatchProbe fill_device={fill_device!r}; expected auto, true or false")
         if not 0.0 <= margin < 1.0:
             raise ValueError(f"LargestBatchProbe margin={margin}; expected within [0, 1)")
+        if max_growth is not None and not float(max_growth) >= 1.0:
+            raise ValueError(f"LargestBatchProbe max_growth={max_growth}; expected ≥ 1 (or null: no bound)")
+        self.max_growth = None if max_growth is None else float(max_growth)
         self.batches = batches
         self.fill_device, self.margin, self.tolerance, self.ceiling = fill_device, float(margin), float(tolerance), ceiling
         self.found: int | None = None  # the budget the search set (None: no search)
@@ -138,24 +155,29 @@ class LargestBatchProbe(L.Callback):
         budget (default: a forward and backward of the pessimistic batch on the module)."""
         datamodule = trainer.datamodule
         start = int(datamodule.max_frames_per_batch)
-        ceiling = int(self.ceiling or datamodule.budget_ceiling())
+        ceiling, bound = int(self.ceiling or datamodule.budget_ceiling()), "the corpus's ceiling"
+        if self.max_growth is not None and start * self.max_growth < ceiling:
+            ceiling = int(start * self.max_growth)
+            bound = f"max_growth {self.max_growth:g} × data.max_frames_per_batch"
         was_training = pl_module.training
         pl_module.train()
-        try:
-            found = largest_fitting(attempt or self._attempt(trainer, pl_module), start, ceiling, self.tolerance)
+        try:  # up to the ceiling plus the margin: a budget at the ceiling keeps the margin free too
+            found = largest_fitting(attempt or self._attempt(trainer, pl_module), start,
+                                    math.ceil(ceiling / (1.0 - self.margin)), self.tolerance)
         finally:
             pl_module.train(was_training)
         if found is None:
             log.warning("fill_device: no batch of the longest training utterances fits the device; "
                         "data.max_frames_per_batch=%d stays", start)
             return None
-        budget = max(1, int(found * (1.0 - self.margin)))
-        at_ceiling = found >= ceiling
-        log.info("batch budget %d frames on %s: %s %d frames of the longest training utterances ran forward and "
-                 "backward%s, less a %.0f%% margin (data.max_frames_per_batch=%d is the config's, for a CPU; "
-                 "callbacks.largest_batch_probe.fill_device=false keeps it)",
-                 budget, pl_module.device, "the corpus's ceiling of" if at_ceiling else "the largest budget in which",
-                 found, "" if at_ceiling else " without running out of memory", 100 * self.margin, start)
+        budget = max(1, min(ceiling, int(found * (1.0 - self.margin))))
+        if budget == ceiling:
+            why = f"{bound}, which ran forward and backward with a {100 * self.margin:.0f}% margin"
+        else:
+            why = (f"the largest budget in which {found} frames of the longest training utterances ran forward and "
+                   f"backward without running out of memory, less a {100 * self.margin:.0f}% margin")
+        log.info("batch budget %d frames on %s: %s (data.max_frames_per_batch=%d is the config's, for a CPU; "
+                 "callbacks.largest_batch_probe.fill_device=false keeps it)", budget, pl_module.device, why, start)
         datamodule.set_train_budget(budget)
         self.found = budget
         return budget
