@@ -11,8 +11,9 @@ columns, which time this class). :class:`CapturedSteps` is that step inside trai
   gradient, and the **update**: gradient clipping (the trainer's ``gradient_clip_val`` and
   algorithm) and the optimiser's step (``capturable``, its learning rate a device tensor that
   the schedules fill), around one norm of the gradients that the clipping, the non-finite guard
-  and the ``train/grad_norm`` log share (:attr:`CapturedSteps.grad_norm`). All three share one memory pool: each step replays one shape's three
-  graphs in order, so a later capture may reuse what an earlier one freed.
+  and the ``train/grad_norm`` log share (:attr:`CapturedSteps.grad_norm`). All three share one
+  memory pool: each step replays one shape's three graphs in order, so a later capture may reuse
+  what an earlier one freed.
 * Between forward and backward, eagerly: CTC on the forward's log-probabilities (detached
   leaves), Lightning's ``backward`` of that loss into them, and the hooks Lightning runs there
   (``on_before_backward``, ``on_after_backward``); between backward and update, Lightning's
