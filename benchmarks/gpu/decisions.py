@@ -351,10 +351,10 @@ def decide(tables: dict[str, list[Table]]) -> tuple[list[Row], dict[str, str]]:
             table = find_table(tables.get(stem, []), title)
             if table is None:
                 continue
-            form = pair if isinstance(pair, str) else ""
-            if pair and not form:
+            if isinstance(pair, tuple):
                 pairs = [pair]
-            else:
+            else:  # every `<spec>, <switch><form>` against `<spec><form>`
+                form = pair or ""
                 suffix = f", {switch}{form}"
                 pairs = [(c, c[: -len(suffix)] + form) for c in table.columns if c.endswith(suffix)]
             for candidate, default in pairs:

@@ -99,7 +99,6 @@ class ShapeGraphs:
     leaves: list[torch.Tensor] = field(default_factory=list)
     grads_in: list[torch.Tensor] = field(default_factory=list)
     grads: list[torch.Tensor | None] = field(default_factory=list)
-    norm: torch.Tensor | None = None
 
 
 def make_capturable(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
@@ -376,7 +375,7 @@ class CapturedSteps:
                 self._fail_current("update", err)
                 self.grad_norm = update()
                 return
-        graphs.norm = self.grad_norm = graphs.update.replay()
+        self.grad_norm = graphs.update.replay()
 
     # ---------------------------------------------------------------- failures
     def _fail(self, key: tuple, part: str, err: BaseException) -> None:
