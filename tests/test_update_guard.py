@@ -63,3 +63,19 @@ def test_a_finite_step_is_the_optimisers_own():
     twin_optimizer.step()
     for a, b in zip(_snapshot(params, optimizer), _snapshot(twins, twin_optimizer)):
         assert torch.equal(a, b)
+
+
+def test_each_set_of_state_shapes_keeps_its_own_copies():
+    """A captured update graph writes its copies at every replay: the copies of one set of
+    parameters stay the same tensors after another set's update, never replaced (a graph would
+    then write memory freed under it)."""
+    params, optimizer = _setup()
+    guard = DeviceUpdateGuard(torch.device("cpu"))
+    for p in params:
+        p.grad = torch.randn_like(p)
+    guard.before(params, optimizer)
+    first = guard._saved
+    guard.before(params[:1], optimizer)  # another update's parameters: other shapes
+    assert guard._saved is not first and len(guard._saved) < len(first)
+    guard.before(params, optimizer)
+    assert guard._saved is first

@@ -46,7 +46,10 @@ class DeviceUpdateGuard:
         self.loss_finite = torch.ones((), device=device)
         #: 1.0 where this step's update was kept, 0.0 where it was undone (written by each replay).
         self.finite = torch.ones((), device=device)
-        self._saved: list[torch.Tensor] | None = None
+        # the copies, one list for each set of state shapes: each update graph holds its own list
+        # for good (a list replaced under a graph would leave it writing freed memory)
+        self._copies: dict[tuple, list[torch.Tensor]] = {}
+        self._saved: list[torch.Tensor] = []  # the copies of the update in progress
 
     @staticmethod
     def _state(params: list[nn.Parameter], optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -64,8 +67,10 @@ class DeviceUpdateGuard:
         leaves the state finite, whatever a huge gradient would have made of RAdam's squares.
         Returns the gradients' L2 norm as they came (the verdict's, which the clipping reuses)."""
         state = self._state(params, optimizer)
-        if self._saved is None or [t.shape for t in self._saved] != [t.shape for t in state]:
-            self._saved = [torch.empty_like(t) for t in state]
+        shapes = tuple((t.shape, t.dtype) for t in state)
+        if shapes not in self._copies:
+            self._copies[shapes] = [torch.empty_like(t) for t in state]
+        self._saved = self._copies[shapes]
         torch._foreach_copy_(self._saved, state)
         grads = [p.grad for p in params]
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
