@@ -16,7 +16,7 @@ rate and epochs were chosen at (8,000 frames for ``make train``, a CPU's). A lar
 about as much an update, not an epoch: on the built-in corpus, 10 epochs at 8,000 / 16,000 /
 32,000 frames reach dev PER 6.8 / 10.9 / 29.1 (1,990 / 980 / 500 updates; the 32,000-frame run
 leaves CTC's blank plateau at its 7th epoch; docs/results/builtin/RESULTS.md, "Larger
-batches"). Twice the budget keeps ``make train``'s 30 epochs at about 2,900 updates, more than
+batches"). Twice the budget keeps ``make train``'s 30 epochs at about 2,940 updates, more than
 the 2,700 its CPU run learns its error rates in. The run's first lines give the budget found
 and why. On a CPU the budget is the config's.
 """
