@@ -477,6 +477,10 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     assert "budget=table2_frames" in study and member_s and 42 <= int(member_s.group(1)) <= 45, study
     assert f"| Table 2 on the GPU (budget=table2_frames, {member_s.group(1)} s a member, bf16) | ok |" in summary
     assert "## Table 2 on the GPU" in summary and "| member |" in summary
+    # each member times Lightning's actions, and the study's log becomes their table
+    assert '"capture_steps=auto","+trainer.profiler=simple"]' in study, study
+    assert "-m benchmarks.step.actions outputs/budget/table2-frames-gpu/budget.log --machine fake-gpu-80gb " \
+           "--tag table2_frames" in calls
     env.update(GPU_CHECK_BUDGET_S="600")
     calls, _ = gpu_check("table2")
     assert "budget.max_time=00:00:01:30" in next(c for c in calls if c.startswith("-m fastasr.cli.budget"))
@@ -490,7 +494,8 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     env.update(GPU_CHECK_TRAIN="1", GPU_CHECK_TABLE2="0", GPU_CHECK_BUDGET_S="480")
     calls, summary = gpu_check("")
     train = next(c for c in calls if c.startswith("train.py"))
-    assert "name=gpu-check" in train and "capture_steps=auto" in train
+    assert "name=gpu-check" in train and "capture_steps=auto" in train and "+trainer.profiler=simple" in train
+    assert "-m benchmarks.step.actions outputs/runs/gpu-check --machine fake-gpu-80gb --tag make_train" in calls
     assert re.search(r"make train on the GPU: train.py took \d+ s after the corpus and LM \(capture_steps=auto\)",
                      summary), summary
     # the #88 targets' call: make train for GPU_CHECK_TRAIN_MINUTES, then step/gpu.py's eager and
@@ -498,7 +503,8 @@ def test_gpu_check_keeps_to_its_budget(tmp_path):
     env.update(GPU_CHECK_KERNELS="step", GPU_CHECK_TRAIN_MINUTES="2")
     calls, summary = gpu_check("")
     assert "trainer.max_time=00:00:02:00" in next(c for c in calls if c.startswith("train.py"))
-    benches = [c for c in calls if c.startswith(("-m benchmarks.", "-m pytest", "-m fastasr.cli.kernels"))]
+    benches = [c for c in calls if c.startswith(("-m benchmarks.", "-m pytest", "-m fastasr.cli.kernels"))
+               and not c.startswith("-m benchmarks.step.actions")]
     assert len(benches) == 1 and benches[0].startswith("-m benchmarks.step.gpu --variants full clustered-100"), benches
     assert benches[0].count("as CUDA graphs") == 4 and "switch" not in benches[0]
     assert "| make train (2 min of training, test, beam + LM) | ok |" in summary

@@ -47,7 +47,9 @@
 #      corpus (built here: 41 s on 2 cores): time per epoch and its ratio to full's, the study's
 #      budget.md as table2_frames_<gpu>.md. `GPU_CHECK_TRAIN=0 GPU_CHECK_KERNELS=0 GPU_CHECK_TABLE2=1
 #      make gpu-check` runs it alone (~7 min).
-# Training runs (1, 7, 8) capture their steps as CUDA graphs (`capture_steps=auto`);
+# Training runs (1, 7, 8) capture their steps as CUDA graphs (`capture_steps=auto`); runs 1 and 8
+# also time each Lightning action on the host (`+trainer.profiler=simple`, under 0.1 ms a step), which
+# benchmarks/step/actions.py tabulates as actions_<gpu>_make_train.md and actions_<gpu>_table2_frames.md;
 # GPU_CHECK_CAPTURE=false runs them eager, so two calls give the captured and the eager figures
 # (docs/BENCHMARKS.md "GPU check"); the captured step's own tests are among step 3's `cuda` tests.
 # With make train, attention/clustering_gpu.py has what is left of the budget (its first tables); the kernel
@@ -123,9 +125,11 @@ train_builtin() {
   rm -rf "$RUN"
   local t0=$SECONDS
   "$PY" train.py name=gpu-check logger=csv "trainer.max_time=00:00:$(printf %02d "$TRAIN_MINUTES"):00" \
-    "capture_steps=$CAPTURE" || return 1
+    "capture_steps=$CAPTURE" +trainer.profiler=simple || return 1
   # the target's figure: train.py's wall time (fit, test, final decoding) once the corpus is built
   echo "make train on the GPU: train.py took $((SECONDS - t0)) s after the corpus and LM (capture_steps=$CAPTURE)"
+  "$PY" -m benchmarks.step.actions "$RUN" --machine "$SLUG" --tag make_train >/dev/null \
+    || echo "benchmarks.step.actions: no table of make train's actions"
 }
 export -f train_builtin
 CAPTURE=${GPU_CHECK_CAPTURE:-auto}  # capture_steps of every training run here: auto (captured on a GPU) or false
@@ -164,8 +168,11 @@ table2_gpu() {
   rm -rf "$TABLE2_DIR"
   "$PY" -m fastasr.cli.budget budget=table2_frames budget.name=table2-frames-gpu budget.wandb=disabled \
     "budget.max_time=00:00:$(printf %02d $((TABLE2_SECONDS / 60))):$(printf %02d $((TABLE2_SECONDS % 60)))" \
-    "budget.extra_overrides=[\"trainer.precision=bf16-mixed\",\"logger=csv\",\"capture_steps=$CAPTURE\"]" || return 1
+    "budget.extra_overrides=[\"trainer.precision=bf16-mixed\",\"logger=csv\",\"capture_steps=$CAPTURE\",\"+trainer.profiler=simple\"]" \
+    || return 1
   cp "$TABLE2_DIR/budget.md" "$RESULTS/table2_frames_$SLUG.md"
+  "$PY" -m benchmarks.step.actions "$TABLE2_DIR/budget.log" --machine "$SLUG" --tag table2_frames >/dev/null \
+    || echo "benchmarks.step.actions: no table of Table 2's actions"
 }
 export -f table2_gpu
 export TABLE2_SECONDS TABLE2_DIR RESULTS SLUG
@@ -243,6 +250,7 @@ fi
     [ -f "$RUN/fit_done.json" ] && cat "$RUN/fit_done.json"
     echo '```'
     echo
+    [ -f "$RESULTS/actions_${SLUG}_make_train.md" ] && sed -n '/^| action /,/^$/p' "$RESULTS/actions_${SLUG}_make_train.md"
   fi
   if [ -f "$FSDD_RUN/train.log" ]; then
     echo "## FSDD speaker-disjoint on the GPU ($FSDD_RUN): the last validations, the test"
@@ -258,6 +266,7 @@ fi
     echo
     cat "$RESULTS/table2_frames_$SLUG.md"
     echo
+    [ -f "$RESULTS/actions_${SLUG}_table2_frames.md" ] && sed -n '/^| action /,/^$/p' "$RESULTS/actions_${SLUG}_table2_frames.md"
   elif [ "$TABLE2" != 0 ] && [ -f "$TABLE2_DIR/budget.csv" ]; then
     echo "## Table 2 on the GPU, cut short: the members it finished ($TABLE2_DIR/budget.csv)"
     echo
