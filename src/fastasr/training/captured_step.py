@@ -13,7 +13,8 @@ columns, which time this class). :class:`CapturedSteps` is that step inside trai
   the schedules fill), around one norm of the gradients that the clipping, the non-finite guard
   and the ``train/grad_norm`` log share (:attr:`CapturedSteps.grad_norm`). All three share one
   memory pool: each step replays one shape's three graphs in order, so a later capture may reuse
-  what an earlier one freed.
+  what an earlier one freed. The pool stays reserved beside the eager steps' memory, so a
+  captured run needs two steps' memory (``callbacks.largest_batches`` sizes its batches so).
 * Between forward and backward, eagerly: CTC on the forward's log-probabilities (detached
   leaves), Lightning's ``backward`` of that loss into them, and the hooks Lightning runs there
   (``on_before_backward``, ``on_after_backward``); between backward and update, Lightning's
@@ -168,19 +169,7 @@ class CapturedSteps:
         self.active = False
         if self.setting is False:
             return False
-        reason = None
-        if self.backend is None and device.type != "cuda":
-            reason = f"CUDA graphs need a CUDA device; this run trains on {device.type}"
-        elif world_size > 1 and not isinstance(ddp, DistributedDataParallel):
-            reason = (f"{world_size} processes without a DistributedDataParallel wrapper "
-                      f"({type(ddp).__name__}): no all-reduce of the gradients to move into the step")
-        elif accumulate > 1:
-            reason = (f"gradients accumulated over {accumulate} batches (trainer.accumulate_grad_batches): "
-                      "a captured backward writes each batch's gradients afresh")
-        elif getattr(self.model, "chunk_training", None) is not None:
-            reason = "chunked streaming training draws each batch's chunk context on the host"
-        elif optimizer is None:
-            reason = "no optimiser"
+        reason = self.eager_reason(device, optimizer, world_size, ddp, accumulate)
         if reason is not None:
             (log.warning if self.setting is True else log.info)(
                 "capture_steps=%s: every training step runs eagerly (%s)", self.setting, reason)
@@ -198,6 +187,24 @@ class CapturedSteps:
                  "step(s) of it, at most %d shapes%s", self.warmup, self.max_shapes,
                  f"; the gradients' all-reduce over {world_size} processes after each backward" if self._ddp else "")
         return True
+
+    def eager_reason(self, device: torch.device, optimizer: torch.optim.Optimizer | None, world_size: int = 1,
+                     ddp: DistributedDataParallel | None = None, accumulate: int = 1) -> str | None:
+        """Why :meth:`start` would leave every step eager (arguments as there); None: the steps
+        are captured, unless ``capture_steps`` is false."""
+        if self.backend is None and device.type != "cuda":
+            return f"CUDA graphs need a CUDA device; this run trains on {device.type}"
+        if world_size > 1 and not isinstance(ddp, DistributedDataParallel):
+            return (f"{world_size} processes without a DistributedDataParallel wrapper "
+                    f"({type(ddp).__name__}): no all-reduce of the gradients to move into the step")
+        if accumulate > 1:
+            return (f"gradients accumulated over {accumulate} batches (trainer.accumulate_grad_batches): "
+                    "a captured backward writes each batch's gradients afresh")
+        if getattr(self.model, "chunk_training", None) is not None:
+            return "chunked streaming training draws each batch's chunk context on the host"
+        if optimizer is None:
+            return "no optimiser"
+        return None
 
     def reduce_gradients(self) -> None:
         """Under DDP with captured steps (:meth:`start`): every trainable parameter's gradient

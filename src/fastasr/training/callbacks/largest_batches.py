@@ -19,6 +19,13 @@ leaves CTC's blank plateau at its 7th epoch; docs/results/builtin/RESULTS.md, "L
 batches"). Twice the budget keeps ``make train``'s 30 epochs at about 2,940 updates, more than
 the 2,700 its CPU run learns its error rates in. The run's first lines give the budget found
 and why. On a CPU the budget is the config's.
+
+A run that captures its steps as CUDA graphs (``capture_steps``) needs two steps' memory: the
+graphs keep their memory pool reserved (about the largest captured step's peak), and a shape not
+yet captured runs eagerly beside it, its first step and the capture's warm-up, from the
+allocator's other memory. There the search and the check of the largest batches run each batch
+twice, the second pass beside a block of the first's peak (:func:`forward_backward`), so the
+budget is what two steps fit.
 """
 
 from __future__ import annotations
@@ -92,6 +99,66 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def _allocated(device: torch.device) -> int:
+    """Bytes in tensors on ``device`` now (the CUDA allocator's count; 0 elsewhere)."""
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak(device: torch.device) -> int:
+    """Bytes in tensors on ``device`` at their most since :func:`_reset_peak` (0 off CUDA)."""
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+
+
+def forward_backward(trainer: L.Trainer, pl_module: L.LightningModule, batch: dict, hold_graphs: bool = False) -> None:
+    """One forward (under the run's precision) and backward of ``batch``, its gradients dropped.
+
+    ``hold_graphs``: then once more, while a block of the first pass's peak memory stays
+    allocated. A run whose steps are captured as CUDA graphs keeps their memory pool reserved,
+    about the largest captured step's peak, and a shape not yet captured runs eagerly beside it
+    (its first step, and the capture's warm-up), from the allocator's other memory: such a run
+    needs two steps' memory, which the second pass asks for. ``torch.OutOfMemoryError`` from
+    either pass propagates."""
+    device = pl_module.device
+
+    def once() -> None:
+        try:
+            with trainer.precision_plugin.train_step_context():
+                loss, _, _ = pl_module._loss(batch)
+            loss.backward()
+        finally:
+            pl_module.zero_grad(set_to_none=True)
+
+    if not hold_graphs:
+        once()
+        return
+    base = _allocated(device)
+    _reset_peak(device)
+    once()
+    pool = torch.empty(max(_peak(device) - base, 0), dtype=torch.uint8, device=device)  # the graphs' pool
+    try:
+        once()
+    finally:
+        del pool
+
+
+def graphs_held(trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+    """Whether this run captures its steps as CUDA graphs (``capture_steps``;
+    :meth:`fastasr.training.captured_step.CapturedSteps.eager_reason`), whose pool then stays
+    reserved beside any eager step: on a CUDA device, with capture on and nothing that keeps the
+    steps eager."""
+    captured = getattr(pl_module, "captured", None)
+    if captured is None or captured.setting is False or pl_module.device.type != "cuda":
+        return False
+    optimizers = list(getattr(trainer, "optimizers", None) or [None])
+    return captured.eager_reason(pl_module.device, optimizers[0], trainer.world_size, trainer.strategy.model,
+                                 trainer.accumulate_grad_batches) is None
+
+
 class LargestBatchProbe(L.Callback):
     """Runs forward + backward on the ``batches`` largest training batches at fit start, after
     sizing the training budget to the device when ``fill_device`` says so (module docstring).
@@ -127,24 +194,17 @@ class LargestBatchProbe(L.Callback):
         self.fill_device, self.margin, self.tolerance, self.ceiling = fill_device, float(margin), float(tolerance), ceiling
         self.found: int | None = None  # the budget the search set (None: no search)
 
-    def _attempt(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Callable[[int], None]:
+    def _attempt(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                 hold_graphs: bool = False) -> Callable[[int], None]:
         datamodule = trainer.datamodule
 
         def attempt(budget: int) -> None:
             batch = pl_module.transfer_batch_to_device(datamodule.pessimistic_batch(budget), pl_module.device, 0)
             try:
-                with trainer.precision_plugin.train_step_context():
-                    loss, _, _ = pl_module._loss(batch)
-                loss.backward()
-            except torch.OutOfMemoryError:
-                del batch
-                pl_module.zero_grad(set_to_none=True)
-                _release(pl_module.device)
-                raise
+                forward_backward(trainer, pl_module, batch, hold_graphs)
             finally:
-                pl_module.zero_grad(set_to_none=True)
-            del batch, loss
-            _release(pl_module.device)
+                del batch
+                _release(pl_module.device)
 
         return attempt
 
@@ -159,10 +219,11 @@ class LargestBatchProbe(L.Callback):
         if self.max_growth is not None and start * self.max_growth < ceiling:
             ceiling = int(start * self.max_growth)
             bound = f"max_growth {self.max_growth:g} × data.max_frames_per_batch"
+        held = attempt is None and graphs_held(trainer, pl_module)
         was_training = pl_module.training
         pl_module.train()
         try:  # up to the ceiling plus the margin: a budget at the ceiling keeps the margin free too
-            found = largest_fitting(attempt or self._attempt(trainer, pl_module), start,
+            found = largest_fitting(attempt or self._attempt(trainer, pl_module, held), start,
                                     math.ceil(ceiling / (1.0 - self.margin)), self.tolerance)
         finally:
             pl_module.train(was_training)
@@ -171,11 +232,12 @@ class LargestBatchProbe(L.Callback):
                         "data.max_frames_per_batch=%d stays", start)
             return None
         budget = max(1, min(ceiling, int(found * (1.0 - self.margin))))
+        twice = " twice, the first's memory held (captured steps keep a step's memory in their graphs)" if held else ""
         if budget == ceiling:
-            why = f"{bound}, which ran forward and backward with a {100 * self.margin:.0f}% margin"
+            why = f"{bound}, which ran forward and backward{twice} with a {100 * self.margin:.0f}% margin"
         else:
             why = (f"the largest budget in which {found} frames of the longest training utterances ran forward and "
-                   f"backward without running out of memory, less a {100 * self.margin:.0f}% margin")
+                   f"backward{twice} without running out of memory, less a {100 * self.margin:.0f}% margin")
         log.info("batch budget %d frames on %s: %s (data.max_frames_per_batch=%d is the config's, for a CPU; "
                  "callbacks.largest_batch_probe.fill_device=false keeps it)", budget, pl_module.device, why, start)
         datamodule.set_train_budget(budget)
@@ -189,6 +251,7 @@ class LargestBatchProbe(L.Callback):
         fill = self.fill_device is True or (self.fill_device == "auto" and pl_module.device.type == "cuda")
         if fill and hasattr(datamodule, "pessimistic_batch"):
             self.fill(trainer, pl_module)
+        held = graphs_held(trainer, pl_module)
         was_training = pl_module.training
         pl_module.train()
         for batch in datamodule.largest_train_batches(self.batches):
@@ -198,15 +261,13 @@ class LargestBatchProbe(L.Callback):
             shape = tuple(batch["features"].shape)
             start = time.perf_counter()
             try:
-                loss, _, _ = pl_module._loss(batch)
-                loss.backward()
+                forward_backward(trainer, pl_module, batch, held)
             except torch.OutOfMemoryError as err:
+                beside = " beside a captured step's graphs (capture_steps=false runs every step eagerly)" if held else ""
                 raise RuntimeError(
-                    f"the largest training batch {shape} (batch, frames, bins) does not fit in memory; "
+                    f"the largest training batch {shape} (batch, frames, bins) does not fit in memory{beside}; "
                     f"lower data.max_frames_per_batch (now {getattr(datamodule, 'max_frames_per_batch', '?')})"
                 ) from err
-            finally:
-                pl_module.zero_grad(set_to_none=True)
             log.info(
                 "largest batch %s: forward+backward %.2f s, peak memory %.0f MiB",
                 shape, time.perf_counter() - start, peak_memory_mb(pl_module.device),
