@@ -136,6 +136,10 @@ def test_known_noise_is_silenced_and_the_users_warnings_show(caplog):
                       "will not be accurate. Using 32 bits instead.", UserWarning, stacklevel=1)
         warnings.warn("The PyTorch API of nested tensors is in prototype stage and will change in the near future.",
                       UserWarning, stacklevel=1)
+        warnings.warn("This instance was constructed with capturable=True or some of all the param_groups came with "
+                      "capturable=True, but step() is running without CUDA graph capture. If you never intend to "
+                      "graph-capture this instance, capturable=True can impair performance, and you should set "
+                      "capturable=False.", UserWarning, stacklevel=1)
         # the user's to act on: their config
         warnings.warn("The number of training batches (5) is smaller than the logging interval "
                       "Trainer(log_every_n_steps=10).", PossibleUserWarning, stacklevel=1)

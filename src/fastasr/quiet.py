@@ -31,6 +31,9 @@ WARNINGS: list[tuple[str, type[Warning], str]] = [
      "full attention packs a padded batch into jagged nested tensors (fastasr.attention.full) on purpose"),
     (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning,
      "Lightning's own use of a torch API that torch 2.11 deprecates"),
+    (r"This instance was constructed with capturable=True", UserWarning,
+     "captured steps make RAdam capturable on purpose (fastasr.training.captured_step); a shape's first "
+     "steps run it eagerly before their capture"),
 ]
 
 # (logger name, message regex, why): log records of libraries, dropped by a logging filter.
