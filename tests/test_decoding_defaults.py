@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from fastasr.decoding import parallel
 from fastasr.decoding.beam import BeamSearchOptions
 from fastasr.decoding.builder import DEFAULT_LEXICON_SOURCE, DEFAULT_LM_SOURCE
 from fastasr.recognition.recogniser import DECODING_PRESETS
@@ -30,7 +31,8 @@ def test_beam_yaml_states_every_search_option_at_the_dataclass_default():
             assert math.isinf(value) and (value > 0) == (default > 0), key
         else:
             assert value == default, (key, value, default)
-    assert set(beam) == set(options) | {"name", "lexicon", "lm"}  # nothing unknown to the code
+    assert set(beam) == set(options) | {"name", "lexicon", "lm", "workers"}  # nothing unknown to the code
+    assert beam["workers"] == parallel.AUTO  # as build_decoder's default (the Python presets)
 
 
 def test_lexicon_and_lm_sources_agree_with_the_builder_and_the_presets():

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from flashlight.lib.text.dictionary import Dictionary, create_word_dict
 from fastasr.data.lexicon import Lexicon
 from fastasr.data.tokenizer import BLANK, Tokenizer
 from fastasr.decoding.hypothesis import Hypothesis, PathWords, tidy_boundary_indices
+from fastasr.decoding.parallel import resolve_workers, search_in_order
 from fastasr.lm.bundled import BundledLM
 
 log = logging.getLogger(__name__)
@@ -98,10 +99,15 @@ class BeamSearchDecoder:
             (:class:`fastasr.lm.BundledLM`: its embedded text, or its file after a hash check);
             None for no LM.
         options: search settings.
+        workers: processes that :meth:`map` searches utterances in (``decoding.workers``;
+            :func:`fastasr.decoding.parallel.resolve_workers`); 0: this process.
     """
 
     def __init__(self, tokenizer: Tokenizer, lexicon: Lexicon | None = None,
-                 lm_path: str | Path | BundledLM | None = None, options: BeamSearchOptions | None = None) -> None:
+                 lm_path: str | Path | BundledLM | None = None, options: BeamSearchOptions | None = None,
+                 workers: int = 0) -> None:
+        self._arguments = (tokenizer, lexicon, lm_path, options)  # a worker's copy is built from them
+        self.workers = resolve_workers(workers)
         self.tokenizer = tokenizer
         self.vocab = list(tokenizer.vocab)
         boundary = tokenizer.word_boundary
@@ -189,6 +195,17 @@ class BeamSearchDecoder:
         if self.bundled_lm is not None:  # the recogniser's own LM: its identity
             lm.update(lm_sha256=self.bundled_lm.sha256, lm_embedded=self.bundled_lm.embedded)
         return {"name": "beam", "lexicon_words": len(self.lexicon) if self.lexicon else None, **lm, **options}
+
+    def __reduce__(self):
+        """Pickled as its arguments (flashlight's search does not pickle): a spawned worker builds
+        its own copy (:mod:`fastasr.decoding.parallel`), which searches in its own process."""
+        return type(self), self._arguments
+
+    def map(self, log_probs: Iterable[Any]) -> Iterator[Hypothesis]:
+        """Each utterance's hypothesis (:meth:`__call__`), in order, the utterances searched by
+        :attr:`workers` processes (:func:`fastasr.decoding.parallel.search_in_order`); the same
+        hypotheses as one process finds."""
+        return search_in_order(self, (self._emissions(lp) for lp in log_probs), self.workers)
 
     def __call__(self, log_probs: Any) -> Hypothesis:
         """Decode one utterance's ``(T, V)`` log-probabilities (a numpy array or a torch tensor of any

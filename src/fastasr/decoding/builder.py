@@ -42,6 +42,7 @@ from fastasr.data.manifest import read_manifest
 from fastasr.data.tokenizer import BLANK, WORD_BOUNDARY, Tokenizer
 from fastasr.decoding.beam import BeamSearchDecoder, BeamSearchOptions
 from fastasr.decoding.greedy import GreedyDecoder
+from fastasr.decoding.parallel import AUTO
 from fastasr.lm.bundled import BundledLM
 
 log = logging.getLogger(__name__)
@@ -169,14 +170,15 @@ def build_decoder(spec: Mapping[str, Any] | None, tokenizer: Tokenizer, train_ma
     if name not in DECODERS:
         raise ValueError(f"decoding.name={name!r}; expected one of {DECODERS}")
     lexicon_spec, lm_spec = spec.pop("lexicon", None), spec.pop("lm", None) or {}
+    workers = spec.pop("workers", AUTO)  # the beam search's processes (fastasr.decoding.parallel)
     if lexicon is None:
         lexicon = build_lexicon(lexicon_spec, tokenizer, train_manifest, bundled_lexicon)
     if name == "greedy":
         return GreedyDecoder(tokenizer, lexicon), lexicon
     unknown = set(spec) - set(BeamSearchOptions.__dataclass_fields__)
     if unknown:
-        raise ValueError(f"decoding: unknown key(s) {sorted(unknown)}; expected name, lexicon, lm and "
+        raise ValueError(f"decoding: unknown key(s) {sorted(unknown)}; expected name, lexicon, lm, workers and "
                          f"{sorted(BeamSearchOptions.__dataclass_fields__)}")
     options = BeamSearchOptions(**spec)
     lm = resolve_lm(lm_spec, train_manifest, bundled_lm)
-    return BeamSearchDecoder(tokenizer, lexicon, lm, options), lexicon
+    return BeamSearchDecoder(tokenizer, lexicon, lm, options, workers=workers), lexicon

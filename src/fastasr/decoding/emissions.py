@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,18 +110,33 @@ def compute_emissions(model: torch.nn.Module, batches: Iterable[dict], tokenizer
 
 
 def transcribe_one(emission: Emission, decoder: Decoder, tokenizer: Tokenizer) -> Transcript:
-    """Decode one emission. The reference words are real words (``words_of(transcript)``) when
-    the decoder gives real words, else phonetic words (the reference units between boundaries)."""
+    """Decode one emission (:func:`transcript_of` its hypothesis)."""
+    return transcript_of(emission, decoder(emission.log_probs), decoder, tokenizer)
+
+
+def transcript_of(emission: Emission, hyp: Hypothesis, decoder: Decoder, tokenizer: Tokenizer) -> Transcript:
+    """An emission's transcript with ``decoder``'s hypothesis of it. The reference words are real
+    words (``words_of(transcript)``) when the decoder gives real words, else phonetic words (the
+    reference units between boundaries)."""
     e = emission
-    hyp = decoder(e.log_probs)
     ref_words = words_of(e.transcript) if decoder.real_words else tokenizer.units_to_words(e.units)
     return Transcript(e.id, ref_words, hyp.words, e.units, hyp.units,
                       tokenizer.scored_units(e.units), tokenizer.scored_units(hyp.units), hyp.score)
 
 
 def transcribe(emissions: Iterable[Emission], decoder: Decoder, tokenizer: Tokenizer) -> list[Transcript]:
-    """:func:`transcribe_one` of every emission."""
-    return [transcribe_one(e, decoder, tokenizer) for e in emissions]
+    """:func:`transcribe_one` of every emission, searched by :func:`search_all`."""
+    emissions = list(emissions)
+    return [transcript_of(e, hyp, decoder, tokenizer)
+            for e, hyp in zip(emissions, search_all(decoder, (e.log_probs for e in emissions)), strict=True)]
+
+
+def search_all(decoder: Decoder, log_probs: Iterable[Any]) -> Iterator[Hypothesis]:
+    """Each utterance's hypothesis, in order: by the decoder's own ``map`` where it has one (the
+    beam search, over ``decoding.workers`` processes: :mod:`fastasr.decoding.parallel`), else
+    one call each."""
+    search = getattr(decoder, "map", None)
+    return search(log_probs) if search is not None else (decoder(lp) for lp in log_probs)
 
 
 def score(transcripts: Sequence[Transcript], unit_metric: str = "per",
@@ -156,17 +172,23 @@ def decode_and_score(model: torch.nn.Module, batches: Iterable[dict], tokenizer:
     unit_metric = unit_metric_of(tokenizer.kind)
     emissions = progress_bar(iter_emissions(model, batches, tokenizer, device), enabled=progress, total=total,
                              desc=desc, unit="utt")
-    transcripts: list[Transcript] = []
-    forward = search = 0.0
-    while True:
-        start = time.perf_counter()
-        emission = next(emissions, None)
-        forward += time.perf_counter() - start
-        if emission is None:
-            break
-        start = time.perf_counter()
-        transcripts.append(transcribe_one(emission, decoder, tokenizer))
-        search += time.perf_counter() - start
+    taken: deque[Emission] = deque()  # emissions whose hypotheses are still to come, in order
+    forward = 0.0
+
+    def log_probs() -> Iterator[torch.Tensor]:
+        nonlocal forward
+        while True:
+            start = time.perf_counter()
+            emission = next(emissions, None)
+            forward += time.perf_counter() - start
+            if emission is None:
+                return
+            taken.append(emission)
+            yield emission.log_probs
+
+    start = time.perf_counter()
+    transcripts = [transcript_of(taken.popleft(), hyp, decoder, tokenizer) for hyp in search_all(decoder, log_probs())]
+    search = time.perf_counter() - start - forward  # the search's own time, and its wait for its workers
     result, words, units = score(transcripts, unit_metric, keep_chunks=recognition_files is not None)
     result.update(words="real" if decoder.real_words else "phonetic", decoding=decoder.describe(),
                   forward_seconds=forward, search_seconds=search, decode_seconds=forward + search)
