@@ -4,8 +4,9 @@ flashlight-text's beam search holds Python's interpreter lock while it runs, so 
 one utterance at a time; processes search several. :func:`search_in_order` gives each
 utterance's hypothesis in the order the utterances came, from ``workers`` processes that each
 hold their own copy of the decoder (forked where the platform forks, as the data loader's
-workers are, else spawned with the decoder pickled), at most ``2 × workers`` utterances ahead of
-the caller, so that the emissions of a long test set are never all in memory at once. The
+workers are, else spawned with the decoder pickled), at most ``start_after`` or ``2 × workers``
+utterances (whichever is more) ahead of the caller, so that the emissions of a long test set are
+never all in memory at once. The
 search is deterministic, so the hypotheses are those of one process; only the time changes.
 
 A search of fewer than ``start_after`` utterances runs in this process: starting the workers
