@@ -151,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tag", default="", help="a suffix of the result's name: actions_<machine>_<tag>.md")
     parser.add_argument("--machine", default=None,
                         help="the machine the runs trained on (default: this one's GPU, else its CPU)")
+    parser.add_argument("--runs-made-by", default="",
+                        help="how the runs were trained (their command), a line under the table's title")
     parser.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     runs: dict[str, dict[str, Action]] = {}
@@ -158,12 +160,14 @@ def main(argv: list[str] | None = None) -> None:
         path = Path(given)
         runs.update(read_reports(path / "train.log" if path.is_dir() else path))
     machine = args.machine or this_machine()
-    lines = [f"# Where each run's training time goes, {machine}", "",
-             bench_io.command_line("step/actions.py"), "",
+    command = " ".join(["python -m benchmarks.step.actions", *args.runs, f"--top {args.top}",
+                        *([f"--tag {args.tag}"] if args.tag else [])])
+    lines = [f"# Where each run's training time goes, {machine}", "", f"`{command}`", "",
              f"{datetime.date.today()}, commit {bench_io.git_commit(ROOT)}. Lightning's SimpleProfiler "
              "(`+trainer.profiler=simple`) in each run's train.log: mean milliseconds a call of each action, "
              "on the host's clock (on a GPU, an action that waits for the device holds the GPU's time "
              "before it), its calls, and its share of the run's training epochs (validation included).",
+             *(["", f"The runs: {args.runs_made_by}"] if args.runs_made_by else []),
              "", *table(runs, args.top), ""]
     out = bench_io.result_stem(args.out_dir, "actions", {"slug": machine})
     out = out.with_name(out.name + (f"_{args.tag}" if args.tag else "") + ".md")
