@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REPORT_START = "FIT Profiler Report"
 #: The action that spans each training epoch: the shares are of its total.
 EPOCH_ACTION = "run_training_epoch"
-_ROW = re.compile(r"^\|\s*(?P<name>[^|]+?)\s*\|\s*(?P<mean>[-0-9.e+]+)\s*\|\s*(?P<calls>\d+)\s*\|"
-                  r"\s*(?P<total>[-0-9.e+]+)\s*\|")
+_ROW = re.compile(r"^\|\s*(?P<name>[^|]+?)\s*\|\s*[-0-9.e+]+\s*\|\s*(?P<calls>\d+)\s*\|"
+                  r"\s*(?P<total>[-0-9.e+]+)\s*\|")  # action | mean | calls | total |
 #: A study's line before each member's run (``fastasr.studies.matrix.members``).
 _MEMBER = re.compile(r"\] - training (?P<name>\S+) in \S")
 _KINDS = {"LightningModule": "module", "Callback": "callback", "Strategy": "strategy",
@@ -49,11 +49,15 @@ _KINDS = {"LightningModule": "module", "Callback": "callback", "Strategy": "stra
 
 @dataclass
 class Action:
-    """One row of a report: mean seconds a call, calls, total seconds."""
+    """One row of a report: calls and total seconds."""
 
-    mean: float
     calls: int
     total: float
+
+    @property
+    def mean(self) -> float:
+        """Seconds a call."""
+        return self.total / self.calls if self.calls else 0.0
 
 
 def short_name(name: str) -> str:
@@ -73,7 +77,7 @@ def read_reports(log: str | Path) -> dict[str, dict[str, Action]]:
     """Every ``fit`` SimpleProfiler report in ``log``, by run: a run's ``train.log`` holds one, named
     by its folder; a study's log (``fastasr-budget``'s ``budget.log``, the matrix's) one a member,
     each named by the member's ``training NAME in ...`` line before it. A report is action → row,
-    names by :func:`short_name` (rows that share a short name summed).
+    names by :func:`short_name` (rows that share a short name summed; the mean a call derived).
 
     Raises:
         ValueError: ``log`` holds no report (the run was not started with
@@ -104,13 +108,9 @@ def _report(lines: list[str], where: str) -> dict[str, Action]:
             continue
         if row["name"] in ("Action", "Total"):
             continue
-        key = short_name(row["name"])
-        mean, calls, total = float(row["mean"]), int(row["calls"]), float(row["total"])
-        if key in actions:  # several classes' hooks of one name: one row
-            a = actions[key]
-            calls, total = a.calls + calls, a.total + total
-            mean = total / calls if calls else 0.0
-        actions[key] = Action(mean, calls, total)
+        action = actions.setdefault(short_name(row["name"]), Action(0, 0.0))  # several classes' hooks: one row
+        action.calls += int(row["calls"])
+        action.total += float(row["total"])
     if EPOCH_ACTION not in actions:
         raise ValueError(f"{where}: no '{EPOCH_ACTION}' row")
     return actions
@@ -130,8 +130,8 @@ def table(runs: dict[str, dict[str, Action]], top: int) -> list[str]:
         cells = []
         for actions in runs.values():
             a, epoch = actions.get(key), actions[EPOCH_ACTION].total
-            cells.append("—" if a is None else
-                         f"{a.mean * 1000:,.2f} ({a.calls:,}; {100 * a.total / epoch:.1f} %)" if epoch else "—")
+            cells.append("—" if a is None or not epoch else
+                         f"{a.mean * 1000:,.2f} ({a.calls:,}; {100 * a.total / epoch:.1f} %)")
         out.append(f"| {key} | " + " | ".join(cells) + " |")
     return out
 
